@@ -1,0 +1,95 @@
+//! Assembles kpx from a [`Config`]: plugin runtime, one proxier per IP
+//! family, the manifest source, and the sync loop.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kpx_rules::model::{IpFamily, LocalTraffic, Settings};
+
+use crate::config::{Config, DetectLocalMode};
+use crate::kernel::SystemExec;
+use crate::kernel::iptables::IptablesKernel;
+use crate::runtime::{self, BackendPlugin, Runtime};
+use crate::source::manifests::ManifestSource;
+use crate::state::State;
+use crate::sync::{self, FamilyProxier, Periods};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The backend plugin cannot be loaded; kpx exits.
+    #[error(transparent)]
+    Plugin(#[from] runtime::Error),
+    /// The plugin file cannot be read; kpx exits.
+    #[error("cannot read plugin {path}: {source}")]
+    PluginFile { path: String, source: std::io::Error },
+    /// No built-in plugin for the mode; kpx exits.
+    #[error("no built-in backend for mode {0}")]
+    NoBuiltIn(String),
+    /// The manifests cannot be read at start; kpx exits.
+    #[error(transparent)]
+    Source(#[from] crate::source::manifests::Error),
+}
+
+/// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
+pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
+    let cache = Some(config.plugin_cache_dir.clone());
+    let runtime = Runtime::new(config.plugin_limits, cache)?;
+    match &config.backend_plugin {
+        Some(path) => {
+            let bytes = std::fs::read(path)
+                .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
+            Ok(runtime.load_backend(name, &bytes)?)
+        }
+        None => {
+            let bytes = runtime::builtin::get(&config.mode).ok_or_else(|| Error::NoBuiltIn(config.mode.clone()))?;
+            Ok(runtime.load_backend(&config.mode, bytes)?)
+        }
+    }
+}
+
+/// The settings one family's plugin instance is built with.
+pub fn settings_for(config: &Config, family: IpFamily) -> Settings {
+    let mut s = Settings::new(family, &config.mode);
+    s.masquerade_all = config.masquerade_all;
+    s.masquerade_bit = config.masquerade_bit;
+    s.local_traffic = match config.detect_local_mode {
+        DetectLocalMode::None => LocalTraffic::None,
+        DetectLocalMode::ClusterCidr => {
+            let cidrs: Vec<_> = config.cluster_cidrs.iter().filter(|c| c.family() == family).copied().collect();
+            if cidrs.is_empty() { LocalTraffic::None } else { LocalTraffic::Cidrs(cidrs) }
+        }
+    };
+    s
+}
+
+/// The families this node can proxy: IPv4, and IPv6 where the kernel has it.
+pub fn families() -> Vec<IpFamily> {
+    let mut out = vec![IpFamily::V4];
+    if Path::new("/proc/net/if_inet6").exists() {
+        out.push(IpFamily::V6);
+    }
+    out
+}
+
+/// Runs kpx until the source stops.
+pub fn run(config: Config) -> Result<(), Error> {
+    let plugin = Arc::new(load_backend(&config)?);
+    tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
+    let proxiers: Vec<FamilyProxier> = families()
+        .into_iter()
+        .map(|family| {
+            let kernel = IptablesKernel::new(family, Box::new(SystemExec));
+            FamilyProxier::new(settings_for(&config, family), plugin.clone(), kernel)
+        })
+        .collect();
+    let source = ManifestSource::new(&config.manifests)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("manifests".into())
+        .spawn(move || source.run(tx))
+        .expect("spawn the manifest source thread");
+    let periods = Periods { min: config.min_sync_period, max: config.sync_period };
+    sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
+    Ok(())
+}

@@ -1,0 +1,15 @@
+//! kpx: a Kubernetes service proxy whose proxy modes are sandboxed
+//! WebAssembly components. See docs/ARCHITECTURE.md.
+#![deny(unsafe_code)]
+
+pub mod app;
+pub mod config;
+pub mod kernel;
+pub mod runtime;
+pub mod source;
+pub mod state;
+pub mod sync;
+pub mod validate;
+
+/// What `kpx --version` prints.
+pub const VERSION_TEXT: &str = concat!(env!("CARGO_PKG_VERSION"), " (plugin contract kpx:proxier 0.1.0)");

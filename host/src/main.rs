@@ -1,0 +1,17 @@
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> anyhow::Result<()> {
+    let flags = kpx::config::Flags::parse();
+    let level = match flags.verbosity {
+        0 => "warn",
+        1..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("KPX_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let config = flags.validate()?;
+    kpx::app::run(config)?;
+    Ok(())
+}

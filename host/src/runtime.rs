@@ -1,0 +1,303 @@
+//! The plugin runtime: one wasmtime [`Engine`], components compiled once
+//! (cached on disk), an `InstancePre` per component and a `Store` per
+//! instance with a memory limit, a fuel budget per call and an output cap.
+//! No WASI is linked: a plugin's only import is `kpx:proxier/log`.
+//!
+//! A trap (including running out of fuel or memory) poisons a Store, so
+//! the caller drops the [`BackendInstance`] and builds a fresh one, to
+//! which it replays the full state.
+
+mod cache;
+mod version;
+pub mod wit;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kpx_rules::model::{Change, Node, Ruleset, ServicePort, Settings};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+
+pub use version::{SUPPORTED, read_contract_version};
+
+/// Built-in plugin components, embedded at build time.
+pub mod builtin {
+    include!(concat!(env!("OUT_DIR"), "/builtin_plugins.rs"));
+
+    /// The component of a built-in plugin.
+    pub fn get(name: &str) -> Option<&'static [u8]> {
+        BUILT_IN.iter().find(|(n, _)| *n == name).map(|(_, bytes)| *bytes)
+    }
+}
+
+/// Resource bounds of every plugin instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Linear memory an instance may grow to.
+    pub memory_bytes: u64,
+    /// Fuel for one call, before the share for the state's size.
+    pub fuel_base: u64,
+    /// Extra fuel per service port and endpoint in the call's state.
+    pub fuel_per_object: u64,
+    /// Largest ruleset accepted from `render`.
+    pub max_output_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { memory_bytes: 1 << 30, fuel_base: 2_000_000_000, fuel_per_object: 200_000, max_output_bytes: 256 << 20 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The component carries no `kpx:proxier-version` section; not loaded.
+    #[error("plugin {plugin}: no kpx:proxier version marker (build it with kpx-sdk's export macro)")]
+    MissingVersion { plugin: String },
+    /// Built against a contract this host does not support; not loaded.
+    #[error("plugin {plugin}: built for kpx:proxier {found}, this kpx supports {}", SUPPORTED.join(", "))]
+    IncompatibleVersion { plugin: String, found: String },
+    /// Not a valid component, or it imports something kpx does not offer; not loaded.
+    #[error("plugin {plugin}: cannot load: {message}")]
+    Load { plugin: String, message: String },
+    /// The plugin trapped (or ran out of fuel or memory): drop the instance,
+    /// build a fresh one and replay the full state.
+    #[error("plugin {plugin}: {call} trapped: {message}")]
+    Trapped { plugin: String, call: &'static str, message: String },
+    /// The plugin returned an error: keep the instance, render in full next time.
+    #[error("plugin {plugin}: {call} failed: {message}")]
+    Failed { plugin: String, call: &'static str, message: String },
+    /// The ruleset is larger than allowed: keep the instance, render in full next time.
+    #[error("plugin {plugin}: returned {size} bytes, more than the limit of {limit}")]
+    OutputTooLarge { plugin: String, size: usize, limit: u64 },
+}
+
+impl Error {
+    /// True when the instance is poisoned and must be replaced.
+    pub fn needs_fresh_instance(&self) -> bool {
+        matches!(self, Error::Trapped { .. })
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors per plugin, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct PluginStats {
+    pub traps: AtomicU64,
+    pub failures: AtomicU64,
+    pub instances: AtomicU64,
+}
+
+/// What a Store holds for its instance.
+pub struct PluginState {
+    plugin: Arc<str>,
+    limits: StoreLimits,
+    /// Log lines the plugin may still write during the current call.
+    log_budget: u32,
+}
+
+/// Log lines a plugin may write per call; the rest are dropped.
+const LOG_LINES_PER_CALL: u32 = 200;
+
+impl PluginState {
+    fn take_log_budget(&mut self) -> bool {
+        match self.log_budget {
+            0 => false,
+            1 => {
+                self.log_budget = 0;
+                tracing::warn!(plugin = %self.plugin, "plugin logs too much; dropping its log lines until the next call");
+                false
+            }
+            _ => {
+                self.log_budget -= 1;
+                true
+            }
+        }
+    }
+}
+
+/// The engine and linker every plugin shares.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<PluginState>,
+    limits: Limits,
+    cache_dir: Option<PathBuf>,
+}
+
+impl Runtime {
+    /// `cache_dir`: where compiled components are kept (None: compile in memory).
+    pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Runtime> {
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        config.concurrency_support(false);
+        let engine = Engine::new(&config).map_err(|e| Error::Load { plugin: "(engine)".into(), message: e.to_string() })?;
+        let mut linker = Linker::new(&engine);
+        wit::add_to_linker(&mut linker).map_err(|e| Error::Load { plugin: "(linker)".into(), message: e.to_string() })?;
+        Ok(Runtime { engine, linker, limits, cache_dir })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Checks the contract version, compiles (or loads from cache) and
+    /// links a backend component.
+    pub fn load_backend(&self, name: &str, bytes: &[u8]) -> Result<BackendPlugin> {
+        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
+        let found = read_contract_version(bytes).map_err(load_err)?;
+        let found = found.ok_or_else(|| Error::MissingVersion { plugin: name.to_string() })?;
+        if !SUPPORTED.contains(&found.as_str()) {
+            return Err(Error::IncompatibleVersion { plugin: name.to_string(), found });
+        }
+        let component = match &self.cache_dir {
+            Some(dir) => cache::load_or_compile(&self.engine, dir, name, bytes),
+            None => Component::new(&self.engine, bytes),
+        }
+        .map_err(|e| load_err(format!("{e:#}")))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| load_err(format!("{e:#}")))?;
+        let pre = wit::BackendPre::new(&found, pre).map_err(|e| load_err(format!("{e:#}")))?;
+        Ok(BackendPlugin {
+            name: Arc::from(name),
+            engine: self.engine.clone(),
+            pre,
+            limits: self.limits,
+            stats: Arc::new(PluginStats::default()),
+        })
+    }
+}
+
+/// A loaded backend component, ready to instantiate.
+pub struct BackendPlugin {
+    name: Arc<str>,
+    engine: Engine,
+    pre: wit::BackendPre,
+    limits: Limits,
+    stats: Arc<PluginStats>,
+}
+
+impl BackendPlugin {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn stats(&self) -> &PluginStats {
+        &self.stats
+    }
+
+    /// A fresh instance holding a new proxier for `settings`.
+    pub fn instantiate(&self, settings: &Settings) -> Result<BackendInstance> {
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(self.limits.memory_bytes).unwrap_or(usize::MAX))
+            .instances(4)
+            .tables(8)
+            .memories(2)
+            .trap_on_grow_failure(true)
+            .build();
+        let mut store = Store::new(&self.engine, PluginState { plugin: self.name.clone(), limits, log_budget: LOG_LINES_PER_CALL });
+        store.limiter(|s| &mut s.limits);
+        let mut instance = BackendInstance {
+            plugin: self.name.clone(),
+            store,
+            bindings: None,
+            limits: self.limits,
+            stats: self.stats.clone(),
+        };
+        instance.refuel(0);
+        let bindings = self.pre.instantiate(&mut instance.store, settings);
+        let bindings = instance.check("instantiate", bindings)?;
+        instance.bindings = Some(bindings);
+        self.stats.instances.fetch_add(1, Ordering::Relaxed);
+        Ok(instance)
+    }
+}
+
+/// One live plugin instance with its proxier resource.
+pub struct BackendInstance {
+    plugin: Arc<str>,
+    store: Store<PluginState>,
+    bindings: Option<wit::Backend>,
+    limits: Limits,
+    stats: Arc<PluginStats>,
+}
+
+impl BackendInstance {
+    fn refuel(&mut self, objects: usize) {
+        let fuel = self.limits.fuel_base.saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
+        // Fuel is enabled on the engine, so this cannot fail.
+        let _ = self.store.set_fuel(fuel);
+        self.store.data_mut().log_budget = LOG_LINES_PER_CALL;
+    }
+
+    /// Classifies a call's outcome, counting errors.
+    fn check<T>(&mut self, call: &'static str, result: wasmtime::Result<T>) -> Result<T> {
+        result.map_err(|e| {
+            self.stats.traps.fetch_add(1, Ordering::Relaxed);
+            let message = match e.downcast_ref::<Trap>() {
+                Some(Trap::OutOfFuel) => "ran out of fuel (endless loop or too much work)".to_string(),
+                _ => format!("{e:#}"),
+            };
+            let err = Error::Trapped { plugin: self.plugin.to_string(), call, message };
+            tracing::error!(plugin = %self.plugin, "{err}");
+            err
+        })
+    }
+
+    fn bindings(&self) -> &wit::Backend {
+        self.bindings.as_ref().expect("instantiated")
+    }
+
+    /// Replaces the plugin's whole state.
+    pub fn reset(&mut self, node: &Node, services: &[ServicePort]) -> Result<()> {
+        self.refuel(objects(services));
+        let bindings = self.bindings().clone();
+        let result = bindings.reset(&mut self.store, node, services);
+        self.check("reset", result)
+    }
+
+    /// Sends changes since the last call.
+    pub fn apply(&mut self, changes: &[Change]) -> Result<()> {
+        let n = changes
+            .iter()
+            .map(|c| match c {
+                Change::Upsert(s) => 1 + s.endpoints.len(),
+                _ => 1,
+            })
+            .sum();
+        self.refuel(n);
+        let bindings = self.bindings().clone();
+        let result = bindings.apply(&mut self.store, changes);
+        self.check("apply", result)
+    }
+
+    /// Asks for the ruleset; `state_size` scales the fuel budget.
+    pub fn render(&mut self, full: bool, state_size: usize) -> Result<Ruleset> {
+        self.refuel(state_size);
+        let bindings = self.bindings().clone();
+        let result = bindings.render(&mut self.store, full);
+        let ruleset = self.check("render", result)?.map_err(|message| {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            Error::Failed { plugin: self.plugin.to_string(), call: "render", message }
+        })?;
+        let size = ruleset.text().len();
+        if size as u64 > self.limits.max_output_bytes {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::OutputTooLarge { plugin: self.plugin.to_string(), size, limit: self.limits.max_output_bytes });
+        }
+        Ok(ruleset)
+    }
+
+    /// Fuel left after the last call (for tests and benchmarks).
+    pub fn fuel_left(&self) -> u64 {
+        self.store.get_fuel().unwrap_or(0)
+    }
+}
+
+/// Service ports plus endpoints: the size that scales a call's fuel.
+pub fn objects(services: &[ServicePort]) -> usize {
+    services.iter().map(|s| 1 + s.endpoints.len()).sum()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,62 @@
+//! One module per released WIT version; the host picks the module by the
+//! version a plugin declares, and each converts to the rule model.
+
+pub mod since_v0_1_0;
+
+use kpx_rules::model::{Change, Node, Ruleset, ServicePort, Settings};
+use wasmtime::Store;
+use wasmtime::component::{InstancePre, Linker};
+
+use super::PluginState;
+
+/// Adds every supported version's imports.
+pub fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    since_v0_1_0::add_to_linker(linker)
+}
+
+/// A linked component of a known contract version.
+pub enum BackendPre {
+    V0_1_0(since_v0_1_0::Pre),
+}
+
+impl BackendPre {
+    pub fn new(version: &str, pre: InstancePre<PluginState>) -> wasmtime::Result<BackendPre> {
+        match version {
+            since_v0_1_0::VERSION => Ok(BackendPre::V0_1_0(since_v0_1_0::Pre::new(pre)?)),
+            other => Err(wasmtime::format_err!("no bindings for kpx:proxier {other}")),
+        }
+    }
+
+    /// Instantiates the component and constructs its proxier resource.
+    pub fn instantiate(&self, store: &mut Store<PluginState>, settings: &Settings) -> wasmtime::Result<Backend> {
+        match self {
+            BackendPre::V0_1_0(pre) => pre.instantiate(store, settings).map(Backend::V0_1_0),
+        }
+    }
+}
+
+/// A live proxier resource of a known contract version.
+#[derive(Clone)]
+pub enum Backend {
+    V0_1_0(since_v0_1_0::Instance),
+}
+
+impl Backend {
+    pub fn reset(&self, store: &mut Store<PluginState>, node: &Node, services: &[ServicePort]) -> wasmtime::Result<()> {
+        match self {
+            Backend::V0_1_0(i) => i.reset(store, node, services),
+        }
+    }
+
+    pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {
+        match self {
+            Backend::V0_1_0(i) => i.apply(store, changes),
+        }
+    }
+
+    pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
+        match self {
+            Backend::V0_1_0(i) => i.render(store, full),
+        }
+    }
+}

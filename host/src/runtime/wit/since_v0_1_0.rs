@@ -1,0 +1,94 @@
+//! Bindings for kpx:proxier@0.1.0 (wit/since_v0.1.0).
+
+use std::sync::Arc;
+
+use kpx_rules::model::{Change, Node, Ruleset, ServicePort, Settings};
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, InstancePre, ResourceAny};
+
+use crate::runtime::PluginState;
+
+wasmtime::component::bindgen!({
+    path: "../wit/since_v0.1.0",
+    world: "backend-plugin",
+});
+
+kpx_rules::wit_conversions!(crate::runtime::wit::since_v0_1_0::kpx::proxier::types);
+
+/// The contract version these bindings implement.
+pub const VERSION: &str = "0.1.0";
+
+/// Longest log line kept from a plugin; the rest is cut.
+const MAX_LOG_LINE: usize = 4096;
+
+impl kpx::proxier::types::Host for PluginState {}
+
+impl kpx::proxier::log::Host for PluginState {
+    fn log(&mut self, level: kpx::proxier::log::Level, mut message: String) {
+        use kpx::proxier::log::Level;
+        if !self.take_log_budget() {
+            return;
+        }
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("...");
+        }
+        let plugin = &*self.plugin;
+        match level {
+            Level::Error => tracing::error!(plugin, "{message}"),
+            Level::Warn => tracing::warn!(plugin, "{message}"),
+            Level::Info => tracing::info!(plugin, "{message}"),
+            Level::Debug => tracing::debug!(plugin, "{message}"),
+            Level::Trace => tracing::trace!(plugin, "{message}"),
+        }
+    }
+}
+
+pub fn add_to_linker(linker: &mut wasmtime::component::Linker<PluginState>) -> wasmtime::Result<()> {
+    BackendPlugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
+}
+
+pub struct Pre(BackendPluginPre<PluginState>);
+
+impl Pre {
+    pub fn new(pre: InstancePre<PluginState>) -> wasmtime::Result<Pre> {
+        Ok(Pre(BackendPluginPre::new(pre)?))
+    }
+
+    pub fn instantiate(&self, store: &mut Store<PluginState>, settings: &Settings) -> wasmtime::Result<Instance> {
+        let bindings = self.0.instantiate(&mut *store)?;
+        let resource = bindings
+            .kpx_proxier_backend()
+            .proxier()
+            .call_constructor(&mut *store, &wit_convert::to_wit_settings(settings))?;
+        Ok(Instance { bindings: Arc::new(bindings), resource })
+    }
+}
+
+#[derive(Clone)]
+pub struct Instance {
+    bindings: Arc<BackendPlugin>,
+    resource: ResourceAny,
+}
+
+impl Instance {
+    pub fn reset(&self, store: &mut Store<PluginState>, node: &Node, services: &[ServicePort]) -> wasmtime::Result<()> {
+        let services: Vec<_> = services.iter().map(wit_convert::to_wit_service_port).collect();
+        let node = wit_convert::to_wit_node(node);
+        self.bindings.kpx_proxier_backend().proxier().call_reset(store, self.resource, &node, &services)
+    }
+
+    pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {
+        let changes: Vec<_> = changes.iter().map(wit_convert::to_wit_change).collect();
+        self.bindings.kpx_proxier_backend().proxier().call_apply(store, self.resource, &changes)
+    }
+
+    pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
+        let out = self.bindings.kpx_proxier_backend().proxier().call_render(store, self.resource, full)?;
+        Ok(out.map(wit_convert::from_wit_ruleset))
+    }
+}

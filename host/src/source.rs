@@ -1,0 +1,77 @@
+//! Where Kubernetes objects come from. Every source emits the same
+//! watcher-style [`Event`]s, so the state cannot tell them apart.
+
+pub mod manifests;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// The kinds of object kpx reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+        })
+    }
+}
+
+/// Identity of one object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: Kind,
+    /// Empty for cluster-scoped kinds (Node).
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    Service(Box<Service>),
+    EndpointSlice(Box<EndpointSlice>),
+    Node(Box<Node>),
+}
+
+impl Object {
+    pub fn object_ref(&self) -> ObjectRef {
+        let (kind, meta) = match self {
+            Object::Service(o) => (Kind::Service, &o.metadata),
+            Object::EndpointSlice(o) => (Kind::EndpointSlice, &o.metadata),
+            Object::Node(o) => (Kind::Node, &o.metadata),
+        };
+        ObjectRef {
+            kind,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What a source reports, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// An object was created or changed.
+    Apply(Object),
+    /// An object is gone.
+    Delete(ObjectRef),
+    /// The initial list is complete: syncing may start.
+    Synced,
+}

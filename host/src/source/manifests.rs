@@ -1,0 +1,172 @@
+//! `--manifests PATH`: ordinary Kubernetes YAML or JSON (a file, or a
+//! directory of them; multi-document files and `kind: List` allowed),
+//! watched by polling so that edits, new files and deletions apply within
+//! a second. An invalid object is logged with its file and name and left
+//! out; every valid object still applies.
+
+mod parse;
+
+pub use parse::{ParseError, parse_documents};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+use std::time::{Duration, SystemTime};
+
+use super::{Event, Object, ObjectRef};
+
+/// How often the files are checked for changes.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The path cannot be read at start; kpx exits (a later failure is
+    /// logged and the last good objects are kept).
+    #[error("cannot read manifests at {path}: {source}")]
+    Unreadable { path: PathBuf, source: std::io::Error },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One file as last read.
+#[derive(Debug)]
+struct FileState {
+    stamp: (SystemTime, u64),
+    objects: Vec<Object>,
+}
+
+/// The manifest source: current files, and the objects last reported.
+#[derive(Debug)]
+pub struct ManifestSource {
+    root: PathBuf,
+    files: BTreeMap<PathBuf, FileState>,
+    reported: BTreeMap<ObjectRef, Object>,
+}
+
+impl ManifestSource {
+    pub fn new(root: impl Into<PathBuf>) -> Result<ManifestSource> {
+        let root = root.into();
+        std::fs::metadata(&root).map_err(|source| Error::Unreadable { path: root.clone(), source })?;
+        Ok(ManifestSource { root, files: BTreeMap::new(), reported: BTreeMap::new() })
+    }
+
+    /// Files to read: the path itself, or the YAML/JSON files under it
+    /// (hidden entries skipped, as Kubernetes ConfigMap mounts use `..data`).
+    fn list_files(&self) -> std::io::Result<Vec<PathBuf>> {
+        if !std::fs::metadata(&self.root)?.is_dir() {
+            return Ok(vec![self.root.clone()]);
+        }
+        let mut out = Vec::new();
+        let mut dirs = vec![self.root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+                if hidden {
+                    continue;
+                }
+                match std::fs::metadata(&path) {
+                    Ok(m) if m.is_dir() => dirs.push(path),
+                    Ok(_) if is_manifest(&path) => out.push(path),
+                    _ => {}
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Re-reads changed files and returns the events that bring a consumer
+    /// from the last reported objects to the current ones.
+    pub fn poll(&mut self) -> Vec<Event> {
+        let files = match self.list_files() {
+            Ok(files) => files,
+            Err(e) => {
+                tracing::error!(path = %self.root.display(), error = %e, "cannot list manifests; keeping the last good objects");
+                return Vec::new();
+            }
+        };
+        let mut changed = false;
+        self.files.retain(|path, _| {
+            let keep = files.contains(path);
+            changed |= !keep;
+            keep
+        });
+        for path in files {
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+            if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
+                continue;
+            }
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) => {
+                    tracing::error!(file = %path.display(), error = %e, "cannot read manifest file; keeping its last good objects");
+                    continue;
+                }
+            };
+            let (objects, errors) = parse_documents(&text);
+            for err in errors {
+                tracing::error!(file = %path.display(), "rejected: {err}");
+            }
+            self.files.insert(path, FileState { stamp, objects });
+            changed = true;
+        }
+        if !changed {
+            return Vec::new();
+        }
+        self.diff()
+    }
+
+    fn diff(&mut self) -> Vec<Event> {
+        let mut current: BTreeMap<ObjectRef, (&Path, &Object)> = BTreeMap::new();
+        for (path, file) in &self.files {
+            for object in &file.objects {
+                let r = object.object_ref();
+                if let Some((first, _)) = current.get(&r) {
+                    tracing::error!(file = %path.display(), object = %r, "rejected: already defined in {}", first.display());
+                    continue;
+                }
+                current.insert(r, (path, object));
+            }
+        }
+        let mut events = Vec::new();
+        for r in self.reported.keys() {
+            if !current.contains_key(r) {
+                events.push(Event::Delete(r.clone()));
+            }
+        }
+        for (r, (_, object)) in &current {
+            if self.reported.get(r) != Some(*object) {
+                events.push(Event::Apply((*object).clone()));
+            }
+        }
+        self.reported = current.into_iter().map(|(r, (_, o))| (r, o.clone())).collect();
+        events
+    }
+
+    /// Reports the initial objects, then `Synced`, then changes as they
+    /// happen, until the receiver is gone.
+    pub fn run(mut self, tx: Sender<Event>) {
+        for event in self.poll().into_iter().chain([Event::Synced]) {
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+        loop {
+            std::thread::sleep(POLL_INTERVAL);
+            for event in self.poll() {
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn is_manifest(path: &Path) -> bool {
+    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! Parsing and checking manifest documents. Each document is checked on
+//! its own: a bad one is reported, the others still count.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::Deserialize;
+
+use crate::source::Object;
+
+/// Why one document was left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    /// 1-based position of the document in its file.
+    pub document: usize,
+    /// `Kind namespace/name`, when known.
+    pub object: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.object {
+            Some(o) => write!(f, "document {} ({o}): {}", self.document, self.message),
+            None => write!(f, "document {}: {}", self.document, self.message),
+        }
+    }
+}
+
+/// The Service, EndpointSlice and Node objects of a YAML or JSON text,
+/// and an error for each document that is not valid. Other kinds are
+/// skipped.
+pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
+    let mut objects = Vec::new();
+    let mut errors = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let document = i + 1;
+        match serde_yaml::Value::deserialize(doc) {
+            Ok(value) => collect(value, document, &mut objects, &mut errors),
+            Err(e) => {
+                errors.push(ParseError { document, object: None, message: format!("not valid YAML: {e}") });
+                break;
+            }
+        }
+    }
+    (objects, errors)
+}
+
+fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>, errors: &mut Vec<ParseError>) {
+    if value.is_null() {
+        return;
+    }
+    let field = |name: &str| value.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    let meta = |key: &str| value.get("metadata").and_then(|m| m.get(key)).and_then(|v| v.as_str()).map(str::to_string);
+    let label = match (meta("namespace"), meta("name")) {
+        (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+        (None, Some(name)) => format!("{kind} {name}"),
+        _ => kind.clone(),
+    };
+    let mut fail = |message: String| errors.push(ParseError { document, object: Some(label.clone()), message });
+    let result = match (api_version.as_str(), kind.as_str()) {
+        (_, "List") => {
+            match value.get("items").and_then(|v| v.as_sequence()) {
+                Some(items) => {
+                    for item in items.clone() {
+                        collect(item, document, objects, errors);
+                    }
+                }
+                None => errors.push(ParseError { document, object: None, message: "List without items".into() }),
+            }
+            return;
+        }
+        ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Box::new(o))),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Box::new(o)))
+        }
+        ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Box::new(o))),
+        (_, "Service" | "Node") => Err(format!("unsupported apiVersion {api_version:?} (want v1)")),
+        (_, "EndpointSlice") => Err(format!("unsupported apiVersion {api_version:?} (want discovery.k8s.io/v1)")),
+        ("", "") => Err("not a Kubernetes object (no apiVersion and kind)".into()),
+        _ => return,
+    };
+    match result {
+        Ok(object) => objects.push(object),
+        Err(message) => fail(message),
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
+    serde_yaml::from_value(value).map_err(|e| e.to_string())
+}
+
+fn check_name(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, namespaced: bool) -> Result<(), String> {
+    if meta.name.as_deref().unwrap_or("").is_empty() {
+        return Err("metadata.name is required".into());
+    }
+    if namespaced && meta.namespace.as_deref().unwrap_or("").is_empty() {
+        meta.namespace = Some("default".into());
+    }
+    if !namespaced {
+        meta.namespace = None;
+    }
+    Ok(())
+}
+
+fn check_port(what: &str, port: i32, allow_zero: bool) -> Result<(), String> {
+    let low = if allow_zero { 0 } else { 1 };
+    if !(low..=65535).contains(&port) {
+        return Err(format!("{what}: {port} is not a valid port number"));
+    }
+    Ok(())
+}
+
+fn check_protocol(what: &str, protocol: Option<&str>) -> Result<(), String> {
+    match protocol {
+        None | Some("TCP" | "UDP" | "SCTP") => Ok(()),
+        Some(other) => Err(format!("{what}: unsupported protocol {other:?} (want TCP, UDP or SCTP)")),
+    }
+}
+
+fn check_service(mut svc: Service) -> Result<Service, String> {
+    check_name(&mut svc.metadata, true)?;
+    let spec = svc.spec.as_ref().ok_or("spec is required")?;
+    let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
+    for ip in ips {
+        if !(ip.is_empty() || ip == "None" || ip.parse::<IpAddr>().is_ok()) {
+            return Err(format!("spec.clusterIP: {ip:?} is not an IP address"));
+        }
+    }
+    for ip in spec.external_ips.iter().flatten() {
+        ip.parse::<IpAddr>().map_err(|_| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
+    }
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let mut names = std::collections::BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        check_port(&format!("spec.ports[{i}].port"), p.port, false)?;
+        check_port(&format!("spec.ports[{i}].nodePort"), p.node_port.unwrap_or(0), true)?;
+        check_protocol(&format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
+        let name = p.name.clone().unwrap_or_default();
+        if ports.len() > 1 && name.is_empty() {
+            return Err(format!("spec.ports[{i}].name is required when a Service has several ports"));
+        }
+        if !names.insert(name.clone()) {
+            return Err(format!("spec.ports[{i}].name {name:?} is used twice"));
+        }
+    }
+    Ok(svc)
+}
+
+fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
+    check_name(&mut slice.metadata, true)?;
+    let has_service = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("kubernetes.io/service-name"))
+        .is_some_and(|s| !s.is_empty());
+    if !has_service {
+        return Err("metadata.labels[\"kubernetes.io/service-name\"] is required".into());
+    }
+    let want_v6 = match slice.address_type.as_str() {
+        "IPv4" => Some(false),
+        "IPv6" => Some(true),
+        "FQDN" => None,
+        other => return Err(format!("addressType: {other:?} is not IPv4, IPv6 or FQDN")),
+    };
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        if ep.addresses.is_empty() {
+            return Err(format!("endpoints[{i}].addresses must not be empty"));
+        }
+        if let Some(want_v6) = want_v6 {
+            for a in &ep.addresses {
+                let ip: IpAddr = a.parse().map_err(|_| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
+                if ip.is_ipv6() != want_v6 {
+                    return Err(format!("endpoints[{i}].addresses: {a:?} does not match addressType {}", slice.address_type));
+                }
+            }
+        }
+    }
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        if let Some(port) = p.port {
+            check_port(&format!("ports[{i}].port"), port, false)?;
+        }
+        check_protocol(&format!("ports[{i}].protocol"), p.protocol.as_deref())?;
+    }
+    Ok(slice)
+}
+
+fn check_node(mut node: Node) -> Result<Node, String> {
+    check_name(&mut node.metadata, false)?;
+    Ok(node)
+}

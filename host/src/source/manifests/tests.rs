@@ -1,0 +1,94 @@
+use super::*;
+
+const GOOD: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-abc
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+  - addresses: [10.1.0.5]
+ports: [{name: http, port: 8080}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ignored}
+"#;
+
+#[test]
+fn parses_services_and_slices_and_skips_other_kinds() {
+    let (objects, errors) = parse_documents(GOOD);
+    assert!(errors.is_empty(), "{errors:?}");
+    let refs: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(refs, ["Service shop/web", "EndpointSlice shop/web-abc"]);
+}
+
+#[test]
+fn bad_documents_are_named_and_good_ones_kept() {
+    let text = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: bad-port}
+spec: {clusterIP: 10.96.0.11, ports: [{port: 70000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: fine}
+spec: {clusterIP: 10.96.0.12, ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: orphan}
+addressType: IPv4
+endpoints: []
+---
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old, namespace: x}
+"#;
+    let (objects, errors) = parse_documents(text);
+    assert_eq!(objects.len(), 1);
+    assert_eq!(objects[0].object_ref().to_string(), "Service default/fine");
+    let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert!(messages[0].starts_with("document 1 (Service bad-port): spec.ports[0].port: 70000"), "{}", messages[0]);
+    assert!(messages[1].contains("EndpointSlice orphan") && messages[1].contains("service-name"), "{}", messages[1]);
+    assert!(messages[2].contains("unsupported apiVersion"), "{}", messages[2]);
+}
+
+#[test]
+fn poll_reports_changes_and_deletions() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a.yaml");
+    std::fs::write(&file, GOOD).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    let first = source.poll();
+    assert_eq!(first.len(), 2);
+    assert!(source.poll().is_empty(), "nothing changed");
+
+    let edited = GOOD.replace("10.1.0.5", "10.1.0.6");
+    // Same length, so make sure the mtime moves.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&file, &edited).unwrap();
+    let filetime = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+    std::fs::File::options().write(true).open(&file).unwrap().set_modified(filetime).unwrap();
+    let events = source.poll();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(matches!(&events[0], Event::Apply(Object::EndpointSlice(_))));
+
+    std::fs::remove_file(&file).unwrap();
+    let events = source.poll();
+    assert_eq!(events.len(), 2);
+    assert!(events.iter().all(|e| matches!(e, Event::Delete(_))));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,207 @@
+//! Services, EndpointSlices and this Node, merged into service ports with
+//! endpoints as upstream's change trackers do: headless and ExternalName
+//! Services skipped, the service-proxy-name label honoured, endpoints
+//! de-duplicated by address:port, conditions read, locality by node name.
+//! The state also remembers which Services changed since it was last asked.
+
+mod endpoints;
+mod services;
+mod topology;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpx_rules::model::{self, IpFamily};
+
+use crate::source::{Event, Kind, Object, ObjectRef};
+
+/// `namespace/name` of a Service.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// What changed since the last [`State::take_changes`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    pub services: BTreeSet<ServiceName>,
+    pub node: bool,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && !self.node
+    }
+}
+
+#[derive(Debug)]
+pub struct State {
+    node_name: String,
+    /// Services this proxy handles (others are never stored).
+    services: BTreeMap<ServiceName, Service>,
+    /// EndpointSlices by owning Service, then by slice name.
+    slices: BTreeMap<ServiceName, BTreeMap<String, EndpointSlice>>,
+    /// Which Service each stored slice (namespace, name) belongs to.
+    slice_owner: BTreeMap<(String, String), ServiceName>,
+    node: Option<Node>,
+    changes: Changes,
+    synced: bool,
+}
+
+impl State {
+    pub fn new(node_name: impl Into<String>) -> State {
+        State {
+            node_name: node_name.into(),
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+            slice_owner: BTreeMap::new(),
+            node: None,
+            changes: Changes::default(),
+            synced: false,
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// True once the source has listed everything.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Applies one source event; true if it changed what a proxier sees.
+    pub fn apply(&mut self, event: Event) -> bool {
+        match event {
+            Event::Synced => {
+                let first = !self.synced;
+                self.synced = true;
+                first
+            }
+            Event::Apply(Object::Service(svc)) => {
+                let name = service_name(&svc.metadata);
+                if services::should_skip(&svc) {
+                    return self.remove_service(&name);
+                }
+                self.changes.services.insert(name.clone());
+                self.services.insert(name, *svc);
+                true
+            }
+            Event::Apply(Object::EndpointSlice(slice)) => {
+                let ns = slice.metadata.namespace.clone().unwrap_or_default();
+                let slice_name = slice.metadata.name.clone().unwrap_or_default();
+                let mut changed = self.remove_slice(&ns, &slice_name);
+                let labels = slice.metadata.labels.as_ref();
+                let owner = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned().unwrap_or_default();
+                let headless = labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL));
+                if owner.is_empty() || headless {
+                    return changed;
+                }
+                let svc = ServiceName { namespace: ns.clone(), name: owner };
+                self.slice_owner.insert((ns, slice_name.clone()), svc.clone());
+                self.slices.entry(svc.clone()).or_default().insert(slice_name, *slice);
+                self.changes.services.insert(svc);
+                changed = true;
+                changed
+            }
+            Event::Apply(Object::Node(node)) => {
+                if node.metadata.name.as_deref() != Some(self.node_name.as_str()) {
+                    return false;
+                }
+                self.node = Some(*node);
+                self.changes.node = true;
+                true
+            }
+            Event::Delete(r) => self.delete(&r),
+        }
+    }
+
+    fn delete(&mut self, r: &ObjectRef) -> bool {
+        match r.kind {
+            Kind::Service => {
+                let name = ServiceName { namespace: r.namespace.clone(), name: r.name.clone() };
+                self.remove_service(&name)
+            }
+            Kind::EndpointSlice => self.remove_slice(&r.namespace, &r.name),
+            Kind::Node if r.name == self.node_name => {
+                self.node = None;
+                self.changes.node = true;
+                true
+            }
+            Kind::Node => false,
+        }
+    }
+
+    fn remove_service(&mut self, name: &ServiceName) -> bool {
+        if self.services.remove(name).is_some() {
+            self.changes.services.insert(name.clone());
+            return true;
+        }
+        false
+    }
+
+    fn remove_slice(&mut self, namespace: &str, slice_name: &str) -> bool {
+        let Some(owner) = self.slice_owner.remove(&(namespace.to_string(), slice_name.to_string())) else {
+            return false;
+        };
+        if let Some(slices) = self.slices.get_mut(&owner) {
+            slices.remove(slice_name);
+            if slices.is_empty() {
+                self.slices.remove(&owner);
+            }
+        }
+        self.changes.services.insert(owner);
+        true
+    }
+
+    /// What changed since the last call; resets the record.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// The service ports of one Service for one family (none if the Service
+    /// is gone, skipped, or has no cluster IP of that family).
+    pub fn service_ports(&self, family: IpFamily, name: &ServiceName) -> Vec<model::ServicePort> {
+        let Some(svc) = self.services.get(name) else {
+            return Vec::new();
+        };
+        let slices = self.slices.get(name);
+        services::service_ports(svc, family, |port| {
+            let eps = endpoints::for_port(slices, family, port, &self.node_name);
+            let (cluster, local) = topology::categorize(&eps);
+            (eps, cluster, local)
+        })
+    }
+
+    /// Names of every Service stored.
+    pub fn service_names(&self) -> impl Iterator<Item = &ServiceName> {
+        self.services.keys()
+    }
+
+    /// This node as one family sees it.
+    pub fn node(&self, family: IpFamily) -> model::Node {
+        services::node_model(self.node.as_ref(), &self.node_name, family)
+    }
+}
+
+fn service_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ServiceName {
+    ServiceName {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+//! Service objects to rule-model service ports.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service, ServicePort as K8sPort};
+use kpx_rules::model::{self, Cidr, Endpoint, IpFamily, Protocol, TrafficPolicy};
+
+use super::SERVICE_PROXY_NAME_LABEL;
+
+/// Upstream's `ShouldSkipService` plus the service-proxy-name label: kpx
+/// has no proxy name, so any Service that names one belongs to another proxy.
+pub fn should_skip(svc: &Service) -> bool {
+    let Some(spec) = &svc.spec else { return true };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return true;
+    }
+    let ip = spec.cluster_ip.as_deref().unwrap_or("");
+    if ip.is_empty() || ip == "None" {
+        return true;
+    }
+    svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+}
+
+fn parse_protocol(p: Option<&str>) -> Protocol {
+    match p {
+        Some("UDP") => Protocol::Udp,
+        Some("SCTP") => Protocol::Sctp,
+        _ => Protocol::Tcp,
+    }
+}
+
+fn policy(p: Option<&str>) -> TrafficPolicy {
+    if p == Some("Local") { TrafficPolicy::Local } else { TrafficPolicy::Cluster }
+}
+
+fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<IpAddr> {
+    list.into_iter()
+        .filter_map(|s| s.as_ref().trim().parse::<IpAddr>().ok())
+        .filter(|ip| family.matches(ip))
+        .collect()
+}
+
+/// The Service's ports for one family; `endpoints_for` gives each port's
+/// endpoints and their cluster and local sets.
+pub fn service_ports(
+    svc: &Service,
+    family: IpFamily,
+    endpoints_for: impl Fn(&K8sPort) -> (Vec<Endpoint>, Vec<u32>, Vec<u32>),
+) -> Vec<model::ServicePort> {
+    let Some(spec) = &svc.spec else { return Vec::new() };
+    let cluster_ips: Vec<&str> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
+        _ => spec.cluster_ip.iter().map(String::as_str).collect(),
+    };
+    let Some(cluster_ip) = ips_of(family, cluster_ips).into_iter().next() else {
+        return Vec::new();
+    };
+    let namespace = svc.metadata.namespace.clone().unwrap_or_default();
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let lb_ips: Vec<IpAddr> = if is_lb {
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+        let programmed = ingress.into_iter().flatten().filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
+        ips_of(family, programmed.filter_map(|i| i.ip.clone()))
+    } else {
+        Vec::new()
+    };
+    let source_ranges: Vec<Cidr> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .filter_map(|r| r.trim().parse::<Cidr>().ok())
+        .filter(|c| c.family() == family)
+        .collect();
+    let affinity = if spec.session_affinity.as_deref() == Some("ClientIP") {
+        let configured = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds);
+        configured.map(|t| t.max(1) as u32).unwrap_or(10800)
+    } else {
+        0
+    };
+    let annotations = svc.metadata.annotations.as_ref();
+    let scheduler = annotations.and_then(|a| a.get("kpx.dev/scheduler")).cloned().unwrap_or_default();
+
+    spec.ports
+        .iter()
+        .flatten()
+        .map(|port| {
+            let port_name = port.name.clone().unwrap_or_default();
+            let (endpoints, cluster_endpoints, local_endpoints) = endpoints_for(port);
+            model::ServicePort {
+                key: model::ServicePort::key_for(&namespace, &name, &port_name),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                port_name,
+                protocol: parse_protocol(port.protocol.as_deref()),
+                cluster_ip: Some(cluster_ip),
+                port: port.port as u16,
+                node_port: port.node_port.unwrap_or(0) as u16,
+                external_ips: ips_of(family, spec.external_ips.iter().flatten()),
+                load_balancer_ips: lb_ips.clone(),
+                load_balancer_source_ranges: source_ranges.clone(),
+                external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
+                internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
+                health_check_node_port: spec.health_check_node_port.unwrap_or(0) as u16,
+                affinity_timeout_seconds: affinity,
+                scheduler: scheduler.clone(),
+                scheduler_parameters: Vec::new(),
+                endpoints,
+                cluster_endpoints,
+                local_endpoints,
+            }
+        })
+        .collect()
+}
+
+/// The rule model's view of this node for one family.
+pub fn node_model(node: Option<&Node>, node_name: &str, family: IpFamily) -> model::Node {
+    let mut out = model::Node { name: node_name.to_string(), ..Default::default() };
+    let Some(node) = node else { return out };
+    if let Some(addresses) = node.status.as_ref().and_then(|s| s.addresses.as_ref()) {
+        for wanted in ["InternalIP", "ExternalIP"] {
+            let of_type = addresses.iter().filter(|a| a.type_ == wanted).map(|a| a.address.as_str());
+            out.addresses.extend(ips_of(family, of_type));
+        }
+    }
+    if let Some(labels) = &node.metadata.labels {
+        out.zone = labels.get("topology.kubernetes.io/zone").cloned().unwrap_or_default();
+        out.labels = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    }
+    if let Some(spec) = &node.spec {
+        let cidrs = spec.pod_cidrs.iter().flatten().chain(spec.pod_cidr.iter());
+        for cidr in cidrs.filter_map(|c| c.parse::<Cidr>().ok()) {
+            if cidr.family() == family && !out.pod_cidrs.contains(&cidr) {
+                out.pod_cidrs.push(cidr);
+            }
+        }
+    }
+    out
+}

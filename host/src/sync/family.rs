@@ -1,0 +1,159 @@
+//! One IP family's path from state to kernel: changes → plugin → validator
+//! → iptables-restore. Whatever fails, the kernel keeps the last good rules.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use kpx_rules::model::{Change, IpFamily, Node, Ruleset, ServicePort, Settings};
+
+use crate::kernel::iptables::{IptablesKernel, with_stale_chains_removed};
+use crate::runtime::{self, BackendInstance, BackendPlugin};
+use crate::state::{Changes, ServiceName, State};
+use crate::validate::{self, Context};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plugin failed; recovered by a full sync (with a fresh instance
+    /// if it trapped).
+    #[error(transparent)]
+    Plugin(#[from] runtime::Error),
+    /// The ruleset broke a confinement rule; nothing written; full resync.
+    #[error(transparent)]
+    Rejected(#[from] validate::Rejected),
+    /// The kernel write failed; nothing written; full resync.
+    #[error("{family}: {source}")]
+    Kernel { family: IpFamily, source: crate::kernel::Error },
+    /// The plugin returned a ruleset for another mode; full resync.
+    #[error("plugin {0} returned a ruleset for another mode")]
+    WrongMode(String),
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    pub full: bool,
+    pub changes: usize,
+    pub bytes: usize,
+}
+
+pub struct FamilyProxier {
+    family: IpFamily,
+    settings: Settings,
+    plugin: Arc<BackendPlugin>,
+    instance: Option<BackendInstance>,
+    /// Service ports as the plugin holds them, by key.
+    sent: BTreeMap<String, ServicePort>,
+    /// Keys sent for each Service.
+    keys_of: BTreeMap<ServiceName, Vec<String>>,
+    node: Node,
+    kernel: IptablesKernel,
+    need_full: bool,
+}
+
+impl FamilyProxier {
+    pub fn new(settings: Settings, plugin: Arc<BackendPlugin>, kernel: IptablesKernel) -> FamilyProxier {
+        FamilyProxier {
+            family: settings.family,
+            settings,
+            plugin,
+            instance: None,
+            sent: BTreeMap::new(),
+            keys_of: BTreeMap::new(),
+            node: Node::default(),
+            kernel,
+            need_full: true,
+        }
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// Turns the state's changes into plugin changes, updating what was sent.
+    fn collect_changes(&mut self, state: &State, changes: &Changes) -> Vec<Change> {
+        let mut out = Vec::new();
+        for name in &changes.services {
+            let ports = state.service_ports(self.family, name);
+            let old_keys = self.keys_of.remove(name).unwrap_or_default();
+            for key in &old_keys {
+                if !ports.iter().any(|p| &p.key == key) && self.sent.remove(key).is_some() {
+                    out.push(Change::Remove(key.clone()));
+                }
+            }
+            if !ports.is_empty() {
+                self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
+            }
+            for port in ports {
+                if self.sent.get(&port.key) != Some(&port) {
+                    self.sent.insert(port.key.clone(), port.clone());
+                    out.push(Change::Upsert(port));
+                }
+            }
+        }
+        if changes.node {
+            let node = state.node(self.family);
+            if node != self.node {
+                self.node = node.clone();
+                out.push(Change::Node(node));
+            }
+        }
+        out
+    }
+
+    /// One sync. `full` asks for a full render; a failure makes the next
+    /// sync full too.
+    pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
+        let plugin_changes = self.collect_changes(state, changes);
+        let result = self.program(plugin_changes.len(), &plugin_changes, full || self.need_full);
+        if result.is_err() {
+            self.need_full = true;
+        }
+        result
+    }
+
+    fn program(&mut self, n_changes: usize, changes: &[Change], full: bool) -> Result<Report, Error> {
+        let state_size: usize = self.sent.values().map(|s| 1 + s.endpoints.len()).sum();
+        let mut full = full;
+        if self.instance.is_none() {
+            let mut instance = self.plugin.instantiate(&self.settings)?;
+            let services: Vec<ServicePort> = self.sent.values().cloned().collect();
+            instance.reset(&self.node, &services)?;
+            self.instance = Some(instance);
+            full = true;
+        } else if !changes.is_empty() {
+            self.call(|i| i.apply(changes))?;
+        }
+        let ruleset = self.call(|i| i.render(full, state_size))?;
+        let Ruleset::Iptables(payload) = ruleset else {
+            return Err(Error::WrongMode(self.plugin.name().to_string()));
+        };
+
+        let kernel_err = |source| Error::Kernel { family: self.family, source };
+        let existing = self.kernel.kube_chains().map_err(kernel_err)?;
+        let payload = if full { with_stale_chains_removed(&payload, &existing) } else { payload };
+        let ctx = Context { plugin: self.plugin.name().to_string(), endpoints: self.endpoints(), existing_chains: existing };
+        validate::check_iptables(&payload, &ctx)?;
+        if full {
+            self.kernel.ensure_jumps().map_err(kernel_err)?;
+        }
+        self.kernel.apply(&payload).map_err(kernel_err)?;
+        self.need_full = false;
+        Ok(Report { full, changes: n_changes, bytes: payload.len() })
+    }
+
+    /// Runs a plugin call; a trap drops the poisoned instance.
+    fn call<T>(&mut self, f: impl FnOnce(&mut BackendInstance) -> runtime::Result<T>) -> runtime::Result<T> {
+        let instance = self.instance.as_mut().expect("instance exists");
+        let result = f(instance);
+        if let Err(e) = &result
+            && e.needs_fresh_instance()
+        {
+            self.instance = None;
+        }
+        result
+    }
+
+    fn endpoints(&self) -> HashSet<(std::net::IpAddr, u16)> {
+        self.sent.values().flat_map(|s| s.endpoints.iter().map(|e| (e.ip, e.port))).collect()
+    }
+}

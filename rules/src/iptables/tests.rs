@@ -1,0 +1,152 @@
+use super::*;
+use crate::model::{Conditions, IpFamily, Protocol, TrafficPolicy};
+
+fn ep(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port,
+        conditions: Conditions { ready: true, serving: true, terminating: false, is_local: false },
+        zone: None,
+    }
+}
+
+fn svc(ns: &str, name: &str, port_name: &str, ip: &str, port: u16, eps: Vec<Endpoint>) -> ServicePort {
+    let n = eps.len() as u32;
+    ServicePort {
+        key: ServicePort::key_for(ns, name, port_name),
+        namespace: ns.into(),
+        name: name.into(),
+        port_name: port_name.into(),
+        protocol: Protocol::Tcp,
+        cluster_ip: Some(ip.parse().unwrap()),
+        port,
+        node_port: 0,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        external_traffic_policy: TrafficPolicy::Cluster,
+        internal_traffic_policy: TrafficPolicy::Cluster,
+        health_check_node_port: 0,
+        affinity_timeout_seconds: 0,
+        scheduler: String::new(),
+        scheduler_parameters: vec![],
+        endpoints: eps,
+        cluster_endpoints: (0..n).collect(),
+        local_endpoints: vec![],
+    }
+}
+
+fn proxier() -> IptablesProxier {
+    let mut settings = Settings::new(IpFamily::V4, "iptables");
+    settings.local_traffic = LocalTraffic::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
+    settings.masquerade_random_fully = false;
+    IptablesProxier::new(settings)
+}
+
+fn text(p: &mut IptablesProxier, full: bool) -> String {
+    match p.render(full).unwrap() {
+        Ruleset::Iptables(t) => t,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The nat rules of upstream's TestTracePacket sample, line for line.
+#[test]
+fn matches_upstream_sample() {
+    let mut p = proxier();
+    p.reset(Node::default(), vec![svc("ns4", "svc4", "p80", "172.30.0.44", 80, vec![ep("10.180.0.4", 80), ep("10.180.0.5", 80)])]);
+    let out = text(&mut p, true);
+    for line in [
+        ":KUBE-SVC-4SW47YFZTEDKD3PK - [0:0]",
+        ":KUBE-SEP-UKSFD7AGPMPPLUHC - [0:0]",
+        ":KUBE-SEP-C6EBXVWJJZMIWKLZ - [0:0]",
+        "-A KUBE-SERVICES -m comment --comment \"ns4/svc4:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j KUBE-SVC-4SW47YFZTEDKD3PK",
+        "-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment \"ns4/svc4:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.44 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ",
+        "-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment \"ns4/svc4:p80 -> 10.180.0.4:80\" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-UKSFD7AGPMPPLUHC",
+        "-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment \"ns4/svc4:p80 -> 10.180.0.5:80\" -j KUBE-SEP-C6EBXVWJJZMIWKLZ",
+        "-A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -s 10.180.0.4 -j KUBE-MARK-MASQ",
+        "-A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.4:80",
+        "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+        "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing line {line}\nin:\n{out}");
+    }
+    let last_nat_rule = out.lines().rev().nth(1).unwrap();
+    assert!(last_nat_rule.contains("-j KUBE-NODEPORTS"), "nodeports jump must be last: {last_nat_rule}");
+}
+
+#[test]
+fn probabilities_as_upstream() {
+    let mut p = proxier();
+    let eps = (1..=4).map(|i| ep(&format!("10.1.0.{i}"), 8080)).collect();
+    p.reset(Node::default(), vec![svc("ns", "s", "", "172.30.0.1", 80, eps)]);
+    let out = text(&mut p, true);
+    let probs: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split("--probability ").nth(1))
+        .map(|r| r.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(probs, ["0.2500000000", "0.3333333333", "0.5000000000"]);
+}
+
+#[test]
+fn no_endpoints_rejects_in_filter() {
+    let mut p = proxier();
+    p.reset(Node::default(), vec![svc("ns", "empty", "http", "172.30.0.9", 80, vec![])]);
+    let out = text(&mut p, true);
+    let filter = out.split("*nat").next().unwrap();
+    assert!(filter.contains(
+        "-A KUBE-SERVICES -m comment --comment \"ns/empty:http has no endpoints\" -m tcp -p tcp -d 172.30.0.9 --dport 80 -j REJECT"
+    ));
+    assert!(!out.contains("KUBE-SVC-"));
+}
+
+#[test]
+fn partial_render_writes_only_changed_chains_and_deletes_stale() {
+    let mut p = proxier();
+    let a = svc("ns", "a", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 80)]);
+    let b = svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80), ep("10.1.0.3", 80)]);
+    p.reset(Node::default(), vec![a.clone(), b.clone()]);
+    let _ = text(&mut p, true);
+
+    // Nothing changed: only the top-level chains, but every service's jump.
+    let idle = text(&mut p, false);
+    assert!(!idle.contains(":KUBE-SVC-"), "{idle}");
+    assert_eq!(idle.matches("-A KUBE-SERVICES -m comment --comment \"ns/").count(), 2);
+
+    // b loses an endpoint: b's chains rewritten, its stale SEP deleted, a untouched.
+    let b2 = svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80)]);
+    p.apply(vec![Change::Upsert(b2)]);
+    let out = text(&mut p, false);
+    let a_chain = service_chain("KUBE-SVC-", "ns/a", "tcp");
+    let b_chain = service_chain("KUBE-SVC-", "ns/b", "tcp");
+    let stale = endpoint_chain("ns/b", "tcp", "10.1.0.3:80");
+    assert!(!out.contains(&format!(":{a_chain}")));
+    assert!(out.contains(&format!(":{b_chain}")));
+    assert!(out.contains(&format!("-X {stale}\n")), "{out}");
+
+    // a removed: its chains deleted, its jump gone.
+    p.apply(vec![Change::Remove("ns/a".into())]);
+    let out = text(&mut p, false);
+    assert!(out.contains(&format!("-X {a_chain}\n")));
+    assert!(!out.contains(&format!("-j {a_chain}")));
+}
+
+#[test]
+fn ipv6_brackets_dnat_and_skips_other_family() {
+    let mut settings = Settings::new(IpFamily::V6, "iptables");
+    settings.masquerade_all = true;
+    let mut p = IptablesProxier::new(settings);
+    p.reset(
+        Node::default(),
+        vec![
+            svc("ns", "v6", "", "fd00::10", 80, vec![ep("fd00:1::5", 8080)]),
+            svc("ns", "v4", "", "172.30.0.1", 80, vec![ep("10.0.0.1", 80)]),
+        ],
+    );
+    let out = text(&mut p, true);
+    assert!(out.contains("-j DNAT --to-destination [fd00:1::5]:8080"), "{out}");
+    assert!(out.contains("-d fd00::10 --dport 80 -j KUBE-MARK-MASQ"));
+    assert!(!out.contains("172.30.0.1"));
+    assert!(out.contains("! -d ::1/128 -j KUBE-NODEPORTS"));
+}

@@ -1,0 +1,345 @@
+//! The rule model: what every backend is given, mirroring the WIT types of
+//! `kpx:proxier` in plain Rust. The host builds it from Kubernetes objects;
+//! the SDK converts it to and from the component boundary.
+
+use std::fmt;
+use std::net::IpAddr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// Lower-case name, as iptables and upstream's hashes spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(addr: &IpAddr) -> IpFamily {
+        match addr {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn matches(self, addr: &IpAddr) -> bool {
+        IpFamily::of(addr) == self
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        })
+    }
+}
+
+/// An address prefix such as `10.0.0.0/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix_len: u8,
+}
+
+impl Cidr {
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.addr)
+    }
+
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let bits = u32::from(self.prefix_len.min(32));
+                let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+                u32::from(net) & mask == u32::from(*ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let bits = u32::from(self.prefix_len.min(128));
+                let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+                u128::from(net) & mask == u128::from(*ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+/// Why a string is not a CIDR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrParseError(pub String);
+
+impl fmt::Display for CidrParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid CIDR {:?}: want ADDRESS/PREFIX-LENGTH", self.0)
+    }
+}
+
+impl std::error::Error for CidrParseError {}
+
+impl std::str::FromStr for Cidr {
+    type Err = CidrParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || CidrParseError(s.to_string());
+        let (addr, len) = s.trim().split_once('/').ok_or_else(err)?;
+        let addr: IpAddr = addr.parse().map_err(|_| err())?;
+        let prefix_len: u8 = len.parse().map_err(|_| err())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix_len > max {
+            return Err(err());
+        }
+        Ok(Cidr { addr, prefix_len })
+    }
+}
+
+/// EndpointSlice conditions and locality of one endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Conditions {
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub is_local: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub conditions: Conditions,
+    pub zone: Option<String>,
+}
+
+impl Endpoint {
+    /// `ip:port`, or `[ip]:port` for IPv6: the form upstream hashes and DNATs to.
+    pub fn host_port(&self) -> String {
+        join_host_port(&self.ip, self.port)
+    }
+}
+
+/// Go's `net.JoinHostPort` for an address and a port.
+pub fn join_host_port(ip: &IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// One port of one Service, for one IP family, with its endpoints already
+/// categorised by the host (cluster and local sets are indices into
+/// `endpoints`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// `namespace/name:port-name`, or `namespace/name` for an unnamed port.
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub port_name: String,
+    pub protocol: Protocol,
+    pub cluster_ip: Option<IpAddr>,
+    pub port: u16,
+    /// 0 when none.
+    pub node_port: u16,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<Cidr>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    /// 0 when none.
+    pub health_check_node_port: u16,
+    /// 0 means no ClientIP affinity.
+    pub affinity_timeout_seconds: u32,
+    pub scheduler: String,
+    pub scheduler_parameters: Vec<(String, String)>,
+    pub endpoints: Vec<Endpoint>,
+    pub cluster_endpoints: Vec<u32>,
+    pub local_endpoints: Vec<u32>,
+}
+
+impl ServicePort {
+    /// The key upstream's `ServicePortName.String()` gives.
+    pub fn key_for(namespace: &str, name: &str, port_name: &str) -> String {
+        if port_name.is_empty() {
+            format!("{namespace}/{name}")
+        } else {
+            format!("{namespace}/{name}:{port_name}")
+        }
+    }
+
+    /// The endpoints cluster-wide traffic may use.
+    pub fn cluster_endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.cluster_endpoints
+            .iter()
+            .filter_map(|&i| self.endpoints.get(i as usize))
+    }
+
+    /// The endpoints Local traffic policies may use.
+    pub fn local_endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.local_endpoints
+            .iter()
+            .filter_map(|&i| self.endpoints.get(i as usize))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    /// Addresses of the instance's family; the first is the primary.
+    pub addresses: Vec<IpAddr>,
+    pub zone: String,
+    pub labels: Vec<(String, String)>,
+    pub pod_cidrs: Vec<Cidr>,
+}
+
+/// How traffic from local pods is recognised (`--detect-local-mode`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LocalTraffic {
+    #[default]
+    None,
+    Cidrs(Vec<Cidr>),
+    BridgeInterface(String),
+    InterfaceNamePrefix(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub family: IpFamily,
+    pub mode: String,
+    pub local_traffic: LocalTraffic,
+    pub masquerade_all: bool,
+    pub masquerade_bit: u8,
+    pub masquerade_random_fully: bool,
+    pub nodeport_addresses: Vec<Cidr>,
+    pub nodeport_primary: bool,
+    pub localhost_nodeports: bool,
+    pub conntrack_tcp_be_liberal: bool,
+    pub extra: Vec<(String, String)>,
+}
+
+impl Settings {
+    /// Upstream's defaults for a family.
+    pub fn new(family: IpFamily, mode: &str) -> Settings {
+        Settings {
+            family,
+            mode: mode.to_string(),
+            local_traffic: LocalTraffic::None,
+            masquerade_all: false,
+            masquerade_bit: 14,
+            masquerade_random_fully: true,
+            nodeport_addresses: Vec::new(),
+            nodeport_primary: false,
+            localhost_nodeports: true,
+            conntrack_tcp_be_liberal: false,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The masquerade mark, `1 << masquerade_bit`.
+    pub fn masquerade_mark(&self) -> u32 {
+        1u32 << u32::from(self.masquerade_bit.min(31))
+    }
+
+    /// A value from `extra`.
+    pub fn extra(&self, key: &str) -> Option<&str> {
+        self.extra
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Upsert(ServicePort),
+    Remove(String),
+    Node(Node),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ruleset {
+    Iptables(String),
+    Nftables(String),
+}
+
+impl Ruleset {
+    pub fn text(&self) -> &str {
+        match self {
+            Ruleset::Iptables(t) | Ruleset::Nftables(t) => t,
+        }
+    }
+}
+
+/// What a backend does: the Rust shape of the WIT `proxier` resource.
+/// Plugins implement it (through kpx-sdk); the benchmark runs it natively.
+pub trait Backend {
+    fn new(settings: Settings) -> Self
+    where
+        Self: Sized;
+    fn reset(&mut self, node: Node, services: Vec<ServicePort>);
+    fn apply(&mut self, changes: Vec<Change>);
+    fn render(&mut self, full: bool) -> Result<Ruleset, String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_parse_and_contains() {
+        let c: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(c.contains(&"10.1.2.3".parse().unwrap()));
+        assert!(!c.contains(&"11.1.2.3".parse().unwrap()));
+        assert!(!c.contains(&"::1".parse().unwrap()));
+        let c6: Cidr = "fd00::/64".parse().unwrap();
+        assert!(c6.contains(&"fd00::5".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("10.0.0.0".parse::<Cidr>().is_err());
+        assert_eq!(c.to_string(), "10.0.0.0/8");
+    }
+
+    #[test]
+    fn keys_as_upstream() {
+        assert_eq!(ServicePort::key_for("ns", "svc", "p80"), "ns/svc:p80");
+        assert_eq!(ServicePort::key_for("ns", "svc", ""), "ns/svc");
+    }
+
+    #[test]
+    fn join_host_port_brackets_v6() {
+        assert_eq!(join_host_port(&"fd00::1".parse().unwrap(), 80), "[fd00::1]:80");
+        assert_eq!(join_host_port(&"10.0.0.1".parse().unwrap(), 80), "10.0.0.1:80");
+    }
+}

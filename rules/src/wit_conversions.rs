@@ -1,0 +1,293 @@
+//! Conversions between the rule model and the types that `bindgen!`
+//! (wasmtime, host side) and `wit_bindgen::generate!` (guest side) generate
+//! for `kpx:proxier/types`. Both generators give the types the same names
+//! and shapes, so one macro writes the conversions for either side.
+
+/// Defines `to_wit_*` / `from_wit_*` functions for the generated `types`
+/// module at the given path, e.g.
+/// `kpx_rules::wit_conversions!(crate::bindings::kpx::proxier::types);`
+#[macro_export]
+macro_rules! wit_conversions {
+    ($($seg:ident)::+) => {
+        #[allow(dead_code)]
+        pub(crate) mod wit_convert {
+            use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+            use $($seg)::+ as wit;
+            use $crate::model;
+
+            pub fn to_wit_ip(ip: &IpAddr) -> wit::IpAddress {
+                match ip {
+                    IpAddr::V4(v4) => wit::IpAddress::V4(u32::from(*v4)),
+                    IpAddr::V6(v6) => {
+                        let w = u128::from(*v6);
+                        wit::IpAddress::V6(((w >> 96) as u32, (w >> 64) as u32, (w >> 32) as u32, w as u32))
+                    }
+                }
+            }
+
+            pub fn from_wit_ip(ip: &wit::IpAddress) -> IpAddr {
+                match ip {
+                    wit::IpAddress::V4(w) => IpAddr::V4(Ipv4Addr::from(*w)),
+                    wit::IpAddress::V6((a, b, c, d)) => IpAddr::V6(Ipv6Addr::from(
+                        (u128::from(*a) << 96) | (u128::from(*b) << 64) | (u128::from(*c) << 32) | u128::from(*d),
+                    )),
+                }
+            }
+
+            pub fn to_wit_cidr(c: &model::Cidr) -> wit::Cidr {
+                wit::Cidr { address: to_wit_ip(&c.addr), prefix_len: c.prefix_len }
+            }
+
+            pub fn from_wit_cidr(c: &wit::Cidr) -> model::Cidr {
+                model::Cidr { addr: from_wit_ip(&c.address), prefix_len: c.prefix_len }
+            }
+
+            fn to_wit_protocol(p: model::Protocol) -> wit::Protocol {
+                match p {
+                    model::Protocol::Tcp => wit::Protocol::Tcp,
+                    model::Protocol::Udp => wit::Protocol::Udp,
+                    model::Protocol::Sctp => wit::Protocol::Sctp,
+                }
+            }
+
+            fn from_wit_protocol(p: wit::Protocol) -> model::Protocol {
+                match p {
+                    wit::Protocol::Tcp => model::Protocol::Tcp,
+                    wit::Protocol::Udp => model::Protocol::Udp,
+                    wit::Protocol::Sctp => model::Protocol::Sctp,
+                }
+            }
+
+            fn to_wit_policy(p: model::TrafficPolicy) -> wit::TrafficPolicy {
+                match p {
+                    model::TrafficPolicy::Cluster => wit::TrafficPolicy::Cluster,
+                    model::TrafficPolicy::Local => wit::TrafficPolicy::Local,
+                }
+            }
+
+            fn from_wit_policy(p: wit::TrafficPolicy) -> model::TrafficPolicy {
+                match p {
+                    wit::TrafficPolicy::Cluster => model::TrafficPolicy::Cluster,
+                    wit::TrafficPolicy::Local => model::TrafficPolicy::Local,
+                }
+            }
+
+            fn to_wit_endpoints(eps: &[model::Endpoint]) -> wit::Endpoints {
+                let mut out = wit::Endpoints {
+                    address_words: Vec::with_capacity(eps.len()),
+                    ports: Vec::with_capacity(eps.len()),
+                    conditions: Vec::with_capacity(eps.len()),
+                    zone_index: Vec::with_capacity(eps.len()),
+                    zones: Vec::new(),
+                };
+                for ep in eps {
+                    match ep.ip {
+                        IpAddr::V4(v4) => out.address_words.push(u32::from(v4)),
+                        IpAddr::V6(v6) => {
+                            let w = u128::from(v6);
+                            out.address_words.extend([(w >> 96) as u32, (w >> 64) as u32, (w >> 32) as u32, w as u32]);
+                        }
+                    }
+                    out.ports.push(ep.port);
+                    let mut c = wit::EndpointConditions::empty();
+                    if ep.conditions.ready { c = c | wit::EndpointConditions::READY; }
+                    if ep.conditions.serving { c = c | wit::EndpointConditions::SERVING; }
+                    if ep.conditions.terminating { c = c | wit::EndpointConditions::TERMINATING; }
+                    if ep.conditions.is_local { c = c | wit::EndpointConditions::IS_LOCAL; }
+                    out.conditions.push(c);
+                    let zone = match &ep.zone {
+                        None => 0,
+                        Some(z) => match out.zones.iter().position(|known| known == z) {
+                            Some(i) => i as u16 + 1,
+                            None => {
+                                out.zones.push(z.clone());
+                                out.zones.len() as u16
+                            }
+                        },
+                    };
+                    out.zone_index.push(zone);
+                }
+                out
+            }
+
+            fn from_wit_endpoints(eps: wit::Endpoints) -> Vec<model::Endpoint> {
+                let n = eps.ports.len();
+                let stride = if n > 0 && eps.address_words.len() == 4 * n { 4 } else { 1 };
+                (0..n)
+                    .filter_map(|i| {
+                        let words = eps.address_words.get(i * stride..(i + 1) * stride)?;
+                        let ip = if stride == 4 {
+                            from_wit_ip(&wit::IpAddress::V6((words[0], words[1], words[2], words[3])))
+                        } else {
+                            IpAddr::V4(Ipv4Addr::from(words[0]))
+                        };
+                        let c = eps.conditions.get(i).copied().unwrap_or(wit::EndpointConditions::empty());
+                        let zone = match eps.zone_index.get(i).copied().unwrap_or(0) {
+                            0 => None,
+                            z => eps.zones.get(usize::from(z) - 1).cloned(),
+                        };
+                        Some(model::Endpoint {
+                            ip,
+                            port: eps.ports[i],
+                            conditions: model::Conditions {
+                                ready: c.contains(wit::EndpointConditions::READY),
+                                serving: c.contains(wit::EndpointConditions::SERVING),
+                                terminating: c.contains(wit::EndpointConditions::TERMINATING),
+                                is_local: c.contains(wit::EndpointConditions::IS_LOCAL),
+                            },
+                            zone,
+                        })
+                    })
+                    .collect()
+            }
+
+            pub fn to_wit_service_port(s: &model::ServicePort) -> wit::ServicePort {
+                wit::ServicePort {
+                    key: s.key.clone(),
+                    namespace: s.namespace.clone(),
+                    name: s.name.clone(),
+                    port_name: s.port_name.clone(),
+                    protocol: to_wit_protocol(s.protocol),
+                    cluster_ip: s.cluster_ip.as_ref().map(to_wit_ip),
+                    port: s.port,
+                    node_port: s.node_port,
+                    external_ips: s.external_ips.iter().map(to_wit_ip).collect(),
+                    load_balancer_ips: s.load_balancer_ips.iter().map(to_wit_ip).collect(),
+                    load_balancer_source_ranges: s.load_balancer_source_ranges.iter().map(to_wit_cidr).collect(),
+                    external_traffic_policy: to_wit_policy(s.external_traffic_policy),
+                    internal_traffic_policy: to_wit_policy(s.internal_traffic_policy),
+                    health_check_node_port: s.health_check_node_port,
+                    affinity_timeout_seconds: s.affinity_timeout_seconds,
+                    scheduler: s.scheduler.clone(),
+                    scheduler_parameters: s.scheduler_parameters.clone(),
+                    endpoints: to_wit_endpoints(&s.endpoints),
+                    cluster_endpoints: s.cluster_endpoints.clone(),
+                    local_endpoints: s.local_endpoints.clone(),
+                }
+            }
+
+            pub fn from_wit_service_port(s: wit::ServicePort) -> model::ServicePort {
+                model::ServicePort {
+                    key: s.key,
+                    namespace: s.namespace,
+                    name: s.name,
+                    port_name: s.port_name,
+                    protocol: from_wit_protocol(s.protocol),
+                    cluster_ip: s.cluster_ip.as_ref().map(from_wit_ip),
+                    port: s.port,
+                    node_port: s.node_port,
+                    external_ips: s.external_ips.iter().map(from_wit_ip).collect(),
+                    load_balancer_ips: s.load_balancer_ips.iter().map(from_wit_ip).collect(),
+                    load_balancer_source_ranges: s.load_balancer_source_ranges.iter().map(from_wit_cidr).collect(),
+                    external_traffic_policy: from_wit_policy(s.external_traffic_policy),
+                    internal_traffic_policy: from_wit_policy(s.internal_traffic_policy),
+                    health_check_node_port: s.health_check_node_port,
+                    affinity_timeout_seconds: s.affinity_timeout_seconds,
+                    scheduler: s.scheduler,
+                    scheduler_parameters: s.scheduler_parameters,
+                    endpoints: from_wit_endpoints(s.endpoints),
+                    cluster_endpoints: s.cluster_endpoints,
+                    local_endpoints: s.local_endpoints,
+                }
+            }
+
+            pub fn to_wit_node(n: &model::Node) -> wit::Node {
+                wit::Node {
+                    name: n.name.clone(),
+                    addresses: n.addresses.iter().map(to_wit_ip).collect(),
+                    zone: n.zone.clone(),
+                    labels: n.labels.clone(),
+                    pod_cidrs: n.pod_cidrs.iter().map(to_wit_cidr).collect(),
+                }
+            }
+
+            pub fn from_wit_node(n: wit::Node) -> model::Node {
+                model::Node {
+                    name: n.name,
+                    addresses: n.addresses.iter().map(from_wit_ip).collect(),
+                    zone: n.zone,
+                    labels: n.labels,
+                    pod_cidrs: n.pod_cidrs.iter().map(from_wit_cidr).collect(),
+                }
+            }
+
+            pub fn to_wit_settings(s: &model::Settings) -> wit::Settings {
+                wit::Settings {
+                    family: match s.family {
+                        model::IpFamily::V4 => wit::IpFamily::Ipv4,
+                        model::IpFamily::V6 => wit::IpFamily::Ipv6,
+                    },
+                    mode: s.mode.clone(),
+                    local_traffic: match &s.local_traffic {
+                        model::LocalTraffic::None => wit::LocalTraffic::None,
+                        model::LocalTraffic::Cidrs(c) => wit::LocalTraffic::Cidrs(c.iter().map(to_wit_cidr).collect()),
+                        model::LocalTraffic::BridgeInterface(i) => wit::LocalTraffic::BridgeInterface(i.clone()),
+                        model::LocalTraffic::InterfaceNamePrefix(p) => wit::LocalTraffic::InterfaceNamePrefix(p.clone()),
+                    },
+                    masquerade_all: s.masquerade_all,
+                    masquerade_bit: s.masquerade_bit,
+                    masquerade_random_fully: s.masquerade_random_fully,
+                    nodeport_addresses: s.nodeport_addresses.iter().map(to_wit_cidr).collect(),
+                    nodeport_primary: s.nodeport_primary,
+                    localhost_nodeports: s.localhost_nodeports,
+                    conntrack_tcp_be_liberal: s.conntrack_tcp_be_liberal,
+                    extra: s.extra.clone(),
+                }
+            }
+
+            pub fn from_wit_settings(s: wit::Settings) -> model::Settings {
+                model::Settings {
+                    family: match s.family {
+                        wit::IpFamily::Ipv4 => model::IpFamily::V4,
+                        wit::IpFamily::Ipv6 => model::IpFamily::V6,
+                    },
+                    mode: s.mode,
+                    local_traffic: match s.local_traffic {
+                        wit::LocalTraffic::None => model::LocalTraffic::None,
+                        wit::LocalTraffic::Cidrs(c) => model::LocalTraffic::Cidrs(c.iter().map(from_wit_cidr).collect()),
+                        wit::LocalTraffic::BridgeInterface(i) => model::LocalTraffic::BridgeInterface(i),
+                        wit::LocalTraffic::InterfaceNamePrefix(p) => model::LocalTraffic::InterfaceNamePrefix(p),
+                    },
+                    masquerade_all: s.masquerade_all,
+                    masquerade_bit: s.masquerade_bit,
+                    masquerade_random_fully: s.masquerade_random_fully,
+                    nodeport_addresses: s.nodeport_addresses.iter().map(from_wit_cidr).collect(),
+                    nodeport_primary: s.nodeport_primary,
+                    localhost_nodeports: s.localhost_nodeports,
+                    conntrack_tcp_be_liberal: s.conntrack_tcp_be_liberal,
+                    extra: s.extra,
+                }
+            }
+
+            pub fn to_wit_change(c: &model::Change) -> wit::Change {
+                match c {
+                    model::Change::Upsert(s) => wit::Change::Upsert(to_wit_service_port(s)),
+                    model::Change::Remove(k) => wit::Change::Remove(k.clone()),
+                    model::Change::Node(n) => wit::Change::Node(to_wit_node(n)),
+                }
+            }
+
+            pub fn from_wit_change(c: wit::Change) -> model::Change {
+                match c {
+                    wit::Change::Upsert(s) => model::Change::Upsert(from_wit_service_port(s)),
+                    wit::Change::Remove(k) => model::Change::Remove(k),
+                    wit::Change::Node(n) => model::Change::Node(from_wit_node(n)),
+                }
+            }
+
+            pub fn to_wit_ruleset(r: model::Ruleset) -> wit::Ruleset {
+                match r {
+                    model::Ruleset::Iptables(t) => wit::Ruleset::Iptables(t),
+                    model::Ruleset::Nftables(t) => wit::Ruleset::Nftables(t),
+                }
+            }
+
+            pub fn from_wit_ruleset(r: wit::Ruleset) -> model::Ruleset {
+                match r {
+                    wit::Ruleset::Iptables(t) => model::Ruleset::Iptables(t),
+                    wit::Ruleset::Nftables(t) => model::Ruleset::Nftables(t),
+                }
+            }
+        }
+    };
+}
