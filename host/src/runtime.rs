@@ -234,9 +234,11 @@ impl BackendInstance {
     fn check<T>(&mut self, call: &'static str, result: wasmtime::Result<T>) -> Result<T> {
         result.map_err(|e| {
             self.stats.traps.fetch_add(1, Ordering::Relaxed);
+            // One line: the trap's own description, not the wasm backtrace.
             let message = match e.downcast_ref::<Trap>() {
                 Some(Trap::OutOfFuel) => "ran out of fuel (endless loop or too much work)".to_string(),
-                _ => format!("{e:#}"),
+                Some(trap) => trap.to_string(),
+                None => e.root_cause().to_string().lines().next().unwrap_or("unknown error").to_string(),
             };
             let err = Error::Trapped { plugin: self.plugin.to_string(), call, message };
             tracing::error!(plugin = %self.plugin, "{err}");

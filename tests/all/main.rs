@@ -1,1 +1,8 @@
+//! kpx's integration tests, one binary (see docs/ARCHITECTURE.md, "Tests").
+//! Real-kernel tests need root and network namespaces; where the machine
+//! lacks them they print `SKIPPED: <reason>` and return.
 
+mod golden;
+mod kernel_iptables;
+mod sandbox;
+mod support;

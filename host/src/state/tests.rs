@@ -1,0 +1,95 @@
+use super::*;
+use crate::source::manifests::parse_documents;
+
+fn state_from(yaml: &str) -> State {
+    let (objects, errors) = parse_documents(yaml);
+    assert!(errors.is_empty(), "{errors:?}");
+    let mut state = State::new("node-a");
+    for o in objects {
+        state.apply(Event::Apply(o));
+    }
+    state.apply(Event::Synced);
+    state
+}
+
+fn name(ns: &str, n: &str) -> ServiceName {
+    ServiceName { namespace: ns.into(), name: n.into() }
+}
+
+const YAML: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIPs: [10.96.0.10, "fd00::10"]
+  clusterIP: 10.96.0.10
+  sessionAffinity: ClientIP
+  ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: a, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.1.0.9]}
+- {addresses: [10.1.0.2], nodeName: node-b}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: b, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.1.0.2], nodeName: node-a}
+"#;
+
+#[test]
+fn merges_slices_dedupes_and_marks_local() {
+    let state = state_from(YAML);
+    let ports = state.service_ports(IpFamily::V4, &name("shop", "web"));
+    assert_eq!(ports.len(), 2);
+    let http = &ports[0];
+    assert_eq!(http.key, "shop/web:http");
+    assert_eq!(http.affinity_timeout_seconds, 10800, "ClientIP default timeout");
+    let eps: Vec<String> = http.endpoints.iter().map(|e| e.host_port()).collect();
+    assert_eq!(eps, ["10.1.0.2:8080", "10.1.0.9:8080"], "sorted, de-duplicated");
+    assert!(http.endpoints[0].conditions.is_local, "the local copy wins");
+    assert_eq!(http.cluster_endpoints, [0, 1]);
+    assert_eq!(http.local_endpoints, [0]);
+    assert!(ports[1].endpoints.is_empty(), "no slice port named dns");
+    let v6 = state.service_ports(IpFamily::V6, &name("shop", "web"));
+    assert_eq!(v6[0].cluster_ip, Some("fd00::10".parse().unwrap()));
+    assert!(v6[0].endpoints.is_empty());
+}
+
+#[test]
+fn tracks_changes_and_deletions() {
+    let mut state = state_from(YAML);
+    let changes = state.take_changes();
+    assert_eq!(changes.services.len(), 1);
+    assert!(state.take_changes().is_empty());
+    let deleted = state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "b".into() }));
+    assert!(deleted);
+    assert!(state.take_changes().services.contains(&name("shop", "web")));
+    let ports = state.service_ports(IpFamily::V4, &name("shop", "web"));
+    assert!(!ports[0].endpoints[0].conditions.is_local);
+    assert!(!state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "zzz".into() })));
+    state.apply(Event::Delete(ObjectRef { kind: Kind::Service, namespace: "shop".into(), name: "web".into() }));
+    assert!(state.service_ports(IpFamily::V4, &name("shop", "web")).is_empty());
+}
+
+#[test]
+fn other_nodes_are_ignored() {
+    let mut state = State::new("node-a");
+    let (objects, _) = parse_documents("apiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n");
+    assert!(!state.apply(Event::Apply(objects[0].clone())));
+    let (objects, _) = parse_documents(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {topology.kubernetes.io/zone: z1}}\nspec: {podCIDRs: [10.244.1.0/24]}\nstatus: {addresses: [{type: InternalIP, address: 192.168.0.2}, {type: InternalIP, address: 'fd00::2'}]}\n",
+    );
+    assert!(state.apply(Event::Apply(objects[0].clone())));
+    let node = state.node(IpFamily::V4);
+    assert_eq!(node.addresses, ["192.168.0.2".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(node.zone, "z1");
+    assert_eq!(node.pod_cidrs.len(), 1);
+}

@@ -1,0 +1,140 @@
+//! Echo servers that answer every TCP connection and UDP datagram with
+//! `<name> <peer address>`, and the clients that ask them.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::{Ns, Result};
+
+/// What a request got back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The server that answered and the source address it saw.
+    Answer { server: String, seen_from: String },
+    /// Connection refused (a REJECT).
+    Refused,
+    /// No answer in time.
+    Timeout,
+    /// Anything else.
+    Error(String),
+}
+
+impl Reply {
+    pub fn server(&self) -> Option<&str> {
+        match self {
+            Reply::Answer { server, .. } => Some(server),
+            _ => None,
+        }
+    }
+
+    fn parse(text: &str) -> Reply {
+        let mut parts = text.split_whitespace();
+        match (parts.next(), parts.next()) {
+            (Some(server), Some(seen)) => {
+                let seen_from = seen.parse::<SocketAddr>().map(|a| a.ip().to_string()).unwrap_or(seen.to_string());
+                Reply::Answer { server: server.to_string(), seen_from }
+            }
+            _ => Reply::Error(format!("bad reply {text:?}")),
+        }
+    }
+}
+
+/// A TCP and UDP echo server running in a namespace until dropped.
+pub struct EchoServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl EchoServer {
+    /// Serves TCP and UDP on `addr` (e.g. "0.0.0.0:8080") inside `ns`.
+    pub fn start(ns: &Ns, name: &str, addr: &str) -> Result<EchoServer> {
+        let addr: SocketAddr = addr.parse().map_err(|e| crate::Error::Unavailable(format!("{addr}: {e}")))?;
+        let (tcp, udp) = ns.enter(move || -> std::io::Result<(TcpListener, UdpSocket)> {
+            Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?))
+        })??;
+        tcp.set_nonblocking(true)?;
+        udp.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let (name_tcp, stop_tcp) = (name.to_string(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop_tcp.load(Ordering::Relaxed) {
+                match tcp.accept() {
+                    Ok((mut conn, peer)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.write_all(format!("{name_tcp} {peer}\n").as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }));
+        let (name_udp, stop_udp) = (name.to_string(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 1500];
+            while !stop_udp.load(Ordering::Relaxed) {
+                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                    let _ = udp.send_to(format!("{name_udp} {peer}\n").as_bytes(), peer);
+                }
+            }
+        }));
+        Ok(EchoServer { stop, threads })
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One TCP request from inside `ns`.
+pub fn tcp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
+    let Ok(to) = to.parse::<SocketAddr>() else { return Reply::Error(format!("bad address {to}")) };
+    let result = ns.enter(move || {
+        let mut conn = match TcpStream::connect_timeout(&to, timeout) {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Reply::Refused,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Reply::Timeout,
+            Err(e) => return Reply::Error(e.to_string()),
+        };
+        let _ = conn.set_read_timeout(Some(timeout));
+        let mut text = String::new();
+        match conn.read_to_string(&mut text) {
+            Ok(_) => Reply::parse(&text),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Reply::Timeout,
+            Err(e) => Reply::Error(e.to_string()),
+        }
+    });
+    result.unwrap_or_else(|e| Reply::Error(e.to_string()))
+}
+
+/// One UDP request (a datagram and its answer) from inside `ns`.
+pub fn udp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
+    let Ok(to) = to.parse::<SocketAddr>() else { return Reply::Error(format!("bad address {to}")) };
+    let result = ns.enter(move || {
+        let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+        let socket = match UdpSocket::bind(bind) {
+            Ok(s) => s,
+            Err(e) => return Reply::Error(e.to_string()),
+        };
+        let _ = socket.set_read_timeout(Some(timeout));
+        // Connected, so that an ICMP port-unreachable (a REJECT) is reported.
+        if let Err(e) = socket.connect(to).and_then(|_| socket.send(b"hello\n")) {
+            return Reply::Error(e.to_string());
+        }
+        let mut buf = [0u8; 1500];
+        match socket.recv(&mut buf) {
+            Ok(n) => Reply::parse(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Reply::Refused,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Reply::Timeout,
+            Err(e) => Reply::Error(e.to_string()),
+        }
+    });
+    result.unwrap_or_else(|e| Reply::Error(e.to_string()))
+}

@@ -1,0 +1,99 @@
+//! Helpers shared by the integration tests.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use kpx_netlab::node::NodeLab;
+use kpx_netlab::{Reply, tcp_request, udp_request};
+
+pub const KPX: &str = env!("CARGO_BIN_EXE_kpx");
+
+/// The lab, or a printed skip reason and `None`.
+pub fn lab_or_skip(backends: usize, test: &str) -> Option<NodeLab> {
+    match NodeLab::build(backends) {
+        Ok(lab) => Some(lab),
+        Err(kpx_netlab::Error::Unavailable(why)) => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+        Err(e) => panic!("building the lab: {e}"),
+    }
+}
+
+static DIRS: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory under the target's temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{tag}-{}-{}", std::process::id(), DIRS.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Shared compiled-plugin cache for all tests.
+pub fn plugin_cache() -> String {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache").display().to_string()
+}
+
+/// Writes a file so that the manifest source sees the change at once.
+pub fn write_manifest(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A ClusterIP Service with a TCP and a UDP port named tcp/udp.
+pub fn service(name: &str, cluster_ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: test}}\nspec:\n  clusterIP: {cluster_ip}\n  ports:\n  - {{name: tcp, port: 80, targetPort: 8080, protocol: TCP}}\n  - {{name: udp, port: 80, targetPort: 8080, protocol: UDP}}\n"
+    )
+}
+
+/// An EndpointSlice of `service` with these backend IPs on port 8080.
+pub fn slice(service: &str, ips: &[&str]) -> String {
+    let mut text = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: IPv4\nports:\n- {{name: tcp, port: 8080, protocol: TCP}}\n- {{name: udp, port: 8080, protocol: UDP}}\nendpoints:\n"
+    );
+    for ip in ips {
+        text.push_str(&format!("- addresses: [{ip}]\n  conditions: {{ready: true}}\n"));
+    }
+    if ips.is_empty() {
+        text = text.replace("endpoints:\n", "endpoints: []\n");
+    }
+    text
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+pub fn request(lab: &NodeLab, proto: Proto, to: &str) -> Reply {
+    let timeout = Duration::from_millis(800);
+    match proto {
+        Proto::Tcp => tcp_request(&lab.client, to, timeout),
+        Proto::Udp => udp_request(&lab.client, to, timeout),
+    }
+}
+
+/// Servers that answered `n` requests (non-answers included by kind).
+pub fn servers_seen(lab: &NodeLab, proto: Proto, to: &str, n: usize) -> std::collections::BTreeMap<String, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..n {
+        let key = match request(lab, proto, to) {
+            Reply::Answer { server, .. } => server,
+            other => format!("{other:?}"),
+        };
+        *seen.entry(key).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// The node's ruleset as iptables-save prints it, without comments and counters.
+pub fn kernel_rules(lab: &NodeLab) -> String {
+    let dump = lab.node.exec(&["iptables-save"]).expect("iptables-save");
+    dump.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect()
+}
