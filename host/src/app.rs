@@ -21,7 +21,10 @@ pub enum Error {
     Plugin(#[from] runtime::Error),
     /// The plugin file cannot be read; kpx exits.
     #[error("cannot read plugin {path}: {source}")]
-    PluginFile { path: String, source: std::io::Error },
+    PluginFile {
+        path: String,
+        source: std::io::Error,
+    },
     /// No built-in plugin for the mode; kpx exits.
     #[error("no built-in backend for mode {0}")]
     NoBuiltIn(String),
@@ -36,13 +39,19 @@ pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
     let runtime = Runtime::new(config.plugin_limits, cache)?;
     match &config.backend_plugin {
         Some(path) => {
-            let bytes = std::fs::read(path)
-                .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
+            let bytes = std::fs::read(path).map_err(|source| Error::PluginFile {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("plugin");
             Ok(runtime.load_backend(name, &bytes)?)
         }
         None => {
-            let bytes = runtime::builtin::get(&config.mode).ok_or_else(|| Error::NoBuiltIn(config.mode.clone()))?;
+            let bytes = runtime::builtin::get(&config.mode)
+                .ok_or_else(|| Error::NoBuiltIn(config.mode.clone()))?;
             Ok(runtime.load_backend(&config.mode, bytes)?)
         }
     }
@@ -56,8 +65,17 @@ pub fn settings_for(config: &Config, family: IpFamily) -> Settings {
     s.local_traffic = match config.detect_local_mode {
         DetectLocalMode::None => LocalTraffic::None,
         DetectLocalMode::ClusterCidr => {
-            let cidrs: Vec<_> = config.cluster_cidrs.iter().filter(|c| c.family() == family).copied().collect();
-            if cidrs.is_empty() { LocalTraffic::None } else { LocalTraffic::Cidrs(cidrs) }
+            let cidrs: Vec<_> = config
+                .cluster_cidrs
+                .iter()
+                .filter(|c| c.family() == family)
+                .copied()
+                .collect();
+            if cidrs.is_empty() {
+                LocalTraffic::None
+            } else {
+                LocalTraffic::Cidrs(cidrs)
+            }
         }
     };
     s
@@ -89,7 +107,10 @@ pub fn run(config: Config) -> Result<(), Error> {
         .name("manifests".into())
         .spawn(move || source.run(tx))
         .expect("spawn the manifest source thread");
-    let periods = Periods { min: config.min_sync_period, max: config.sync_period };
+    let periods = Periods {
+        min: config.min_sync_period,
+        max: config.sync_period,
+    };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
     Ok(())
 }

@@ -16,7 +16,11 @@ use kpx_rules::model::Cidr;
 pub enum Error {
     /// A flag has a value kpx refuses; exit with this message.
     #[error("invalid value {value:?} for --{flag}: {reason}")]
-    InvalidFlag { flag: &'static str, value: String, reason: String },
+    InvalidFlag {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
     /// The host name could not be read and --hostname-override is empty.
     #[error("cannot determine the node name: {0} (set --hostname-override)")]
     NodeName(std::io::Error),
@@ -54,7 +58,11 @@ pub struct Flags {
     pub masquerade_all: bool,
 
     /// The bit of the fwmark space to mark packets requiring SNAT with. Must be within [0, 31].
-    #[arg(long = "iptables-masquerade-bit", default_value_t = 14, allow_negative_numbers = true)]
+    #[arg(
+        long = "iptables-masquerade-bit",
+        default_value_t = 14,
+        allow_negative_numbers = true
+    )]
     pub iptables_masquerade_bit: i32,
 
     /// The minimum period between iptables rule resyncs (e.g. '5s', '1m', '2h22m'); 0 resyncs on every change.
@@ -116,24 +124,46 @@ pub enum DetectLocalMode {
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidFlag { flag, value: value.to_string(), reason: reason.into() }
+    Error::InvalidFlag {
+        flag,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
 }
 
 impl Flags {
     pub fn validate(self) -> Result<Config> {
         if self.proxy_mode != "iptables" {
-            return Err(invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables"));
+            return Err(invalid(
+                "proxy-mode",
+                &self.proxy_mode,
+                "this kpx supports: iptables",
+            ));
         }
         let node_name = if self.hostname_override.trim().is_empty() {
-            std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map_err(Error::NodeName)?
+                .trim()
+                .to_lowercase()
         } else {
             self.hostname_override.trim().to_lowercase()
         };
         let mut cluster_cidrs: Vec<Cidr> = Vec::new();
-        for part in self.cluster_cidr.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let cidr: Cidr = part.parse().map_err(|e| invalid("cluster-cidr", &self.cluster_cidr, format!("{e}")))?;
+        for part in self
+            .cluster_cidr
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            let cidr: Cidr = part
+                .parse()
+                .map_err(|e| invalid("cluster-cidr", &self.cluster_cidr, format!("{e}")))?;
             if cluster_cidrs.iter().any(|c| c.family() == cidr.family()) {
-                return Err(invalid("cluster-cidr", &self.cluster_cidr, "at most one CIDR per IP family"));
+                return Err(invalid(
+                    "cluster-cidr",
+                    &self.cluster_cidr,
+                    "at most one CIDR per IP family",
+                ));
             }
             cluster_cidrs.push(cidr);
         }
@@ -141,11 +171,21 @@ impl Flags {
             "" if cluster_cidrs.is_empty() => DetectLocalMode::None,
             "" | "ClusterCIDR" => {
                 if cluster_cidrs.is_empty() {
-                    return Err(invalid("detect-local-mode", &self.detect_local_mode, "ClusterCIDR needs --cluster-cidr"));
+                    return Err(invalid(
+                        "detect-local-mode",
+                        &self.detect_local_mode,
+                        "ClusterCIDR needs --cluster-cidr",
+                    ));
                 }
                 DetectLocalMode::ClusterCidr
             }
-            other => return Err(invalid("detect-local-mode", other, "this kpx supports: ClusterCIDR")),
+            other => {
+                return Err(invalid(
+                    "detect-local-mode",
+                    other,
+                    "this kpx supports: ClusterCIDR",
+                ));
+            }
         };
         if !(0..=31).contains(&self.iptables_masquerade_bit) {
             return Err(invalid(
@@ -154,12 +194,21 @@ impl Flags {
                 "must be within [0, 31]",
             ));
         }
-        let min_sync_period = parse_duration(&self.iptables_min_sync_period)
-            .map_err(|e| invalid("iptables-min-sync-period", &self.iptables_min_sync_period, e))?;
+        let min_sync_period = parse_duration(&self.iptables_min_sync_period).map_err(|e| {
+            invalid(
+                "iptables-min-sync-period",
+                &self.iptables_min_sync_period,
+                e,
+            )
+        })?;
         let sync_period = parse_duration(&self.iptables_sync_period)
             .map_err(|e| invalid("iptables-sync-period", &self.iptables_sync_period, e))?;
         if sync_period.is_zero() {
-            return Err(invalid("iptables-sync-period", &self.iptables_sync_period, "must be greater than 0"));
+            return Err(invalid(
+                "iptables-sync-period",
+                &self.iptables_sync_period,
+                "must be greater than 0",
+            ));
         }
         if min_sync_period > sync_period {
             return Err(invalid(
@@ -169,7 +218,11 @@ impl Flags {
             ));
         }
         if self.plugin_memory_limit_mib < 16 {
-            return Err(invalid("plugin-memory-limit-mib", &self.plugin_memory_limit_mib.to_string(), "at least 16"));
+            return Err(invalid(
+                "plugin-memory-limit-mib",
+                &self.plugin_memory_limit_mib.to_string(),
+                "at least 16",
+            ));
         }
         Ok(Config {
             mode: self.proxy_mode,
@@ -217,13 +270,25 @@ mod tests {
     #[test]
     fn bad_values_name_the_flag() {
         for (args, flag) in [
-            (vec!["--iptables-masquerade-bit", "32"], "iptables-masquerade-bit"),
-            (vec!["--iptables-masquerade-bit", "-1"], "iptables-masquerade-bit"),
+            (
+                vec!["--iptables-masquerade-bit", "32"],
+                "iptables-masquerade-bit",
+            ),
+            (
+                vec!["--iptables-masquerade-bit", "-1"],
+                "iptables-masquerade-bit",
+            ),
             (vec!["--iptables-sync-period", "0"], "iptables-sync-period"),
-            (vec!["--iptables-min-sync-period", "soon"], "iptables-min-sync-period"),
+            (
+                vec!["--iptables-min-sync-period", "soon"],
+                "iptables-min-sync-period",
+            ),
             (vec!["--cluster-cidr", "10.0.0.0/99"], "cluster-cidr"),
             (vec!["--proxy-mode", "carrier-pigeon"], "proxy-mode"),
-            (vec!["--detect-local-mode", "ClusterCIDR"], "detect-local-mode"),
+            (
+                vec!["--detect-local-mode", "ClusterCIDR"],
+                "detect-local-mode",
+            ),
         ] {
             let err = flags(&args).validate().unwrap_err().to_string();
             assert!(err.contains(&format!("--{flag}")), "{err}");
@@ -232,7 +297,9 @@ mod tests {
 
     #[test]
     fn cluster_cidr_enables_detection() {
-        let c = flags(&["--cluster-cidr", "10.0.0.0/8,fd00::/48"]).validate().unwrap();
+        let c = flags(&["--cluster-cidr", "10.0.0.0/8,fd00::/48"])
+            .validate()
+            .unwrap();
         assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
         assert_eq!(c.cluster_cidrs.len(), 2);
     }

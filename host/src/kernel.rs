@@ -11,11 +11,18 @@ pub enum Error {
     /// The tool could not be started (not installed?): the sync fails and
     /// is retried in full.
     #[error("cannot run {program}: {source}")]
-    Spawn { program: String, source: std::io::Error },
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
     /// The tool refused the change: nothing of it applied (iptables-restore
     /// and nft are atomic per call); retried as a full sync.
     #[error("{program} failed ({status}): {stderr}")]
-    Failed { program: String, status: String, stderr: String },
+    Failed {
+        program: String,
+        status: String,
+        stderr: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

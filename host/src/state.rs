@@ -104,14 +104,24 @@ impl State {
                 let slice_name = slice.metadata.name.clone().unwrap_or_default();
                 let mut changed = self.remove_slice(&ns, &slice_name);
                 let labels = slice.metadata.labels.as_ref();
-                let owner = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned().unwrap_or_default();
+                let owner = labels
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
                 let headless = labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL));
                 if owner.is_empty() || headless {
                     return changed;
                 }
-                let svc = ServiceName { namespace: ns.clone(), name: owner };
-                self.slice_owner.insert((ns, slice_name.clone()), svc.clone());
-                self.slices.entry(svc.clone()).or_default().insert(slice_name, *slice);
+                let svc = ServiceName {
+                    namespace: ns.clone(),
+                    name: owner,
+                };
+                self.slice_owner
+                    .insert((ns, slice_name.clone()), svc.clone());
+                self.slices
+                    .entry(svc.clone())
+                    .or_default()
+                    .insert(slice_name, *slice);
                 self.changes.services.insert(svc);
                 changed = true;
                 changed
@@ -131,7 +141,10 @@ impl State {
     fn delete(&mut self, r: &ObjectRef) -> bool {
         match r.kind {
             Kind::Service => {
-                let name = ServiceName { namespace: r.namespace.clone(), name: r.name.clone() };
+                let name = ServiceName {
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                };
                 self.remove_service(&name)
             }
             Kind::EndpointSlice => self.remove_slice(&r.namespace, &r.name),
@@ -153,7 +166,10 @@ impl State {
     }
 
     fn remove_slice(&mut self, namespace: &str, slice_name: &str) -> bool {
-        let Some(owner) = self.slice_owner.remove(&(namespace.to_string(), slice_name.to_string())) else {
+        let Some(owner) = self
+            .slice_owner
+            .remove(&(namespace.to_string(), slice_name.to_string()))
+        else {
             return false;
         };
         if let Some(slices) = self.slices.get_mut(&owner) {

@@ -35,7 +35,10 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Runs a command; its stdout, or an error with its stderr.
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program).args(args).stdin(Stdio::null()).output()?;
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?;
     if !out.status.success() {
         return Err(Error::Command {
             command: format!("{program} {}", args.join(" ")),
@@ -104,13 +107,23 @@ impl Lab {
         }
         run("ip", &["netns", "list"]).map_err(|e| Error::Unavailable(format!("iproute2: {e}")))?;
         remove_orphans();
-        let id = format!("{}-{}-{}", PREFIX, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        Ok(Lab { id, namespaces: Vec::new() })
+        let id = format!(
+            "{}-{}-{}",
+            PREFIX,
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        Ok(Lab {
+            id,
+            namespaces: Vec::new(),
+        })
     }
 
     /// Adds a namespace with loopback up; `role` is part of its name.
     pub fn add(&mut self, role: &str) -> Result<Ns> {
-        let ns = Ns { name: format!("{}-{role}", self.id) };
+        let ns = Ns {
+            name: format!("{}-{role}", self.id),
+        };
         run("ip", &["netns", "add", &ns.name]).map_err(|e| Error::Unavailable(e.to_string()))?;
         self.namespaces.push(ns.clone());
         ns.ip(&["link", "set", "lo", "up"])?;
@@ -119,8 +132,18 @@ impl Lab {
 
     /// Joins two namespaces with a veth pair: `a_if` in `a` with
     /// `a_addr` (CIDR form), `b_if` in `b` with `b_addr`.
-    pub fn link(&self, a: &Ns, a_if: &str, a_addr: &str, b: &Ns, b_if: &str, b_addr: &str) -> Result<()> {
-        a.ip(&["link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name])?;
+    pub fn link(
+        &self,
+        a: &Ns,
+        a_if: &str,
+        a_addr: &str,
+        b: &Ns,
+        b_if: &str,
+        b_addr: &str,
+    ) -> Result<()> {
+        a.ip(&[
+            "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name,
+        ])?;
         a.ip(&["addr", "add", a_addr, "dev", a_if])?;
         b.ip(&["addr", "add", b_addr, "dev", b_if])?;
         a.ip(&["link", "set", a_if, "up"])?;
@@ -143,10 +166,16 @@ impl Drop for Lab {
 
 /// Deletes namespaces of labs whose process has died.
 fn remove_orphans() {
-    let Ok(list) = run("ip", &["netns", "list"]) else { return };
+    let Ok(list) = run("ip", &["netns", "list"]) else {
+        return;
+    };
     for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
-        let Some(rest) = name.strip_prefix(PREFIX).and_then(|r| r.strip_prefix('-')) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(rest) = name.strip_prefix(PREFIX).and_then(|r| r.strip_prefix('-')) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = run("ip", &["netns", "del", name]);
         }

@@ -24,7 +24,10 @@ pub fn service_chain(prefix: &str, service_port_name: &str, protocol: &str) -> S
 /// The `KUBE-SEP-` chain of one endpoint (`endpoint` is `ip:port`, or
 /// `[ip]:port` for IPv6, as Go's `net.JoinHostPort` writes it).
 pub fn endpoint_chain(service_port_name: &str, protocol: &str, endpoint: &str) -> String {
-    format!("KUBE-SEP-{}", hash16(&[service_port_name, protocol, endpoint]))
+    format!(
+        "KUBE-SEP-{}",
+        hash16(&[service_port_name, protocol, endpoint])
+    )
 }
 
 #[cfg(test)]

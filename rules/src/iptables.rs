@@ -12,7 +12,12 @@ use crate::hash::{endpoint_chain, service_chain};
 use crate::model::{Backend, Change, Endpoint, LocalTraffic, Node, Ruleset, ServicePort, Settings};
 
 /// nat table chains kube-proxy owns and rewrites on every sync.
-pub const NAT_CHAINS: [&str; 4] = ["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"];
+pub const NAT_CHAINS: [&str; 4] = [
+    "KUBE-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-MARK-MASQ",
+];
 /// filter table chains kube-proxy owns and rewrites on every sync.
 pub const FILTER_CHAINS: [&str; 5] = [
     "KUBE-SERVICES",
@@ -22,7 +27,13 @@ pub const FILTER_CHAINS: [&str; 5] = [
     "KUBE-PROXY-FIREWALL",
 ];
 /// Prefixes of the per-service and per-endpoint chains.
-pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
+pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+];
 
 /// A rule the host keeps in a built-in chain, jumping to one of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,18 +47,146 @@ pub struct Jump {
 
 /// upstream's `iptablesJumpChains`: the only rules kpx puts in built-in chains.
 pub const JUMPS: &[Jump] = &[
-    Jump { table: "filter", from: "INPUT", to: "KUBE-EXTERNAL-SERVICES", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes externally-visible service portals"] },
-    Jump { table: "filter", from: "FORWARD", to: "KUBE-EXTERNAL-SERVICES", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes externally-visible service portals"] },
-    Jump { table: "filter", from: "INPUT", to: "KUBE-NODEPORTS", matches: &["-m", "comment", "--comment", "kubernetes health check service ports"] },
-    Jump { table: "filter", from: "FORWARD", to: "KUBE-SERVICES", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"] },
-    Jump { table: "filter", from: "OUTPUT", to: "KUBE-SERVICES", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"] },
-    Jump { table: "filter", from: "FORWARD", to: "KUBE-FORWARD", matches: &["-m", "comment", "--comment", "kubernetes forwarding rules"] },
-    Jump { table: "filter", from: "INPUT", to: "KUBE-PROXY-FIREWALL", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes load balancer firewall"] },
-    Jump { table: "filter", from: "OUTPUT", to: "KUBE-PROXY-FIREWALL", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes load balancer firewall"] },
-    Jump { table: "filter", from: "FORWARD", to: "KUBE-PROXY-FIREWALL", matches: &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes load balancer firewall"] },
-    Jump { table: "nat", from: "OUTPUT", to: "KUBE-SERVICES", matches: &["-m", "comment", "--comment", "kubernetes service portals"] },
-    Jump { table: "nat", from: "PREROUTING", to: "KUBE-SERVICES", matches: &["-m", "comment", "--comment", "kubernetes service portals"] },
-    Jump { table: "nat", from: "POSTROUTING", to: "KUBE-POSTROUTING", matches: &["-m", "comment", "--comment", "kubernetes postrouting rules"] },
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-EXTERNAL-SERVICES",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes externally-visible service portals",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-EXTERNAL-SERVICES",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes externally-visible service portals",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-NODEPORTS",
+        matches: &[
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes health check service ports",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-SERVICES",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "OUTPUT",
+        to: "KUBE-SERVICES",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-FORWARD",
+        matches: &["-m", "comment", "--comment", "kubernetes forwarding rules"],
+    },
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-PROXY-FIREWALL",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "OUTPUT",
+        to: "KUBE-PROXY-FIREWALL",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall",
+        ],
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-PROXY-FIREWALL",
+        matches: &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall",
+        ],
+    },
+    Jump {
+        table: "nat",
+        from: "OUTPUT",
+        to: "KUBE-SERVICES",
+        matches: &["-m", "comment", "--comment", "kubernetes service portals"],
+    },
+    Jump {
+        table: "nat",
+        from: "PREROUTING",
+        to: "KUBE-SERVICES",
+        matches: &["-m", "comment", "--comment", "kubernetes service portals"],
+    },
+    Jump {
+        table: "nat",
+        from: "POSTROUTING",
+        to: "KUBE-POSTROUTING",
+        matches: &["-m", "comment", "--comment", "kubernetes postrouting rules"],
+    },
 ];
 
 /// upstream's `%0.10f` of 1/n, the probability of the i-th of n endpoints.
@@ -98,9 +237,15 @@ impl IptablesProxier {
             "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
         ));
         filter.rule("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT");
-        nat.rule(&format!("-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN"));
+        nat.rule(&format!(
+            "-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN"
+        ));
         nat.rule(&format!("-A KUBE-POSTROUTING -j MARK --xor-mark {mark}"));
-        let random = if self.settings.masquerade_random_fully { " --random-fully" } else { "" };
+        let random = if self.settings.masquerade_random_fully {
+            " --random-fully"
+        } else {
+            ""
+        };
         nat.rule(&format!(
             "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{random}"
         ));
@@ -109,7 +254,13 @@ impl IptablesProxier {
 
     /// Rules for one service port. Its own chains are written only when
     /// `write_chains`; the returned list names them either way.
-    fn render_service(&self, svc: &ServicePort, write_chains: bool, filter: &mut Table, nat: &mut Table) -> Vec<String> {
+    fn render_service(
+        &self,
+        svc: &ServicePort,
+        write_chains: bool,
+        filter: &mut Table,
+        nat: &mut Table,
+    ) -> Vec<String> {
         let Some(cluster_ip) = svc.cluster_ip.filter(|ip| self.settings.family.matches(ip)) else {
             return Vec::new();
         };
@@ -118,11 +269,15 @@ impl IptablesProxier {
         let dst = format!("-m {proto} -p {proto} -d {cluster_ip} --dport {}", svc.port);
         let endpoints: Vec<&Endpoint> = svc.cluster_endpoints().collect();
         if endpoints.is_empty() {
-            filter.rule(&format!("-A KUBE-SERVICES -m comment --comment \"{key} has no endpoints\" {dst} -j REJECT"));
+            filter.rule(&format!(
+                "-A KUBE-SERVICES -m comment --comment \"{key} has no endpoints\" {dst} -j REJECT"
+            ));
             return Vec::new();
         }
         let svc_chain = service_chain("KUBE-SVC-", key, proto);
-        nat.rule(&format!("-A KUBE-SERVICES -m comment --comment \"{key} cluster IP\" {dst} -j {svc_chain}"));
+        nat.rule(&format!(
+            "-A KUBE-SERVICES -m comment --comment \"{key} cluster IP\" {dst} -j {svc_chain}"
+        ));
 
         let sep_chains: Vec<String> = endpoints
             .iter()
@@ -146,12 +301,17 @@ impl IptablesProxier {
                         probability(n - i)
                     ));
                 } else {
-                    nat.rule(&format!("-A {svc_chain} -m comment --comment \"{key} -> {hp}\" -j {sep}"));
+                    nat.rule(&format!(
+                        "-A {svc_chain} -m comment --comment \"{key} -> {hp}\" -j {sep}"
+                    ));
                 }
             }
             for (ep, sep) in endpoints.iter().zip(&sep_chains) {
                 nat.chain(sep);
-                nat.rule(&format!("-A {sep} -m comment --comment {key} -s {} -j KUBE-MARK-MASQ", ep.ip));
+                nat.rule(&format!(
+                    "-A {sep} -m comment --comment {key} -s {} -j KUBE-MARK-MASQ",
+                    ep.ip
+                ));
                 nat.rule(&format!(
                     "-A {sep} -m comment --comment {key} -m {proto} -p {proto} -j DNAT --to-destination {}",
                     ep.host_port()
@@ -200,7 +360,9 @@ impl IptablesProxier {
         );
         match self.settings.family {
             crate::model::IpFamily::V6 => nodeports.push_str(" ! -d ::1/128"),
-            crate::model::IpFamily::V4 if !self.settings.localhost_nodeports => nodeports.push_str(" ! -d 127.0.0.0/8"),
+            crate::model::IpFamily::V4 if !self.settings.localhost_nodeports => {
+                nodeports.push_str(" ! -d 127.0.0.0/8")
+            }
             crate::model::IpFamily::V4 => {}
         }
         nodeports.push_str(" -j KUBE-NODEPORTS");

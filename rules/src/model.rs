@@ -73,12 +73,20 @@ impl Cidr {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 let bits = u32::from(self.prefix_len.min(32));
-                let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+                let mask = if bits == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - bits)
+                };
                 u32::from(net) & mask == u32::from(*ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
                 let bits = u32::from(self.prefix_len.min(128));
-                let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+                let mask = if bits == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - bits)
+                };
                 u128::from(net) & mask == u128::from(*ip) & mask
             }
             _ => false,
@@ -339,7 +347,13 @@ mod tests {
 
     #[test]
     fn join_host_port_brackets_v6() {
-        assert_eq!(join_host_port(&"fd00::1".parse().unwrap(), 80), "[fd00::1]:80");
-        assert_eq!(join_host_port(&"10.0.0.1".parse().unwrap(), 80), "10.0.0.1:80");
+        assert_eq!(
+            join_host_port(&"fd00::1".parse().unwrap(), 80),
+            "[fd00::1]:80"
+        );
+        assert_eq!(
+            join_host_port(&"10.0.0.1".parse().unwrap(), 80),
+            "10.0.0.1:80"
+        );
     }
 }

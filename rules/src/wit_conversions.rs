@@ -89,11 +89,15 @@ macro_rules! wit_conversions {
                         }
                     }
                     out.ports.push(ep.port);
-                    let mut c = wit::EndpointConditions::empty();
-                    if ep.conditions.ready { c = c | wit::EndpointConditions::READY; }
-                    if ep.conditions.serving { c = c | wit::EndpointConditions::SERVING; }
-                    if ep.conditions.terminating { c = c | wit::EndpointConditions::TERMINATING; }
-                    if ep.conditions.is_local { c = c | wit::EndpointConditions::IS_LOCAL; }
+                    let c = [
+                        (ep.conditions.ready, wit::EndpointConditions::READY),
+                        (ep.conditions.serving, wit::EndpointConditions::SERVING),
+                        (ep.conditions.terminating, wit::EndpointConditions::TERMINATING),
+                        (ep.conditions.is_local, wit::EndpointConditions::IS_LOCAL),
+                    ]
+                    .into_iter()
+                    .filter(|(on, _)| *on)
+                    .fold(wit::EndpointConditions::empty(), |all, (_, flag)| all | flag);
                     out.conditions.push(c);
                     let zone = match &ep.zone {
                         None => 0,

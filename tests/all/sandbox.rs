@@ -20,28 +20,57 @@ fn hostile_service(name: &str, ip: &str) -> String {
 
 #[test]
 fn hostile_plugin_never_changes_the_kernel() {
-    let Some(lab) = lab_or_skip(2, "hostile_plugin_never_changes_the_kernel") else { return };
+    let Some(lab) = lab_or_skip(2, "hostile_plugin_never_changes_the_kernel") else {
+        return;
+    };
     let dir = temp_dir("sandbox");
     let manifests = dir.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
     let (be1, be2) = (&lab.backends[0].ip, &lab.backends[1].ip);
-    write_manifest(&manifests.join("web.yaml"), &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", &[be1])));
+    write_manifest(
+        &manifests.join("web.yaml"),
+        &format!(
+            "{}---\n{}",
+            service("web", "10.96.0.10"),
+            slice("web", &[be1])
+        ),
+    );
     let cache = plugin_cache();
     let plugin = hostile_wasm();
     let args = [
-        "--manifests", manifests.to_str().unwrap(),
-        "--hostname-override", "node",
-        "--cluster-cidr", CLUSTER_CIDR,
-        "--plugin-cache-dir", &cache,
-        "--backend-plugin", &plugin,
-        "--plugin-fuel", "300000000",
-        "--plugin-memory-limit-mib", "128",
-        "--plugin-max-output-mib", "8",
-        "--iptables-min-sync-period", "100ms",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--hostname-override",
+        "node",
+        "--cluster-cidr",
+        CLUSTER_CIDR,
+        "--plugin-cache-dir",
+        &cache,
+        "--backend-plugin",
+        &plugin,
+        "--plugin-fuel",
+        "300000000",
+        "--plugin-memory-limit-mib",
+        "128",
+        "--plugin-max-output-mib",
+        "8",
+        "--iptables-min-sync-period",
+        "100ms",
     ];
-    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
-    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "no sync:\n{}", kpx.log());
-    assert_eq!(servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 5).keys().collect::<Vec<_>>(), ["be1"]);
+    let mut kpx = lab
+        .start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log"))
+        .expect("start kpx");
+    assert!(
+        kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)),
+        "no sync:\n{}",
+        kpx.log()
+    );
+    assert_eq!(
+        servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 5)
+            .keys()
+            .collect::<Vec<_>>(),
+        ["be1"]
+    );
     let good_rules = kernel_rules(&lab);
 
     let cases = [
@@ -57,29 +86,83 @@ fn hostile_plugin_never_changes_the_kernel() {
         let before = kpx.log().matches(symptom).count();
         write_manifest(&file, &hostile_service(name, &format!("10.96.1.{}", i + 1)));
         // Also change a real endpoint: it must not reach the kernel while the plugin misbehaves.
-        write_manifest(&manifests.join("web.yaml"), &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", &[be2])));
+        write_manifest(
+            &manifests.join("web.yaml"),
+            &format!(
+                "{}---\n{}",
+                service("web", "10.96.0.10"),
+                slice("web", &[be2])
+            ),
+        );
         assert!(
             kpx.wait_for_log(symptom, before + 1, Duration::from_secs(15)),
             "{name}: expected {symptom:?} in the log:\n{}",
             kpx.log()
         );
         assert!(kpx.is_running(), "{name} brought kpx down:\n{}", kpx.log());
-        assert_eq!(kernel_rules(&lab), good_rules, "{name} changed the kernel's rules");
+        assert_eq!(
+            kernel_rules(&lab),
+            good_rules,
+            "{name} changed the kernel's rules"
+        );
         let seen = servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 5);
-        assert_eq!(seen.keys().collect::<Vec<_>>(), ["be1"], "{name}: traffic changed");
-        // Sane again: the pending change applies (with a fresh instance after a trap).
+        assert_eq!(
+            seen.keys().collect::<Vec<_>>(),
+            ["be1"],
+            "{name}: traffic changed"
+        );
+        // Sane again: the real endpoint back first, then the hostile
+        // Service gone, so no sync in between can program anything else.
+        write_manifest(
+            &manifests.join("web.yaml"),
+            &format!(
+                "{}---\n{}",
+                service("web", "10.96.0.10"),
+                slice("web", &[be1])
+            ),
+        );
         std::fs::remove_file(&file).unwrap();
-        write_manifest(&manifests.join("web.yaml"), &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", &[be1])));
         let synced = kpx.log().matches("synced rules family=IPv4").count();
-        assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(15)), "{name}: no recovery:\n{}", kpx.log());
+        assert!(
+            kpx.wait_for_log(
+                "synced rules family=IPv4",
+                synced + 1,
+                Duration::from_secs(15)
+            ),
+            "{name}: no recovery:\n{}",
+            kpx.log()
+        );
+        let t0 = std::time::Instant::now();
+        while kernel_rules(&lab) != good_rules && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            kernel_rules(&lab),
+            good_rules,
+            "{name}: rules after recovery"
+        );
     }
     // After recovery, a real change reaches the kernel again.
-    write_manifest(&manifests.join("web.yaml"), &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", &[be2])));
+    write_manifest(
+        &manifests.join("web.yaml"),
+        &format!(
+            "{}---\n{}",
+            service("web", "10.96.0.10"),
+            slice("web", &[be2])
+        ),
+    );
     let t0 = std::time::Instant::now();
     while t0.elapsed() < Duration::from_secs(5) {
-        if servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 3).keys().collect::<Vec<_>>() == ["be2"] {
+        if servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 3)
+            .keys()
+            .collect::<Vec<_>>()
+            == ["be2"]
+        {
             return;
         }
     }
-    panic!("changes no longer apply after the hostile episodes:\n{}", kpx.log());
+    panic!(
+        "changes no longer apply after the hostile episodes:\n{}",
+        kpx.log()
+    );
 }

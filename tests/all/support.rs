@@ -25,8 +25,11 @@ static DIRS: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh directory under the target's temp dir.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{tag}-{}-{}", std::process::id(), DIRS.fetch_add(1, Ordering::Relaxed)));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        DIRS.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -34,7 +37,10 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 /// Shared compiled-plugin cache for all tests.
 pub fn plugin_cache() -> String {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache").display().to_string()
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("plugin-cache")
+        .display()
+        .to_string()
 }
 
 /// Writes a file so that the manifest source sees the change at once.
@@ -57,7 +63,9 @@ pub fn slice(service: &str, ips: &[&str]) -> String {
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: IPv4\nports:\n- {{name: tcp, port: 8080, protocol: TCP}}\n- {{name: udp, port: 8080, protocol: UDP}}\nendpoints:\n"
     );
     for ip in ips {
-        text.push_str(&format!("- addresses: [{ip}]\n  conditions: {{ready: true}}\n"));
+        text.push_str(&format!(
+            "- addresses: [{ip}]\n  conditions: {{ready: true}}\n"
+        ));
     }
     if ips.is_empty() {
         text = text.replace("endpoints:\n", "endpoints: []\n");
@@ -80,7 +88,12 @@ pub fn request(lab: &NodeLab, proto: Proto, to: &str) -> Reply {
 }
 
 /// Servers that answered `n` requests (non-answers included by kind).
-pub fn servers_seen(lab: &NodeLab, proto: Proto, to: &str, n: usize) -> std::collections::BTreeMap<String, usize> {
+pub fn servers_seen(
+    lab: &NodeLab,
+    proto: Proto,
+    to: &str,
+    n: usize,
+) -> std::collections::BTreeMap<String, usize> {
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..n {
         let key = match request(lab, proto, to) {
@@ -95,5 +108,8 @@ pub fn servers_seen(lab: &NodeLab, proto: Proto, to: &str, n: usize) -> std::col
 /// The node's ruleset as iptables-save prints it, without comments and counters.
 pub fn kernel_rules(lab: &NodeLab) -> String {
     let dump = lab.node.exec(&["iptables-save"]).expect("iptables-save");
-    dump.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect()
+    dump.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }

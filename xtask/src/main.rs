@@ -1,1 +1,61 @@
-fn main() {}
+//! `cargo xtask demo` and `cargo xtask test`: the two commands the README
+//! opens with. Each installs what it needs when it is missing.
+
+mod demo;
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("demo") => demo::run(),
+        Some("test") => test(&args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask demo | cargo xtask test [-- <cargo test args>]");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Formatting, lints, then every test of the workspace (real-kernel tests
+/// included when run as root).
+fn test(extra: &[String]) -> Result<()> {
+    setup::prerequisites()?;
+    cargo(&["fmt", "--all", "--check"]).context("cargo fmt --check: run `cargo fmt --all`")?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    // Plugins are cdylibs for wasm32 only (their export names cannot be
+    // linked natively); host/build.rs builds them and the host's tests run them.
+    let mut args = vec![
+        "test",
+        "--workspace",
+        "--exclude",
+        "kpx-plugin-iptables",
+        "--exclude",
+        "kpx-plugin-hostile",
+    ];
+    args.extend(extra.iter().map(String::as_str));
+    cargo(&args)
+}
+
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("+ cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .status()
+        .context("run cargo")?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}

@@ -23,7 +23,10 @@ pub enum Error {
     /// The path cannot be read at start; kpx exits (a later failure is
     /// logged and the last good objects are kept).
     #[error("cannot read manifests at {path}: {source}")]
-    Unreadable { path: PathBuf, source: std::io::Error },
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -46,8 +49,15 @@ pub struct ManifestSource {
 impl ManifestSource {
     pub fn new(root: impl Into<PathBuf>) -> Result<ManifestSource> {
         let root = root.into();
-        std::fs::metadata(&root).map_err(|source| Error::Unreadable { path: root.clone(), source })?;
-        Ok(ManifestSource { root, files: BTreeMap::new(), reported: BTreeMap::new() })
+        std::fs::metadata(&root).map_err(|source| Error::Unreadable {
+            path: root.clone(),
+            source,
+        })?;
+        Ok(ManifestSource {
+            root,
+            files: BTreeMap::new(),
+            reported: BTreeMap::new(),
+        })
     }
 
     /// Files to read: the path itself, or the YAML/JSON files under it
@@ -61,7 +71,10 @@ impl ManifestSource {
         while let Some(dir) = dirs.pop() {
             for entry in std::fs::read_dir(&dir)? {
                 let path = entry?.path();
-                let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+                let hidden = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with('.'));
                 if hidden {
                     continue;
                 }
@@ -93,8 +106,13 @@ impl ManifestSource {
             keep
         });
         for path in files {
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
-            let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            let stamp = (
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                meta.len(),
+            );
             if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
                 continue;
             }
@@ -105,7 +123,13 @@ impl ManifestSource {
                     continue;
                 }
             };
-            let (objects, errors) = parse_documents(&text);
+            let (mut objects, errors) = parse_documents(&text);
+            let previous = self
+                .files
+                .remove(&path)
+                .map(|f| f.objects)
+                .unwrap_or_default();
+            keep_last_good(&mut objects, &errors, previous);
             for err in errors {
                 tracing::error!(file = %path.display(), "rejected: {err}");
             }
@@ -141,7 +165,10 @@ impl ManifestSource {
                 events.push(Event::Apply((*object).clone()));
             }
         }
-        self.reported = current.into_iter().map(|(r, (_, o))| (r, o.clone())).collect();
+        self.reported = current
+            .into_iter()
+            .map(|(r, (_, o))| (r, o.clone()))
+            .collect();
         events
     }
 
@@ -164,8 +191,30 @@ impl ManifestSource {
     }
 }
 
+/// Bad input must not undo what is programmed: an object whose document
+/// is now invalid keeps its last good version, and when the file is no
+/// longer valid YAML every object it held before and not now is kept.
+fn keep_last_good(objects: &mut Vec<Object>, errors: &[ParseError], previous: Vec<Object>) {
+    let unreadable = errors.iter().any(|e| e.object_ref.is_none());
+    let parsed: std::collections::BTreeSet<ObjectRef> =
+        objects.iter().map(Object::object_ref).collect();
+    for old in previous {
+        let r = old.object_ref();
+        if parsed.contains(&r) {
+            continue;
+        }
+        if unreadable || errors.iter().any(|e| e.object_ref.as_ref() == Some(&r)) {
+            tracing::warn!(object = %r, "keeping the last good version of the object");
+            objects.push(old);
+        }
+    }
+}
+
 fn is_manifest(path: &Path) -> bool {
-    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
 }
 
 #[cfg(test)]

@@ -27,11 +27,16 @@ pub fn for_port(
             continue;
         }
         let slice_port = slice.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == want_name && p.protocol.as_deref().unwrap_or("TCP") == want_protocol
+            p.name.as_deref().unwrap_or("") == want_name
+                && p.protocol.as_deref().unwrap_or("TCP") == want_protocol
         });
-        let Some(port_number) = slice_port.and_then(|p| p.port) else { continue };
+        let Some(port_number) = slice_port.and_then(|p| p.port) else {
+            continue;
+        };
         for ep in &slice.endpoints {
-            let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else { continue };
+            let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                continue;
+            };
             let cond = ep.conditions.as_ref();
             let is_local = ep.node_name.as_deref() == Some(node_name);
             let endpoint = Endpoint {

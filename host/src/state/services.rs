@@ -18,7 +18,10 @@ pub fn should_skip(svc: &Service) -> bool {
     if ip.is_empty() || ip == "None" {
         return true;
     }
-    svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+    svc.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
 }
 
 fn parse_protocol(p: Option<&str>) -> Protocol {
@@ -30,7 +33,11 @@ fn parse_protocol(p: Option<&str>) -> Protocol {
 }
 
 fn policy(p: Option<&str>) -> TrafficPolicy {
-    if p == Some("Local") { TrafficPolicy::Local } else { TrafficPolicy::Cluster }
+    if p == Some("Local") {
+        TrafficPolicy::Local
+    } else {
+        TrafficPolicy::Cluster
+    }
 }
 
 fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<IpAddr> {
@@ -47,7 +54,9 @@ pub fn service_ports(
     family: IpFamily,
     endpoints_for: impl Fn(&K8sPort) -> (Vec<Endpoint>, Vec<u32>, Vec<u32>),
 ) -> Vec<model::ServicePort> {
-    let Some(spec) = &svc.spec else { return Vec::new() };
+    let Some(spec) = &svc.spec else {
+        return Vec::new();
+    };
     let cluster_ips: Vec<&str> = match &spec.cluster_ips {
         Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
         _ => spec.cluster_ip.iter().map(String::as_str).collect(),
@@ -59,8 +68,15 @@ pub fn service_ports(
     let name = svc.metadata.name.clone().unwrap_or_default();
     let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
     let lb_ips: Vec<IpAddr> = if is_lb {
-        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
-        let programmed = ingress.into_iter().flatten().filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        let programmed = ingress
+            .into_iter()
+            .flatten()
+            .filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
         ips_of(family, programmed.filter_map(|i| i.ip.clone()))
     } else {
         Vec::new()
@@ -83,7 +99,10 @@ pub fn service_ports(
         0
     };
     let annotations = svc.metadata.annotations.as_ref();
-    let scheduler = annotations.and_then(|a| a.get("kpx.dev/scheduler")).cloned().unwrap_or_default();
+    let scheduler = annotations
+        .and_then(|a| a.get("kpx.dev/scheduler"))
+        .cloned()
+        .unwrap_or_default();
 
     spec.ports
         .iter()
@@ -119,16 +138,25 @@ pub fn service_ports(
 
 /// The rule model's view of this node for one family.
 pub fn node_model(node: Option<&Node>, node_name: &str, family: IpFamily) -> model::Node {
-    let mut out = model::Node { name: node_name.to_string(), ..Default::default() };
+    let mut out = model::Node {
+        name: node_name.to_string(),
+        ..Default::default()
+    };
     let Some(node) = node else { return out };
     if let Some(addresses) = node.status.as_ref().and_then(|s| s.addresses.as_ref()) {
         for wanted in ["InternalIP", "ExternalIP"] {
-            let of_type = addresses.iter().filter(|a| a.type_ == wanted).map(|a| a.address.as_str());
+            let of_type = addresses
+                .iter()
+                .filter(|a| a.type_ == wanted)
+                .map(|a| a.address.as_str());
             out.addresses.extend(ips_of(family, of_type));
         }
     }
     if let Some(labels) = &node.metadata.labels {
-        out.zone = labels.get("topology.kubernetes.io/zone").cloned().unwrap_or_default();
+        out.zone = labels
+            .get("topology.kubernetes.io/zone")
+            .cloned()
+            .unwrap_or_default();
         out.labels = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     }
     if let Some(spec) = &node.spec {

@@ -8,7 +8,12 @@ use kpx_rules::model::Endpoint;
 /// traffic uses the local ready endpoints, with the same fallback.
 pub fn categorize(endpoints: &[Endpoint]) -> (Vec<u32>, Vec<u32>) {
     let pick = |f: &dyn Fn(&Endpoint) -> bool| -> Vec<u32> {
-        endpoints.iter().enumerate().filter(|(_, e)| f(e)).map(|(i, _)| i as u32).collect()
+        endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| f(e))
+            .map(|(i, _)| i as u32)
+            .collect()
     };
     let fallback = |e: &Endpoint| e.conditions.serving && e.conditions.terminating;
     let mut cluster = pick(&|e| e.conditions.ready);

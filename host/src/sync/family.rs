@@ -1,7 +1,7 @@
 //! One IP family's path from state to kernel: changes → plugin → validator
 //! → iptables-restore. Whatever fails, the kernel keeps the last good rules.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use kpx_rules::model::{Change, IpFamily, Node, Ruleset, ServicePort, Settings};
@@ -22,7 +22,10 @@ pub enum Error {
     Rejected(#[from] validate::Rejected),
     /// The kernel write failed; nothing written; full resync.
     #[error("{family}: {source}")]
-    Kernel { family: IpFamily, source: crate::kernel::Error },
+    Kernel {
+        family: IpFamily,
+        source: crate::kernel::Error,
+    },
     /// The plugin returned a ruleset for another mode; full resync.
     #[error("plugin {0} returned a ruleset for another mode")]
     WrongMode(String),
@@ -47,11 +50,18 @@ pub struct FamilyProxier {
     keys_of: BTreeMap<ServiceName, Vec<String>>,
     node: Node,
     kernel: IptablesKernel,
+    /// KUBE- chains in the kernel, by table: read back on full syncs, then
+    /// kept up to date from each payload written.
+    chains: BTreeMap<String, BTreeSet<String>>,
     need_full: bool,
 }
 
 impl FamilyProxier {
-    pub fn new(settings: Settings, plugin: Arc<BackendPlugin>, kernel: IptablesKernel) -> FamilyProxier {
+    pub fn new(
+        settings: Settings,
+        plugin: Arc<BackendPlugin>,
+        kernel: IptablesKernel,
+    ) -> FamilyProxier {
         FamilyProxier {
             family: settings.family,
             settings,
@@ -61,6 +71,7 @@ impl FamilyProxier {
             keys_of: BTreeMap::new(),
             node: Node::default(),
             kernel,
+            chains: BTreeMap::new(),
             need_full: true,
         }
     }
@@ -81,7 +92,8 @@ impl FamilyProxier {
                 }
             }
             if !ports.is_empty() {
-                self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
+                self.keys_of
+                    .insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
             }
             for port in ports {
                 if self.sent.get(&port.key) != Some(&port) {
@@ -104,14 +116,23 @@ impl FamilyProxier {
     /// sync full too.
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
         let plugin_changes = self.collect_changes(state, changes);
-        let result = self.program(plugin_changes.len(), &plugin_changes, full || self.need_full);
+        let result = self.program(
+            plugin_changes.len(),
+            &plugin_changes,
+            full || self.need_full,
+        );
         if result.is_err() {
             self.need_full = true;
         }
         result
     }
 
-    fn program(&mut self, n_changes: usize, changes: &[Change], full: bool) -> Result<Report, Error> {
+    fn program(
+        &mut self,
+        n_changes: usize,
+        changes: &[Change],
+        full: bool,
+    ) -> Result<Report, Error> {
         let state_size: usize = self.sent.values().map(|s| 1 + s.endpoints.len()).sum();
         let mut full = full;
         if self.instance.is_none() {
@@ -128,21 +149,42 @@ impl FamilyProxier {
             return Err(Error::WrongMode(self.plugin.name().to_string()));
         };
 
-        let kernel_err = |source| Error::Kernel { family: self.family, source };
-        let existing = self.kernel.kube_chains().map_err(kernel_err)?;
-        let payload = if full { with_stale_chains_removed(&payload, &existing) } else { payload };
-        let ctx = Context { plugin: self.plugin.name().to_string(), endpoints: self.endpoints(), existing_chains: existing };
-        validate::check_iptables(&payload, &ctx)?;
+        let kernel_err = |source| Error::Kernel {
+            family: self.family,
+            source,
+        };
+        let payload = if full {
+            self.chains = self.kernel.kube_chains().map_err(kernel_err)?;
+            with_stale_chains_removed(&payload, &self.chains)
+        } else {
+            payload
+        };
+        let ctx = Context {
+            plugin: self.plugin.name().to_string(),
+            endpoints: self.endpoints(),
+            existing_chains: std::mem::take(&mut self.chains),
+        };
+        let checked = validate::check_iptables(&payload, &ctx);
+        self.chains = ctx.existing_chains;
+        checked?;
         if full {
             self.kernel.ensure_jumps().map_err(kernel_err)?;
         }
         self.kernel.apply(&payload).map_err(kernel_err)?;
+        track_chains(&mut self.chains, &payload);
         self.need_full = false;
-        Ok(Report { full, changes: n_changes, bytes: payload.len() })
+        Ok(Report {
+            full,
+            changes: n_changes,
+            bytes: payload.len(),
+        })
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.
-    fn call<T>(&mut self, f: impl FnOnce(&mut BackendInstance) -> runtime::Result<T>) -> runtime::Result<T> {
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut BackendInstance) -> runtime::Result<T>,
+    ) -> runtime::Result<T> {
         let instance = self.instance.as_mut().expect("instance exists");
         let result = f(instance);
         if let Err(e) = &result
@@ -154,6 +196,44 @@ impl FamilyProxier {
     }
 
     fn endpoints(&self) -> HashSet<(std::net::IpAddr, u16)> {
-        self.sent.values().flat_map(|s| s.endpoints.iter().map(|e| (e.ip, e.port))).collect()
+        self.sent
+            .values()
+            .flat_map(|s| s.endpoints.iter().map(|e| (e.ip, e.port)))
+            .collect()
+    }
+}
+
+/// Updates the known chains with what a written payload created and deleted.
+fn track_chains(chains: &mut BTreeMap<String, BTreeSet<String>>, payload: &str) {
+    let mut table = String::new();
+    for line in payload.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = name.to_string();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            let chain = decl.split_whitespace().next().unwrap_or_default();
+            chains
+                .entry(table.clone())
+                .or_default()
+                .insert(chain.to_string());
+        } else if let Some(chain) = line.strip_prefix("-X ") {
+            chains
+                .entry(table.clone())
+                .or_default()
+                .remove(chain.trim());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tracks_created_and_deleted_chains() {
+        let mut chains = Default::default();
+        super::track_chains(
+            &mut chains,
+            "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-X KUBE-B\nCOMMIT\n*filter\n:KUBE-C - [0:0]\nCOMMIT\n",
+        );
+        assert_eq!(chains["nat"].iter().collect::<Vec<_>>(), ["KUBE-A"]);
+        assert_eq!(chains["filter"].iter().collect::<Vec<_>>(), ["KUBE-C"]);
     }
 }

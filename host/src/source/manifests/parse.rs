@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Deserialize;
 
-use crate::source::Object;
+use crate::source::{Kind, Object, ObjectRef};
 
 /// Why one document was left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +16,9 @@ pub struct ParseError {
     pub document: usize,
     /// `Kind namespace/name`, when known.
     pub object: Option<String>,
+    /// The object the document meant to define, when it is one of ours
+    /// and names itself: its last good version is kept.
+    pub object_ref: Option<ObjectRef>,
     pub message: String,
 }
 
@@ -39,7 +42,12 @@ pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
         match serde_yaml::Value::deserialize(doc) {
             Ok(value) => collect(value, document, &mut objects, &mut errors),
             Err(e) => {
-                errors.push(ParseError { document, object: None, message: format!("not valid YAML: {e}") });
+                errors.push(ParseError {
+                    document,
+                    object: None,
+                    object_ref: None,
+                    message: format!("not valid YAML: {e}"),
+                });
                 break;
             }
         }
@@ -47,19 +55,58 @@ pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
     (objects, errors)
 }
 
-fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>, errors: &mut Vec<ParseError>) {
+fn collect(
+    value: serde_yaml::Value,
+    document: usize,
+    objects: &mut Vec<Object>,
+    errors: &mut Vec<ParseError>,
+) {
     if value.is_null() {
         return;
     }
-    let field = |name: &str| value.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let field = |name: &str| {
+        value
+            .get(name)
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
     let (api_version, kind) = (field("apiVersion"), field("kind"));
-    let meta = |key: &str| value.get("metadata").and_then(|m| m.get(key)).and_then(|v| v.as_str()).map(str::to_string);
+    let meta = |key: &str| {
+        value
+            .get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
     let label = match (meta("namespace"), meta("name")) {
         (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
         (None, Some(name)) => format!("{kind} {name}"),
         _ => kind.clone(),
     };
-    let mut fail = |message: String| errors.push(ParseError { document, object: Some(label.clone()), message });
+    let kind_of = match kind.as_str() {
+        "Service" => Some(Kind::Service),
+        "EndpointSlice" => Some(Kind::EndpointSlice),
+        "Node" => Some(Kind::Node),
+        _ => None,
+    };
+    let object_ref = kind_of.zip(meta("name")).map(|(kind, name)| ObjectRef {
+        kind,
+        namespace: if kind == Kind::Node {
+            String::new()
+        } else {
+            meta("namespace").unwrap_or_else(|| "default".into())
+        },
+        name,
+    });
+    let mut fail = |message: String| {
+        errors.push(ParseError {
+            document,
+            object: Some(label.clone()),
+            object_ref: object_ref.clone(),
+            message,
+        })
+    };
     let result = match (api_version.as_str(), kind.as_str()) {
         (_, "List") => {
             match value.get("items").and_then(|v| v.as_sequence()) {
@@ -68,17 +115,28 @@ fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>,
                         collect(item, document, objects, errors);
                     }
                 }
-                None => errors.push(ParseError { document, object: None, message: "List without items".into() }),
+                None => errors.push(ParseError {
+                    document,
+                    object: None,
+                    object_ref: None,
+                    message: "List without items".into(),
+                }),
             }
             return;
         }
-        ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Box::new(o))),
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Box::new(o)))
-        }
-        ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Box::new(o))),
+        ("v1", "Service") => typed::<Service>(value)
+            .and_then(check_service)
+            .map(|o| Object::Service(Box::new(o))),
+        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<EndpointSlice>(value)
+            .and_then(check_slice)
+            .map(|o| Object::EndpointSlice(Box::new(o))),
+        ("v1", "Node") => typed::<Node>(value)
+            .and_then(check_node)
+            .map(|o| Object::Node(Box::new(o))),
         (_, "Service" | "Node") => Err(format!("unsupported apiVersion {api_version:?} (want v1)")),
-        (_, "EndpointSlice") => Err(format!("unsupported apiVersion {api_version:?} (want discovery.k8s.io/v1)")),
+        (_, "EndpointSlice") => Err(format!(
+            "unsupported apiVersion {api_version:?} (want discovery.k8s.io/v1)"
+        )),
         ("", "") => Err("not a Kubernetes object (no apiVersion and kind)".into()),
         _ => return,
     };
@@ -92,7 +150,10 @@ fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Result<T, 
     serde_yaml::from_value(value).map_err(|e| e.to_string())
 }
 
-fn check_name(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, namespaced: bool) -> Result<(), String> {
+fn check_name(
+    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    namespaced: bool,
+) -> Result<(), String> {
     if meta.name.as_deref().unwrap_or("").is_empty() {
         return Err("metadata.name is required".into());
     }
@@ -116,31 +177,44 @@ fn check_port(what: &str, port: i32, allow_zero: bool) -> Result<(), String> {
 fn check_protocol(what: &str, protocol: Option<&str>) -> Result<(), String> {
     match protocol {
         None | Some("TCP" | "UDP" | "SCTP") => Ok(()),
-        Some(other) => Err(format!("{what}: unsupported protocol {other:?} (want TCP, UDP or SCTP)")),
+        Some(other) => Err(format!(
+            "{what}: unsupported protocol {other:?} (want TCP, UDP or SCTP)"
+        )),
     }
 }
 
 fn check_service(mut svc: Service) -> Result<Service, String> {
     check_name(&mut svc.metadata, true)?;
     let spec = svc.spec.as_ref().ok_or("spec is required")?;
-    let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
+    let ips = spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter());
     for ip in ips {
         if !(ip.is_empty() || ip == "None" || ip.parse::<IpAddr>().is_ok()) {
             return Err(format!("spec.clusterIP: {ip:?} is not an IP address"));
         }
     }
     for ip in spec.external_ips.iter().flatten() {
-        ip.parse::<IpAddr>().map_err(|_| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
+        ip.parse::<IpAddr>()
+            .map_err(|_| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
     }
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = std::collections::BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
         check_port(&format!("spec.ports[{i}].port"), p.port, false)?;
-        check_port(&format!("spec.ports[{i}].nodePort"), p.node_port.unwrap_or(0), true)?;
+        check_port(
+            &format!("spec.ports[{i}].nodePort"),
+            p.node_port.unwrap_or(0),
+            true,
+        )?;
         check_protocol(&format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
         let name = p.name.clone().unwrap_or_default();
         if ports.len() > 1 && name.is_empty() {
-            return Err(format!("spec.ports[{i}].name is required when a Service has several ports"));
+            return Err(format!(
+                "spec.ports[{i}].name is required when a Service has several ports"
+            ));
         }
         if !names.insert(name.clone()) {
             return Err(format!("spec.ports[{i}].name {name:?} is used twice"));
@@ -172,9 +246,14 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
         }
         if let Some(want_v6) = want_v6 {
             for a in &ep.addresses {
-                let ip: IpAddr = a.parse().map_err(|_| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
+                let ip: IpAddr = a
+                    .parse()
+                    .map_err(|_| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
                 if ip.is_ipv6() != want_v6 {
-                    return Err(format!("endpoints[{i}].addresses: {a:?} does not match addressType {}", slice.address_type));
+                    return Err(format!(
+                        "endpoints[{i}].addresses: {a:?} does not match addressType {}",
+                        slice.address_type
+                    ));
                 }
             }
         }

@@ -60,9 +60,21 @@ metadata: {name: old, namespace: x}
     assert_eq!(objects[0].object_ref().to_string(), "Service default/fine");
     let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     assert_eq!(messages.len(), 3, "{messages:?}");
-    assert!(messages[0].starts_with("document 1 (Service bad-port): spec.ports[0].port: 70000"), "{}", messages[0]);
-    assert!(messages[1].contains("EndpointSlice orphan") && messages[1].contains("service-name"), "{}", messages[1]);
-    assert!(messages[2].contains("unsupported apiVersion"), "{}", messages[2]);
+    assert!(
+        messages[0].starts_with("document 1 (Service bad-port): spec.ports[0].port: 70000"),
+        "{}",
+        messages[0]
+    );
+    assert!(
+        messages[1].contains("EndpointSlice orphan") && messages[1].contains("service-name"),
+        "{}",
+        messages[1]
+    );
+    assert!(
+        messages[2].contains("unsupported apiVersion"),
+        "{}",
+        messages[2]
+    );
 }
 
 #[test]
@@ -81,7 +93,12 @@ fn poll_reports_changes_and_deletions() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::write(&file, &edited).unwrap();
     let filetime = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
-    std::fs::File::options().write(true).open(&file).unwrap().set_modified(filetime).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(filetime)
+        .unwrap();
     let events = source.poll();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(matches!(&events[0], Event::Apply(Object::EndpointSlice(_))));
@@ -90,5 +107,41 @@ fn poll_reports_changes_and_deletions() {
     let events = source.poll();
     assert_eq!(events.len(), 2);
     assert!(events.iter().all(|e| matches!(e, Event::Delete(_))));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_object_made_invalid_keeps_its_last_good_version() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-lastgood-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a.yaml");
+    std::fs::write(&file, GOOD).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    assert_eq!(source.poll().len(), 2);
+
+    let bump = |file: &std::path::Path, secs: u64| {
+        let t = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
+        std::fs::File::options()
+            .write(true)
+            .open(file)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    };
+    // The slice gets an invalid address: nothing changes downstream.
+    std::fs::write(&file, GOOD.replace("10.1.0.5", "10.1.0.999")).unwrap();
+    bump(&file, 1);
+    assert!(source.poll().is_empty(), "the last good slice stays");
+
+    // The file stops being YAML at all: still nothing deleted.
+    std::fs::write(&file, "apiVersion: v1\nkind: [unclosed\n").unwrap();
+    bump(&file, 2);
+    assert!(source.poll().is_empty(), "a broken file keeps its objects");
+
+    // Fixed, with a change: applied.
+    std::fs::write(&file, GOOD.replace("10.1.0.5", "10.1.0.7")).unwrap();
+    bump(&file, 3);
+    let events = source.poll();
+    assert_eq!(events.len(), 1, "{events:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
