@@ -181,3 +181,38 @@ fn remove_orphans() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_are_removed_when_the_owner_panics() {
+        let names = std::sync::Mutex::new(Vec::new());
+        let result = std::panic::catch_unwind(|| {
+            let mut lab = match Lab::new() {
+                Ok(lab) => lab,
+                Err(Error::Unavailable(why)) => {
+                    eprintln!("SKIPPED namespaces_are_removed_when_the_owner_panics: {why}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            let a = lab.add("a").unwrap();
+            let b = lab.add("b").unwrap();
+            lab.link(&a, "x", "10.9.0.1/24", &b, "y", "10.9.0.2/24")
+                .unwrap();
+            names.lock().unwrap().extend([a.name, b.name]);
+            panic!("a test failing half-way");
+        });
+        let names = names.into_inner().unwrap();
+        if names.is_empty() {
+            return;
+        }
+        assert!(result.is_err());
+        let left = run("ip", &["netns", "list"]).unwrap();
+        for name in names {
+            assert!(!left.contains(&name), "{name} left behind after a panic");
+        }
+    }
+}

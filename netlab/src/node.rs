@@ -93,7 +93,12 @@ impl NodeLab {
     }
 
     /// Starts kpx in the node namespace; its log goes to `log`.
-    pub fn start_kpx(&self, kpx: &Path, args: &[&str], log: &Path) -> Result<Kpx> {
+    pub fn start_kpx<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        kpx: &Path,
+        args: &[S],
+        log: &Path,
+    ) -> Result<Kpx> {
         let file = std::fs::File::create(log)?;
         let child = self
             .node

@@ -45,148 +45,96 @@ pub struct Jump {
     pub matches: &'static [&'static str],
 }
 
+const EXTERNAL_PORTALS: &[&str] = &[
+    "-m",
+    "conntrack",
+    "--ctstate",
+    "NEW",
+    "-m",
+    "comment",
+    "--comment",
+    "kubernetes externally-visible service portals",
+];
+const SERVICE_PORTALS_NEW: &[&str] = &[
+    "-m",
+    "conntrack",
+    "--ctstate",
+    "NEW",
+    "-m",
+    "comment",
+    "--comment",
+    "kubernetes service portals",
+];
+const SERVICE_PORTALS: &[&str] = &["-m", "comment", "--comment", "kubernetes service portals"];
+const FIREWALL: &[&str] = &[
+    "-m",
+    "conntrack",
+    "--ctstate",
+    "NEW",
+    "-m",
+    "comment",
+    "--comment",
+    "kubernetes load balancer firewall",
+];
+
+const fn jump(
+    table: &'static str,
+    from: &'static str,
+    to: &'static str,
+    matches: &'static [&'static str],
+) -> Jump {
+    Jump {
+        table,
+        from,
+        to,
+        matches,
+    }
+}
+
 /// upstream's `iptablesJumpChains`: the only rules kpx puts in built-in chains.
 pub const JUMPS: &[Jump] = &[
-    Jump {
-        table: "filter",
-        from: "INPUT",
-        to: "KUBE-EXTERNAL-SERVICES",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes externally-visible service portals",
-        ],
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-EXTERNAL-SERVICES",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes externally-visible service portals",
-        ],
-    },
-    Jump {
-        table: "filter",
-        from: "INPUT",
-        to: "KUBE-NODEPORTS",
-        matches: &[
+    jump(
+        "filter",
+        "INPUT",
+        "KUBE-EXTERNAL-SERVICES",
+        EXTERNAL_PORTALS,
+    ),
+    jump(
+        "filter",
+        "FORWARD",
+        "KUBE-EXTERNAL-SERVICES",
+        EXTERNAL_PORTALS,
+    ),
+    jump(
+        "filter",
+        "INPUT",
+        "KUBE-NODEPORTS",
+        &[
             "-m",
             "comment",
             "--comment",
             "kubernetes health check service ports",
         ],
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-SERVICES",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service portals",
-        ],
-    },
-    Jump {
-        table: "filter",
-        from: "OUTPUT",
-        to: "KUBE-SERVICES",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service portals",
-        ],
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-FORWARD",
-        matches: &["-m", "comment", "--comment", "kubernetes forwarding rules"],
-    },
-    Jump {
-        table: "filter",
-        from: "INPUT",
-        to: "KUBE-PROXY-FIREWALL",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes load balancer firewall",
-        ],
-    },
-    Jump {
-        table: "filter",
-        from: "OUTPUT",
-        to: "KUBE-PROXY-FIREWALL",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes load balancer firewall",
-        ],
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-PROXY-FIREWALL",
-        matches: &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes load balancer firewall",
-        ],
-    },
-    Jump {
-        table: "nat",
-        from: "OUTPUT",
-        to: "KUBE-SERVICES",
-        matches: &["-m", "comment", "--comment", "kubernetes service portals"],
-    },
-    Jump {
-        table: "nat",
-        from: "PREROUTING",
-        to: "KUBE-SERVICES",
-        matches: &["-m", "comment", "--comment", "kubernetes service portals"],
-    },
-    Jump {
-        table: "nat",
-        from: "POSTROUTING",
-        to: "KUBE-POSTROUTING",
-        matches: &["-m", "comment", "--comment", "kubernetes postrouting rules"],
-    },
+    ),
+    jump("filter", "FORWARD", "KUBE-SERVICES", SERVICE_PORTALS_NEW),
+    jump("filter", "OUTPUT", "KUBE-SERVICES", SERVICE_PORTALS_NEW),
+    jump(
+        "filter",
+        "FORWARD",
+        "KUBE-FORWARD",
+        &["-m", "comment", "--comment", "kubernetes forwarding rules"],
+    ),
+    jump("filter", "INPUT", "KUBE-PROXY-FIREWALL", FIREWALL),
+    jump("filter", "OUTPUT", "KUBE-PROXY-FIREWALL", FIREWALL),
+    jump("filter", "FORWARD", "KUBE-PROXY-FIREWALL", FIREWALL),
+    jump("nat", "OUTPUT", "KUBE-SERVICES", SERVICE_PORTALS),
+    jump("nat", "PREROUTING", "KUBE-SERVICES", SERVICE_PORTALS),
+    jump(
+        "nat",
+        "POSTROUTING",
+        "KUBE-POSTROUTING",
+        &["-m", "comment", "--comment", "kubernetes postrouting rules"],
+    ),
 ];
 
 /// upstream's `%0.10f` of 1/n, the probability of the i-th of n endpoints.

@@ -2,7 +2,7 @@
 //!
 //! Implement [`Backend`] (re-exported from kpx-rules' model) and export it:
 //!
-//! ```ignore
+//! ```text
 //! struct MyBackend { /* ... */ }
 //! impl kpx_sdk::Backend for MyBackend { /* new, reset, apply, render */ }
 //! kpx_sdk::export_backend!(MyBackend);

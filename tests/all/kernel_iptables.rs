@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use kpx_netlab::Reply;
-use kpx_netlab::node::{CLUSTER_CIDR, NodeLab};
+use kpx_netlab::node::NodeLab;
 
 use crate::support::*;
 
@@ -13,18 +13,7 @@ const WEB: &str = "10.96.0.10:80";
 const EMPTY: &str = "10.96.0.11:80";
 
 fn start(lab: &NodeLab, dir: &std::path::Path) -> kpx_netlab::node::Kpx {
-    let manifests = dir.join("manifests");
-    let cache = plugin_cache();
-    let args = [
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--hostname-override",
-        "node",
-        "--cluster-cidr",
-        CLUSTER_CIDR,
-        "--plugin-cache-dir",
-        &cache,
-    ];
+    let args = kpx_args(&dir.join("manifests"), &[]);
     let mut kpx = lab
         .start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log"))
         .expect("start kpx");
@@ -71,14 +60,7 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         &lab.backends[1].ip,
         &lab.backends[2].ip,
     );
-    write_manifest(
-        &manifests.join("web.yaml"),
-        &format!(
-            "{}---\n{}",
-            service("web", "10.96.0.10"),
-            slice("web", &[be1, be2])
-        ),
-    );
+    write_web(&manifests, &[be1, be2]);
     write_manifest(
         &manifests.join("empty.yaml"),
         &service("empty", "10.96.0.11"),
@@ -113,6 +95,25 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         );
     }
 
+    // Hairpin: a backend reaching itself through the service is
+    // masqueraded to the node, or its reply would never return.
+    let be1_ns = lab.backends[0].ns.clone();
+    let mut hairpin = None;
+    for _ in 0..40 {
+        let reply = kpx_netlab::tcp_request(&be1_ns, WEB, Duration::from_millis(800));
+        if let Reply::Answer { server, seen_from } = reply
+            && server == "be1"
+        {
+            hairpin = Some(seen_from);
+            break;
+        }
+    }
+    assert_eq!(
+        hairpin.as_deref(),
+        Some("10.244.1.1"),
+        "hairpin connection not answered or not masqueraded"
+    );
+
     // No endpoints: refused at once, not a time-out.
     for proto in [Proto::Tcp, Proto::Udp] {
         let t0 = Instant::now();
@@ -132,14 +133,7 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
 
     // An endpoint added in the manifest shows in traffic within 2 s.
     let t0 = Instant::now();
-    write_manifest(
-        &manifests.join("web.yaml"),
-        &format!(
-            "{}---\n{}",
-            service("web", "10.96.0.10"),
-            slice("web", &[be1, be2, be3])
-        ),
-    );
+    write_web(&manifests, &[be1, be2, be3]);
     let added = time_until(&lab, Proto::Tcp, Duration::from_secs(2), |seen| {
         seen.contains_key("be3")
     });
@@ -153,14 +147,7 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
 
     // An endpoint removed is gone from traffic within 2 s.
     let t0 = Instant::now();
-    write_manifest(
-        &manifests.join("web.yaml"),
-        &format!(
-            "{}---\n{}",
-            service("web", "10.96.0.10"),
-            slice("web", &[be2, be3])
-        ),
-    );
+    write_web(&manifests, &[be2, be3]);
     let removed = time_until(&lab, Proto::Udp, Duration::from_secs(2), |seen| {
         !seen.contains_key("be1") && seen.len() == 2
     });

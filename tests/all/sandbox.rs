@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use kpx_netlab::node::CLUSTER_CIDR;
-
 use crate::support::*;
 
 fn hostile_wasm() -> String {
@@ -27,36 +25,23 @@ fn hostile_plugin_never_changes_the_kernel() {
     let manifests = dir.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
     let (be1, be2) = (&lab.backends[0].ip, &lab.backends[1].ip);
-    write_manifest(
-        &manifests.join("web.yaml"),
-        &format!(
-            "{}---\n{}",
-            service("web", "10.96.0.10"),
-            slice("web", &[be1])
-        ),
-    );
-    let cache = plugin_cache();
+    write_web(&manifests, &[be1]);
     let plugin = hostile_wasm();
-    let args = [
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--hostname-override",
-        "node",
-        "--cluster-cidr",
-        CLUSTER_CIDR,
-        "--plugin-cache-dir",
-        &cache,
-        "--backend-plugin",
-        &plugin,
-        "--plugin-fuel",
-        "300000000",
-        "--plugin-memory-limit-mib",
-        "128",
-        "--plugin-max-output-mib",
-        "8",
-        "--iptables-min-sync-period",
-        "100ms",
-    ];
+    let args = kpx_args(
+        &manifests,
+        &[
+            "--backend-plugin",
+            &plugin,
+            "--plugin-fuel",
+            "300000000",
+            "--plugin-memory-limit-mib",
+            "128",
+            "--plugin-max-output-mib",
+            "8",
+            "--iptables-min-sync-period",
+            "100ms",
+        ],
+    );
     let mut kpx = lab
         .start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log"))
         .expect("start kpx");
@@ -86,14 +71,7 @@ fn hostile_plugin_never_changes_the_kernel() {
         let before = kpx.log().matches(symptom).count();
         write_manifest(&file, &hostile_service(name, &format!("10.96.1.{}", i + 1)));
         // Also change a real endpoint: it must not reach the kernel while the plugin misbehaves.
-        write_manifest(
-            &manifests.join("web.yaml"),
-            &format!(
-                "{}---\n{}",
-                service("web", "10.96.0.10"),
-                slice("web", &[be2])
-            ),
-        );
+        write_web(&manifests, &[be2]);
         assert!(
             kpx.wait_for_log(symptom, before + 1, Duration::from_secs(15)),
             "{name}: expected {symptom:?} in the log:\n{}",
@@ -113,14 +91,7 @@ fn hostile_plugin_never_changes_the_kernel() {
         );
         // Sane again: the real endpoint back first, then the hostile
         // Service gone, so no sync in between can program anything else.
-        write_manifest(
-            &manifests.join("web.yaml"),
-            &format!(
-                "{}---\n{}",
-                service("web", "10.96.0.10"),
-                slice("web", &[be1])
-            ),
-        );
+        write_web(&manifests, &[be1]);
         std::fs::remove_file(&file).unwrap();
         let synced = kpx.log().matches("synced rules family=IPv4").count();
         assert!(
@@ -143,14 +114,7 @@ fn hostile_plugin_never_changes_the_kernel() {
         );
     }
     // After recovery, a real change reaches the kernel again.
-    write_manifest(
-        &manifests.join("web.yaml"),
-        &format!(
-            "{}---\n{}",
-            service("web", "10.96.0.10"),
-            slice("web", &[be2])
-        ),
-    );
+    write_web(&manifests, &[be2]);
     let t0 = std::time::Instant::now();
     while t0.elapsed() < Duration::from_secs(5) {
         if servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 3)

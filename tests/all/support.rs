@@ -50,6 +50,33 @@ pub fn write_manifest(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// The arguments every test starts kpx with, plus `extra`.
+pub fn kpx_args(manifests: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--hostname-override",
+        "node",
+        "--cluster-cidr",
+        kpx_netlab::node::CLUSTER_CIDR,
+        "--plugin-cache-dir",
+        &plugin_cache(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Writes `web.yaml`: Service test/web (10.96.0.10) with these endpoints.
+pub fn write_web(manifests: &Path, ips: &[&str]) {
+    write_manifest(
+        &manifests.join("web.yaml"),
+        &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", ips)),
+    );
+}
+
 /// A ClusterIP Service with a TCP and a UDP port named tcp/udp.
 pub fn service(name: &str, cluster_ip: &str) -> String {
     format!(

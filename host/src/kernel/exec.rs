@@ -32,11 +32,18 @@ impl Exec for SystemExec {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_err)?;
-        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            // A tool that exits early closes the pipe; its status says why.
-            let _ = pipe.write_all(input);
-        }
-        let out = child.wait_with_output().map_err(spawn_err)?;
+        // Stdin is written from a second thread while this one drains
+        // stdout and stderr, so a chatty tool cannot deadlock on a full pipe.
+        let out = std::thread::scope(|scope| {
+            if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+                // A tool that exits early closes the pipe; its status says why.
+                scope.spawn(move || {
+                    let _ = pipe.write_all(input);
+                });
+            }
+            child.wait_with_output()
+        })
+        .map_err(spawn_err)?;
         if !out.status.success() {
             return Err(Error::Failed {
                 program: format!("{program} {}", args.join(" ")),
