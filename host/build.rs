@@ -20,26 +20,13 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let target_dir = workspace.join("target").join("wasm-plugins");
 
-    for dir in [
-        "wit",
-        "rules/src",
-        "rules/Cargo.toml",
-        "sdk/src",
-        "sdk/Cargo.toml",
-        "plugins",
-        "Cargo.lock",
-    ] {
+    for dir in ["wit", "rules/src", "rules/Cargo.toml", "sdk/src", "sdk/Cargo.toml", "plugins", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
 
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let sysroot = String::from_utf8(
-        Command::new(&rustc)
-            .arg("--print")
-            .arg("sysroot")
-            .output()
-            .expect("run rustc --print sysroot")
-            .stdout,
+        Command::new(&rustc).arg("--print").arg("sysroot").output().expect("run rustc --print sysroot").stdout,
     )
     .unwrap();
     let sysroot = PathBuf::from(sysroot.trim());
@@ -54,23 +41,13 @@ fn main() {
         );
     }
     for tool in [&component_ld, &wasm_ld] {
-        assert!(
-            tool.exists(),
-            "{} is missing from the Rust toolchain",
-            tool.display()
-        );
+        assert!(tool.exists(), "{} is missing from the Rust toolchain", tool.display());
     }
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&workspace)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-unknown-unknown",
-            "--target-dir",
-        ])
+        .args(["build", "--release", "--target", "wasm32-unknown-unknown", "--target-dir"])
         .arg(&target_dir)
         .args(["--config", "profile.release.debug=false"]);
     for (krate, _) in BUILT_IN {
@@ -79,37 +56,24 @@ fn main() {
     for krate in TEST_ONLY {
         cmd.args(["-p", krate]);
     }
-    for var in [
-        "CARGO_ENCODED_RUSTFLAGS",
-        "RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-    ] {
+    for var in
+        ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"]
+    {
         cmd.env_remove(var);
     }
     cmd.env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", &component_ld)
-        .env(
-            "RUSTFLAGS",
-            format!("-Clink-arg=--wasm-ld-path={}", wasm_ld.display()),
-        );
-    let status = cmd
-        .status()
-        .expect("run the nested cargo build of the plugins");
+        .env("RUSTFLAGS", format!("-Clink-arg=--wasm-ld-path={}", wasm_ld.display()));
+    let status = cmd.status().expect("run the nested cargo build of the plugins");
     assert!(status.success(), "building the WebAssembly plugins failed");
 
     let built = target_dir.join("wasm32-unknown-unknown").join("release");
-    let mut embedded = String::from(
-        "/// Built-in plugins: (name, component bytes).\npub const BUILT_IN: &[(&str, &[u8])] = &[\n",
-    );
+    let mut embedded =
+        String::from("/// Built-in plugins: (name, component bytes).\npub const BUILT_IN: &[(&str, &[u8])] = &[\n");
     for (krate, name) in BUILT_IN {
         let file = built.join(format!("{}.wasm", krate.replace('-', "_")));
         let dest = out_dir.join(format!("{name}.wasm"));
         copy(&file, &dest);
-        embedded.push_str(&format!(
-            "    ({name:?}, include_bytes!({:?})),\n",
-            dest.display().to_string()
-        ));
+        embedded.push_str(&format!("    ({name:?}, include_bytes!({:?})),\n", dest.display().to_string()));
     }
     embedded.push_str("];\n");
     std::fs::write(out_dir.join("builtin_plugins.rs"), embedded).unwrap();
@@ -117,6 +81,5 @@ fn main() {
 }
 
 fn copy(from: &Path, to: &Path) {
-    std::fs::copy(from, to)
-        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+    std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
 }

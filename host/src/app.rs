@@ -4,11 +4,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kpx_rules::model::{IpFamily, LocalTraffic, Settings};
+use kpx_rules::model::IpFamily;
 
-use crate::config::{Config, DetectLocalMode};
+use crate::config::Config;
 use crate::kernel::SystemExec;
 use crate::kernel::iptables::IptablesKernel;
+use crate::kernel::sysctl::Sysctl;
 use crate::runtime::{self, BackendPlugin, Runtime};
 use crate::source::manifests::ManifestSource;
 use crate::state::State;
@@ -21,10 +22,7 @@ pub enum Error {
     Plugin(#[from] runtime::Error),
     /// The plugin file cannot be read; kpx exits.
     #[error("cannot read plugin {path}: {source}")]
-    PluginFile {
-        path: String,
-        source: std::io::Error,
-    },
+    PluginFile { path: String, source: std::io::Error },
     /// No built-in plugin for the mode; kpx exits.
     #[error("no built-in backend for mode {0}")]
     NoBuiltIn(String),
@@ -39,46 +37,16 @@ pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
     let runtime = Runtime::new(config.plugin_limits, cache)?;
     match &config.backend_plugin {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|source| Error::PluginFile {
-                path: path.display().to_string(),
-                source,
-            })?;
-            let name = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or("plugin");
+            let bytes =
+                std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
             Ok(runtime.load_backend(name, &bytes)?)
         }
         None => {
-            let bytes = runtime::builtin::get(&config.mode)
-                .ok_or_else(|| Error::NoBuiltIn(config.mode.clone()))?;
+            let bytes = runtime::builtin::get(&config.mode).ok_or_else(|| Error::NoBuiltIn(config.mode.clone()))?;
             Ok(runtime.load_backend(&config.mode, bytes)?)
         }
     }
-}
-
-/// The settings one family's plugin instance is built with.
-pub fn settings_for(config: &Config, family: IpFamily) -> Settings {
-    let mut s = Settings::new(family, &config.mode);
-    s.masquerade_all = config.masquerade_all;
-    s.masquerade_bit = config.masquerade_bit;
-    s.local_traffic = match config.detect_local_mode {
-        DetectLocalMode::None => LocalTraffic::None,
-        DetectLocalMode::ClusterCidr => {
-            let cidrs: Vec<_> = config
-                .cluster_cidrs
-                .iter()
-                .filter(|c| c.family() == family)
-                .copied()
-                .collect();
-            if cidrs.is_empty() {
-                LocalTraffic::None
-            } else {
-                LocalTraffic::Cidrs(cidrs)
-            }
-        }
-    };
-    s
 }
 
 /// The families this node can proxy: IPv4, and IPv6 where the kernel has it.
@@ -93,12 +61,13 @@ pub fn families() -> Vec<IpFamily> {
 /// Runs kpx until the source stops.
 pub fn run(config: Config) -> Result<(), Error> {
     let plugin = Arc::new(load_backend(&config)?);
+    let config = Arc::new(config);
     tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
     let proxiers: Vec<FamilyProxier> = families()
         .into_iter()
         .map(|family| {
             let kernel = IptablesKernel::new(family, Box::new(SystemExec));
-            FamilyProxier::new(settings_for(&config, family), plugin.clone(), kernel)
+            FamilyProxier::new(config.clone(), family, plugin.clone(), kernel, Sysctl::default())
         })
         .collect();
     let source = ManifestSource::new(&config.manifests)?;
@@ -107,10 +76,7 @@ pub fn run(config: Config) -> Result<(), Error> {
         .name("manifests".into())
         .spawn(move || source.run(tx))
         .expect("spawn the manifest source thread");
-    let periods = Periods {
-        min: config.min_sync_period,
-        max: config.sync_period,
-    };
+    let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
     Ok(())
 }

@@ -16,11 +16,7 @@ use kpx_rules::model::Cidr;
 pub enum Error {
     /// A flag has a value kpx refuses; exit with this message.
     #[error("invalid value {value:?} for --{flag}: {reason}")]
-    InvalidFlag {
-        flag: &'static str,
-        value: String,
-        reason: String,
-    },
+    InvalidFlag { flag: &'static str, value: String, reason: String },
     /// The host name could not be read and --hostname-override is empty.
     #[error("cannot determine the node name: {0} (set --hostname-override)")]
     NodeName(std::io::Error),
@@ -49,20 +45,40 @@ pub struct Flags {
     #[arg(long = "cluster-cidr", default_value = "")]
     pub cluster_cidr: String,
 
-    /// Mode to use to detect local traffic: ClusterCIDR (default when --cluster-cidr is set).
+    /// Mode to use to detect local traffic: ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix.
     #[arg(long = "detect-local-mode", default_value = "")]
     pub detect_local_mode: String,
+
+    /// A bridge interface name; with --detect-local-mode BridgeInterface, traffic arriving on it is local.
+    #[arg(long = "pod-bridge-interface", default_value = "")]
+    pub pod_bridge_interface: String,
+
+    /// An interface name prefix; with --detect-local-mode InterfaceNamePrefix, traffic arriving on a matching interface is local.
+    #[arg(long = "pod-interface-name-prefix", default_value = "")]
+    pub pod_interface_name_prefix: String,
+
+    /// Comma-separated CIDRs (or "primary") of the node addresses that accept NodePort traffic; empty means all local addresses.
+    #[arg(long = "nodeport-addresses", default_value = "", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<String>,
+
+    /// If false, kpx disables the legacy behaviour of allowing NodePort services to be accessed via localhost (iptables mode, IPv4 only).
+    #[arg(long = "iptables-localhost-nodeports", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub iptables_localhost_nodeports: bool,
+
+    /// Enable liberal TCP conntrack (nf_conntrack_tcp_be_liberal = 1); packets in INVALID state are then not dropped.
+    #[arg(long = "conntrack-tcp-be-liberal", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub conntrack_tcp_be_liberal: bool,
+
+    /// Overrides kpx's idea of the node's primary IP (0.0.0.0 or :: leaves it to the Node object).
+    #[arg(long = "bind-address", default_value = "0.0.0.0")]
+    pub bind_address: String,
 
     /// SNAT all traffic sent via Service cluster IPs.
     #[arg(long = "masquerade-all", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub masquerade_all: bool,
 
     /// The bit of the fwmark space to mark packets requiring SNAT with. Must be within [0, 31].
-    #[arg(
-        long = "iptables-masquerade-bit",
-        default_value_t = 14,
-        allow_negative_numbers = true
-    )]
+    #[arg(long = "iptables-masquerade-bit", default_value_t = 14, allow_negative_numbers = true)]
     pub iptables_masquerade_bit: i32,
 
     /// The minimum period between iptables rule resyncs (e.g. '5s', '1m', '2h22m'); 0 resyncs on every change.
@@ -106,6 +122,11 @@ pub struct Config {
     pub node_name: String,
     pub cluster_cidrs: Vec<Cidr>,
     pub detect_local_mode: DetectLocalMode,
+    pub nodeport_addresses: NodePortAddresses,
+    pub localhost_nodeports: bool,
+    pub conntrack_tcp_be_liberal: bool,
+    /// --bind-address when it names an address.
+    pub bind_address: Option<std::net::IpAddr>,
     pub masquerade_all: bool,
     pub masquerade_bit: u8,
     pub min_sync_period: Duration,
@@ -116,75 +137,114 @@ pub struct Config {
     pub verbosity: u8,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DetectLocalMode {
-    /// No local-traffic detection (no --cluster-cidr given).
+    /// No local-traffic detection (ClusterCIDR mode without --cluster-cidr).
     None,
+    /// Sources inside --cluster-cidr are local.
     ClusterCidr,
+    /// Sources inside the Node's spec.podCIDRs are local.
+    NodeCidr,
+    /// Traffic arriving on this bridge is local.
+    BridgeInterface(String),
+    /// Traffic arriving on interfaces with this prefix is local.
+    InterfaceNamePrefix(String),
+}
+
+/// --nodeport-addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    pub cidrs: Vec<Cidr>,
+    /// "primary" was given: the node's primary IP of each family.
+    pub primary: bool,
+}
+
+impl NodePortAddresses {
+    pub fn match_all(&self) -> bool {
+        self.cidrs.is_empty() && !self.primary
+    }
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidFlag {
-        flag,
-        value: value.to_string(),
-        reason: reason.into(),
-    }
+    Error::InvalidFlag { flag, value: value.to_string(), reason: reason.into() }
 }
 
 impl Flags {
     pub fn validate(self) -> Result<Config> {
         if self.proxy_mode != "iptables" {
-            return Err(invalid(
-                "proxy-mode",
-                &self.proxy_mode,
-                "this kpx supports: iptables",
-            ));
+            return Err(invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables"));
         }
         let node_name = if self.hostname_override.trim().is_empty() {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map_err(Error::NodeName)?
-                .trim()
-                .to_lowercase()
+            std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()
         } else {
             self.hostname_override.trim().to_lowercase()
         };
         let mut cluster_cidrs: Vec<Cidr> = Vec::new();
-        for part in self
-            .cluster_cidr
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            let cidr: Cidr = part
-                .parse()
-                .map_err(|e| invalid("cluster-cidr", &self.cluster_cidr, format!("{e}")))?;
+        for part in self.cluster_cidr.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let cidr: Cidr = part.parse().map_err(|e| invalid("cluster-cidr", &self.cluster_cidr, format!("{e}")))?;
             if cluster_cidrs.iter().any(|c| c.family() == cidr.family()) {
-                return Err(invalid(
-                    "cluster-cidr",
-                    &self.cluster_cidr,
-                    "at most one CIDR per IP family",
-                ));
+                return Err(invalid("cluster-cidr", &self.cluster_cidr, "at most one CIDR per IP family"));
             }
             cluster_cidrs.push(cidr);
         }
         let detect_local_mode = match self.detect_local_mode.as_str() {
-            "" if cluster_cidrs.is_empty() => DetectLocalMode::None,
-            "" | "ClusterCIDR" => {
-                if cluster_cidrs.is_empty() {
+            "" | "ClusterCIDR" if cluster_cidrs.is_empty() => DetectLocalMode::None,
+            "" | "ClusterCIDR" => DetectLocalMode::ClusterCidr,
+            "NodeCIDR" => DetectLocalMode::NodeCidr,
+            "BridgeInterface" => {
+                let name = self.pod_bridge_interface.trim();
+                if name.is_empty() {
                     return Err(invalid(
-                        "detect-local-mode",
-                        &self.detect_local_mode,
-                        "ClusterCIDR needs --cluster-cidr",
+                        "pod-bridge-interface",
+                        name,
+                        "required with --detect-local-mode BridgeInterface",
                     ));
                 }
-                DetectLocalMode::ClusterCidr
+                check_interface_name("pod-bridge-interface", name)?;
+                DetectLocalMode::BridgeInterface(name.to_string())
+            }
+            "InterfaceNamePrefix" => {
+                let prefix = self.pod_interface_name_prefix.trim();
+                if prefix.is_empty() {
+                    return Err(invalid(
+                        "pod-interface-name-prefix",
+                        prefix,
+                        "required with --detect-local-mode InterfaceNamePrefix",
+                    ));
+                }
+                check_interface_name("pod-interface-name-prefix", prefix)?;
+                DetectLocalMode::InterfaceNamePrefix(prefix.to_string())
             }
             other => {
                 return Err(invalid(
                     "detect-local-mode",
                     other,
-                    "this kpx supports: ClusterCIDR",
+                    "want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix",
                 ));
+            }
+        };
+        let mut nodeport_addresses = NodePortAddresses::default();
+        for item in self.nodeport_addresses.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            if item == "primary" {
+                nodeport_addresses.primary = true;
+                continue;
+            }
+            let cidr: Cidr = item.parse().map_err(|e| invalid("nodeport-addresses", item, format!("{e}")))?;
+            nodeport_addresses.cidrs.push(cidr);
+        }
+        if nodeport_addresses.primary && !nodeport_addresses.cidrs.is_empty() {
+            return Err(invalid(
+                "nodeport-addresses",
+                &self.nodeport_addresses.join(","),
+                "\"primary\" cannot be combined with CIDRs",
+            ));
+        }
+        let bind_address = match self.bind_address.trim() {
+            "" => None,
+            text => {
+                let ip: std::net::IpAddr =
+                    text.parse().map_err(|_| invalid("bind-address", text, "not an IP address"))?;
+                (!ip.is_unspecified()).then_some(ip)
             }
         };
         if !(0..=31).contains(&self.iptables_masquerade_bit) {
@@ -194,21 +254,12 @@ impl Flags {
                 "must be within [0, 31]",
             ));
         }
-        let min_sync_period = parse_duration(&self.iptables_min_sync_period).map_err(|e| {
-            invalid(
-                "iptables-min-sync-period",
-                &self.iptables_min_sync_period,
-                e,
-            )
-        })?;
+        let min_sync_period = parse_duration(&self.iptables_min_sync_period)
+            .map_err(|e| invalid("iptables-min-sync-period", &self.iptables_min_sync_period, e))?;
         let sync_period = parse_duration(&self.iptables_sync_period)
             .map_err(|e| invalid("iptables-sync-period", &self.iptables_sync_period, e))?;
         if sync_period.is_zero() {
-            return Err(invalid(
-                "iptables-sync-period",
-                &self.iptables_sync_period,
-                "must be greater than 0",
-            ));
+            return Err(invalid("iptables-sync-period", &self.iptables_sync_period, "must be greater than 0"));
         }
         if min_sync_period > sync_period {
             return Err(invalid(
@@ -218,11 +269,7 @@ impl Flags {
             ));
         }
         if self.plugin_memory_limit_mib < 16 {
-            return Err(invalid(
-                "plugin-memory-limit-mib",
-                &self.plugin_memory_limit_mib.to_string(),
-                "at least 16",
-            ));
+            return Err(invalid("plugin-memory-limit-mib", &self.plugin_memory_limit_mib.to_string(), "at least 16"));
         }
         Ok(Config {
             mode: self.proxy_mode,
@@ -230,6 +277,10 @@ impl Flags {
             node_name,
             cluster_cidrs,
             detect_local_mode,
+            nodeport_addresses,
+            localhost_nodeports: self.iptables_localhost_nodeports,
+            conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            bind_address,
             masquerade_all: self.masquerade_all,
             masquerade_bit: self.iptables_masquerade_bit as u8,
             min_sync_period,
@@ -245,6 +296,15 @@ impl Flags {
             verbosity: self.verbosity,
         })
     }
+}
+
+/// Linux interface names: 1 to 15 bytes, no '/', ':' or white space.
+fn check_interface_name(flag: &'static str, name: &str) -> Result<()> {
+    let bad = name.len() > 15 || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+    if bad {
+        return Err(invalid(flag, name, "not a valid interface name"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -265,30 +325,28 @@ mod tests {
         assert_eq!(c.masquerade_bit, 14);
         assert_eq!(c.detect_local_mode, DetectLocalMode::None);
         assert_eq!(c.node_name, "node-a");
+        assert!(c.localhost_nodeports);
+        assert!(!c.conntrack_tcp_be_liberal);
+        assert!(c.nodeport_addresses.match_all());
+        assert_eq!(c.bind_address, None);
     }
 
     #[test]
     fn bad_values_name_the_flag() {
         for (args, flag) in [
-            (
-                vec!["--iptables-masquerade-bit", "32"],
-                "iptables-masquerade-bit",
-            ),
-            (
-                vec!["--iptables-masquerade-bit", "-1"],
-                "iptables-masquerade-bit",
-            ),
+            (vec!["--iptables-masquerade-bit", "32"], "iptables-masquerade-bit"),
+            (vec!["--iptables-masquerade-bit", "-1"], "iptables-masquerade-bit"),
             (vec!["--iptables-sync-period", "0"], "iptables-sync-period"),
-            (
-                vec!["--iptables-min-sync-period", "soon"],
-                "iptables-min-sync-period",
-            ),
+            (vec!["--iptables-min-sync-period", "soon"], "iptables-min-sync-period"),
             (vec!["--cluster-cidr", "10.0.0.0/99"], "cluster-cidr"),
             (vec!["--proxy-mode", "carrier-pigeon"], "proxy-mode"),
-            (
-                vec!["--detect-local-mode", "ClusterCIDR"],
-                "detect-local-mode",
-            ),
+            (vec!["--detect-local-mode", "Magic"], "detect-local-mode"),
+            (vec!["--detect-local-mode", "BridgeInterface"], "pod-bridge-interface"),
+            (vec!["--detect-local-mode", "InterfaceNamePrefix"], "pod-interface-name-prefix"),
+            (vec!["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "a/b"], "pod-bridge-interface"),
+            (vec!["--nodeport-addresses", "10.0.0.0/33"], "nodeport-addresses"),
+            (vec!["--nodeport-addresses", "primary,10.0.0.0/8"], "nodeport-addresses"),
+            (vec!["--bind-address", "node-a"], "bind-address"),
         ] {
             let err = flags(&args).validate().unwrap_err().to_string();
             assert!(err.contains(&format!("--{flag}")), "{err}");
@@ -296,10 +354,35 @@ mod tests {
     }
 
     #[test]
+    fn iptables_flags_parse() {
+        let c = flags(&[
+            "--nodeport-addresses",
+            "192.168.0.0/16,fd00::/64",
+            "--iptables-localhost-nodeports=false",
+            "--conntrack-tcp-be-liberal",
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            "veth",
+            "--bind-address",
+            "192.168.0.2",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(c.nodeport_addresses.cidrs.len(), 2);
+        assert!(!c.localhost_nodeports);
+        assert!(c.conntrack_tcp_be_liberal);
+        assert_eq!(c.detect_local_mode, DetectLocalMode::InterfaceNamePrefix("veth".into()));
+        assert_eq!(c.bind_address, Some("192.168.0.2".parse().unwrap()));
+        let c = flags(&["--nodeport-addresses", "primary"]).validate().unwrap();
+        assert!(c.nodeport_addresses.primary);
+        let c = flags(&["--detect-local-mode", "ClusterCIDR"]).validate().unwrap();
+        assert_eq!(c.detect_local_mode, DetectLocalMode::None, "upstream: no --cluster-cidr, no detection");
+    }
+
+    #[test]
     fn cluster_cidr_enables_detection() {
-        let c = flags(&["--cluster-cidr", "10.0.0.0/8,fd00::/48"])
-            .validate()
-            .unwrap();
+        let c = flags(&["--cluster-cidr", "10.0.0.0/8,fd00::/48"]).validate().unwrap();
         assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
         assert_eq!(c.cluster_cidrs.len(), 2);
     }

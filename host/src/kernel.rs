@@ -2,7 +2,9 @@
 //! through an [`Exec`], which tests replace to see exactly what is sent.
 
 pub mod exec;
+pub mod interfaces;
 pub mod iptables;
+pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};
 
@@ -11,18 +13,11 @@ pub enum Error {
     /// The tool could not be started (not installed?): the sync fails and
     /// is retried in full.
     #[error("cannot run {program}: {source}")]
-    Spawn {
-        program: String,
-        source: std::io::Error,
-    },
+    Spawn { program: String, source: std::io::Error },
     /// The tool refused the change: nothing of it applied (iptables-restore
     /// and nft are atomic per call); retried as a full sync.
     #[error("{program} failed ({status}): {stderr}")]
-    Failed {
-        program: String,
-        status: String,
-        stderr: String,
-    },
+    Failed { program: String, status: String, stderr: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -6,13 +6,11 @@ pub mod app;
 pub mod config;
 pub mod kernel;
 pub mod runtime;
+pub mod settings;
 pub mod source;
 pub mod state;
 pub mod sync;
 pub mod validate;
 
 /// What `kpx --version` prints.
-pub const VERSION_TEXT: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (plugin contract kpx:proxier 0.1.0)"
-);
+pub const VERSION_TEXT: &str = concat!(env!("CARGO_PKG_VERSION"), " (plugin contract kpx:proxier 0.1.0)");

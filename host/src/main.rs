@@ -10,13 +10,8 @@ fn main() -> anyhow::Result<()> {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("KPX_LOG").unwrap_or_else(|_| EnvFilter::new(level));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     let config = flags.validate()?;
     kpx::app::run(config)?;
     Ok(())

@@ -27,10 +27,7 @@ pub mod builtin {
 
     /// The component of a built-in plugin.
     pub fn get(name: &str) -> Option<&'static [u8]> {
-        BUILT_IN
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, bytes)| *bytes)
+        BUILT_IN.iter().find(|(n, _)| *n == name).map(|(_, bytes)| *bytes)
     }
 }
 
@@ -61,9 +58,7 @@ impl Default for Limits {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The component carries no `kpx:proxier-version` section; not loaded.
-    #[error(
-        "plugin {plugin}: no kpx:proxier version marker (build it with kpx-sdk's export macro)"
-    )]
+    #[error("plugin {plugin}: no kpx:proxier version marker (build it with kpx-sdk's export macro)")]
     MissingVersion { plugin: String },
     /// Built against a contract this host does not support; not loaded.
     #[error("plugin {plugin}: built for kpx:proxier {found}, this kpx supports {}", SUPPORTED.join(", "))]
@@ -74,25 +69,13 @@ pub enum Error {
     /// The plugin trapped (or ran out of fuel or memory): drop the instance,
     /// build a fresh one and replay the full state.
     #[error("plugin {plugin}: {call} trapped: {message}")]
-    Trapped {
-        plugin: String,
-        call: &'static str,
-        message: String,
-    },
+    Trapped { plugin: String, call: &'static str, message: String },
     /// The plugin returned an error: keep the instance, render in full next time.
     #[error("plugin {plugin}: {call} failed: {message}")]
-    Failed {
-        plugin: String,
-        call: &'static str,
-        message: String,
-    },
+    Failed { plugin: String, call: &'static str, message: String },
     /// The ruleset is larger than allowed: keep the instance, render in full next time.
     #[error("plugin {plugin}: returned {size} bytes, more than the limit of {limit}")]
-    OutputTooLarge {
-        plugin: String,
-        size: usize,
-        limit: u64,
-    },
+    OutputTooLarge { plugin: String, size: usize, limit: u64 },
 }
 
 impl Error {
@@ -154,21 +137,12 @@ impl Runtime {
         let mut config = Config::new();
         config.consume_fuel(true);
         config.concurrency_support(false);
-        let engine = Engine::new(&config).map_err(|e| Error::Load {
-            plugin: "(engine)".into(),
-            message: e.to_string(),
-        })?;
+        let engine =
+            Engine::new(&config).map_err(|e| Error::Load { plugin: "(engine)".into(), message: e.to_string() })?;
         let mut linker = Linker::new(&engine);
-        wit::add_to_linker(&mut linker).map_err(|e| Error::Load {
-            plugin: "(linker)".into(),
-            message: e.to_string(),
-        })?;
-        Ok(Runtime {
-            engine,
-            linker,
-            limits,
-            cache_dir,
-        })
+        wit::add_to_linker(&mut linker)
+            .map_err(|e| Error::Load { plugin: "(linker)".into(), message: e.to_string() })?;
+        Ok(Runtime { engine, linker, limits, cache_dir })
     }
 
     pub fn limits(&self) -> Limits {
@@ -178,29 +152,18 @@ impl Runtime {
     /// Checks the contract version, compiles (or loads from cache) and
     /// links a backend component.
     pub fn load_backend(&self, name: &str, bytes: &[u8]) -> Result<BackendPlugin> {
-        let load_err = |message: String| Error::Load {
-            plugin: name.to_string(),
-            message,
-        };
+        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         let found = read_contract_version(bytes).map_err(load_err)?;
-        let found = found.ok_or_else(|| Error::MissingVersion {
-            plugin: name.to_string(),
-        })?;
+        let found = found.ok_or_else(|| Error::MissingVersion { plugin: name.to_string() })?;
         if !SUPPORTED.contains(&found.as_str()) {
-            return Err(Error::IncompatibleVersion {
-                plugin: name.to_string(),
-                found,
-            });
+            return Err(Error::IncompatibleVersion { plugin: name.to_string(), found });
         }
         let component = match &self.cache_dir {
             Some(dir) => cache::load_or_compile(&self.engine, dir, name, bytes),
             None => Component::new(&self.engine, bytes),
         }
         .map_err(|e| load_err(format!("{e:#}")))?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| load_err(format!("{e:#}")))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| load_err(format!("{e:#}")))?;
         let pre = wit::BackendPre::new(&found, pre).map_err(|e| load_err(format!("{e:#}")))?;
         Ok(BackendPlugin {
             name: Arc::from(name),
@@ -239,14 +202,8 @@ impl BackendPlugin {
             .memories(2)
             .trap_on_grow_failure(true)
             .build();
-        let mut store = Store::new(
-            &self.engine,
-            PluginState {
-                plugin: self.name.clone(),
-                limits,
-                log_budget: LOG_LINES_PER_CALL,
-            },
-        );
+        let mut store =
+            Store::new(&self.engine, PluginState { plugin: self.name.clone(), limits, log_budget: LOG_LINES_PER_CALL });
         store.limiter(|s| &mut s.limits);
         let mut instance = BackendInstance {
             plugin: self.name.clone(),
@@ -275,10 +232,7 @@ pub struct BackendInstance {
 
 impl BackendInstance {
     fn refuel(&mut self, objects: usize) {
-        let fuel = self
-            .limits
-            .fuel_base
-            .saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
+        let fuel = self.limits.fuel_base.saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
         // Fuel is enabled on the engine, so this cannot fail.
         let _ = self.store.set_fuel(fuel);
         self.store.data_mut().log_budget = LOG_LINES_PER_CALL;
@@ -290,23 +244,11 @@ impl BackendInstance {
             self.stats.traps.fetch_add(1, Ordering::Relaxed);
             // One line: the trap's own description, not the wasm backtrace.
             let message = match e.downcast_ref::<Trap>() {
-                Some(Trap::OutOfFuel) => {
-                    "ran out of fuel (endless loop or too much work)".to_string()
-                }
+                Some(Trap::OutOfFuel) => "ran out of fuel (endless loop or too much work)".to_string(),
                 Some(trap) => trap.to_string(),
-                None => e
-                    .root_cause()
-                    .to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or("unknown error")
-                    .to_string(),
+                None => e.root_cause().to_string().lines().next().unwrap_or("unknown error").to_string(),
             };
-            let err = Error::Trapped {
-                plugin: self.plugin.to_string(),
-                call,
-                message,
-            };
+            let err = Error::Trapped { plugin: self.plugin.to_string(), call, message };
             tracing::error!(plugin = %self.plugin, "{err}");
             err
         })
@@ -346,11 +288,7 @@ impl BackendInstance {
         let result = bindings.render(&mut self.store, full);
         let ruleset = self.check("render", result)?.map_err(|message| {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            Error::Failed {
-                plugin: self.plugin.to_string(),
-                call: "render",
-                message,
-            }
+            Error::Failed { plugin: self.plugin.to_string(), call: "render", message }
         })?;
         let size = ruleset.text().len();
         if size as u64 > self.limits.max_output_bytes {

@@ -32,6 +32,7 @@ impl std::fmt::Display for ServiceName {
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// What changed since the last [`State::take_changes`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -104,24 +105,14 @@ impl State {
                 let slice_name = slice.metadata.name.clone().unwrap_or_default();
                 let mut changed = self.remove_slice(&ns, &slice_name);
                 let labels = slice.metadata.labels.as_ref();
-                let owner = labels
-                    .and_then(|l| l.get(SERVICE_NAME_LABEL))
-                    .cloned()
-                    .unwrap_or_default();
+                let owner = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned().unwrap_or_default();
                 let headless = labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL));
                 if owner.is_empty() || headless {
                     return changed;
                 }
-                let svc = ServiceName {
-                    namespace: ns.clone(),
-                    name: owner,
-                };
-                self.slice_owner
-                    .insert((ns, slice_name.clone()), svc.clone());
-                self.slices
-                    .entry(svc.clone())
-                    .or_default()
-                    .insert(slice_name, *slice);
+                let svc = ServiceName { namespace: ns.clone(), name: owner };
+                self.slice_owner.insert((ns, slice_name.clone()), svc.clone());
+                self.slices.entry(svc.clone()).or_default().insert(slice_name, *slice);
                 self.changes.services.insert(svc);
                 changed = true;
                 changed
@@ -129,6 +120,11 @@ impl State {
             Event::Apply(Object::Node(node)) => {
                 if node.metadata.name.as_deref() != Some(self.node_name.as_str()) {
                     return false;
+                }
+                let old_labels = self.node.as_ref().and_then(|n| n.metadata.labels.clone());
+                if old_labels != node.metadata.labels {
+                    // Topology may change for every Service (upstream: a full sync).
+                    self.changes.services.extend(self.services.keys().cloned());
                 }
                 self.node = Some(*node);
                 self.changes.node = true;
@@ -141,10 +137,7 @@ impl State {
     fn delete(&mut self, r: &ObjectRef) -> bool {
         match r.kind {
             Kind::Service => {
-                let name = ServiceName {
-                    namespace: r.namespace.clone(),
-                    name: r.name.clone(),
-                };
+                let name = ServiceName { namespace: r.namespace.clone(), name: r.name.clone() };
                 self.remove_service(&name)
             }
             Kind::EndpointSlice => self.remove_slice(&r.namespace, &r.name),
@@ -166,10 +159,7 @@ impl State {
     }
 
     fn remove_slice(&mut self, namespace: &str, slice_name: &str) -> bool {
-        let Some(owner) = self
-            .slice_owner
-            .remove(&(namespace.to_string(), slice_name.to_string()))
-        else {
+        let Some(owner) = self.slice_owner.remove(&(namespace.to_string(), slice_name.to_string())) else {
             return false;
         };
         if let Some(slices) = self.slices.get_mut(&owner) {
@@ -194,11 +184,19 @@ impl State {
             return Vec::new();
         };
         let slices = self.slices.get(name);
-        services::service_ports(svc, family, |port| {
-            let eps = endpoints::for_port(slices, family, port, &self.node_name);
-            let (cluster, local) = topology::categorize(&eps);
-            (eps, cluster, local)
-        })
+        let zone = self.zone();
+        services::service_ports(
+            svc,
+            family,
+            |port| endpoints::for_port(slices, family, port, &self.node_name),
+            |svc_port, eps| topology::categorize(svc_port, eps, &self.node_name, &zone),
+        )
+    }
+
+    /// This node's topology zone label ("" when unknown).
+    fn zone(&self) -> String {
+        let labels = self.node.as_ref().and_then(|n| n.metadata.labels.as_ref());
+        labels.and_then(|l| l.get(ZONE_LABEL)).cloned().unwrap_or_default()
     }
 
     /// Names of every Service stored.
@@ -213,10 +211,7 @@ impl State {
 }
 
 fn service_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ServiceName {
-    ServiceName {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-    }
+    ServiceName { namespace: meta.namespace.clone().unwrap_or_default(), name: meta.name.clone().unwrap_or_default() }
 }
 
 #[cfg(test)]

@@ -63,8 +63,7 @@ impl Schedule {
     }
 
     fn wants_full(&self, now: Instant) -> bool {
-        self.last_full
-            .is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD)
+        self.last_full.is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD)
     }
 
     fn done(&mut self, now: Instant, ok: bool, full: bool) {
@@ -84,12 +83,7 @@ impl Schedule {
 }
 
 /// Runs until the source's sender is dropped.
-pub fn run(
-    mut state: State,
-    events: Receiver<Event>,
-    mut proxiers: Vec<FamilyProxier>,
-    periods: Periods,
-) {
+pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyProxier>, periods: Periods) {
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
     loop {
@@ -143,39 +137,20 @@ mod tests {
 
     #[test]
     fn schedule_honours_min_and_max_periods_and_backs_off() {
-        let periods = Periods {
-            min: Duration::from_secs(1),
-            max: Duration::from_secs(30),
-        };
+        let periods = Periods { min: Duration::from_secs(1), max: Duration::from_secs(30) };
         let mut s = Schedule::new(periods);
         let t0 = Instant::now();
         assert_eq!(s.next(t0), t0, "first sync at once");
         s.done(t0, true, true);
-        assert_eq!(
-            s.next(t0),
-            t0 + Duration::from_secs(30),
-            "idle: periodic sync"
-        );
+        assert_eq!(s.next(t0), t0 + Duration::from_secs(30), "idle: periodic sync");
         s.pending = true;
-        assert_eq!(
-            s.next(t0),
-            t0 + Duration::from_secs(1),
-            "change: not before min period"
-        );
+        assert_eq!(s.next(t0), t0 + Duration::from_secs(1), "change: not before min period");
         let later = t0 + Duration::from_secs(5);
-        assert_eq!(
-            s.next(later),
-            later,
-            "change long after the last sync: at once"
-        );
+        assert_eq!(s.next(later), later, "change long after the last sync: at once");
         s.done(later, false, false);
         assert_eq!(s.next(later), later + Duration::from_secs(1), "retry");
         s.done(later, false, false);
-        assert_eq!(
-            s.next(later),
-            later + Duration::from_secs(2),
-            "backoff doubles"
-        );
+        assert_eq!(s.next(later), later + Duration::from_secs(2), "backoff doubles");
         assert!(!s.wants_full(later));
         assert!(s.wants_full(t0 + FULL_SYNC_PERIOD));
     }

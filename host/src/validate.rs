@@ -33,11 +33,6 @@ pub struct Context {
 
 impl Context {
     fn reject(&self, line: usize, text: &str, reason: impl Into<String>) -> Rejected {
-        Rejected {
-            plugin: self.plugin.clone(),
-            line,
-            text: text.to_string(),
-            reason: reason.into(),
-        }
+        Rejected { plugin: self.plugin.clone(), line, text: text.to_string(), reason: reason.into() }
     }
 }

@@ -34,14 +34,8 @@ impl Reply {
         let mut parts = text.split_whitespace();
         match (parts.next(), parts.next()) {
             (Some(server), Some(seen)) => {
-                let seen_from = seen
-                    .parse::<SocketAddr>()
-                    .map(|a| a.ip().to_string())
-                    .unwrap_or(seen.to_string());
-                Reply::Answer {
-                    server: server.to_string(),
-                    seen_from,
-                }
+                let seen_from = seen.parse::<SocketAddr>().map(|a| a.ip().to_string()).unwrap_or(seen.to_string());
+                Reply::Answer { server: server.to_string(), seen_from }
             }
             _ => Reply::Error(format!("bad reply {text:?}")),
         }
@@ -57,9 +51,7 @@ pub struct EchoServer {
 impl EchoServer {
     /// Serves TCP and UDP on `addr` (e.g. "0.0.0.0:8080") inside `ns`.
     pub fn start(ns: &Ns, name: &str, addr: &str) -> Result<EchoServer> {
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|e| crate::Error::Unavailable(format!("{addr}: {e}")))?;
+        let addr: SocketAddr = addr.parse().map_err(|e| crate::Error::Unavailable(format!("{addr}: {e}")))?;
         let (tcp, udp) = ns.enter(move || -> std::io::Result<(TcpListener, UdpSocket)> {
             Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?))
         })??;
@@ -117,12 +109,7 @@ pub fn tcp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
         let mut text = String::new();
         match conn.read_to_string(&mut text) {
             Ok(_) => Reply::parse(&text),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 Reply::Timeout
             }
             Err(e) => Reply::Error(e.to_string()),
@@ -137,11 +124,7 @@ pub fn udp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
         return Reply::Error(format!("bad address {to}"));
     };
     let result = ns.enter(move || {
-        let bind: SocketAddr = if to.is_ipv4() {
-            "0.0.0.0:0".parse().unwrap()
-        } else {
-            "[::]:0".parse().unwrap()
-        };
+        let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
         let socket = match UdpSocket::bind(bind) {
             Ok(s) => s,
             Err(e) => return Reply::Error(e.to_string()),
@@ -155,12 +138,7 @@ pub fn udp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
         match socket.recv(&mut buf) {
             Ok(n) => Reply::parse(&String::from_utf8_lossy(&buf[..n])),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Reply::Refused,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 Reply::Timeout
             }
             Err(e) => Reply::Error(e.to_string()),

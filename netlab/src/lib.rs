@@ -35,10 +35,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Runs a command; its stdout, or an error with its stderr.
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()?;
+    let out = Command::new(program).args(args).stdin(Stdio::null()).output()?;
     if !out.status.success() {
         return Err(Error::Command {
             command: format!("{program} {}", args.join(" ")),
@@ -107,23 +104,13 @@ impl Lab {
         }
         run("ip", &["netns", "list"]).map_err(|e| Error::Unavailable(format!("iproute2: {e}")))?;
         remove_orphans();
-        let id = format!(
-            "{}-{}-{}",
-            PREFIX,
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        Ok(Lab {
-            id,
-            namespaces: Vec::new(),
-        })
+        let id = format!("{}-{}-{}", PREFIX, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        Ok(Lab { id, namespaces: Vec::new() })
     }
 
     /// Adds a namespace with loopback up; `role` is part of its name.
     pub fn add(&mut self, role: &str) -> Result<Ns> {
-        let ns = Ns {
-            name: format!("{}-{role}", self.id),
-        };
+        let ns = Ns { name: format!("{}-{role}", self.id) };
         run("ip", &["netns", "add", &ns.name]).map_err(|e| Error::Unavailable(e.to_string()))?;
         self.namespaces.push(ns.clone());
         ns.ip(&["link", "set", "lo", "up"])?;
@@ -132,18 +119,8 @@ impl Lab {
 
     /// Joins two namespaces with a veth pair: `a_if` in `a` with
     /// `a_addr` (CIDR form), `b_if` in `b` with `b_addr`.
-    pub fn link(
-        &self,
-        a: &Ns,
-        a_if: &str,
-        a_addr: &str,
-        b: &Ns,
-        b_if: &str,
-        b_addr: &str,
-    ) -> Result<()> {
-        a.ip(&[
-            "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name,
-        ])?;
+    pub fn link(&self, a: &Ns, a_if: &str, a_addr: &str, b: &Ns, b_if: &str, b_addr: &str) -> Result<()> {
+        a.ip(&["link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name])?;
         a.ip(&["addr", "add", a_addr, "dev", a_if])?;
         b.ip(&["addr", "add", b_addr, "dev", b_if])?;
         a.ip(&["link", "set", a_if, "up"])?;
@@ -200,8 +177,7 @@ mod tests {
             };
             let a = lab.add("a").unwrap();
             let b = lab.add("b").unwrap();
-            lab.link(&a, "x", "10.9.0.1/24", &b, "y", "10.9.0.2/24")
-                .unwrap();
+            lab.link(&a, "x", "10.9.0.1/24", &b, "y", "10.9.0.2/24").unwrap();
             names.lock().unwrap().extend([a.name, b.name]);
             panic!("a test failing half-way");
         });

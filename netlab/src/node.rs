@@ -41,14 +41,7 @@ impl NodeLab {
         let mut lab = Lab::new()?;
         let node = lab.add("node")?;
         let client = lab.add("client")?;
-        lab.link(
-            &node,
-            "eth-client",
-            &format!("{NODE_IP}/24"),
-            &client,
-            "eth0",
-            &format!("{CLIENT_IP}/24"),
-        )?;
+        lab.link(&node, "eth-client", &format!("{NODE_IP}/24"), &client, "eth0", &format!("{CLIENT_IP}/24"))?;
         client.ip(&["route", "add", SERVICE_RANGE, "via", NODE_IP])?;
         // Forwarding on; redirects off: the node sends unhandled traffic back
         // out the client's link, and a redirect would use up the per-host
@@ -66,39 +59,17 @@ impl NodeLab {
         for i in 1..=n {
             let ns = lab.add(&format!("be{i}"))?;
             let ip = format!("10.244.{i}.5");
-            lab.link(
-                &node,
-                &format!("eth-be{i}"),
-                &format!("10.244.{i}.1/24"),
-                &ns,
-                "eth0",
-                &format!("{ip}/24"),
-            )?;
+            lab.link(&node, &format!("eth-be{i}"), &format!("10.244.{i}.1/24"), &ns, "eth0", &format!("{ip}/24"))?;
             ns.ip(&["route", "add", "default", "via", &format!("10.244.{i}.1")])?;
             let name = format!("be{i}");
             let server = EchoServer::start(&ns, &name, &format!("0.0.0.0:{BACKEND_PORT}"))?;
-            backends.push(Backend {
-                ns,
-                name,
-                ip,
-                _server: server,
-            });
+            backends.push(Backend { ns, name, ip, _server: server });
         }
-        Ok(NodeLab {
-            node,
-            client,
-            backends,
-            lab,
-        })
+        Ok(NodeLab { node, client, backends, lab })
     }
 
     /// Starts kpx in the node namespace; its log goes to `log`.
-    pub fn start_kpx<S: AsRef<std::ffi::OsStr>>(
-        &self,
-        kpx: &Path,
-        args: &[S],
-        log: &Path,
-    ) -> Result<Kpx> {
+    pub fn start_kpx<S: AsRef<std::ffi::OsStr>>(&self, kpx: &Path, args: &[S], log: &Path) -> Result<Kpx> {
         let file = std::fs::File::create(log)?;
         let child = self
             .node
@@ -109,10 +80,7 @@ impl NodeLab {
             .stdout(file.try_clone()?)
             .stderr(file)
             .spawn()?;
-        Ok(Kpx {
-            child,
-            log: log.to_path_buf(),
-        })
+        Ok(Kpx { child, log: log.to_path_buf() })
     }
 }
 

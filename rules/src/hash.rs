@@ -24,10 +24,7 @@ pub fn service_chain(prefix: &str, service_port_name: &str, protocol: &str) -> S
 /// The `KUBE-SEP-` chain of one endpoint (`endpoint` is `ip:port`, or
 /// `[ip]:port` for IPv6, as Go's `net.JoinHostPort` writes it).
 pub fn endpoint_chain(service_port_name: &str, protocol: &str, endpoint: &str) -> String {
-    format!(
-        "KUBE-SEP-{}",
-        hash16(&[service_port_name, protocol, endpoint])
-    )
+    format!("KUBE-SEP-{}", hash16(&[service_port_name, protocol, endpoint]))
 }
 
 #[cfg(test)]
@@ -37,29 +34,14 @@ mod tests {
     // Vectors from upstream's TestTracePacket (pkg/proxy/iptables/proxier_test.go).
     #[test]
     fn matches_upstream_service_hash() {
-        assert_eq!(
-            service_chain("KUBE-SVC-", "ns4/svc4:p80", "tcp"),
-            "KUBE-SVC-4SW47YFZTEDKD3PK"
-        );
-        assert_eq!(
-            service_chain("KUBE-SVC-", "ns1/svc1:p80", "tcp"),
-            "KUBE-SVC-XPGD46QRK7WJZT7O"
-        );
+        assert_eq!(service_chain("KUBE-SVC-", "ns4/svc4:p80", "tcp"), "KUBE-SVC-4SW47YFZTEDKD3PK");
+        assert_eq!(service_chain("KUBE-SVC-", "ns1/svc1:p80", "tcp"), "KUBE-SVC-XPGD46QRK7WJZT7O");
     }
 
     #[test]
     fn matches_upstream_endpoint_hash() {
-        assert_eq!(
-            endpoint_chain("ns4/svc4:p80", "tcp", "10.180.0.4:80"),
-            "KUBE-SEP-UKSFD7AGPMPPLUHC"
-        );
-        assert_eq!(
-            endpoint_chain("ns4/svc4:p80", "tcp", "10.180.0.5:80"),
-            "KUBE-SEP-C6EBXVWJJZMIWKLZ"
-        );
-        assert_eq!(
-            endpoint_chain("ns1/svc1:p80", "tcp", "10.180.0.1:80"),
-            "KUBE-SEP-SXIVWICOYRO3J4NJ"
-        );
+        assert_eq!(endpoint_chain("ns4/svc4:p80", "tcp", "10.180.0.4:80"), "KUBE-SEP-UKSFD7AGPMPPLUHC");
+        assert_eq!(endpoint_chain("ns4/svc4:p80", "tcp", "10.180.0.5:80"), "KUBE-SEP-C6EBXVWJJZMIWKLZ");
+        assert_eq!(endpoint_chain("ns1/svc1:p80", "tcp", "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ");
     }
 }

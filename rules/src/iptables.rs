@@ -2,38 +2,22 @@
 //! `iptables-restore --noflush` payload. plugins/iptables/README.md lists
 //! which names are public.
 
+mod service;
 mod table;
 
 pub use table::Table;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::hash::{endpoint_chain, service_chain};
-use crate::model::{Backend, Change, Endpoint, LocalTraffic, Node, Ruleset, ServicePort, Settings};
+use crate::model::{Backend, Change, IpFamily, Node, NodePortAddresses, Ruleset, ServicePort, Settings};
 
 /// nat table chains kube-proxy owns and rewrites on every sync.
-pub const NAT_CHAINS: [&str; 4] = [
-    "KUBE-SERVICES",
-    "KUBE-NODEPORTS",
-    "KUBE-POSTROUTING",
-    "KUBE-MARK-MASQ",
-];
+pub const NAT_CHAINS: [&str; 4] = ["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"];
 /// filter table chains kube-proxy owns and rewrites on every sync.
-pub const FILTER_CHAINS: [&str; 5] = [
-    "KUBE-SERVICES",
-    "KUBE-EXTERNAL-SERVICES",
-    "KUBE-FORWARD",
-    "KUBE-NODEPORTS",
-    "KUBE-PROXY-FIREWALL",
-];
+pub const FILTER_CHAINS: [&str; 5] =
+    ["KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL"];
 /// Prefixes of the per-service and per-endpoint chains.
-pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
-    "KUBE-SVC-",
-    "KUBE-SVL-",
-    "KUBE-EXT-",
-    "KUBE-FW-",
-    "KUBE-SEP-",
-];
+pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
 
 /// A rule the host keeps in a built-in chain, jumping to one of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,87 +39,62 @@ const EXTERNAL_PORTALS: &[&str] = &[
     "--comment",
     "kubernetes externally-visible service portals",
 ];
-const SERVICE_PORTALS_NEW: &[&str] = &[
-    "-m",
-    "conntrack",
-    "--ctstate",
-    "NEW",
-    "-m",
-    "comment",
-    "--comment",
-    "kubernetes service portals",
-];
+const SERVICE_PORTALS_NEW: &[&str] =
+    &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"];
 const SERVICE_PORTALS: &[&str] = &["-m", "comment", "--comment", "kubernetes service portals"];
-const FIREWALL: &[&str] = &[
-    "-m",
-    "conntrack",
-    "--ctstate",
-    "NEW",
-    "-m",
-    "comment",
-    "--comment",
-    "kubernetes load balancer firewall",
-];
+const FIREWALL: &[&str] =
+    &["-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes load balancer firewall"];
 
-const fn jump(
-    table: &'static str,
-    from: &'static str,
-    to: &'static str,
-    matches: &'static [&'static str],
-) -> Jump {
-    Jump {
-        table,
-        from,
-        to,
-        matches,
-    }
+const fn jump(table: &'static str, from: &'static str, to: &'static str, matches: &'static [&'static str]) -> Jump {
+    Jump { table, from, to, matches }
 }
 
 /// upstream's `iptablesJumpChains`: the only rules kpx puts in built-in chains.
 pub const JUMPS: &[Jump] = &[
-    jump(
-        "filter",
-        "INPUT",
-        "KUBE-EXTERNAL-SERVICES",
-        EXTERNAL_PORTALS,
-    ),
-    jump(
-        "filter",
-        "FORWARD",
-        "KUBE-EXTERNAL-SERVICES",
-        EXTERNAL_PORTALS,
-    ),
-    jump(
-        "filter",
-        "INPUT",
-        "KUBE-NODEPORTS",
-        &[
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes health check service ports",
-        ],
-    ),
+    jump("filter", "INPUT", "KUBE-EXTERNAL-SERVICES", EXTERNAL_PORTALS),
+    jump("filter", "FORWARD", "KUBE-EXTERNAL-SERVICES", EXTERNAL_PORTALS),
+    jump("filter", "INPUT", "KUBE-NODEPORTS", &["-m", "comment", "--comment", "kubernetes health check service ports"]),
     jump("filter", "FORWARD", "KUBE-SERVICES", SERVICE_PORTALS_NEW),
     jump("filter", "OUTPUT", "KUBE-SERVICES", SERVICE_PORTALS_NEW),
-    jump(
-        "filter",
-        "FORWARD",
-        "KUBE-FORWARD",
-        &["-m", "comment", "--comment", "kubernetes forwarding rules"],
-    ),
+    jump("filter", "FORWARD", "KUBE-FORWARD", &["-m", "comment", "--comment", "kubernetes forwarding rules"]),
     jump("filter", "INPUT", "KUBE-PROXY-FIREWALL", FIREWALL),
     jump("filter", "OUTPUT", "KUBE-PROXY-FIREWALL", FIREWALL),
     jump("filter", "FORWARD", "KUBE-PROXY-FIREWALL", FIREWALL),
     jump("nat", "OUTPUT", "KUBE-SERVICES", SERVICE_PORTALS),
     jump("nat", "PREROUTING", "KUBE-SERVICES", SERVICE_PORTALS),
-    jump(
-        "nat",
-        "POSTROUTING",
-        "KUBE-POSTROUTING",
-        &["-m", "comment", "--comment", "kubernetes postrouting rules"],
-    ),
+    jump("nat", "POSTROUTING", "KUBE-POSTROUTING", &["-m", "comment", "--comment", "kubernetes postrouting rules"]),
 ];
+
+const LOCALNET: &[&str] = &[];
+
+/// The kubelet-style firewall against martian localnet traffic, needed when
+/// localhost node ports are on (IPv4 only): upstream's
+/// `iptablesKubeletJumpChains`.
+pub const LOCALNET_JUMPS: &[Jump] =
+    &[jump("filter", "INPUT", "KUBE-FIREWALL", LOCALNET), jump("filter", "OUTPUT", "KUBE-FIREWALL", LOCALNET)];
+
+/// The jumps the host keeps for these settings.
+pub fn jumps_for(settings: &Settings) -> Vec<Jump> {
+    let mut out = JUMPS.to_vec();
+    if localhost_nodeports(settings) {
+        out.extend_from_slice(LOCALNET_JUMPS);
+    }
+    out
+}
+
+/// Node ports answer on 127.0.0.1 (IPv4 with --iptables-localhost-nodeports,
+/// when node ports listen on all local addresses or on a loopback range).
+pub fn localhost_nodeports(settings: &Settings) -> bool {
+    settings.family == IpFamily::V4
+        && settings.localhost_nodeports
+        && match &settings.nodeport_addresses {
+            NodePortAddresses::All => true,
+            NodePortAddresses::Only(cidrs) => cidrs.iter().any(|c| c.addr.is_loopback()),
+        }
+}
+
+/// Above this many endpoints, per-endpoint rules carry no comments.
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
 
 /// upstream's `%0.10f` of 1/n, the probability of the i-th of n endpoints.
 fn probability(remaining: usize) -> String {
@@ -152,6 +111,8 @@ pub struct IptablesProxier {
     changed: BTreeSet<String>,
     /// The nat chains each service owned at the last render.
     rendered: BTreeMap<String, Vec<String>>,
+    /// Large-cluster mode at the last render; a flip rewrites everything.
+    large_cluster: Option<bool>,
 }
 
 impl IptablesProxier {
@@ -163,21 +124,12 @@ impl IptablesProxier {
         &self.node
     }
 
-    /// `! -s <pod cidr>` (or the interface form) for "not from a local pod".
-    fn if_not_local(&self) -> Option<String> {
-        match &self.settings.local_traffic {
-            LocalTraffic::None => None,
-            LocalTraffic::Cidrs(cidrs) => cidrs
-                .iter()
-                .find(|c| c.family() == self.settings.family)
-                .map(|c| format!("! -s {c}")),
-            LocalTraffic::BridgeInterface(name) => Some(format!("! -i {name}")),
-            LocalTraffic::InterfaceNamePrefix(prefix) => Some(format!("! -i {prefix}+")),
-        }
-    }
-
     fn render_fixed(&self, filter: &mut Table, nat: &mut Table) {
         let mark = format!("{:#x}", self.settings.masquerade_mark());
+        if localhost_nodeports(&self.settings) {
+            filter.chain("KUBE-FIREWALL");
+            filter.rule("-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP");
+        }
         if !self.settings.conntrack_tcp_be_liberal {
             filter.rule("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP");
         }
@@ -185,94 +137,43 @@ impl IptablesProxier {
             "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
         ));
         filter.rule("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT");
-        nat.rule(&format!(
-            "-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN"
-        ));
+        nat.rule(&format!("-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN"));
         nat.rule(&format!("-A KUBE-POSTROUTING -j MARK --xor-mark {mark}"));
-        let random = if self.settings.masquerade_random_fully {
-            " --random-fully"
-        } else {
-            ""
-        };
+        let random = if self.settings.masquerade_random_fully { " --random-fully" } else { "" };
         nat.rule(&format!(
             "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{random}"
         ));
         nat.rule(&format!("-A KUBE-MARK-MASQ -j MARK --or-mark {mark}"));
     }
 
-    /// Rules for one service port. Its own chains are written only when
-    /// `write_chains`; the returned list names them either way.
-    fn render_service(
-        &self,
-        svc: &ServicePort,
-        write_chains: bool,
-        filter: &mut Table,
-        nat: &mut Table,
-    ) -> Vec<String> {
-        let Some(cluster_ip) = svc.cluster_ip.filter(|ip| self.settings.family.matches(ip)) else {
-            return Vec::new();
+    /// The last rule of nat KUBE-SERVICES: node ports on local addresses.
+    fn render_nodeports_jump(&self, nat: &mut Table) {
+        let comment = "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+        let family = self.settings.family;
+        let NodePortAddresses::Only(only) = &self.settings.nodeport_addresses else {
+            let except = match family {
+                IpFamily::V6 => " ! -d ::1/128",
+                IpFamily::V4 if !localhost_nodeports(&self.settings) => " ! -d 127.0.0.0/8",
+                IpFamily::V4 => "",
+            };
+            nat.rule(&format!("{comment} -m addrtype --dst-type LOCAL{except} -j KUBE-NODEPORTS"));
+            return;
         };
-        let proto = svc.protocol.as_str();
-        let key = &svc.key;
-        let dst = format!("-m {proto} -p {proto} -d {cluster_ip} --dport {}", svc.port);
-        let endpoints: Vec<&Endpoint> = svc.cluster_endpoints().collect();
-        if endpoints.is_empty() {
-            filter.rule(&format!(
-                "-A KUBE-SERVICES -m comment --comment \"{key} has no endpoints\" {dst} -j REJECT"
-            ));
-            return Vec::new();
+        // The host resolved --nodeport-addresses to this node's addresses.
+        for cidr in only.iter().filter(|c| c.family() == family) {
+            if cidr.addr.is_loopback() && !localhost_nodeports(&self.settings) {
+                continue;
+            }
+            nat.rule(&format!("{comment} -d {} -j KUBE-NODEPORTS", cidr.addr));
         }
-        let svc_chain = service_chain("KUBE-SVC-", key, proto);
-        nat.rule(&format!(
-            "-A KUBE-SERVICES -m comment --comment \"{key} cluster IP\" {dst} -j {svc_chain}"
-        ));
-
-        let sep_chains: Vec<String> = endpoints
-            .iter()
-            .map(|ep| endpoint_chain(key, proto, &ep.host_port()))
-            .collect();
-        if write_chains {
-            nat.chain(&svc_chain);
-            if self.settings.masquerade_all {
-                nat.rule(&format!("-A {svc_chain} -m comment --comment \"{key} cluster IP\" {dst} -j KUBE-MARK-MASQ"));
-            } else if let Some(not_local) = self.if_not_local() {
-                nat.rule(&format!(
-                    "-A {svc_chain} -m comment --comment \"{key} cluster IP\" {dst} {not_local} -j KUBE-MARK-MASQ"
-                ));
-            }
-            let n = endpoints.len();
-            for (i, (ep, sep)) in endpoints.iter().zip(&sep_chains).enumerate() {
-                let hp = ep.host_port();
-                if i + 1 < n {
-                    nat.rule(&format!(
-                        "-A {svc_chain} -m comment --comment \"{key} -> {hp}\" -m statistic --mode random --probability {} -j {sep}",
-                        probability(n - i)
-                    ));
-                } else {
-                    nat.rule(&format!(
-                        "-A {svc_chain} -m comment --comment \"{key} -> {hp}\" -j {sep}"
-                    ));
-                }
-            }
-            for (ep, sep) in endpoints.iter().zip(&sep_chains) {
-                nat.chain(sep);
-                nat.rule(&format!(
-                    "-A {sep} -m comment --comment {key} -s {} -j KUBE-MARK-MASQ",
-                    ep.ip
-                ));
-                nat.rule(&format!(
-                    "-A {sep} -m comment --comment {key} -m {proto} -p {proto} -j DNAT --to-destination {}",
-                    ep.host_port()
-                ));
-            }
-        }
-        let mut chains = Vec::with_capacity(1 + sep_chains.len());
-        chains.push(svc_chain);
-        chains.extend(sep_chains);
-        chains
     }
 
     fn render_payload(&mut self, full: bool) -> String {
+        let total: usize = self.services.values().map(|s| s.endpoints.len()).sum();
+        let large_cluster = total > LARGE_CLUSTER_ENDPOINTS;
+        let full = full || self.large_cluster != Some(large_cluster);
+        self.large_cluster = Some(large_cluster);
+
         let mut filter = Table::new("filter");
         let mut nat = Table::new("nat");
         for chain in FILTER_CHAINS {
@@ -283,10 +184,12 @@ impl IptablesProxier {
         }
         self.render_fixed(&mut filter, &mut nat);
 
+        let ctx = service::Context { settings: &self.settings, node: &self.node, large_cluster };
         let mut rendered = BTreeMap::new();
         for (key, svc) in &self.services {
             let write = full || self.changed.contains(key);
-            let chains = self.render_service(svc, write, &mut filter, &mut nat);
+            let chains = service::write(&ctx, svc, write, &mut filter, &mut nat);
+            let chains = if write { chains } else { self.rendered.get(key).cloned().unwrap_or_default() };
             if !chains.is_empty() {
                 rendered.insert(key.clone(), chains);
             }
@@ -303,18 +206,7 @@ impl IptablesProxier {
                 nat.delete_chain(chain);
             }
         }
-        let mut nodeports = String::from(
-            "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL",
-        );
-        match self.settings.family {
-            crate::model::IpFamily::V6 => nodeports.push_str(" ! -d ::1/128"),
-            crate::model::IpFamily::V4 if !self.settings.localhost_nodeports => {
-                nodeports.push_str(" ! -d 127.0.0.0/8")
-            }
-            crate::model::IpFamily::V4 => {}
-        }
-        nodeports.push_str(" -j KUBE-NODEPORTS");
-        nat.rule(&nodeports);
+        self.render_nodeports_jump(&mut nat);
 
         self.rendered = rendered;
         self.changed.clear();
@@ -332,6 +224,7 @@ impl Backend for IptablesProxier {
             services: BTreeMap::new(),
             changed: BTreeSet::new(),
             rendered: BTreeMap::new(),
+            large_cluster: None,
         }
     }
 
@@ -353,7 +246,11 @@ impl Backend for IptablesProxier {
                     self.services.remove(&key);
                     self.changed.insert(key);
                 }
-                Change::Node(node) => self.node = node,
+                Change::Node(node) => {
+                    // The node's address decides KUBE-FW- rules: rewrite all.
+                    self.changed.extend(self.services.keys().cloned());
+                    self.node = node;
+                }
             }
         }
     }

@@ -8,4 +8,5 @@
 pub mod hash;
 pub mod iptables;
 pub mod model;
+pub mod trace;
 mod wit_conversions;

@@ -73,20 +73,12 @@ impl Cidr {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 let bits = u32::from(self.prefix_len.min(32));
-                let mask = if bits == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - bits)
-                };
+                let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
                 u32::from(net) & mask == u32::from(*ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
                 let bits = u32::from(self.prefix_len.min(128));
-                let mask = if bits == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - bits)
-                };
+                let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
                 u128::from(net) & mask == u128::from(*ip) & mask
             }
             _ => false,
@@ -201,25 +193,17 @@ pub struct ServicePort {
 impl ServicePort {
     /// The key upstream's `ServicePortName.String()` gives.
     pub fn key_for(namespace: &str, name: &str, port_name: &str) -> String {
-        if port_name.is_empty() {
-            format!("{namespace}/{name}")
-        } else {
-            format!("{namespace}/{name}:{port_name}")
-        }
+        if port_name.is_empty() { format!("{namespace}/{name}") } else { format!("{namespace}/{name}:{port_name}") }
     }
 
     /// The endpoints cluster-wide traffic may use.
     pub fn cluster_endpoints(&self) -> impl Iterator<Item = &Endpoint> {
-        self.cluster_endpoints
-            .iter()
-            .filter_map(|&i| self.endpoints.get(i as usize))
+        self.cluster_endpoints.iter().filter_map(|&i| self.endpoints.get(i as usize))
     }
 
     /// The endpoints Local traffic policies may use.
     pub fn local_endpoints(&self) -> impl Iterator<Item = &Endpoint> {
-        self.local_endpoints
-            .iter()
-            .filter_map(|&i| self.endpoints.get(i as usize))
+        self.local_endpoints.iter().filter_map(|&i| self.endpoints.get(i as usize))
     }
 }
 
@@ -243,6 +227,16 @@ pub enum LocalTraffic {
     InterfaceNamePrefix(String),
 }
 
+/// Which node addresses accept node-port traffic.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every local address.
+    #[default]
+    All,
+    /// Only these (possibly none).
+    Only(Vec<Cidr>),
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub family: IpFamily,
@@ -251,8 +245,7 @@ pub struct Settings {
     pub masquerade_all: bool,
     pub masquerade_bit: u8,
     pub masquerade_random_fully: bool,
-    pub nodeport_addresses: Vec<Cidr>,
-    pub nodeport_primary: bool,
+    pub nodeport_addresses: NodePortAddresses,
     pub localhost_nodeports: bool,
     pub conntrack_tcp_be_liberal: bool,
     pub extra: Vec<(String, String)>,
@@ -268,8 +261,7 @@ impl Settings {
             masquerade_all: false,
             masquerade_bit: 14,
             masquerade_random_fully: true,
-            nodeport_addresses: Vec::new(),
-            nodeport_primary: false,
+            nodeport_addresses: NodePortAddresses::All,
             localhost_nodeports: true,
             conntrack_tcp_be_liberal: false,
             extra: Vec::new(),
@@ -283,10 +275,7 @@ impl Settings {
 
     /// A value from `extra`.
     pub fn extra(&self, key: &str) -> Option<&str> {
-        self.extra
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.extra.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 }
 
@@ -347,13 +336,7 @@ mod tests {
 
     #[test]
     fn join_host_port_brackets_v6() {
-        assert_eq!(
-            join_host_port(&"fd00::1".parse().unwrap(), 80),
-            "[fd00::1]:80"
-        );
-        assert_eq!(
-            join_host_port(&"10.0.0.1".parse().unwrap(), 80),
-            "10.0.0.1:80"
-        );
+        assert_eq!(join_host_port(&"fd00::1".parse().unwrap(), 80), "[fd00::1]:80");
+        assert_eq!(join_host_port(&"10.0.0.1".parse().unwrap(), 80), "10.0.0.1:80");
     }
 }

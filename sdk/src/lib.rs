@@ -20,8 +20,8 @@
 use std::cell::RefCell;
 
 pub use kpx_rules::model::{
-    Backend, Change, Cidr, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, Ruleset,
-    ServicePort, Settings, TrafficPolicy,
+    Backend, Change, Cidr, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, Ruleset, ServicePort,
+    Settings, TrafficPolicy,
 };
 
 /// The contract version this SDK builds plugins against.
@@ -83,14 +83,10 @@ fn install_panic_hook() {
 #[doc(hidden)]
 pub struct BackendResource<B>(RefCell<B>);
 
-impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProxier
-    for BackendResource<B>
-{
+impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProxier for BackendResource<B> {
     fn new(settings: __bindings::kpx::proxier::types::Settings) -> Self {
         install_panic_hook();
-        BackendResource(RefCell::new(B::new(wit_convert::from_wit_settings(
-            settings,
-        ))))
+        BackendResource(RefCell::new(B::new(wit_convert::from_wit_settings(settings))))
     }
 
     fn reset(
@@ -98,28 +94,17 @@ impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProx
         node: __bindings::kpx::proxier::types::Node,
         services: Vec<__bindings::kpx::proxier::types::ServicePort>,
     ) {
-        let services = services
-            .into_iter()
-            .map(wit_convert::from_wit_service_port)
-            .collect();
-        self.0
-            .borrow_mut()
-            .reset(wit_convert::from_wit_node(node), services);
+        let services = services.into_iter().map(wit_convert::from_wit_service_port).collect();
+        self.0.borrow_mut().reset(wit_convert::from_wit_node(node), services);
     }
 
     fn apply(&self, changes: Vec<__bindings::kpx::proxier::types::Change>) {
-        let changes = changes
-            .into_iter()
-            .map(wit_convert::from_wit_change)
-            .collect();
+        let changes = changes.into_iter().map(wit_convert::from_wit_change).collect();
         self.0.borrow_mut().apply(changes);
     }
 
     fn render(&self, full: bool) -> Result<__bindings::kpx::proxier::types::Ruleset, String> {
-        self.0
-            .borrow_mut()
-            .render(full)
-            .map(wit_convert::to_wit_ruleset)
+        self.0.borrow_mut().render(full).map(wit_convert::to_wit_ruleset)
     }
 }
 

@@ -19,38 +19,22 @@ fn render_case(yaml: &str) -> String {
         state.apply(Event::Apply(object));
     }
     state.apply(Event::Synced);
-    let runtime = Runtime::new(
-        Limits::default(),
-        Some(crate::support::plugin_cache().into()),
-    )
-    .unwrap();
-    let plugin = runtime
-        .load_backend("iptables", builtin::get("iptables").unwrap())
-        .unwrap();
+    let runtime = Runtime::new(Limits::default(), Some(crate::support::plugin_cache().into())).unwrap();
+    let plugin = runtime.load_backend("iptables", builtin::get("iptables").unwrap()).unwrap();
     let mut out = String::new();
-    for (family, cidr) in [
-        (IpFamily::V4, "10.244.0.0/16"),
-        (IpFamily::V6, "fd00:10:244::/56"),
-    ] {
+    for (family, cidr) in [(IpFamily::V4, "10.244.0.0/16"), (IpFamily::V6, "fd00:10:244::/56")] {
         let mut settings = Settings::new(family, "iptables");
         settings.local_traffic = LocalTraffic::Cidrs(vec![cidr.parse::<Cidr>().unwrap()]);
-        let ports: Vec<_> = state
-            .service_names()
-            .flat_map(|n| state.service_ports(family, n))
-            .collect();
+        let ports: Vec<_> = state.service_names().flat_map(|n| state.service_ports(family, n)).collect();
         let mut instance = plugin.instantiate(&settings).unwrap();
         instance.reset(&state.node(family), &ports).unwrap();
         let text = instance.render(true, 0).unwrap().text().to_string();
         let ctx = Context {
             plugin: "iptables".into(),
-            endpoints: ports
-                .iter()
-                .flat_map(|p| p.endpoints.iter().map(|e| (e.ip, e.port)))
-                .collect(),
+            endpoints: ports.iter().flat_map(|p| p.endpoints.iter().map(|e| (e.ip, e.port))).collect(),
             existing_chains: Default::default(),
         };
-        check_iptables(&text, &ctx)
-            .unwrap_or_else(|e| panic!("golden output fails validation: {e}"));
+        check_iptables(&text, &ctx).unwrap_or_else(|e| panic!("golden output fails validation: {e}"));
         out.push_str(&format!("# {family}\n{text}"));
     }
     out
@@ -59,17 +43,10 @@ fn render_case(yaml: &str) -> String {
 #[test]
 fn iptables_golden_cases() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/iptables");
-    let mut cases: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut cases: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     cases.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
     cases.sort();
-    assert!(
-        cases.len() >= 4,
-        "golden cases missing in {}",
-        dir.display()
-    );
+    assert!(cases.len() >= 4, "golden cases missing in {}", dir.display());
     let bless = std::env::var_os("KPX_BLESS").is_some();
     let mut failures = Vec::new();
     for case in cases {

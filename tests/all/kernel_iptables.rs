@@ -14,9 +14,7 @@ const EMPTY: &str = "10.96.0.11:80";
 
 fn start(lab: &NodeLab, dir: &std::path::Path) -> kpx_netlab::node::Kpx {
     let args = kpx_args(&dir.join("manifests"), &[]);
-    let mut kpx = lab
-        .start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log"))
-        .expect("start kpx");
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(
         kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)),
         "kpx did not sync:\n{}",
@@ -46,25 +44,13 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
     let Some(lab) = lab_or_skip(3, "clusterip_tcp_udp_reject_and_endpoint_changes") else {
         return;
     };
-    let names: Vec<String> = lab
-        .lab
-        .namespaces()
-        .iter()
-        .map(|n| n.name.clone())
-        .collect();
+    let names: Vec<String> = lab.lab.namespaces().iter().map(|n| n.name.clone()).collect();
     let dir = temp_dir("kernel-iptables");
     let manifests = dir.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
-    let (be1, be2, be3) = (
-        &lab.backends[0].ip,
-        &lab.backends[1].ip,
-        &lab.backends[2].ip,
-    );
+    let (be1, be2, be3) = (&lab.backends[0].ip, &lab.backends[1].ip, &lab.backends[2].ip);
     write_web(&manifests, &[be1, be2]);
-    write_manifest(
-        &manifests.join("empty.yaml"),
-        &service("empty", "10.96.0.11"),
-    );
+    write_manifest(&manifests.join("empty.yaml"), &service("empty", "10.96.0.11"));
     let kpx = start(&lab, &dir);
 
     // Every backend is reached, over TCP and UDP, masqueraded to the node's
@@ -75,24 +61,13 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
             match request(&lab, proto, WEB) {
                 Reply::Answer { server, seen_from } => {
                     let i = &server[2..];
-                    assert_eq!(
-                        seen_from,
-                        format!("10.244.{i}.1"),
-                        "{proto:?} from {server} not masqueraded"
-                    );
+                    assert_eq!(seen_from, format!("10.244.{i}.1"), "{proto:?} from {server} not masqueraded");
                     servers.insert(server);
                 }
-                other => panic!(
-                    "{proto:?} request to {WEB} failed: {other:?}\n{}",
-                    kpx.log()
-                ),
+                other => panic!("{proto:?} request to {WEB} failed: {other:?}\n{}", kpx.log()),
             }
         }
-        assert_eq!(
-            servers,
-            BTreeSet::from(["be1".to_string(), "be2".to_string()]),
-            "{proto:?}"
-        );
+        assert_eq!(servers, BTreeSet::from(["be1".to_string(), "be2".to_string()]), "{proto:?}");
     }
 
     // Hairpin: a backend reaching itself through the service is
@@ -108,49 +83,29 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
             break;
         }
     }
-    assert_eq!(
-        hairpin.as_deref(),
-        Some("10.244.1.1"),
-        "hairpin connection not answered or not masqueraded"
-    );
+    assert_eq!(hairpin.as_deref(), Some("10.244.1.1"), "hairpin connection not answered or not masqueraded");
 
     // No endpoints: refused at once, not a time-out.
     for proto in [Proto::Tcp, Proto::Udp] {
         let t0 = Instant::now();
         let reply = request(&lab, proto, EMPTY);
-        assert_eq!(
-            reply,
-            Reply::Refused,
-            "{proto:?} to a service without endpoints; rules:\n{}",
-            kernel_rules(&lab)
-        );
-        assert!(
-            t0.elapsed() < Duration::from_millis(500),
-            "{proto:?} refusal took {:?}",
-            t0.elapsed()
-        );
+        assert_eq!(reply, Reply::Refused, "{proto:?} to a service without endpoints; rules:\n{}", kernel_rules(&lab));
+        assert!(t0.elapsed() < Duration::from_millis(500), "{proto:?} refusal took {:?}", t0.elapsed());
     }
 
     // An endpoint added in the manifest shows in traffic within 2 s.
     let t0 = Instant::now();
     write_web(&manifests, &[be1, be2, be3]);
-    let added = time_until(&lab, Proto::Tcp, Duration::from_secs(2), |seen| {
-        seen.contains_key("be3")
-    });
+    let added = time_until(&lab, Proto::Tcp, Duration::from_secs(2), |seen| seen.contains_key("be3"));
     let added = added.map(|_| t0.elapsed());
     eprintln!("endpoint added -> traffic: {added:?}");
-    assert!(
-        added.is_some_and(|d| d <= Duration::from_secs(2)),
-        "be3 not reached within 2 s: {added:?}\n{}",
-        kpx.log()
-    );
+    assert!(added.is_some_and(|d| d <= Duration::from_secs(2)), "be3 not reached within 2 s: {added:?}\n{}", kpx.log());
 
     // An endpoint removed is gone from traffic within 2 s.
     let t0 = Instant::now();
     write_web(&manifests, &[be2, be3]);
-    let removed = time_until(&lab, Proto::Udp, Duration::from_secs(2), |seen| {
-        !seen.contains_key("be1") && seen.len() == 2
-    });
+    let removed =
+        time_until(&lab, Proto::Udp, Duration::from_secs(2), |seen| !seen.contains_key("be1") && seen.len() == 2);
     let removed = removed.map(|_| t0.elapsed());
     eprintln!("endpoint removed -> traffic: {removed:?}");
     assert!(
@@ -166,14 +121,8 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let rules = kernel_rules(&lab);
-    assert!(
-        !rules.contains("test/web") && !rules.contains("KUBE-SEP-"),
-        "stale rules after delete:\n{rules}"
-    );
-    assert!(
-        request(&lab, Proto::Tcp, WEB).server().is_none(),
-        "a deleted service still answers"
-    );
+    assert!(!rules.contains("test/web") && !rules.contains("KUBE-SEP-"), "stale rules after delete:\n{rules}");
+    assert!(request(&lab, Proto::Tcp, WEB).server().is_none(), "a deleted service still answers");
 
     drop(kpx);
     drop(lab);

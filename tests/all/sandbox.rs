@@ -42,20 +42,9 @@ fn hostile_plugin_never_changes_the_kernel() {
             "100ms",
         ],
     );
-    let mut kpx = lab
-        .start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log"))
-        .expect("start kpx");
-    assert!(
-        kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)),
-        "no sync:\n{}",
-        kpx.log()
-    );
-    assert_eq!(
-        servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 5)
-            .keys()
-            .collect::<Vec<_>>(),
-        ["be1"]
-    );
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "no sync:\n{}", kpx.log());
+    assert_eq!(servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 5).keys().collect::<Vec<_>>(), ["be1"]);
     let good_rules = kernel_rules(&lab);
 
     let cases = [
@@ -78,28 +67,16 @@ fn hostile_plugin_never_changes_the_kernel() {
             kpx.log()
         );
         assert!(kpx.is_running(), "{name} brought kpx down:\n{}", kpx.log());
-        assert_eq!(
-            kernel_rules(&lab),
-            good_rules,
-            "{name} changed the kernel's rules"
-        );
+        assert_eq!(kernel_rules(&lab), good_rules, "{name} changed the kernel's rules");
         let seen = servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 5);
-        assert_eq!(
-            seen.keys().collect::<Vec<_>>(),
-            ["be1"],
-            "{name}: traffic changed"
-        );
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["be1"], "{name}: traffic changed");
         // Sane again: the real endpoint back first, then the hostile
         // Service gone, so no sync in between can program anything else.
         write_web(&manifests, &[be1]);
         std::fs::remove_file(&file).unwrap();
         let synced = kpx.log().matches("synced rules family=IPv4").count();
         assert!(
-            kpx.wait_for_log(
-                "synced rules family=IPv4",
-                synced + 1,
-                Duration::from_secs(15)
-            ),
+            kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(15)),
             "{name}: no recovery:\n{}",
             kpx.log()
         );
@@ -107,26 +84,15 @@ fn hostile_plugin_never_changes_the_kernel() {
         while kernel_rules(&lab) != good_rules && t0.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert_eq!(
-            kernel_rules(&lab),
-            good_rules,
-            "{name}: rules after recovery"
-        );
+        assert_eq!(kernel_rules(&lab), good_rules, "{name}: rules after recovery");
     }
     // After recovery, a real change reaches the kernel again.
     write_web(&manifests, &[be2]);
     let t0 = std::time::Instant::now();
     while t0.elapsed() < Duration::from_secs(5) {
-        if servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 3)
-            .keys()
-            .collect::<Vec<_>>()
-            == ["be2"]
-        {
+        if servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 3).keys().collect::<Vec<_>>() == ["be2"] {
             return;
         }
     }
-    panic!(
-        "changes no longer apply after the hostile episodes:\n{}",
-        kpx.log()
-    );
+    panic!("changes no longer apply after the hostile episodes:\n{}", kpx.log());
 }

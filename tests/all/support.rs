@@ -37,10 +37,7 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 /// Shared compiled-plugin cache for all tests.
 pub fn plugin_cache() -> String {
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("plugin-cache")
-        .display()
-        .to_string()
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache").display().to_string()
 }
 
 /// Writes a file so that the manifest source sees the change at once.
@@ -71,10 +68,7 @@ pub fn kpx_args(manifests: &Path, extra: &[&str]) -> Vec<String> {
 
 /// Writes `web.yaml`: Service test/web (10.96.0.10) with these endpoints.
 pub fn write_web(manifests: &Path, ips: &[&str]) {
-    write_manifest(
-        &manifests.join("web.yaml"),
-        &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", ips)),
-    );
+    write_manifest(&manifests.join("web.yaml"), &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", ips)));
 }
 
 /// A ClusterIP Service with a TCP and a UDP port named tcp/udp.
@@ -90,9 +84,7 @@ pub fn slice(service: &str, ips: &[&str]) -> String {
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: IPv4\nports:\n- {{name: tcp, port: 8080, protocol: TCP}}\n- {{name: udp, port: 8080, protocol: UDP}}\nendpoints:\n"
     );
     for ip in ips {
-        text.push_str(&format!(
-            "- addresses: [{ip}]\n  conditions: {{ready: true}}\n"
-        ));
+        text.push_str(&format!("- addresses: [{ip}]\n  conditions: {{ready: true}}\n"));
     }
     if ips.is_empty() {
         text = text.replace("endpoints:\n", "endpoints: []\n");
@@ -115,12 +107,7 @@ pub fn request(lab: &NodeLab, proto: Proto, to: &str) -> Reply {
 }
 
 /// Servers that answered `n` requests (non-answers included by kind).
-pub fn servers_seen(
-    lab: &NodeLab,
-    proto: Proto,
-    to: &str,
-    n: usize,
-) -> std::collections::BTreeMap<String, usize> {
+pub fn servers_seen(lab: &NodeLab, proto: Proto, to: &str, n: usize) -> std::collections::BTreeMap<String, usize> {
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..n {
         let key = match request(lab, proto, to) {
@@ -135,8 +122,5 @@ pub fn servers_seen(
 /// The node's ruleset as iptables-save prints it, without comments and counters.
 pub fn kernel_rules(lab: &NodeLab) -> String {
     let dump = lab.node.exec(&["iptables-save"]).expect("iptables-save");
-    dump.lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| format!("{l}\n"))
-        .collect()
+    dump.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect()
 }

@@ -16,10 +16,7 @@ const WEB: &str = "10.96.0.10:80";
 const EMPTY: &str = "10.96.0.11:80";
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 pub fn run() -> Result<()> {
@@ -54,20 +51,14 @@ pub fn run() -> Result<()> {
         cache.to_str().unwrap(),
     ];
     println!("== kpx --proxy-mode iptables {}", args.join(" "));
-    println!(
-        "   node namespace {}, client {}",
-        lab.node.name, lab.client.name
-    );
+    println!("   node namespace {}, client {}", lab.node.name, lab.client.name);
     let mut proc = lab.start_kpx(&kpx, &args, &dir.join("kpx.log"))?;
     if !proc.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)) {
         bail!("kpx did not program the rules:\n{}", proc.log());
     }
     println!("\n== rules kpx wrote (iptables-save -t nat, KUBE- service chains)");
     let nat = lab.node.exec(&["iptables-save", "-t", "nat"])?;
-    for line in nat
-        .lines()
-        .filter(|l| l.starts_with("-A KUBE-SERVICES") || l.starts_with("-A KUBE-SVC-"))
-    {
+    for line in nat.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") || l.starts_with("-A KUBE-SVC-")) {
         println!("   {line}");
     }
 
@@ -80,10 +71,7 @@ pub fn run() -> Result<()> {
     let web = manifests.join("web.yaml");
     let text = std::fs::read_to_string(&web)?;
     let be3 = "- addresses: [10.244.3.5]\n  conditions: {ready: true}\n  nodeName: other-node\n";
-    anyhow::ensure!(
-        text.contains(be3),
-        "examples/demo/web.yaml no longer lists be3 as the demo expects"
-    );
+    anyhow::ensure!(text.contains(be3), "examples/demo/web.yaml no longer lists be3 as the demo expects");
     std::fs::write(&web, text.replace(be3, ""))?;
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(5) {
@@ -95,10 +83,7 @@ pub fn run() -> Result<()> {
     }
     println!("   rules updated after {:?}", t0.elapsed());
     requests(&lab, "TCP", WEB, 6);
-    println!(
-        "\n== done; the namespaces are removed (kpx's log: {})",
-        dir.join("kpx.log").display()
-    );
+    println!("\n== done; the namespaces are removed (kpx's log: {})", dir.join("kpx.log").display());
     Ok(())
 }
 
@@ -112,13 +97,9 @@ fn requests(lab: &NodeLab, proto: &str, to: &str, n: usize) {
         let took = t0.elapsed().as_secs_f64() * 1000.0;
         match reply {
             Reply::Answer { server, seen_from } => {
-                println!(
-                    "   {proto} {to:<15} -> answered by {server} (it saw the client as {seen_from})  {took:.1} ms"
-                )
+                println!("   {proto} {to:<15} -> answered by {server} (it saw the client as {seen_from})  {took:.1} ms")
             }
-            Reply::Refused => println!(
-                "   {proto} {to:<15} -> refused: the Service has no endpoints  {took:.1} ms"
-            ),
+            Reply::Refused => println!("   {proto} {to:<15} -> refused: the Service has no endpoints  {took:.1} ms"),
             other => println!("   {proto} {to:<15} -> {other:?}  {took:.1} ms"),
         }
     }

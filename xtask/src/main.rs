@@ -25,24 +25,10 @@ fn main() -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     setup::prerequisites()?;
     cargo(&["fmt", "--all", "--check"]).context("cargo fmt --check: run `cargo fmt --all`")?;
-    cargo(&[
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     // Plugins are cdylibs for wasm32 only (their export names cannot be
     // linked natively); host/build.rs builds them and the host's tests run them.
-    let mut args = vec![
-        "test",
-        "--workspace",
-        "--exclude",
-        "kpx-plugin-iptables",
-        "--exclude",
-        "kpx-plugin-hostile",
-    ];
+    let mut args = vec!["test", "--workspace", "--exclude", "kpx-plugin-iptables", "--exclude", "kpx-plugin-hostile"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&args)
 }
@@ -50,10 +36,7 @@ fn test(extra: &[String]) -> Result<()> {
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("+ cargo {}", args.join(" "));
-    let status = Command::new(cargo)
-        .args(args)
-        .status()
-        .context("run cargo")?;
+    let status = Command::new(cargo).args(args).status().context("run cargo")?;
     if !status.success() {
         bail!("cargo {} failed", args.join(" "));
     }

@@ -9,41 +9,22 @@ use anyhow::{Context, Result, bail};
 
 const TARGET: &str = "wasm32-unknown-unknown";
 /// (command that must exist, Debian package providing it)
-const TOOLS: &[(&str, &str)] = &[
-    ("iptables-restore", "iptables"),
-    ("ip6tables-restore", "iptables"),
-    ("nft", "nftables"),
-    ("ip", "iproute2"),
-];
+const TOOLS: &[(&str, &str)] =
+    &[("iptables-restore", "iptables"), ("ip6tables-restore", "iptables"), ("nft", "nftables"), ("ip", "iproute2")];
 
 fn have(command: &str) -> bool {
-    [
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-        "/usr/local/sbin",
-        "/usr/local/bin",
-    ]
-    .iter()
-    .any(|dir| Path::new(dir).join(command).exists())
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin"]
+        .iter()
+        .any(|dir| Path::new(dir).join(command).exists())
 }
 
 pub fn prerequisites() -> Result<()> {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output();
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
     match installed {
-        Ok(out)
-            if String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .any(|l| l.trim() == TARGET) => {}
+        Ok(out) if String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == TARGET) => {}
         Ok(_) => {
             eprintln!("+ rustup target add {TARGET}");
-            let ok = Command::new("rustup")
-                .args(["target", "add", TARGET])
-                .status()?
-                .success();
+            let ok = Command::new("rustup").args(["target", "add", TARGET]).status()?.success();
             if !ok {
                 bail!("rustup target add {TARGET} failed");
             }
@@ -51,20 +32,12 @@ pub fn prerequisites() -> Result<()> {
         Err(e) => eprintln!("rustup not found ({e}); assuming the {TARGET} target is installed"),
     }
 
-    let mut packages: Vec<&str> = TOOLS
-        .iter()
-        .filter(|(cmd, _)| !have(cmd))
-        .map(|(_, pkg)| *pkg)
-        .collect();
+    let mut packages: Vec<&str> = TOOLS.iter().filter(|(cmd, _)| !have(cmd)).map(|(_, pkg)| *pkg).collect();
     packages.dedup();
     if packages.is_empty() {
         return Ok(());
     }
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false);
+    let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout == b"0\n").unwrap_or(false);
     if !is_root || !have("apt-get") {
         eprintln!(
             "missing packages {packages:?}: real-kernel tests will be skipped (install them as root to run those)"
@@ -72,10 +45,7 @@ pub fn prerequisites() -> Result<()> {
         return Ok(());
     }
     eprintln!("+ apt-get install {}", packages.join(" "));
-    let update = Command::new("apt-get")
-        .args(["update", "-qq"])
-        .status()
-        .context("apt-get update")?;
+    let update = Command::new("apt-get").args(["update", "-qq"]).status().context("apt-get update")?;
     if !update.success() {
         bail!("apt-get update failed");
     }

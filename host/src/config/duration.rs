@@ -17,19 +17,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut rest = s.strip_prefix('+').unwrap_or(s);
     let mut total = 0f64;
     while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         if num_len == 0 {
             return Err(format!("expected a number at {rest:?}"));
         }
-        let value: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
+        let value: f64 = rest[..num_len].parse().map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
         rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
         let seconds = match &rest[..unit_len] {
             "ns" => 1e-9,
             "us" | "µs" => 1e-6,
@@ -53,10 +47,7 @@ mod tests {
     #[test]
     fn parses_go_durations() {
         assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
-        assert_eq!(
-            parse_duration("2h22m").unwrap(),
-            Duration::from_secs(2 * 3600 + 22 * 60)
-        );
+        assert_eq!(parse_duration("2h22m").unwrap(), Duration::from_secs(2 * 3600 + 22 * 60));
         assert_eq!(parse_duration("150ms").unwrap(), Duration::from_millis(150));
         assert_eq!(parse_duration("1.5m").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);

@@ -17,17 +17,10 @@ pub struct SystemExec;
 
 impl Exec for SystemExec {
     fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<String> {
-        let spawn_err = |source| Error::Spawn {
-            program: program.to_string(),
-            source,
-        };
+        let spawn_err = |source| Error::Spawn { program: program.to_string(), source };
         let mut child = Command::new(program)
             .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kpx_rules::iptables::{JUMPS, SERVICE_CHAIN_PREFIXES};
+use kpx_rules::iptables::{Jump, SERVICE_CHAIN_PREFIXES};
 use kpx_rules::model::IpFamily;
 
 use super::{Error, Exec, Result};
@@ -22,6 +22,11 @@ impl IptablesKernel {
         IptablesKernel { family, exec }
     }
 
+    /// The executor, for the node's other kernel reads.
+    pub fn exec(&self) -> &dyn Exec {
+        self.exec.as_ref()
+    }
+
     fn tool(&self, base: &str) -> String {
         match self.family {
             IpFamily::V4 => base.to_string(),
@@ -31,16 +36,12 @@ impl IptablesKernel {
 
     /// Creates the top-level chains and the jumps to them from the built-in
     /// chains (upstream's `iptablesJumpChains`), where missing.
-    pub fn ensure_jumps(&self) -> Result<()> {
+    pub fn ensure_jumps(&self, jumps: &[Jump]) -> Result<()> {
         let iptables = self.tool("iptables");
         let mut created = BTreeSet::new();
-        for jump in JUMPS {
+        for jump in jumps {
             if created.insert((jump.table, jump.to)) {
-                match self.exec.run(
-                    &iptables,
-                    &[WAIT[0], WAIT[1], "-t", jump.table, "-N", jump.to],
-                    None,
-                ) {
+                match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", jump.table, "-N", jump.to], None) {
                     Ok(_) => {}
                     Err(Error::Failed { stderr, .. }) if stderr.contains("exists") => {}
                     Err(e) => return Err(e),
@@ -62,11 +63,7 @@ impl IptablesKernel {
     pub fn apply(&self, payload: &str) -> Result<()> {
         let mut args = WAIT.to_vec();
         args.extend(["--noflush", "--counters"]);
-        self.exec.run(
-            &self.tool("iptables-restore"),
-            &args,
-            Some(payload.as_bytes()),
-        )?;
+        self.exec.run(&self.tool("iptables-restore"), &args, Some(payload.as_bytes()))?;
         Ok(())
     }
 
@@ -74,9 +71,7 @@ impl IptablesKernel {
     pub fn kube_chains(&self) -> Result<BTreeMap<String, BTreeSet<String>>> {
         let mut out = BTreeMap::new();
         for table in ["filter", "nat"] {
-            let dump = self
-                .exec
-                .run(&self.tool("iptables-save"), &["-t", table], None)?;
+            let dump = self.exec.run(&self.tool("iptables-save"), &["-t", table], None)?;
             let chains = dump
                 .lines()
                 .filter_map(|l| l.strip_prefix(':'))
@@ -92,10 +87,7 @@ impl IptablesKernel {
 
 /// Adds flush-and-delete lines for per-service chains the kernel holds but
 /// `payload` no longer declares (left from an earlier instance or run).
-pub fn with_stale_chains_removed(
-    payload: &str,
-    kernel: &BTreeMap<String, BTreeSet<String>>,
-) -> String {
+pub fn with_stale_chains_removed(payload: &str, kernel: &BTreeMap<String, BTreeSet<String>>) -> String {
     let mut out = String::with_capacity(payload.len() + 256);
     let mut table = String::new();
     let mut declared = BTreeSet::new();
@@ -110,10 +102,7 @@ pub fn with_stale_chains_removed(
                 .get(&table)
                 .into_iter()
                 .flatten()
-                .filter(|c| {
-                    SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p))
-                        && !declared.contains(*c)
-                })
+                .filter(|c| SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p)) && !declared.contains(*c))
                 .collect();
             for chain in &stale {
                 out.push_str(&format!(":{chain} - [0:0]\n"));
@@ -139,16 +128,9 @@ mod tests {
 
     impl Exec for Recorder {
         fn run(&self, program: &str, args: &[&str], _stdin: Option<&[u8]>) -> Result<String> {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("{program} {}", args.join(" ")));
+            self.0.lock().unwrap().push(format!("{program} {}", args.join(" ")));
             if args.contains(&"-C") {
-                return Err(Error::Failed {
-                    program: program.into(),
-                    status: "1".into(),
-                    stderr: "no rule".into(),
-                });
+                return Err(Error::Failed { program: program.into(), status: "1".into(), stderr: "no rule".into() });
             }
             Ok(":KUBE-SVC-STALE - [0:0]\n:KUBE-SERVICES - [0:0]\n:FOREIGN - [0:0]\n".into())
         }
@@ -157,35 +139,24 @@ mod tests {
     #[test]
     fn ensures_each_jump_once_with_upstream_comments() {
         let rec = Recorder::default();
-        IptablesKernel::new(IpFamily::V6, Box::new(rec.clone()))
-            .ensure_jumps()
-            .unwrap();
+        IptablesKernel::new(IpFamily::V6, Box::new(rec.clone())).ensure_jumps(kpx_rules::iptables::JUMPS).unwrap();
         let calls = rec.0.lock().unwrap();
         assert!(calls.iter().all(|c| c.starts_with("ip6tables -w 5 ")));
-        assert!(calls.contains(
-            &"ip6tables -w 5 -t nat -I PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES".to_string()
-        ));
-        assert_eq!(
-            calls
-                .iter()
-                .filter(|c| c.contains(" -N KUBE-SERVICES"))
-                .count(),
-            2,
-            "nat and filter"
+        assert!(
+            calls.contains(
+                &"ip6tables -w 5 -t nat -I PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES"
+                    .to_string()
+            )
         );
+        assert_eq!(calls.iter().filter(|c| c.contains(" -N KUBE-SERVICES")).count(), 2, "nat and filter");
     }
 
     #[test]
     fn stale_service_chains_are_flushed_and_deleted() {
         let rec = Recorder::default();
-        let kernel = IptablesKernel::new(IpFamily::V4, Box::new(rec))
-            .kube_chains()
-            .unwrap();
+        let kernel = IptablesKernel::new(IpFamily::V4, Box::new(rec)).kube_chains().unwrap();
         assert!(kernel["nat"].contains("KUBE-SVC-STALE") && !kernel["nat"].contains("FOREIGN"));
         let out = with_stale_chains_removed("*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n", &kernel);
-        assert_eq!(
-            out,
-            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-STALE - [0:0]\n-X KUBE-SVC-STALE\nCOMMIT\n"
-        );
+        assert_eq!(out, "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-STALE - [0:0]\n-X KUBE-SVC-STALE\nCOMMIT\n");
     }
 }

@@ -18,16 +18,7 @@ fn cache_path(engine: &Engine, dir: &Path, name: &str, bytes: &[u8]) -> PathBuf 
     let digest = Sha256::digest(bytes);
     let mut compat = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut compat);
-    let safe_name: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe_name: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
     let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
     dir.join(format!("{safe_name}-{hex}-{:016x}.cwasm", compat.finish()))
 }
@@ -42,12 +33,7 @@ fn private(path: &Path) -> bool {
 }
 
 #[allow(unsafe_code)]
-pub fn load_or_compile(
-    engine: &Engine,
-    dir: &Path,
-    name: &str,
-    bytes: &[u8],
-) -> wasmtime::Result<Component> {
+pub fn load_or_compile(engine: &Engine, dir: &Path, name: &str, bytes: &[u8]) -> wasmtime::Result<Component> {
     let path = cache_path(engine, dir, name, bytes);
     if path.exists() && private(dir) && private(&path) {
         // SAFETY: the file was written by `store` below from this engine's

@@ -2,11 +2,7 @@ use super::*;
 use kpx_rules::model::{IpFamily, Settings};
 
 fn hostile_bytes() -> Vec<u8> {
-    std::fs::read(format!(
-        "{}/kpx_plugin_hostile.wasm",
-        env!("KPX_TEST_PLUGIN_DIR")
-    ))
-    .unwrap()
+    std::fs::read(format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap()
 }
 
 fn runtime(limits: Limits) -> Runtime {
@@ -40,10 +36,7 @@ fn service(name: &str) -> ServicePort {
 
 /// Replaces `from` by `to` (same length) in the component's bytes.
 fn patch(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-    let at = bytes
-        .windows(from.len())
-        .position(|w| w == from)
-        .expect("marker present");
+    let at = bytes.windows(from.len()).position(|w| w == from).expect("marker present");
     let mut out = bytes.to_vec();
     out[at..at + to.len()].copy_from_slice(to);
     out
@@ -52,59 +45,30 @@ fn patch(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 #[test]
 fn builtin_plugin_carries_a_supported_version() {
     let bytes = builtin::get("iptables").unwrap();
-    assert_eq!(
-        read_contract_version(bytes).unwrap().as_deref(),
-        Some("0.1.0")
-    );
+    assert_eq!(read_contract_version(bytes).unwrap().as_deref(), Some("0.1.0"));
 }
 
 #[test]
 fn incompatible_or_unmarked_plugins_are_refused_before_compiling() {
     let rt = runtime(Limits::default());
     let bytes = builtin::get("iptables").unwrap();
-    let future = patch(
-        bytes,
-        b"kpx:proxier-version0.1.0",
-        b"kpx:proxier-version9.9.9",
-    );
+    let future = patch(bytes, b"kpx:proxier-version0.1.0", b"kpx:proxier-version9.9.9");
     let err = rt.load_backend("future", &future).err().unwrap();
     assert!(matches!(err, Error::IncompatibleVersion { .. }), "{err}");
-    assert!(
-        err.to_string()
-            .contains("built for kpx:proxier 9.9.9, this kpx supports 0.1.0"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("built for kpx:proxier 9.9.9, this kpx supports 0.1.0"), "{err}");
     let unmarked = patch(bytes, b"kpx:proxier-version", b"kpx:proxier-vers1on");
-    assert!(matches!(
-        rt.load_backend("unmarked", &unmarked),
-        Err(Error::MissingVersion { .. })
-    ));
-    assert!(matches!(
-        rt.load_backend("junk", b"\0asm junk"),
-        Err(Error::Load { .. })
-    ));
+    assert!(matches!(rt.load_backend("unmarked", &unmarked), Err(Error::MissingVersion { .. })));
+    assert!(matches!(rt.load_backend("junk", b"\0asm junk"), Err(Error::Load { .. })));
 }
 
 fn hostile_render(limits: Limits, name: &str) -> (Error, PluginStats) {
-    let plugin = runtime(limits)
-        .load_backend("hostile", &hostile_bytes())
-        .unwrap();
-    let mut instance = plugin
-        .instantiate(&Settings::new(IpFamily::V4, "iptables"))
-        .unwrap();
+    let plugin = runtime(limits).load_backend("hostile", &hostile_bytes()).unwrap();
+    let mut instance = plugin.instantiate(&Settings::new(IpFamily::V4, "iptables")).unwrap();
     instance.reset(&Node::default(), &[service(name)]).unwrap();
-    let err = instance
-        .render(true, 1)
-        .expect_err("hostile render must fail");
+    let err = instance.render(true, 1).expect_err("hostile render must fail");
     let stats = PluginStats::default();
-    stats.traps.store(
-        plugin.stats().traps.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
-    stats.failures.store(
-        plugin.stats().failures.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
+    stats.traps.store(plugin.stats().traps.load(Ordering::Relaxed), Ordering::Relaxed);
+    stats.failures.store(plugin.stats().failures.load(Ordering::Relaxed), Ordering::Relaxed);
     (err, stats)
 }
 
@@ -112,19 +76,13 @@ fn hostile_render(limits: Limits, name: &str) -> (Error, PluginStats) {
 fn traps_are_caught_and_counted() {
     let (err, stats) = hostile_render(Limits::default(), "hostile-trap");
     assert!(err.needs_fresh_instance(), "{err}");
-    assert!(
-        err.to_string().contains("plugin hostile: render trapped"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("plugin hostile: render trapped"), "{err}");
     assert_eq!(stats.traps.load(Ordering::Relaxed), 1);
 }
 
 #[test]
 fn endless_loops_run_out_of_fuel() {
-    let limits = Limits {
-        fuel_base: 50_000_000,
-        ..Limits::default()
-    };
+    let limits = Limits { fuel_base: 50_000_000, ..Limits::default() };
     let t0 = std::time::Instant::now();
     let (err, _) = hostile_render(limits, "hostile-loop");
     assert!(err.to_string().contains("ran out of fuel"), "{err}");
@@ -133,20 +91,14 @@ fn endless_loops_run_out_of_fuel() {
 
 #[test]
 fn memory_is_bounded() {
-    let limits = Limits {
-        memory_bytes: 32 << 20,
-        ..Limits::default()
-    };
+    let limits = Limits { memory_bytes: 32 << 20, ..Limits::default() };
     let (err, _) = hostile_render(limits, "hostile-memory");
     assert!(err.needs_fresh_instance(), "{err}");
 }
 
 #[test]
 fn output_is_capped() {
-    let limits = Limits {
-        max_output_bytes: 1 << 20,
-        ..Limits::default()
-    };
+    let limits = Limits { max_output_bytes: 1 << 20, ..Limits::default() };
     let (err, stats) = hostile_render(limits, "hostile-huge");
     assert!(matches!(err, Error::OutputTooLarge { .. }), "{err}");
     assert!(!err.needs_fresh_instance());
@@ -155,13 +107,10 @@ fn output_is_capped() {
 
 #[test]
 fn a_fresh_instance_after_a_trap_works() {
-    let plugin = runtime(Limits::default())
-        .load_backend("hostile", &hostile_bytes())
-        .unwrap();
+    let plugin = runtime(Limits::default()).load_backend("hostile", &hostile_bytes()).unwrap();
     let settings = Settings::new(IpFamily::V4, "iptables");
     let mut bad = plugin.instantiate(&settings).unwrap();
-    bad.reset(&Node::default(), &[service("hostile-trap")])
-        .unwrap();
+    bad.reset(&Node::default(), &[service("hostile-trap")]).unwrap();
     assert!(bad.render(true, 1).is_err());
     let mut fresh = plugin.instantiate(&settings).unwrap();
     fresh.reset(&Node::default(), &[service("fine")]).unwrap();

@@ -14,8 +14,7 @@ pub fn read_contract_version(bytes: &[u8]) -> Result<Option<String>, String> {
         if let wasmparser::Payload::CustomSection(section) = payload
             && section.name() == SECTION
         {
-            let text = std::str::from_utf8(section.data())
-                .map_err(|_| format!("{SECTION} is not UTF-8"))?;
+            let text = std::str::from_utf8(section.data()).map_err(|_| format!("{SECTION} is not UTF-8"))?;
             return Ok(Some(text.trim().to_string()));
         }
     }

@@ -28,11 +28,7 @@ impl BackendPre {
     }
 
     /// Instantiates the component and constructs its proxier resource.
-    pub fn instantiate(
-        &self,
-        store: &mut Store<PluginState>,
-        settings: &Settings,
-    ) -> wasmtime::Result<Backend> {
+    pub fn instantiate(&self, store: &mut Store<PluginState>, settings: &Settings) -> wasmtime::Result<Backend> {
         match self {
             BackendPre::V0_1_0(pre) => pre.instantiate(store, settings).map(Backend::V0_1_0),
         }
@@ -46,32 +42,19 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn reset(
-        &self,
-        store: &mut Store<PluginState>,
-        node: &Node,
-        services: &[ServicePort],
-    ) -> wasmtime::Result<()> {
+    pub fn reset(&self, store: &mut Store<PluginState>, node: &Node, services: &[ServicePort]) -> wasmtime::Result<()> {
         match self {
             Backend::V0_1_0(i) => i.reset(store, node, services),
         }
     }
 
-    pub fn apply(
-        &self,
-        store: &mut Store<PluginState>,
-        changes: &[Change],
-    ) -> wasmtime::Result<()> {
+    pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {
         match self {
             Backend::V0_1_0(i) => i.apply(store, changes),
         }
     }
 
-    pub fn render(
-        &self,
-        store: &mut Store<PluginState>,
-        full: bool,
-    ) -> wasmtime::Result<Result<Ruleset, String>> {
+    pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
         match self {
             Backend::V0_1_0(i) => i.render(store, full),
         }

@@ -23,10 +23,7 @@ pub enum Error {
     /// The path cannot be read at start; kpx exits (a later failure is
     /// logged and the last good objects are kept).
     #[error("cannot read manifests at {path}: {source}")]
-    Unreadable {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Unreadable { path: PathBuf, source: std::io::Error },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -49,15 +46,8 @@ pub struct ManifestSource {
 impl ManifestSource {
     pub fn new(root: impl Into<PathBuf>) -> Result<ManifestSource> {
         let root = root.into();
-        std::fs::metadata(&root).map_err(|source| Error::Unreadable {
-            path: root.clone(),
-            source,
-        })?;
-        Ok(ManifestSource {
-            root,
-            files: BTreeMap::new(),
-            reported: BTreeMap::new(),
-        })
+        std::fs::metadata(&root).map_err(|source| Error::Unreadable { path: root.clone(), source })?;
+        Ok(ManifestSource { root, files: BTreeMap::new(), reported: BTreeMap::new() })
     }
 
     /// Files to read: the path itself, or the YAML/JSON files under it
@@ -71,10 +61,7 @@ impl ManifestSource {
         while let Some(dir) = dirs.pop() {
             for entry in std::fs::read_dir(&dir)? {
                 let path = entry?.path();
-                let hidden = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with('.'));
+                let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
                 if hidden {
                     continue;
                 }
@@ -109,10 +96,7 @@ impl ManifestSource {
             let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
-            let stamp = (
-                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                meta.len(),
-            );
+            let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
             if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
                 continue;
             }
@@ -124,11 +108,7 @@ impl ManifestSource {
                 }
             };
             let (mut objects, errors) = parse_documents(&text);
-            let previous = self
-                .files
-                .remove(&path)
-                .map(|f| f.objects)
-                .unwrap_or_default();
+            let previous = self.files.remove(&path).map(|f| f.objects).unwrap_or_default();
             keep_last_good(&mut objects, &errors, previous);
             for err in errors {
                 tracing::error!(file = %path.display(), "rejected: {err}");
@@ -165,10 +145,7 @@ impl ManifestSource {
                 events.push(Event::Apply((*object).clone()));
             }
         }
-        self.reported = current
-            .into_iter()
-            .map(|(r, (_, o))| (r, o.clone()))
-            .collect();
+        self.reported = current.into_iter().map(|(r, (_, o))| (r, o.clone())).collect();
         events
     }
 
@@ -196,8 +173,7 @@ impl ManifestSource {
 /// longer valid YAML every object it held before and not now is kept.
 fn keep_last_good(objects: &mut Vec<Object>, errors: &[ParseError], previous: Vec<Object>) {
     let unreadable = errors.iter().any(|e| e.object_ref.is_none());
-    let parsed: std::collections::BTreeSet<ObjectRef> =
-        objects.iter().map(Object::object_ref).collect();
+    let parsed: std::collections::BTreeSet<ObjectRef> = objects.iter().map(Object::object_ref).collect();
     for old in previous {
         let r = old.object_ref();
         if parsed.contains(&r) {
@@ -211,10 +187,7 @@ fn keep_last_good(objects: &mut Vec<Object>, errors: &[ParseError], previous: Ve
 }
 
 fn is_manifest(path: &Path) -> bool {
-    matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("yaml" | "yml" | "json")
-    )
+    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
 }
 
 #[cfg(test)]

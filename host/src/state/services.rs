@@ -3,7 +3,9 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort as K8sPort};
-use kpx_rules::model::{self, Cidr, Endpoint, IpFamily, Protocol, TrafficPolicy};
+use kpx_rules::model::{self, Cidr, IpFamily, Protocol, TrafficPolicy};
+
+use super::topology::HintedEndpoint;
 
 use super::SERVICE_PROXY_NAME_LABEL;
 
@@ -18,10 +20,7 @@ pub fn should_skip(svc: &Service) -> bool {
     if ip.is_empty() || ip == "None" {
         return true;
     }
-    svc.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+    svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
 }
 
 fn parse_protocol(p: Option<&str>) -> Protocol {
@@ -33,26 +32,20 @@ fn parse_protocol(p: Option<&str>) -> Protocol {
 }
 
 fn policy(p: Option<&str>) -> TrafficPolicy {
-    if p == Some("Local") {
-        TrafficPolicy::Local
-    } else {
-        TrafficPolicy::Cluster
-    }
+    if p == Some("Local") { TrafficPolicy::Local } else { TrafficPolicy::Cluster }
 }
 
 fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<IpAddr> {
-    list.into_iter()
-        .filter_map(|s| s.as_ref().trim().parse::<IpAddr>().ok())
-        .filter(|ip| family.matches(ip))
-        .collect()
+    list.into_iter().filter_map(|s| s.as_ref().trim().parse::<IpAddr>().ok()).filter(|ip| family.matches(ip)).collect()
 }
 
 /// The Service's ports for one family; `endpoints_for` gives each port's
-/// endpoints and their cluster and local sets.
+/// endpoints and `categorize` fills the endpoint sets.
 pub fn service_ports(
     svc: &Service,
     family: IpFamily,
-    endpoints_for: impl Fn(&K8sPort) -> (Vec<Endpoint>, Vec<u32>, Vec<u32>),
+    endpoints_for: impl Fn(&K8sPort) -> Vec<HintedEndpoint>,
+    categorize: impl Fn(&mut model::ServicePort, Vec<HintedEndpoint>),
 ) -> Vec<model::ServicePort> {
     let Some(spec) = &svc.spec else {
         return Vec::new();
@@ -68,15 +61,8 @@ pub fn service_ports(
     let name = svc.metadata.name.clone().unwrap_or_default();
     let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
     let lb_ips: Vec<IpAddr> = if is_lb {
-        let ingress = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref());
-        let programmed = ingress
-            .into_iter()
-            .flatten()
-            .filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+        let programmed = ingress.into_iter().flatten().filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
         ips_of(family, programmed.filter_map(|i| i.ip.clone()))
     } else {
         Vec::new()
@@ -89,28 +75,21 @@ pub fn service_ports(
         .filter(|c| c.family() == family)
         .collect();
     let affinity = if spec.session_affinity.as_deref() == Some("ClientIP") {
-        let configured = spec
-            .session_affinity_config
-            .as_ref()
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds);
+        let configured =
+            spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
         configured.map(|t| t.max(1) as u32).unwrap_or(10800)
     } else {
         0
     };
     let annotations = svc.metadata.annotations.as_ref();
-    let scheduler = annotations
-        .and_then(|a| a.get("kpx.dev/scheduler"))
-        .cloned()
-        .unwrap_or_default();
+    let scheduler = annotations.and_then(|a| a.get("kpx.dev/scheduler")).cloned().unwrap_or_default();
 
     spec.ports
         .iter()
         .flatten()
         .map(|port| {
             let port_name = port.name.clone().unwrap_or_default();
-            let (endpoints, cluster_endpoints, local_endpoints) = endpoints_for(port);
-            model::ServicePort {
+            let mut out = model::ServicePort {
                 key: model::ServicePort::key_for(&namespace, &name, &port_name),
                 namespace: namespace.clone(),
                 name: name.clone(),
@@ -128,35 +107,28 @@ pub fn service_ports(
                 affinity_timeout_seconds: affinity,
                 scheduler: scheduler.clone(),
                 scheduler_parameters: Vec::new(),
-                endpoints,
-                cluster_endpoints,
-                local_endpoints,
-            }
+                endpoints: Vec::new(),
+                cluster_endpoints: Vec::new(),
+                local_endpoints: Vec::new(),
+            };
+            categorize(&mut out, endpoints_for(port));
+            out
         })
         .collect()
 }
 
 /// The rule model's view of this node for one family.
 pub fn node_model(node: Option<&Node>, node_name: &str, family: IpFamily) -> model::Node {
-    let mut out = model::Node {
-        name: node_name.to_string(),
-        ..Default::default()
-    };
+    let mut out = model::Node { name: node_name.to_string(), ..Default::default() };
     let Some(node) = node else { return out };
     if let Some(addresses) = node.status.as_ref().and_then(|s| s.addresses.as_ref()) {
         for wanted in ["InternalIP", "ExternalIP"] {
-            let of_type = addresses
-                .iter()
-                .filter(|a| a.type_ == wanted)
-                .map(|a| a.address.as_str());
+            let of_type = addresses.iter().filter(|a| a.type_ == wanted).map(|a| a.address.as_str());
             out.addresses.extend(ips_of(family, of_type));
         }
     }
     if let Some(labels) = &node.metadata.labels {
-        out.zone = labels
-            .get("topology.kubernetes.io/zone")
-            .cloned()
-            .unwrap_or_default();
+        out.zone = labels.get("topology.kubernetes.io/zone").cloned().unwrap_or_default();
         out.labels = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     }
     if let Some(spec) = &node.spec {

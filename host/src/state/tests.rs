@@ -13,10 +13,7 @@ fn state_from(yaml: &str) -> State {
 }
 
 fn name(ns: &str, n: &str) -> ServiceName {
-    ServiceName {
-        namespace: ns.into(),
-        name: n.into(),
-    }
+    ServiceName { namespace: ns.into(), name: n.into() }
 }
 
 const YAML: &str = r#"
@@ -54,19 +51,12 @@ fn merges_slices_dedupes_and_marks_local() {
     assert_eq!(ports.len(), 2);
     let http = &ports[0];
     assert_eq!(http.key, "shop/web:http");
-    assert_eq!(
-        http.affinity_timeout_seconds, 10800,
-        "ClientIP default timeout"
-    );
+    assert_eq!(http.affinity_timeout_seconds, 10800, "ClientIP default timeout");
     let eps: Vec<String> = http.endpoints.iter().map(|e| e.host_port()).collect();
-    assert_eq!(
-        eps,
-        ["10.1.0.2:8080", "10.1.0.9:8080"],
-        "sorted, de-duplicated"
-    );
+    assert_eq!(eps, ["10.1.0.2:8080", "10.1.0.9:8080"], "sorted, de-duplicated");
     assert!(http.endpoints[0].conditions.is_local, "the local copy wins");
     assert_eq!(http.cluster_endpoints, [0, 1]);
-    assert_eq!(http.local_endpoints, [0]);
+    assert!(http.local_endpoints.is_empty(), "no Local policy, no local set");
     assert!(ports[1].endpoints.is_empty(), "no slice port named dns");
     let v6 = state.service_ports(IpFamily::V6, &name("shop", "web"));
     assert_eq!(v6[0].cluster_ip, Some("fd00::10".parse().unwrap()));
@@ -79,11 +69,8 @@ fn tracks_changes_and_deletions() {
     let changes = state.take_changes();
     assert_eq!(changes.services.len(), 1);
     assert!(state.take_changes().is_empty());
-    let deleted = state.apply(Event::Delete(ObjectRef {
-        kind: Kind::EndpointSlice,
-        namespace: "shop".into(),
-        name: "b".into(),
-    }));
+    let deleted =
+        state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "b".into() }));
     assert!(deleted);
     assert!(state.take_changes().services.contains(&name("shop", "web")));
     let ports = state.service_ports(IpFamily::V4, &name("shop", "web"));
@@ -93,16 +80,8 @@ fn tracks_changes_and_deletions() {
         namespace: "shop".into(),
         name: "zzz".into()
     })));
-    state.apply(Event::Delete(ObjectRef {
-        kind: Kind::Service,
-        namespace: "shop".into(),
-        name: "web".into(),
-    }));
-    assert!(
-        state
-            .service_ports(IpFamily::V4, &name("shop", "web"))
-            .is_empty()
-    );
+    state.apply(Event::Delete(ObjectRef { kind: Kind::Service, namespace: "shop".into(), name: "web".into() }));
+    assert!(state.service_ports(IpFamily::V4, &name("shop", "web")).is_empty());
 }
 
 #[test]
@@ -115,10 +94,7 @@ fn other_nodes_are_ignored() {
     );
     assert!(state.apply(Event::Apply(objects[0].clone())));
     let node = state.node(IpFamily::V4);
-    assert_eq!(
-        node.addresses,
-        ["192.168.0.2".parse::<std::net::IpAddr>().unwrap()]
-    );
+    assert_eq!(node.addresses, ["192.168.0.2".parse::<std::net::IpAddr>().unwrap()]);
     assert_eq!(node.zone, "z1");
     assert_eq!(node.pod_cidrs.len(), 1);
 }

@@ -4,10 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
+use kpx_rules::iptables::{jumps_for, localhost_nodeports};
 use kpx_rules::model::{Change, IpFamily, Node, Ruleset, ServicePort, Settings};
 
+use crate::config::Config;
 use crate::kernel::iptables::{IptablesKernel, with_stale_chains_removed};
+use crate::kernel::{interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
+use crate::settings;
 use crate::state::{Changes, ServiceName, State};
 use crate::validate::{self, Context};
 
@@ -22,10 +26,7 @@ pub enum Error {
     Rejected(#[from] validate::Rejected),
     /// The kernel write failed; nothing written; full resync.
     #[error("{family}: {source}")]
-    Kernel {
-        family: IpFamily,
-        source: crate::kernel::Error,
-    },
+    Kernel { family: IpFamily, source: crate::kernel::Error },
     /// The plugin returned a ruleset for another mode; full resync.
     #[error("plugin {0} returned a ruleset for another mode")]
     WrongMode(String),
@@ -41,7 +42,12 @@ pub struct Report {
 
 pub struct FamilyProxier {
     family: IpFamily,
+    config: Arc<Config>,
     settings: Settings,
+    /// The node's interface addresses, read on full syncs when
+    /// --nodeport-addresses needs them.
+    local_addresses: Vec<std::net::IpAddr>,
+    sysctl: Sysctl,
     plugin: Arc<BackendPlugin>,
     instance: Option<BackendInstance>,
     /// Service ports as the plugin holds them, by key.
@@ -58,13 +64,19 @@ pub struct FamilyProxier {
 
 impl FamilyProxier {
     pub fn new(
-        settings: Settings,
+        config: Arc<Config>,
+        family: IpFamily,
         plugin: Arc<BackendPlugin>,
         kernel: IptablesKernel,
+        sysctl: Sysctl,
     ) -> FamilyProxier {
+        let settings = settings::settings_for(&config, family, &Node::default(), &[]);
         FamilyProxier {
-            family: settings.family,
+            family,
+            config,
             settings,
+            local_addresses: Vec::new(),
+            sysctl,
             plugin,
             instance: None,
             sent: BTreeMap::new(),
@@ -92,8 +104,7 @@ impl FamilyProxier {
                 }
             }
             if !ports.is_empty() {
-                self.keys_of
-                    .insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
+                self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
             }
             for port in ports {
                 if self.sent.get(&port.key) != Some(&port) {
@@ -103,7 +114,7 @@ impl FamilyProxier {
             }
         }
         if changes.node {
-            let node = state.node(self.family);
+            let node = settings::node_for_plugins(&self.config, state.node(self.family), self.family);
             if node != self.node {
                 self.node = node.clone();
                 out.push(Change::Node(node));
@@ -112,27 +123,52 @@ impl FamilyProxier {
         out
     }
 
+    /// Re-derives the settings; a change means a fresh plugin instance.
+    fn refresh_settings(&mut self) {
+        let settings = settings::settings_for(&self.config, self.family, &self.node, &self.local_addresses);
+        if settings != self.settings {
+            tracing::info!(family = %self.family, "settings changed; building a fresh plugin instance");
+            self.settings = settings;
+            self.instance = None;
+        }
+    }
+
+    /// The sysctls these settings need (upstream sets them at start).
+    fn ensure_sysctls(&self) {
+        let mut wanted = Vec::new();
+        if localhost_nodeports(&self.settings) {
+            wanted.push(("net.ipv4.conf.all.route_localnet", "1"));
+        }
+        if self.settings.conntrack_tcp_be_liberal {
+            wanted.push(("net.netfilter.nf_conntrack_tcp_be_liberal", "1"));
+        }
+        for (name, value) in wanted {
+            if let Err(e) = self.sysctl.set(name, value) {
+                tracing::error!(family = %self.family, "cannot set {name}={value}: {e}");
+            }
+        }
+    }
+
     /// One sync. `full` asks for a full render; a failure makes the next
     /// sync full too.
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
         let plugin_changes = self.collect_changes(state, changes);
-        let result = self.program(
-            plugin_changes.len(),
-            &plugin_changes,
-            full || self.need_full,
-        );
+        let full = full || self.need_full;
+        if full && !self.config.nodeport_addresses.cidrs.is_empty() {
+            match interfaces::local_addresses(self.kernel.exec()) {
+                Ok(addresses) => self.local_addresses = addresses,
+                Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
+            }
+        }
+        self.refresh_settings();
+        let result = self.program(plugin_changes.len(), &plugin_changes, full);
         if result.is_err() {
             self.need_full = true;
         }
         result
     }
 
-    fn program(
-        &mut self,
-        n_changes: usize,
-        changes: &[Change],
-        full: bool,
-    ) -> Result<Report, Error> {
+    fn program(&mut self, n_changes: usize, changes: &[Change], full: bool) -> Result<Report, Error> {
         let state_size: usize = self.sent.values().map(|s| 1 + s.endpoints.len()).sum();
         let mut full = full;
         if self.instance.is_none() {
@@ -149,10 +185,7 @@ impl FamilyProxier {
             return Err(Error::WrongMode(self.plugin.name().to_string()));
         };
 
-        let kernel_err = |source| Error::Kernel {
-            family: self.family,
-            source,
-        };
+        let kernel_err = |source| Error::Kernel { family: self.family, source };
         let payload = if full {
             self.chains = self.kernel.kube_chains().map_err(kernel_err)?;
             with_stale_chains_removed(&payload, &self.chains)
@@ -168,23 +201,17 @@ impl FamilyProxier {
         self.chains = ctx.existing_chains;
         checked?;
         if full {
-            self.kernel.ensure_jumps().map_err(kernel_err)?;
+            self.ensure_sysctls();
+            self.kernel.ensure_jumps(&jumps_for(&self.settings)).map_err(kernel_err)?;
         }
         self.kernel.apply(&payload).map_err(kernel_err)?;
         track_chains(&mut self.chains, &payload);
         self.need_full = false;
-        Ok(Report {
-            full,
-            changes: n_changes,
-            bytes: payload.len(),
-        })
+        Ok(Report { full, changes: n_changes, bytes: payload.len() })
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.
-    fn call<T>(
-        &mut self,
-        f: impl FnOnce(&mut BackendInstance) -> runtime::Result<T>,
-    ) -> runtime::Result<T> {
+    fn call<T>(&mut self, f: impl FnOnce(&mut BackendInstance) -> runtime::Result<T>) -> runtime::Result<T> {
         let instance = self.instance.as_mut().expect("instance exists");
         let result = f(instance);
         if let Err(e) = &result
@@ -196,10 +223,7 @@ impl FamilyProxier {
     }
 
     fn endpoints(&self) -> HashSet<(std::net::IpAddr, u16)> {
-        self.sent
-            .values()
-            .flat_map(|s| s.endpoints.iter().map(|e| (e.ip, e.port)))
-            .collect()
+        self.sent.values().flat_map(|s| s.endpoints.iter().map(|e| (e.ip, e.port))).collect()
     }
 }
 
@@ -211,15 +235,9 @@ fn track_chains(chains: &mut BTreeMap<String, BTreeSet<String>>, payload: &str) 
             table = name.to_string();
         } else if let Some(decl) = line.strip_prefix(':') {
             let chain = decl.split_whitespace().next().unwrap_or_default();
-            chains
-                .entry(table.clone())
-                .or_default()
-                .insert(chain.to_string());
+            chains.entry(table.clone()).or_default().insert(chain.to_string());
         } else if let Some(chain) = line.strip_prefix("-X ") {
-            chains
-                .entry(table.clone())
-                .or_default()
-                .remove(chain.trim());
+            chains.entry(table.clone()).or_default().remove(chain.trim());
         }
     }
 }

@@ -14,16 +14,7 @@ use std::net::IpAddr;
 use super::{Context, Rejected, tokens};
 
 const TABLES: &[&str] = &["nat", "filter", "mangle"];
-const TARGETS: &[&str] = &[
-    "DNAT",
-    "MASQUERADE",
-    "MARK",
-    "RETURN",
-    "ACCEPT",
-    "DROP",
-    "REJECT",
-    "HMARK",
-];
+const TARGETS: &[&str] = &["DNAT", "MASQUERADE", "MARK", "RETURN", "ACCEPT", "DROP", "REJECT", "HMARK"];
 const MODULES: &[&str] = &[
     "comment",
     "tcp",
@@ -59,11 +50,7 @@ pub fn check_iptables(payload: &str, ctx: &Context) -> Result<(), Rejected> {
         }
         if let Some(name) = line.strip_prefix('*') {
             check_table_start(ctx, n, raw, name, &table, &mut seen_tables)?;
-            table = Some(TableState {
-                name: name.to_string(),
-                declared: BTreeSet::new(),
-                deleted: BTreeSet::new(),
-            });
+            table = Some(TableState { name: name.to_string(), declared: BTreeSet::new(), deleted: BTreeSet::new() });
             continue;
         }
         let Some(current) = table.as_mut() else {
@@ -74,28 +61,19 @@ pub fn check_iptables(payload: &str, ctx: &Context) -> Result<(), Rejected> {
         } else if let Some(decl) = line.strip_prefix(':') {
             check_declaration(ctx, n, raw, decl, current)?;
         } else {
-            let args =
-                tokens::split(line).ok_or_else(|| ctx.reject(n, raw, "unbalanced quotes"))?;
+            let args = tokens::split(line).ok_or_else(|| ctx.reject(n, raw, "unbalanced quotes"))?;
             match args.first().map(String::as_str) {
                 Some("-A") => check_append(ctx, n, raw, &args, current)?,
                 Some("-X") => check_delete(ctx, n, raw, &args, current)?,
                 Some(cmd) => {
-                    return Err(ctx.reject(
-                        n,
-                        raw,
-                        format!("command {cmd} is not allowed (only -A and -X)"),
-                    ));
+                    return Err(ctx.reject(n, raw, format!("command {cmd} is not allowed (only -A and -X)")));
                 }
                 None => {}
             }
         }
     }
     if let Some(open) = table {
-        return Err(ctx.reject(
-            payload.lines().count(),
-            "",
-            format!("table {} is not committed", open.name),
-        ));
+        return Err(ctx.reject(payload.lines().count(), "", format!("table {} is not committed", open.name)));
     }
     Ok(())
 }
@@ -109,11 +87,7 @@ fn check_table_start(
     seen: &mut BTreeSet<String>,
 ) -> Result<(), Rejected> {
     if let Some(open) = open {
-        return Err(ctx.reject(
-            n,
-            raw,
-            format!("table {} is not committed before the next", open.name),
-        ));
+        return Err(ctx.reject(n, raw, format!("table {} is not committed before the next", open.name)));
     }
     if !TABLES.contains(&name) {
         return Err(ctx.reject(n, raw, format!("table {name:?} is not one kube-proxy uses")));
@@ -125,27 +99,14 @@ fn check_table_start(
 }
 
 fn check_own_chain(ctx: &Context, n: usize, raw: &str, chain: &str) -> Result<(), Rejected> {
-    let valid_name = chain.len() <= 28
-        && chain
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let valid_name = chain.len() <= 28 && chain.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     if !chain.starts_with(OWN_PREFIX) || !valid_name {
-        return Err(ctx.reject(
-            n,
-            raw,
-            format!("chain {chain:?} is not a {OWN_PREFIX} chain"),
-        ));
+        return Err(ctx.reject(n, raw, format!("chain {chain:?} is not a {OWN_PREFIX} chain")));
     }
     Ok(())
 }
 
-fn check_declaration(
-    ctx: &Context,
-    n: usize,
-    raw: &str,
-    decl: &str,
-    table: &mut TableState,
-) -> Result<(), Rejected> {
+fn check_declaration(ctx: &Context, n: usize, raw: &str, decl: &str, table: &mut TableState) -> Result<(), Rejected> {
     let mut parts = decl.split_whitespace();
     let chain = parts.next().unwrap_or("");
     check_own_chain(ctx, n, raw, chain)?;
@@ -156,36 +117,20 @@ fn check_declaration(
     Ok(())
 }
 
-fn check_delete(
-    ctx: &Context,
-    n: usize,
-    raw: &str,
-    args: &[String],
-    table: &mut TableState,
-) -> Result<(), Rejected> {
+fn check_delete(ctx: &Context, n: usize, raw: &str, args: &[String], table: &mut TableState) -> Result<(), Rejected> {
     let chain = args.get(1).map(String::as_str).unwrap_or("");
     check_own_chain(ctx, n, raw, chain)?;
     if args.len() != 2 {
         return Err(ctx.reject(n, raw, "-X takes exactly one chain"));
     }
     if !table.declared.contains(chain) {
-        return Err(ctx.reject(
-            n,
-            raw,
-            "a chain is deleted only after it is declared (flushed) in the same payload",
-        ));
+        return Err(ctx.reject(n, raw, "a chain is deleted only after it is declared (flushed) in the same payload"));
     }
     table.deleted.insert(chain.to_string());
     Ok(())
 }
 
-fn check_append(
-    ctx: &Context,
-    n: usize,
-    raw: &str,
-    args: &[String],
-    table: &TableState,
-) -> Result<(), Rejected> {
+fn check_append(ctx: &Context, n: usize, raw: &str, args: &[String], table: &TableState) -> Result<(), Rejected> {
     let chain = args.get(1).map(String::as_str).unwrap_or("");
     check_own_chain(ctx, n, raw, chain)?;
     if !table.declared.contains(chain) {
@@ -202,8 +147,7 @@ fn check_append(
         let value = args.get(i + 1).map(String::as_str);
         match arg {
             "-j" | "--jump" | "-g" | "--goto" => {
-                let to =
-                    value.ok_or_else(|| ctx.reject(n, raw, format!("{arg} without a target")))?;
+                let to = value.ok_or_else(|| ctx.reject(n, raw, format!("{arg} without a target")))?;
                 if target.replace(to).is_some() {
                     return Err(ctx.reject(n, raw, "more than one target"));
                 }
@@ -213,17 +157,12 @@ fn check_append(
             "-m" | "--match" => {
                 let module = value.ok_or_else(|| ctx.reject(n, raw, "-m without a module"))?;
                 if !MODULES.contains(&module) {
-                    return Err(ctx.reject(
-                        n,
-                        raw,
-                        format!("match module {module:?} is not allowed"),
-                    ));
+                    return Err(ctx.reject(n, raw, format!("match module {module:?} is not allowed")));
                 }
                 i += 2;
             }
             "--to-destination" => {
-                let dest =
-                    value.ok_or_else(|| ctx.reject(n, raw, "--to-destination without a value"))?;
+                let dest = value.ok_or_else(|| ctx.reject(n, raw, "--to-destination without a value"))?;
                 if target != Some("DNAT") {
                     return Err(ctx.reject(n, raw, "--to-destination outside a DNAT target"));
                 }
@@ -242,13 +181,7 @@ fn check_append(
     Ok(())
 }
 
-fn check_target(
-    ctx: &Context,
-    n: usize,
-    raw: &str,
-    to: &str,
-    table: &TableState,
-) -> Result<(), Rejected> {
+fn check_target(ctx: &Context, n: usize, raw: &str, to: &str, table: &TableState) -> Result<(), Rejected> {
     if TARGETS.contains(&to) {
         if to == "DNAT" && table.name != "nat" {
             return Err(ctx.reject(n, raw, "DNAT outside the nat table"));
@@ -258,42 +191,25 @@ fn check_target(
     if !to.starts_with(OWN_PREFIX) {
         return Err(ctx.reject(n, raw, format!("target {to:?} is not allowed")));
     }
-    let exists = table.declared.contains(to)
-        || ctx
-            .existing_chains
-            .get(&table.name)
-            .is_some_and(|chains| chains.contains(to));
+    let exists =
+        table.declared.contains(to) || ctx.existing_chains.get(&table.name).is_some_and(|chains| chains.contains(to));
     if !exists || table.deleted.contains(to) {
-        return Err(ctx.reject(
-            n,
-            raw,
-            format!("jump to chain {to}, which neither exists nor is declared"),
-        ));
+        return Err(ctx.reject(n, raw, format!("jump to chain {to}, which neither exists nor is declared")));
     }
     Ok(())
 }
 
 fn check_dnat_destination(ctx: &Context, n: usize, raw: &str, dest: &str) -> Result<(), Rejected> {
     let parsed = if let Some(rest) = dest.strip_prefix('[') {
-        rest.split_once("]:")
-            .and_then(|(ip, port)| Some((ip.parse::<IpAddr>().ok()?, port.parse::<u16>().ok()?)))
+        rest.split_once("]:").and_then(|(ip, port)| Some((ip.parse::<IpAddr>().ok()?, port.parse::<u16>().ok()?)))
     } else {
-        dest.rsplit_once(':')
-            .and_then(|(ip, port)| Some((ip.parse::<IpAddr>().ok()?, port.parse::<u16>().ok()?)))
+        dest.rsplit_once(':').and_then(|(ip, port)| Some((ip.parse::<IpAddr>().ok()?, port.parse::<u16>().ok()?)))
     };
     let Some(endpoint) = parsed else {
-        return Err(ctx.reject(
-            n,
-            raw,
-            format!("DNAT destination {dest:?} is not ADDRESS:PORT"),
-        ));
+        return Err(ctx.reject(n, raw, format!("DNAT destination {dest:?} is not ADDRESS:PORT")));
     };
     if !ctx.endpoints.contains(&endpoint) {
-        return Err(ctx.reject(
-            n,
-            raw,
-            format!("DNAT destination {dest} is not an endpoint of any service"),
-        ));
+        return Err(ctx.reject(n, raw, format!("DNAT destination {dest} is not an endpoint of any service")));
     }
     Ok(())
 }

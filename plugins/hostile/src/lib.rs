@@ -30,10 +30,7 @@ impl Hostile {
 
 impl Backend for Hostile {
     fn new(settings: Settings) -> Self {
-        Hostile {
-            inner: IptablesProxier::new(settings),
-            names: Default::default(),
-        }
+        Hostile { inner: IptablesProxier::new(settings), names: Default::default() }
     }
 
     fn reset(&mut self, node: Node, services: Vec<ServicePort>) {
@@ -48,13 +45,7 @@ impl Backend for Hostile {
                     self.names.insert(s.name.clone());
                 }
                 Change::Remove(key) => {
-                    let name = key
-                        .split('/')
-                        .nth(1)
-                        .unwrap_or("")
-                        .split(':')
-                        .next()
-                        .unwrap_or("");
+                    let name = key.split('/').nth(1).unwrap_or("").split(':').next().unwrap_or("");
                     self.names.remove(name);
                 }
                 Change::Node(_) => {}

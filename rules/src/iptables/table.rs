@@ -12,12 +12,7 @@ pub struct Table {
 
 impl Table {
     pub fn new(name: &'static str) -> Table {
-        Table {
-            name,
-            chains: String::new(),
-            rules: String::new(),
-            deletes: String::new(),
-        }
+        Table { name, chains: String::new(), rules: String::new(), deletes: String::new() }
     }
 
     /// Declare (create, or flush when it exists) a chain.
@@ -42,8 +37,7 @@ impl Table {
     }
 
     pub fn finish(self) -> String {
-        let mut out =
-            String::with_capacity(self.chains.len() + self.rules.len() + self.deletes.len() + 32);
+        let mut out = String::with_capacity(self.chains.len() + self.rules.len() + self.deletes.len() + 32);
         out.push('*');
         out.push_str(self.name);
         out.push('\n');

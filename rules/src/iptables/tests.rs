@@ -1,28 +1,17 @@
 use super::*;
-use crate::model::{Conditions, IpFamily, Protocol, TrafficPolicy};
+use crate::hash::{endpoint_chain, service_chain};
+use crate::model::{Conditions, Endpoint, IpFamily, LocalTraffic, Protocol, TrafficPolicy};
 
 fn ep(ip: &str, port: u16) -> Endpoint {
     Endpoint {
         ip: ip.parse().unwrap(),
         port,
-        conditions: Conditions {
-            ready: true,
-            serving: true,
-            terminating: false,
-            is_local: false,
-        },
+        conditions: Conditions { ready: true, serving: true, terminating: false, is_local: false },
         zone: None,
     }
 }
 
-fn svc(
-    ns: &str,
-    name: &str,
-    port_name: &str,
-    ip: &str,
-    port: u16,
-    eps: Vec<Endpoint>,
-) -> ServicePort {
+fn svc(ns: &str, name: &str, port_name: &str, ip: &str, port: u16, eps: Vec<Endpoint>) -> ServicePort {
     let n = eps.len() as u32;
     ServicePort {
         key: ServicePort::key_for(ns, name, port_name),
@@ -68,14 +57,7 @@ fn matches_upstream_sample() {
     let mut p = proxier();
     p.reset(
         Node::default(),
-        vec![svc(
-            "ns4",
-            "svc4",
-            "p80",
-            "172.30.0.44",
-            80,
-            vec![ep("10.180.0.4", 80), ep("10.180.0.5", 80)],
-        )],
+        vec![svc("ns4", "svc4", "p80", "172.30.0.44", 80, vec![ep("10.180.0.4", 80), ep("10.180.0.5", 80)])],
     );
     let out = text(&mut p, true);
     for line in [
@@ -91,42 +73,27 @@ fn matches_upstream_sample() {
         "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
         "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
     ] {
-        assert!(
-            out.lines().any(|l| l == line),
-            "missing line {line}\nin:\n{out}"
-        );
+        assert!(out.lines().any(|l| l == line), "missing line {line}\nin:\n{out}");
     }
     let last_nat_rule = out.lines().rev().nth(1).unwrap();
-    assert!(
-        last_nat_rule.contains("-j KUBE-NODEPORTS"),
-        "nodeports jump must be last: {last_nat_rule}"
-    );
+    assert!(last_nat_rule.contains("-j KUBE-NODEPORTS"), "nodeports jump must be last: {last_nat_rule}");
 }
 
 #[test]
 fn probabilities_as_upstream() {
     let mut p = proxier();
     let eps = (1..=4).map(|i| ep(&format!("10.1.0.{i}"), 8080)).collect();
-    p.reset(
-        Node::default(),
-        vec![svc("ns", "s", "", "172.30.0.1", 80, eps)],
-    );
+    p.reset(Node::default(), vec![svc("ns", "s", "", "172.30.0.1", 80, eps)]);
     let out = text(&mut p, true);
-    let probs: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split("--probability ").nth(1))
-        .map(|r| r.split(' ').next().unwrap())
-        .collect();
+    let probs: Vec<&str> =
+        out.lines().filter_map(|l| l.split("--probability ").nth(1)).map(|r| r.split(' ').next().unwrap()).collect();
     assert_eq!(probs, ["0.2500000000", "0.3333333333", "0.5000000000"]);
 }
 
 #[test]
 fn no_endpoints_rejects_in_filter() {
     let mut p = proxier();
-    p.reset(
-        Node::default(),
-        vec![svc("ns", "empty", "http", "172.30.0.9", 80, vec![])],
-    );
+    p.reset(Node::default(), vec![svc("ns", "empty", "http", "172.30.0.9", 80, vec![])]);
     let out = text(&mut p, true);
     let filter = out.split("*nat").next().unwrap();
     assert!(filter.contains(
@@ -139,25 +106,14 @@ fn no_endpoints_rejects_in_filter() {
 fn partial_render_writes_only_changed_chains_and_deletes_stale() {
     let mut p = proxier();
     let a = svc("ns", "a", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 80)]);
-    let b = svc(
-        "ns",
-        "b",
-        "",
-        "172.30.0.2",
-        80,
-        vec![ep("10.1.0.2", 80), ep("10.1.0.3", 80)],
-    );
+    let b = svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80), ep("10.1.0.3", 80)]);
     p.reset(Node::default(), vec![a.clone(), b.clone()]);
     let _ = text(&mut p, true);
 
     // Nothing changed: only the top-level chains, but every service's jump.
     let idle = text(&mut p, false);
     assert!(!idle.contains(":KUBE-SVC-"), "{idle}");
-    assert_eq!(
-        idle.matches("-A KUBE-SERVICES -m comment --comment \"ns/")
-            .count(),
-        2
-    );
+    assert_eq!(idle.matches("-A KUBE-SERVICES -m comment --comment \"ns/").count(), 2);
 
     // b loses an endpoint: b's chains rewritten, its stale SEP deleted, a untouched.
     let b2 = svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80)]);
@@ -190,10 +146,7 @@ fn ipv6_brackets_dnat_and_skips_other_family() {
         ],
     );
     let out = text(&mut p, true);
-    assert!(
-        out.contains("-j DNAT --to-destination [fd00:1::5]:8080"),
-        "{out}"
-    );
+    assert!(out.contains("-j DNAT --to-destination [fd00:1::5]:8080"), "{out}");
     assert!(out.contains("-d fd00::10 --dport 80 -j KUBE-MARK-MASQ"));
     assert!(!out.contains("172.30.0.1"));
     assert!(out.contains("! -d ::1/128 -j KUBE-NODEPORTS"));

@@ -48,9 +48,7 @@ impl self::kpx::proxier::log::Host for PluginState {
     }
 }
 
-pub fn add_to_linker(
-    linker: &mut wasmtime::component::Linker<PluginState>,
-) -> wasmtime::Result<()> {
+pub fn add_to_linker(linker: &mut wasmtime::component::Linker<PluginState>) -> wasmtime::Result<()> {
     BackendPlugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
 }
 
@@ -61,20 +59,13 @@ impl Pre {
         Ok(Pre(BackendPluginPre::new(pre)?))
     }
 
-    pub fn instantiate(
-        &self,
-        store: &mut Store<PluginState>,
-        settings: &Settings,
-    ) -> wasmtime::Result<Instance> {
+    pub fn instantiate(&self, store: &mut Store<PluginState>, settings: &Settings) -> wasmtime::Result<Instance> {
         let bindings = self.0.instantiate(&mut *store)?;
         let resource = bindings
             .kpx_proxier_backend()
             .proxier()
             .call_constructor(&mut *store, &wit_convert::to_wit_settings(settings))?;
-        Ok(Instance {
-            bindings: Arc::new(bindings),
-            resource,
-        })
+        Ok(Instance { bindings: Arc::new(bindings), resource })
     }
 }
 
@@ -85,47 +76,19 @@ pub struct Instance {
 }
 
 impl Instance {
-    pub fn reset(
-        &self,
-        store: &mut Store<PluginState>,
-        node: &Node,
-        services: &[ServicePort],
-    ) -> wasmtime::Result<()> {
-        let services: Vec<_> = services
-            .iter()
-            .map(wit_convert::to_wit_service_port)
-            .collect();
+    pub fn reset(&self, store: &mut Store<PluginState>, node: &Node, services: &[ServicePort]) -> wasmtime::Result<()> {
+        let services: Vec<_> = services.iter().map(wit_convert::to_wit_service_port).collect();
         let node = wit_convert::to_wit_node(node);
-        self.bindings.kpx_proxier_backend().proxier().call_reset(
-            store,
-            self.resource,
-            &node,
-            &services,
-        )
+        self.bindings.kpx_proxier_backend().proxier().call_reset(store, self.resource, &node, &services)
     }
 
-    pub fn apply(
-        &self,
-        store: &mut Store<PluginState>,
-        changes: &[Change],
-    ) -> wasmtime::Result<()> {
+    pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {
         let changes: Vec<_> = changes.iter().map(wit_convert::to_wit_change).collect();
-        self.bindings
-            .kpx_proxier_backend()
-            .proxier()
-            .call_apply(store, self.resource, &changes)
+        self.bindings.kpx_proxier_backend().proxier().call_apply(store, self.resource, &changes)
     }
 
-    pub fn render(
-        &self,
-        store: &mut Store<PluginState>,
-        full: bool,
-    ) -> wasmtime::Result<Result<Ruleset, String>> {
-        let out = self.bindings.kpx_proxier_backend().proxier().call_render(
-            store,
-            self.resource,
-            full,
-        )?;
+    pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
+        let out = self.bindings.kpx_proxier_backend().proxier().call_render(store, self.resource, full)?;
         Ok(out.map(wit_convert::from_wit_ruleset))
     }
 }

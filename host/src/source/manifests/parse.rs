@@ -55,30 +55,13 @@ pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
     (objects, errors)
 }
 
-fn collect(
-    value: serde_yaml::Value,
-    document: usize,
-    objects: &mut Vec<Object>,
-    errors: &mut Vec<ParseError>,
-) {
+fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>, errors: &mut Vec<ParseError>) {
     if value.is_null() {
         return;
     }
-    let field = |name: &str| {
-        value
-            .get(name)
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_string()
-    };
+    let field = |name: &str| value.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
     let (api_version, kind) = (field("apiVersion"), field("kind"));
-    let meta = |key: &str| {
-        value
-            .get("metadata")
-            .and_then(|m| m.get(key))
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-    };
+    let meta = |key: &str| value.get("metadata").and_then(|m| m.get(key)).and_then(|v| v.as_str()).map(str::to_string);
     let label = match (meta("namespace"), meta("name")) {
         (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
         (None, Some(name)) => format!("{kind} {name}"),
@@ -100,12 +83,7 @@ fn collect(
         name,
     });
     let mut fail = |message: String| {
-        errors.push(ParseError {
-            document,
-            object: Some(label.clone()),
-            object_ref: object_ref.clone(),
-            message,
-        })
+        errors.push(ParseError { document, object: Some(label.clone()), object_ref: object_ref.clone(), message })
     };
     let result = match (api_version.as_str(), kind.as_str()) {
         (_, "List") => {
@@ -124,19 +102,13 @@ fn collect(
             }
             return;
         }
-        ("v1", "Service") => typed::<Service>(value)
-            .and_then(check_service)
-            .map(|o| Object::Service(Box::new(o))),
-        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<EndpointSlice>(value)
-            .and_then(check_slice)
-            .map(|o| Object::EndpointSlice(Box::new(o))),
-        ("v1", "Node") => typed::<Node>(value)
-            .and_then(check_node)
-            .map(|o| Object::Node(Box::new(o))),
+        ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Box::new(o))),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Box::new(o)))
+        }
+        ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Box::new(o))),
         (_, "Service" | "Node") => Err(format!("unsupported apiVersion {api_version:?} (want v1)")),
-        (_, "EndpointSlice") => Err(format!(
-            "unsupported apiVersion {api_version:?} (want discovery.k8s.io/v1)"
-        )),
+        (_, "EndpointSlice") => Err(format!("unsupported apiVersion {api_version:?} (want discovery.k8s.io/v1)")),
         ("", "") => Err("not a Kubernetes object (no apiVersion and kind)".into()),
         _ => return,
     };
@@ -177,44 +149,31 @@ fn check_port(what: &str, port: i32, allow_zero: bool) -> Result<(), String> {
 fn check_protocol(what: &str, protocol: Option<&str>) -> Result<(), String> {
     match protocol {
         None | Some("TCP" | "UDP" | "SCTP") => Ok(()),
-        Some(other) => Err(format!(
-            "{what}: unsupported protocol {other:?} (want TCP, UDP or SCTP)"
-        )),
+        Some(other) => Err(format!("{what}: unsupported protocol {other:?} (want TCP, UDP or SCTP)")),
     }
 }
 
 fn check_service(mut svc: Service) -> Result<Service, String> {
     check_name(&mut svc.metadata, true)?;
     let spec = svc.spec.as_ref().ok_or("spec is required")?;
-    let ips = spec
-        .cluster_ips
-        .iter()
-        .flatten()
-        .chain(spec.cluster_ip.iter());
+    let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
     for ip in ips {
         if !(ip.is_empty() || ip == "None" || ip.parse::<IpAddr>().is_ok()) {
             return Err(format!("spec.clusterIP: {ip:?} is not an IP address"));
         }
     }
     for ip in spec.external_ips.iter().flatten() {
-        ip.parse::<IpAddr>()
-            .map_err(|_| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
+        ip.parse::<IpAddr>().map_err(|_| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
     }
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = std::collections::BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
         check_port(&format!("spec.ports[{i}].port"), p.port, false)?;
-        check_port(
-            &format!("spec.ports[{i}].nodePort"),
-            p.node_port.unwrap_or(0),
-            true,
-        )?;
+        check_port(&format!("spec.ports[{i}].nodePort"), p.node_port.unwrap_or(0), true)?;
         check_protocol(&format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
         let name = p.name.clone().unwrap_or_default();
         if ports.len() > 1 && name.is_empty() {
-            return Err(format!(
-                "spec.ports[{i}].name is required when a Service has several ports"
-            ));
+            return Err(format!("spec.ports[{i}].name is required when a Service has several ports"));
         }
         if !names.insert(name.clone()) {
             return Err(format!("spec.ports[{i}].name {name:?} is used twice"));
@@ -225,12 +184,8 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
 
 fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
     check_name(&mut slice.metadata, true)?;
-    let has_service = slice
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get("kubernetes.io/service-name"))
-        .is_some_and(|s| !s.is_empty());
+    let has_service =
+        slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).is_some_and(|s| !s.is_empty());
     if !has_service {
         return Err("metadata.labels[\"kubernetes.io/service-name\"] is required".into());
     }
@@ -246,9 +201,8 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
         }
         if let Some(want_v6) = want_v6 {
             for a in &ep.addresses {
-                let ip: IpAddr = a
-                    .parse()
-                    .map_err(|_| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
+                let ip: IpAddr =
+                    a.parse().map_err(|_| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
                 if ip.is_ipv6() != want_v6 {
                     return Err(format!(
                         "endpoints[{i}].addresses: {a:?} does not match addressType {}",

@@ -60,21 +60,9 @@ metadata: {name: old, namespace: x}
     assert_eq!(objects[0].object_ref().to_string(), "Service default/fine");
     let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     assert_eq!(messages.len(), 3, "{messages:?}");
-    assert!(
-        messages[0].starts_with("document 1 (Service bad-port): spec.ports[0].port: 70000"),
-        "{}",
-        messages[0]
-    );
-    assert!(
-        messages[1].contains("EndpointSlice orphan") && messages[1].contains("service-name"),
-        "{}",
-        messages[1]
-    );
-    assert!(
-        messages[2].contains("unsupported apiVersion"),
-        "{}",
-        messages[2]
-    );
+    assert!(messages[0].starts_with("document 1 (Service bad-port): spec.ports[0].port: 70000"), "{}", messages[0]);
+    assert!(messages[1].contains("EndpointSlice orphan") && messages[1].contains("service-name"), "{}", messages[1]);
+    assert!(messages[2].contains("unsupported apiVersion"), "{}", messages[2]);
 }
 
 #[test]
@@ -93,12 +81,7 @@ fn poll_reports_changes_and_deletions() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::write(&file, &edited).unwrap();
     let filetime = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
-    std::fs::File::options()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_modified(filetime)
-        .unwrap();
+    std::fs::File::options().write(true).open(&file).unwrap().set_modified(filetime).unwrap();
     let events = source.poll();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(matches!(&events[0], Event::Apply(Object::EndpointSlice(_))));
@@ -121,12 +104,7 @@ fn an_object_made_invalid_keeps_its_last_good_version() {
 
     let bump = |file: &std::path::Path, secs: u64| {
         let t = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
-        std::fs::File::options()
-            .write(true)
-            .open(file)
-            .unwrap()
-            .set_modified(t)
-            .unwrap();
+        std::fs::File::options().write(true).open(file).unwrap().set_modified(t).unwrap();
     };
     // The slice gets an invalid address: nothing changes downstream.
     std::fs::write(&file, GOOD.replace("10.1.0.5", "10.1.0.999")).unwrap();

@@ -3,18 +3,10 @@ use std::collections::BTreeMap;
 
 fn ctx() -> Context {
     let mut existing = BTreeMap::new();
-    existing.insert(
-        "nat".to_string(),
-        ["KUBE-SVC-OLD".to_string()].into_iter().collect(),
-    );
+    existing.insert("nat".to_string(), ["KUBE-SVC-OLD".to_string()].into_iter().collect());
     Context {
         plugin: "test".into(),
-        endpoints: [
-            ("10.1.0.5".parse().unwrap(), 8080),
-            ("fd00::5".parse().unwrap(), 80),
-        ]
-        .into_iter()
-        .collect(),
+        endpoints: [("10.1.0.5".parse().unwrap(), 8080), ("fd00::5".parse().unwrap(), 80)].into_iter().collect(),
         existing_chains: existing,
     }
 }
@@ -39,8 +31,11 @@ COMMIT
 #[test]
 fn accepts_kube_proxy_shapes() {
     check_iptables(GOOD, &ctx()).unwrap();
-    check_iptables("*nat\n:KUBE-SEP-6 - [0:0]\n-A KUBE-SEP-6 -p tcp -j DNAT --to-destination [fd00::5]:80\nCOMMIT\n", &ctx())
-        .unwrap();
+    check_iptables(
+        "*nat\n:KUBE-SEP-6 - [0:0]\n-A KUBE-SEP-6 -p tcp -j DNAT --to-destination [fd00::5]:80\nCOMMIT\n",
+        &ctx(),
+    )
+    .unwrap();
 }
 
 fn refused(payload: &str) -> Rejected {
@@ -50,47 +45,15 @@ fn refused(payload: &str) -> Rejected {
 #[test]
 fn refuses_foreign_chains_tables_and_targets() {
     let cases = [
-        (
-            "*filter\n:KUBE-X - [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n",
-            3,
-            "is not a KUBE- chain",
-        ),
-        (
-            "*filter\n:INPUT DROP [0:0]\nCOMMIT\n",
-            2,
-            "is not a KUBE- chain",
-        ),
+        ("*filter\n:KUBE-X - [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n", 3, "is not a KUBE- chain"),
+        ("*filter\n:INPUT DROP [0:0]\nCOMMIT\n", 2, "is not a KUBE- chain"),
         ("*raw\nCOMMIT\n", 1, "not one kube-proxy uses"),
-        (
-            "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j SNAT --to-source 1.2.3.4\nCOMMIT\n",
-            3,
-            "target \"SNAT\"",
-        ),
-        (
-            "*nat\n:KUBE-X - [0:0]\n-I KUBE-X -j ACCEPT\nCOMMIT\n",
-            3,
-            "command -I",
-        ),
-        (
-            "*nat\n-A KUBE-SERVICES -j ACCEPT\nCOMMIT\n",
-            2,
-            "not declared",
-        ),
-        (
-            "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j KUBE-NOWHERE\nCOMMIT\n",
-            3,
-            "neither exists",
-        ),
-        (
-            "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -m owner --uid-owner 0 -j ACCEPT\nCOMMIT\n",
-            3,
-            "module \"owner\"",
-        ),
-        (
-            "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j ACCEPT\n",
-            3,
-            "not committed",
-        ),
+        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j SNAT --to-source 1.2.3.4\nCOMMIT\n", 3, "target \"SNAT\""),
+        ("*nat\n:KUBE-X - [0:0]\n-I KUBE-X -j ACCEPT\nCOMMIT\n", 3, "command -I"),
+        ("*nat\n-A KUBE-SERVICES -j ACCEPT\nCOMMIT\n", 2, "not declared"),
+        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j KUBE-NOWHERE\nCOMMIT\n", 3, "neither exists"),
+        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -m owner --uid-owner 0 -j ACCEPT\nCOMMIT\n", 3, "module \"owner\""),
+        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j ACCEPT\n", 3, "not committed"),
         ("*nat\n-X KUBE-SVC-OLD\nCOMMIT\n", 2, "declared (flushed)"),
     ];
     for (payload, line, reason) in cases {
@@ -103,20 +66,15 @@ fn refuses_foreign_chains_tables_and_targets() {
 
 #[test]
 fn refuses_dnat_to_non_endpoints() {
-    let err = refused(
-        "*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 192.0.2.66:80\nCOMMIT\n",
-    );
+    let err =
+        refused("*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 192.0.2.66:80\nCOMMIT\n");
     assert!(err.reason.contains("not an endpoint"), "{err}");
-    let err = refused(
-        "*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.1.0.5:9999\nCOMMIT\n",
-    );
+    let err =
+        refused("*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.1.0.5:9999\nCOMMIT\n");
     assert!(err.reason.contains("not an endpoint"), "{err}");
-    let err = refused(
-        "*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.1.0.5-10.1.0.9\nCOMMIT\n",
-    );
+    let err =
+        refused("*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.1.0.5-10.1.0.9\nCOMMIT\n");
     assert!(err.reason.contains("ADDRESS:PORT"), "{err}");
-    let err = refused(
-        "*filter\n:KUBE-X - [0:0]\n-A KUBE-X -p tcp -j DNAT --to-destination 10.1.0.5:8080\nCOMMIT\n",
-    );
+    let err = refused("*filter\n:KUBE-X - [0:0]\n-A KUBE-X -p tcp -j DNAT --to-destination 10.1.0.5:8080\nCOMMIT\n");
     assert!(err.reason.contains("outside the nat table"), "{err}");
 }

@@ -1,0 +1,279 @@
+//! Walking an iptables ruleset: nat PREROUTING (or OUTPUT for the node's
+//! own traffic), then filter INPUT / FORWARD / OUTPUT on the rewritten
+//! destination, then nat POSTROUTING for masquerade.
+
+use std::net::IpAddr;
+
+use super::parse::{Match, ParsedRuleset, Rule, Target, TraceError, parse_rule};
+use super::{Ending, Node, Packet, Verdict};
+use crate::iptables::Jump;
+use crate::model::join_host_port;
+
+/// One rule a packet matched, for explanations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub table: String,
+    pub chain: String,
+    pub line: usize,
+    pub text: String,
+}
+
+/// The verdict, and for each possible ending the rules that led there.
+#[derive(Debug, Clone, Default)]
+pub struct IptablesTrace {
+    pub verdict: Verdict,
+    pub paths: Vec<(Ending, bool, Vec<Step>)>,
+}
+
+#[derive(Debug, Clone)]
+struct Flow {
+    dnat: Option<(IpAddr, u16)>,
+    mark: u32,
+    masquerade: bool,
+    path: Vec<Step>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    /// Fell off the chain's end, or RETURN.
+    Return,
+    Accept,
+    Drop,
+    Reject,
+}
+
+/// How deep jumps may nest before the tracer calls it a loop.
+const MAX_DEPTH: usize = 32;
+
+struct Walker<'a> {
+    rules: &'a ParsedRuleset,
+    node: &'a Node,
+    packet: &'a Packet,
+}
+
+impl Walker<'_> {
+    fn dst(&self, flow: &Flow) -> (IpAddr, u16) {
+        flow.dnat.unwrap_or((self.packet.dst, self.packet.dport))
+    }
+
+    /// Some(true) matches, Some(false) does not, None may (statistic).
+    fn matches(&self, rule: &Rule, flow: &Flow) -> Option<bool> {
+        let (dst, dport) = self.dst(flow);
+        let p = self.packet;
+        let mut maybe = false;
+        for m in &rule.matches {
+            let hit = match m {
+                Match::Src { neg, cidr } => cidr.contains(&p.src) != *neg,
+                Match::Dst { neg, cidr } => cidr.contains(&dst) != *neg,
+                Match::Protocol { neg, name } => (name == p.protocol.as_str() || name == "all") != *neg,
+                Match::DPort { neg, port } => (*port == dport) != *neg,
+                Match::InInterface { neg, name } => {
+                    let on = match (&p.in_interface, name.strip_suffix('+')) {
+                        (Some(iface), Some(prefix)) => iface.starts_with(prefix),
+                        (Some(iface), None) => iface == name,
+                        (None, _) => false,
+                    };
+                    on != *neg
+                }
+                Match::SrcType { neg, local } => (self.node.is_local(&p.src) == *local) != *neg,
+                Match::DstType { neg, local } => (self.node.is_local(&dst) == *local) != *neg,
+                Match::Statistic => {
+                    maybe = true;
+                    true
+                }
+                Match::RecentCheck => false,
+                Match::Mark { neg, value, mask } => ((flow.mark & mask) == *value) != *neg,
+                Match::CtState { neg, states } => {
+                    let has = |s: &str| match s {
+                        "NEW" => true,
+                        "DNAT" => flow.dnat.is_some(),
+                        _ => false,
+                    };
+                    states.iter().any(|s| has(s)) != *neg
+                }
+            };
+            if !hit {
+                return Some(false);
+            }
+        }
+        if maybe { None } else { Some(true) }
+    }
+
+    fn run(&self, table: &str, chain: &str, flow: Flow, depth: usize) -> Result<Vec<(Flow, Exit)>, TraceError> {
+        if depth > MAX_DEPTH {
+            return Err(TraceError { line: 0, text: chain.into(), reason: "jumps nest too deep (a loop?)".into() });
+        }
+        let Some(rules) = self.rules.chain(table, chain) else {
+            return Err(TraceError {
+                line: 0,
+                text: format!("{table} {chain}"),
+                reason: "jump to a chain that does not exist".into(),
+            });
+        };
+        self.run_from(table, chain, rules, 0, flow, depth)
+    }
+
+    fn run_from(
+        &self,
+        table: &str,
+        chain: &str,
+        rules: &[Rule],
+        start: usize,
+        flow: Flow,
+        depth: usize,
+    ) -> Result<Vec<(Flow, Exit)>, TraceError> {
+        let mut out = Vec::new();
+        for (i, rule) in rules.iter().enumerate().skip(start) {
+            let taken = match self.matches(rule, &flow) {
+                Some(false) => continue,
+                Some(true) => false,
+                None => {
+                    // Both: the rule's branch, and the rest of the chain.
+                    out.extend(self.run_from(table, chain, rules, i + 1, flow.clone(), depth)?);
+                    true
+                }
+            };
+            let _ = taken;
+            let mut flow = flow;
+            flow.path.push(Step { table: table.into(), chain: chain.into(), line: rule.line, text: rule.text.clone() });
+            let exit = match &rule.target {
+                Target::None => None,
+                Target::SetMark { value, mask } => {
+                    flow.mark = (flow.mark & !mask) ^ value;
+                    None
+                }
+                Target::Accept => Some(Exit::Accept),
+                Target::Drop => Some(Exit::Drop),
+                Target::Reject => Some(Exit::Reject),
+                Target::Return => Some(Exit::Return),
+                Target::Dnat { ip, port } => {
+                    flow.dnat = Some((*ip, *port));
+                    Some(Exit::Accept)
+                }
+                Target::Masquerade => {
+                    flow.masquerade = true;
+                    Some(Exit::Accept)
+                }
+                Target::Jump(to) | Target::Goto(to) => {
+                    let goto = matches!(rule.target, Target::Goto(_));
+                    for (f, exit) in self.run(table, to, flow, depth + 1)? {
+                        match exit {
+                            Exit::Return if !goto => out.extend(self.run_from(table, chain, rules, i + 1, f, depth)?),
+                            other => out.push((f, other)),
+                        }
+                    }
+                    return Ok(out);
+                }
+            };
+            match exit {
+                None => {
+                    out.extend(self.run_from(table, chain, rules, i + 1, flow, depth)?);
+                    return Ok(out);
+                }
+                Some(exit) => {
+                    out.push((flow, exit));
+                    return Ok(out);
+                }
+            }
+        }
+        // Fell off the end: a built-in chain's policy, else return.
+        let exit = match self.rules.policy(table, chain) {
+            Some("DROP") => Exit::Drop,
+            Some(_) => Exit::Accept,
+            None => Exit::Return,
+        };
+        out.push((flow, exit));
+        Ok(out)
+    }
+
+    /// Runs a built-in chain if the ruleset has it (absent: accept).
+    fn run_builtin(&self, table: &str, chain: &str, flow: Flow) -> Result<Vec<(Flow, Exit)>, TraceError> {
+        if self.rules.chain(table, chain).is_none() {
+            return Ok(vec![(flow, Exit::Accept)]);
+        }
+        let mut out = self.run(table, chain, flow, 0)?;
+        for (_, exit) in &mut out {
+            if *exit == Exit::Return {
+                *exit = Exit::Accept;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Traces one packet. `jumps`: the host's jumps from built-in chains, added
+/// when the ruleset is a plugin's payload without built-in chains.
+pub fn trace_iptables(
+    rules: &ParsedRuleset,
+    jumps: &[Jump],
+    node: &Node,
+    packet: &Packet,
+) -> Result<IptablesTrace, TraceError> {
+    let mut rules = rules.clone();
+    add_host_jumps(&mut rules, jumps)?;
+    let walker = Walker { rules: &rules, node, packet };
+    let start = Flow { dnat: None, mark: 0, masquerade: false, path: Vec::new() };
+    let nat_chain = if packet.from_node { "OUTPUT" } else { "PREROUTING" };
+    let mut trace = IptablesTrace::default();
+    for (flow, exit) in walker.run_builtin("nat", nat_chain, start)? {
+        if exit != Exit::Accept {
+            trace.paths.push((ending(exit, &flow), false, flow.path));
+            continue;
+        }
+        let (dst, _) = walker.dst(&flow);
+        let filter_chain = if packet.from_node {
+            "OUTPUT"
+        } else if node.is_local(&dst) {
+            "INPUT"
+        } else {
+            "FORWARD"
+        };
+        for (flow, exit) in walker.run_builtin("filter", filter_chain, flow)? {
+            if exit != Exit::Accept {
+                trace.paths.push((ending(exit, &flow), false, flow.path));
+                continue;
+            }
+            let delivered_here = !packet.from_node && node.is_local(&dst);
+            let mut outcomes = vec![(flow, Exit::Accept)];
+            if !delivered_here {
+                outcomes = walker.run_builtin("nat", "POSTROUTING", outcomes.remove(0).0)?;
+            }
+            for (flow, _) in outcomes {
+                trace.paths.push((ending(Exit::Accept, &flow), flow.masquerade, flow.path));
+            }
+        }
+    }
+    for (ending, masq, _) in &trace.paths {
+        trace.verdict.endings.insert(ending.clone());
+        trace.verdict.masquerade |= *masq;
+    }
+    Ok(trace)
+}
+
+fn ending(exit: Exit, flow: &Flow) -> Ending {
+    match exit {
+        Exit::Drop => Ending::Drop,
+        Exit::Reject => Ending::Reject,
+        Exit::Accept | Exit::Return => match flow.dnat {
+            Some((ip, port)) => Ending::Endpoint(join_host_port(&ip, port)),
+            None => Ending::Accept,
+        },
+    }
+}
+
+/// Adds each jump whose built-in chain the ruleset does not define.
+fn add_host_jumps(rules: &mut ParsedRuleset, jumps: &[Jump]) -> Result<(), TraceError> {
+    for jump in jumps {
+        let defined = rules.tables.get(jump.table).is_some_and(|t| t.contains_key(jump.from))
+            && rules.policy(jump.table, jump.from).is_some();
+        if defined {
+            continue;
+        }
+        let mut args: Vec<String> = jump.matches.iter().map(|s| s.to_string()).collect();
+        args.extend(["-j".to_string(), jump.to.to_string()]);
+        let text = format!("-A {} {}", jump.from, args.join(" "));
+        let rule = parse_rule(0, &text, &args)?;
+        rules.push(jump.table, jump.from, rule);
+    }
+    Ok(())
+}
