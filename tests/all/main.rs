@@ -2,6 +2,8 @@
 //! Real-kernel tests need root and network namespaces; where the machine
 //! lacks them they print `SKIPPED: <reason>` and return.
 
+mod cases;
+mod conformance;
 mod golden;
 mod kernel_iptables;
 mod sandbox;

@@ -124,16 +124,12 @@ impl Walker<'_> {
     ) -> Result<Vec<(Flow, Exit)>, TraceError> {
         let mut out = Vec::new();
         for (i, rule) in rules.iter().enumerate().skip(start) {
-            let taken = match self.matches(rule, &flow) {
+            match self.matches(rule, &flow) {
                 Some(false) => continue,
-                Some(true) => false,
-                None => {
-                    // Both: the rule's branch, and the rest of the chain.
-                    out.extend(self.run_from(table, chain, rules, i + 1, flow.clone(), depth)?);
-                    true
-                }
-            };
-            let _ = taken;
+                Some(true) => {}
+                // Both: the rest of the chain, and (below) the rule's branch.
+                None => out.extend(self.run_from(table, chain, rules, i + 1, flow.clone(), depth)?),
+            }
             let mut flow = flow;
             flow.path.push(Step { table: table.into(), chain: chain.into(), line: rule.line, text: rule.text.clone() });
             let exit = match &rule.target {
@@ -261,7 +257,8 @@ fn ending(exit: Exit, flow: &Flow) -> Ending {
     }
 }
 
-/// Adds each jump whose built-in chain the ruleset does not define.
+/// Adds each jump whose built-in chain the ruleset does not define, in
+/// the order the host's `iptables -I` leaves them (the last one first).
 fn add_host_jumps(rules: &mut ParsedRuleset, jumps: &[Jump]) -> Result<(), TraceError> {
     for jump in jumps {
         let defined = rules.tables.get(jump.table).is_some_and(|t| t.contains_key(jump.from))
@@ -273,7 +270,7 @@ fn add_host_jumps(rules: &mut ParsedRuleset, jumps: &[Jump]) -> Result<(), Trace
         args.extend(["-j".to_string(), jump.to.to_string()]);
         let text = format!("-A {} {}", jump.from, args.join(" "));
         let rule = parse_rule(0, &text, &args)?;
-        rules.push(jump.table, jump.from, rule);
+        rules.tables.entry(jump.table.into()).or_default().entry(jump.from.into()).or_default().insert(0, rule);
     }
     Ok(())
 }
