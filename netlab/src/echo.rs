@@ -2,7 +2,9 @@
 //! `<name> <peer address>`, and the clients that ask them.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+
+use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -93,19 +95,43 @@ impl Drop for EchoServer {
     }
 }
 
-/// One TCP request from inside `ns`.
-pub fn tcp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
-    let Ok(to) = to.parse::<SocketAddr>() else {
-        return Reply::Error(format!("bad address {to}"));
-    };
-    let result = ns.enter(move || {
-        let mut conn = match TcpStream::connect_timeout(&to, timeout) {
+/// A request from inside a namespace, optionally from a given source address.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    pub to: SocketAddr,
+    pub from: Option<IpAddr>,
+    pub timeout: Duration,
+}
+
+impl Request {
+    pub fn tcp(&self, ns: &Ns) -> Reply {
+        let req = *self;
+        ns.enter(move || req.tcp_here()).unwrap_or_else(|e| Reply::Error(e.to_string()))
+    }
+
+    pub fn udp(&self, ns: &Ns) -> Reply {
+        let req = *self;
+        ns.enter(move || req.udp_here()).unwrap_or_else(|e| Reply::Error(e.to_string()))
+    }
+
+    fn tcp_here(&self) -> Reply {
+        let domain = if self.to.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let connected = Socket::new(domain, Type::STREAM, Some(SockProtocol::TCP)).and_then(|socket| {
+            if let Some(src) = self.from {
+                socket.bind(&SocketAddr::new(src, 0).into())?;
+            }
+            socket.connect_timeout(&self.to.into(), self.timeout)?;
+            Ok(TcpStream::from(socket))
+        });
+        let mut conn = match connected {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Reply::Refused,
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Reply::Timeout,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
+                return Reply::Timeout;
+            }
             Err(e) => return Reply::Error(e.to_string()),
         };
-        let _ = conn.set_read_timeout(Some(timeout));
+        let _ = conn.set_read_timeout(Some(self.timeout));
         let mut text = String::new();
         match conn.read_to_string(&mut text) {
             Ok(_) => Reply::parse(&text),
@@ -114,24 +140,17 @@ pub fn tcp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
             }
             Err(e) => Reply::Error(e.to_string()),
         }
-    });
-    result.unwrap_or_else(|e| Reply::Error(e.to_string()))
-}
+    }
 
-/// One UDP request (a datagram and its answer) from inside `ns`.
-pub fn udp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
-    let Ok(to) = to.parse::<SocketAddr>() else {
-        return Reply::Error(format!("bad address {to}"));
-    };
-    let result = ns.enter(move || {
-        let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
-        let socket = match UdpSocket::bind(bind) {
+    fn udp_here(&self) -> Reply {
+        let any: IpAddr = if self.to.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+        let socket = match UdpSocket::bind(SocketAddr::new(self.from.unwrap_or(any), 0)) {
             Ok(s) => s,
             Err(e) => return Reply::Error(e.to_string()),
         };
-        let _ = socket.set_read_timeout(Some(timeout));
+        let _ = socket.set_read_timeout(Some(self.timeout));
         // Connected, so that an ICMP port-unreachable (a REJECT) is reported.
-        if let Err(e) = socket.connect(to).and_then(|_| socket.send(b"hello\n")) {
+        if let Err(e) = socket.connect(self.to).and_then(|_| socket.send(b"hello\n")) {
             return Reply::Error(e.to_string());
         }
         let mut buf = [0u8; 1500];
@@ -143,6 +162,20 @@ pub fn udp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
             }
             Err(e) => Reply::Error(e.to_string()),
         }
-    });
-    result.unwrap_or_else(|e| Reply::Error(e.to_string()))
+    }
+}
+
+fn request(to: &str, timeout: Duration) -> Result<Request, Reply> {
+    let to = to.parse::<SocketAddr>().map_err(|_| Reply::Error(format!("bad address {to}")))?;
+    Ok(Request { to, from: None, timeout })
+}
+
+/// One TCP request from inside `ns`.
+pub fn tcp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
+    request(to, timeout).map(|r| r.tcp(ns)).unwrap_or_else(|e| e)
+}
+
+/// One UDP request (a datagram and its answer) from inside `ns`.
+pub fn udp_request(ns: &Ns, to: &str, timeout: Duration) -> Reply {
+    request(to, timeout).map(|r| r.udp(ns)).unwrap_or_else(|e| e)
 }

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use clap::Parser;
 use kpx::config::{Config, Flags};
 use kpx::source::Event;
 use kpx::source::manifests::parse_documents;
 use kpx::state::State;
 use kpx_rules::model::{IpFamily, Protocol, ServicePort};
-use clap::Parser;
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -99,8 +99,7 @@ impl Case {
             .into_iter()
             .map(|file| {
                 let text = std::fs::read_to_string(&file).unwrap();
-                let mut case: Case =
-                    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                let mut case: Case = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
                 case.file = file;
                 case
             })

@@ -4,6 +4,7 @@
 
 mod cases;
 mod conformance;
+mod conformance_kernel;
 mod golden;
 mod kernel_iptables;
 mod sandbox;
