@@ -25,6 +25,39 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// kpx: a Kubernetes service proxy whose proxy modes are sandboxed WebAssembly components.
+/// The command line: kube-proxy's flags, or a kpx subcommand.
+#[derive(Debug, Parser)]
+#[command(name = "kpx", version = crate::VERSION_TEXT, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub flags: Flags,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Explain where a packet goes through this node's live rules.
+    Trace(TraceArgs),
+}
+
+/// `kpx trace --from IP --to IP:PORT/PROTO [--mode M]`.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    /// The packet's source address (one of the node's own means the node sends it).
+    #[arg(long)]
+    pub from: std::net::IpAddr,
+    /// Destination as IP:PORT/PROTO, e.g. 10.96.0.10:80/tcp or [fd00::10]:53/udp.
+    #[arg(long)]
+    pub to: String,
+    /// The interface the packet arrives on (for interface-based local detection).
+    #[arg(long = "in-interface")]
+    pub in_interface: Option<String>,
+    /// Which mode's rules to read: iptables.
+    #[arg(long, default_value = "iptables")]
+    pub mode: String,
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "kpx", version = crate::VERSION_TEXT)]
 pub struct Flags {
@@ -35,7 +68,7 @@ pub struct Flags {
     /// A YAML or JSON file, or a directory of them, holding v1 Service,
     /// discovery.k8s.io/v1 EndpointSlice and v1 Node objects; watched for changes.
     #[arg(long)]
-    pub manifests: PathBuf,
+    pub manifests: Option<PathBuf>,
 
     /// If non-empty, will be used as the name of the Node that kpx is running on.
     #[arg(long = "hostname-override", default_value = "")]
@@ -273,7 +306,9 @@ impl Flags {
         }
         Ok(Config {
             mode: self.proxy_mode,
-            manifests: self.manifests,
+            manifests: self
+                .manifests
+                .ok_or_else(|| invalid("manifests", "", "required: a file or directory of Kubernetes objects"))?,
             node_name,
             cluster_cidrs,
             detect_local_mode,

@@ -10,6 +10,7 @@ pub mod settings;
 pub mod source;
 pub mod state;
 pub mod sync;
+pub mod trace;
 pub mod validate;
 
 /// What `kpx --version` prints.

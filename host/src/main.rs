@@ -1,8 +1,14 @@
 use clap::Parser;
+use kpx::config::{Cli, Command};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<()> {
-    let flags = kpx::config::Flags::parse();
+    let cli = Cli::parse();
+    if let Some(Command::Trace(args)) = &cli.command {
+        print!("{}", kpx::trace::run(args, &kpx::kernel::SystemExec)?);
+        return Ok(());
+    }
+    let flags = cli.flags;
     let level = match flags.verbosity {
         0 => "warn",
         1..=2 => "info",

@@ -70,6 +70,20 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         assert_eq!(servers, BTreeSet::from(["be1".to_string(), "be2".to_string()]), "{proto:?}");
     }
 
+    // Localhost node ports (on by default) need route_localnet.
+    let route_localnet = lab.node.exec(&["cat", "/proc/sys/net/ipv4/conf/all/route_localnet"]).unwrap();
+    assert_eq!(route_localnet.trim(), "1", "route_localnet not set for localhost node ports");
+
+    // `kpx trace` explains the same from the live rules.
+    let explained = lab.node.exec(&[KPX, "trace", "--from", "192.168.100.2", "--to", "10.96.0.10:80/tcp"]).unwrap();
+    eprintln!("kpx trace:\n{explained}");
+    for needle in ["10.244.1.5:8080", "10.244.2.5:8080", "KUBE-SVC-", "masqueraded", "path 2 of 2"] {
+        assert!(explained.contains(needle), "kpx trace output lacks {needle:?}:\n{explained}");
+    }
+    let explained = lab.node.exec(&[KPX, "trace", "--from", "192.168.100.2", "--to", "10.96.0.11:80/udp"]).unwrap();
+    assert!(explained.contains("verdict: REJECT"), "{explained}");
+    eprintln!("kpx trace:\n{explained}");
+
     // Hairpin: a backend reaching itself through the service is
     // masqueraded to the node, or its reply would never return.
     let be1_ns = lab.backends[0].ns.clone();
@@ -130,4 +144,26 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
     for name in names {
         assert!(!left.contains(&name), "namespace {name} left behind");
     }
+}
+
+#[test]
+fn conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets() {
+    let Some(lab) = lab_or_skip(1, "conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets") else {
+        return;
+    };
+    let dir = temp_dir("be-liberal");
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    write_web(&manifests, &[&lab.backends[0].ip]);
+    let args = kpx_args(&manifests, &["--conntrack-tcp-be-liberal", "--iptables-localhost-nodeports=false"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let liberal = lab.node.exec(&["cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"]).unwrap();
+    assert_eq!(liberal.trim(), "1");
+    let rules = kernel_rules(&lab);
+    assert!(!rules.contains("INVALID"), "INVALID packets still dropped:\n{rules}");
+    assert!(!rules.contains("KUBE-FIREWALL"), "localnet firewall without localhost node ports:\n{rules}");
+    let localnet = lab.node.exec(&["cat", "/proc/sys/net/ipv4/conf/all/route_localnet"]).unwrap();
+    assert_eq!(localnet.trim(), "0", "route_localnet set though localhost node ports are off");
+    assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));
 }

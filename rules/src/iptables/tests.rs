@@ -151,3 +151,75 @@ fn ipv6_brackets_dnat_and_skips_other_family() {
     assert!(!out.contains("172.30.0.1"));
     assert!(out.contains("! -d ::1/128 -j KUBE-NODEPORTS"));
 }
+
+#[test]
+fn large_cluster_mode_drops_per_endpoint_comments() {
+    let mut p = proxier();
+    let many: Vec<Endpoint> =
+        (0..1001).map(|i| ep(&format!("10.{}.{}.{}", 1 + i / 65536, (i / 256) % 256, i % 256), 80)).collect();
+    p.reset(Node::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, many)]);
+    let out = text(&mut p, true);
+    let sep_rules: Vec<&str> = out.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
+    assert_eq!(sep_rules.len(), 2002);
+    assert!(sep_rules.iter().all(|l| !l.contains("--comment")), "large-cluster SEP rules carry comments");
+    assert!(out.contains("cluster IP\" -m tcp -p tcp -d 172.30.0.9"), "service-level comments stay");
+
+    // At 1000 endpoints, comments are back, and the flip rewrites every chain.
+    let mut p = proxier();
+    let some: Vec<Endpoint> = (0..1000).map(|i| ep(&format!("10.1.{}.{}", i / 256, i % 256), 80)).collect();
+    p.reset(Node::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, some)]);
+    let out = text(&mut p, true);
+    assert!(out.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).all(|l| l.contains("--comment ns/big")));
+}
+
+#[test]
+fn masquerade_bit_moves_the_mark() {
+    let mut settings = Settings::new(IpFamily::V4, "iptables");
+    settings.masquerade_bit = 10;
+    let mut p = IptablesProxier::new(settings);
+    p.reset(Node::default(), vec![]);
+    let out = text(&mut p, true);
+    assert!(out.contains("-A KUBE-MARK-MASQ -j MARK --or-mark 0x400\n"), "{out}");
+    assert!(out.contains("-m mark ! --mark 0x400/0x400 -j RETURN"));
+    assert!(!out.contains("0x4000"));
+}
+
+#[test]
+fn tcp_be_liberal_keeps_invalid_packets() {
+    let mut settings = Settings::new(IpFamily::V4, "iptables");
+    let mut p = IptablesProxier::new(settings.clone());
+    p.reset(Node::default(), vec![]);
+    assert!(text(&mut p, true).contains("--ctstate INVALID -j DROP"));
+    settings.conntrack_tcp_be_liberal = true;
+    let mut p = IptablesProxier::new(settings);
+    p.reset(Node::default(), vec![]);
+    assert!(!text(&mut p, true).contains("INVALID"));
+}
+
+#[test]
+fn health_check_node_ports_are_accepted_in_filter() {
+    let mut p = proxier();
+    let mut s = svc("ns", "local", "p", "172.30.0.9", 80, vec![ep("10.1.0.1", 80)]);
+    s.node_port = 30080;
+    s.health_check_node_port = 30000;
+    s.external_traffic_policy = TrafficPolicy::Local;
+    p.reset(Node::default(), vec![s]);
+    let out = text(&mut p, true);
+    let filter = out.split("*nat").next().unwrap();
+    assert!(filter.contains(
+        "-A KUBE-NODEPORTS -m comment --comment \"ns/local:p health check node port\" -m tcp -p tcp --dport 30000 -j ACCEPT"
+    ));
+    assert!(filter.contains(
+        "\"ns/local:p has no local endpoints\" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 30080 -j DROP"
+    ));
+}
+
+#[test]
+fn localhost_nodeports_need_the_localnet_firewall_jumps() {
+    let v4 = Settings::new(IpFamily::V4, "iptables");
+    assert!(jumps_for(&v4).iter().any(|j| j.to == "KUBE-FIREWALL"));
+    let mut off = v4.clone();
+    off.localhost_nodeports = false;
+    assert!(!jumps_for(&off).iter().any(|j| j.to == "KUBE-FIREWALL"));
+    assert!(!jumps_for(&Settings::new(IpFamily::V6, "iptables")).iter().any(|j| j.to == "KUBE-FIREWALL"));
+}
