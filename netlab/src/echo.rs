@@ -54,25 +54,19 @@ impl EchoServer {
     /// Serves TCP and UDP on `addr` (e.g. "0.0.0.0:8080") inside `ns`.
     pub fn start(ns: &Ns, name: &str, addr: &str) -> Result<EchoServer> {
         let addr: SocketAddr = addr.parse().map_err(|e| crate::Error::Unavailable(format!("{addr}: {e}")))?;
-        let (tcp, udp) = ns.enter(move || -> std::io::Result<(TcpListener, UdpSocket)> {
-            Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?))
-        })??;
-        tcp.set_nonblocking(true)?;
+        let (tcp, udp, sctp) =
+            ns.enter(move || -> std::io::Result<(TcpListener, UdpSocket, Option<TcpListener>)> {
+                Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?, sctp_listener(addr).ok()))
+            })??;
         udp.set_read_timeout(Some(Duration::from_millis(50)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        let (name_tcp, stop_tcp) = (name.to_string(), stop.clone());
-        threads.push(std::thread::spawn(move || {
-            while !stop_tcp.load(Ordering::Relaxed) {
-                match tcp.accept() {
-                    Ok((mut conn, peer)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.write_all(format!("{name_tcp} {peer}\n").as_bytes());
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }));
+        tcp.set_nonblocking(true)?;
+        for listener in std::iter::once(tcp).chain(sctp) {
+            listener.set_nonblocking(true)?;
+            let (name, stop) = (name.to_string(), stop.clone());
+            threads.push(std::thread::spawn(move || serve_stream(&listener, &name, &stop)));
+        }
         let (name_udp, stop_udp) = (name.to_string(), stop.clone());
         threads.push(std::thread::spawn(move || {
             let mut buf = [0u8; 1500];
@@ -84,6 +78,39 @@ impl EchoServer {
         }));
         Ok(EchoServer { stop, threads })
     }
+}
+
+/// Answers each connection on a (TCP or SCTP) stream listener.
+fn serve_stream(listener: &TcpListener, name: &str, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((mut conn, peer)) => {
+                let _ = conn.set_nonblocking(false);
+                let _ = conn.write_all(format!("{name} {peer}\n").as_bytes());
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+const IPPROTO_SCTP: i32 = 132;
+
+/// An SCTP one-to-one (stream) listener, where the kernel has SCTP.
+fn sctp_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let socket = Socket::new(domain, Type::STREAM, Some(SockProtocol::from(IPPROTO_SCTP)))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(64)?;
+    Ok(TcpListener::from(socket))
+}
+
+/// Whether this kernel (in the current namespace) offers SCTP sockets;
+/// the error says why not.
+pub fn sctp_supported() -> Result<(), String> {
+    Socket::new(Domain::IPV4, Type::STREAM, Some(SockProtocol::from(IPPROTO_SCTP)))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 impl Drop for EchoServer {
@@ -106,7 +133,13 @@ pub struct Request {
 impl Request {
     pub fn tcp(&self, ns: &Ns) -> Reply {
         let req = *self;
-        ns.enter(move || req.tcp_here()).unwrap_or_else(|e| Reply::Error(e.to_string()))
+        ns.enter(move || req.stream_here(SockProtocol::TCP)).unwrap_or_else(|e| Reply::Error(e.to_string()))
+    }
+
+    pub fn sctp(&self, ns: &Ns) -> Reply {
+        let req = *self;
+        ns.enter(move || req.stream_here(SockProtocol::from(IPPROTO_SCTP)))
+            .unwrap_or_else(|e| Reply::Error(e.to_string()))
     }
 
     pub fn udp(&self, ns: &Ns) -> Reply {
@@ -114,9 +147,9 @@ impl Request {
         ns.enter(move || req.udp_here()).unwrap_or_else(|e| Reply::Error(e.to_string()))
     }
 
-    fn tcp_here(&self) -> Reply {
+    fn stream_here(&self, protocol: SockProtocol) -> Reply {
         let domain = if self.to.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-        let connected = Socket::new(domain, Type::STREAM, Some(SockProtocol::TCP)).and_then(|socket| {
+        let connected = Socket::new(domain, Type::STREAM, Some(protocol)).and_then(|socket| {
             if let Some(src) = self.from {
                 socket.bind(&SocketAddr::new(src, 0).into())?;
             }

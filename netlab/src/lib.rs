@@ -11,7 +11,7 @@ mod echo;
 pub mod node;
 pub mod routed;
 
-pub use echo::{EchoServer, Reply, Request, tcp_request, udp_request};
+pub use echo::{EchoServer, Reply, Request, sctp_supported, tcp_request, udp_request};
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

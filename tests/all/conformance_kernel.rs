@@ -6,8 +6,9 @@
 //!
 //! ACCEPT to a node address is shown by a listener on the node answering;
 //! elsewhere DROP and ACCEPT both leave the client unanswered (the node's
-//! default route leads to a sink). SCTP flows and packets to 127.0.0.1
-//! from another host are traced only.
+//! default route leads to a sink). SCTP flows run where the kernel has
+//! SCTP; they, and packets to 127.0.0.1 from another host, are otherwise
+//! traced only, with the reason printed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -116,13 +117,15 @@ impl CaseLab {
 }
 
 /// Why a flow is left to the tracer.
-fn kernel_skip(case: &Case, flow: &Flow) -> Option<&'static str> {
+fn kernel_skip(case: &Case, flow: &Flow) -> Option<String> {
     let from_node = flow.from.is_loopback() || case.node.addresses.contains(&flow.from);
-    if flow.protocol() == Protocol::Sctp {
-        return Some("SCTP has no std socket; traced only");
+    if flow.protocol() == Protocol::Sctp
+        && let Err(why) = kpx_netlab::sctp_supported()
+    {
+        return Some(format!("this kernel has no SCTP sockets ({why})"));
     }
     if flow.destination().0.is_loopback() && !from_node {
-        return Some("another host cannot send to 127.0.0.1");
+        return Some("another host cannot send to 127.0.0.1".into());
     }
     None
 }
@@ -134,7 +137,8 @@ fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow) -> Result<String, String>
     let req = Request { to: SocketAddr::new(dst, port), from, timeout };
     let send = || match flow.protocol() {
         Protocol::Udp => req.udp(ns),
-        _ => req.tcp(ns),
+        Protocol::Sctp => req.sctp(ns),
+        Protocol::Tcp => req.tcp(ns),
     };
     let expected: BTreeSet<String> = flow.expect.split(", ").map(str::to_string).collect();
     match flow.expect.as_str() {
