@@ -60,6 +60,7 @@ pub fn families() -> Vec<IpFamily> {
 
 /// Runs kpx until the source stops.
 pub fn run(config: Config) -> Result<(), Error> {
+    crate::kernel::conntrack::apply(&config.conntrack, config.conntrack_tcp_be_liberal, &Sysctl::default());
     let plugin = Arc::new(load_backend(&config)?);
     let config = Arc::new(config);
     tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
@@ -78,5 +79,21 @@ pub fn run(config: Config) -> Result<(), Error> {
         .expect("spawn the manifest source thread");
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
+    Ok(())
+}
+
+/// `--cleanup`: removes kube-proxy's iptables chains and jumps (both
+/// families) and its nftables tables, then returns.
+pub fn cleanup() -> Result<(), crate::kernel::Error> {
+    for family in families() {
+        let removed = IptablesKernel::new(family, Box::new(SystemExec)).cleanup()?;
+        tracing::info!(%family, chains = removed, "removed iptables rules");
+    }
+    for family in ["ip", "ip6"] {
+        // Absent tables (or no nft at all) are fine: nothing to remove.
+        if crate::kernel::Exec::run(&SystemExec, "nft", &["delete", "table", family, "kube-proxy"], None).is_ok() {
+            tracing::info!(family, "removed nftables table kube-proxy");
+        }
+    }
     Ok(())
 }

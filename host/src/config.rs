@@ -102,6 +102,34 @@ pub struct Flags {
     #[arg(long = "conntrack-tcp-be-liberal", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
 
+    /// Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore --conntrack-min).
+    #[arg(long = "conntrack-max-per-core", default_value_t = 32768, allow_negative_numbers = true)]
+    pub conntrack_max_per_core: i32,
+
+    /// Minimum number of conntrack entries to allocate, regardless of --conntrack-max-per-core.
+    #[arg(long = "conntrack-min", default_value_t = 131072, allow_negative_numbers = true)]
+    pub conntrack_min: i32,
+
+    /// Idle timeout for established TCP connections (0 to leave as-is).
+    #[arg(long = "conntrack-tcp-timeout-established", default_value = "24h0m0s", allow_hyphen_values = true)]
+    pub conntrack_tcp_timeout_established: String,
+
+    /// NAT timeout for TCP connections in the CLOSE_WAIT state.
+    #[arg(long = "conntrack-tcp-timeout-close-wait", default_value = "1h0m0s", allow_hyphen_values = true)]
+    pub conntrack_tcp_timeout_close_wait: String,
+
+    /// Idle timeout for UNREPLIED UDP connections (0 to leave as-is).
+    #[arg(long = "conntrack-udp-timeout", default_value = "0s", allow_hyphen_values = true)]
+    pub conntrack_udp_timeout: String,
+
+    /// Idle timeout for ASSURED UDP connections (0 to leave as-is).
+    #[arg(long = "conntrack-udp-timeout-stream", default_value = "0s", allow_hyphen_values = true)]
+    pub conntrack_udp_timeout_stream: String,
+
+    /// If true, remove the rules kpx (or kube-proxy) created, and exit.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub cleanup: bool,
+
     /// Overrides kpx's idea of the node's primary IP (0.0.0.0 or :: leaves it to the Node object).
     #[arg(long = "bind-address", default_value = "0.0.0.0")]
     pub bind_address: String,
@@ -115,11 +143,11 @@ pub struct Flags {
     pub iptables_masquerade_bit: i32,
 
     /// The minimum period between iptables rule resyncs (e.g. '5s', '1m', '2h22m'); 0 resyncs on every change.
-    #[arg(long = "iptables-min-sync-period", default_value = "1s")]
+    #[arg(long = "iptables-min-sync-period", default_value = "1s", allow_hyphen_values = true)]
     pub iptables_min_sync_period: String,
 
     /// An interval (e.g. '5s', '1m', '2h22m') indicating how frequently various re-syncing operations are performed. Must be greater than 0.
-    #[arg(long = "iptables-sync-period", default_value = "30s")]
+    #[arg(long = "iptables-sync-period", default_value = "30s", allow_hyphen_values = true)]
     pub iptables_sync_period: String,
 
     /// kpx: a backend component (.wasm) to use instead of the mode's built-in one.
@@ -158,6 +186,8 @@ pub struct Config {
     pub nodeport_addresses: NodePortAddresses,
     pub localhost_nodeports: bool,
     pub conntrack_tcp_be_liberal: bool,
+    pub conntrack: Conntrack,
+    pub cleanup: bool,
     /// --bind-address when it names an address.
     pub bind_address: Option<std::net::IpAddr>,
     pub masquerade_all: bool,
@@ -182,6 +212,17 @@ pub enum DetectLocalMode {
     BridgeInterface(String),
     /// Traffic arriving on interfaces with this prefix is local.
     InterfaceNamePrefix(String),
+}
+
+/// kube-proxy's conntrack settings; zero leaves a value as the kernel has it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conntrack {
+    pub max_per_core: u32,
+    pub min: u32,
+    pub tcp_established: std::time::Duration,
+    pub tcp_close_wait: std::time::Duration,
+    pub udp: std::time::Duration,
+    pub udp_stream: std::time::Duration,
 }
 
 /// --nodeport-addresses.
@@ -272,6 +313,18 @@ impl Flags {
                 "\"primary\" cannot be combined with CIDRs",
             ));
         }
+        let non_negative = |flag: &'static str, value: i32| {
+            u32::try_from(value).map_err(|_| invalid(flag, &value.to_string(), "must be greater than or equal to 0"))
+        };
+        let duration = |flag: &'static str, text: &str| parse_duration(text).map_err(|e| invalid(flag, text, e));
+        let conntrack = Conntrack {
+            max_per_core: non_negative("conntrack-max-per-core", self.conntrack_max_per_core)?,
+            min: non_negative("conntrack-min", self.conntrack_min)?,
+            tcp_established: duration("conntrack-tcp-timeout-established", &self.conntrack_tcp_timeout_established)?,
+            tcp_close_wait: duration("conntrack-tcp-timeout-close-wait", &self.conntrack_tcp_timeout_close_wait)?,
+            udp: duration("conntrack-udp-timeout", &self.conntrack_udp_timeout)?,
+            udp_stream: duration("conntrack-udp-timeout-stream", &self.conntrack_udp_timeout_stream)?,
+        };
         let bind_address = match self.bind_address.trim() {
             "" => None,
             text => {
@@ -306,15 +359,21 @@ impl Flags {
         }
         Ok(Config {
             mode: self.proxy_mode,
-            manifests: self
-                .manifests
-                .ok_or_else(|| invalid("manifests", "", "required: a file or directory of Kubernetes objects"))?,
+            manifests: match (self.manifests, self.cleanup) {
+                (Some(path), _) => path,
+                (None, true) => PathBuf::new(),
+                (None, false) => {
+                    return Err(invalid("manifests", "", "required: a file or directory of Kubernetes objects"));
+                }
+            },
             node_name,
             cluster_cidrs,
             detect_local_mode,
             nodeport_addresses,
             localhost_nodeports: self.iptables_localhost_nodeports,
             conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            conntrack,
+            cleanup: self.cleanup,
             bind_address,
             masquerade_all: self.masquerade_all,
             masquerade_bit: self.iptables_masquerade_bit as u8,
@@ -382,6 +441,12 @@ mod tests {
             (vec!["--nodeport-addresses", "10.0.0.0/33"], "nodeport-addresses"),
             (vec!["--nodeport-addresses", "primary,10.0.0.0/8"], "nodeport-addresses"),
             (vec!["--bind-address", "node-a"], "bind-address"),
+            (vec!["--conntrack-max-per-core", "-1"], "conntrack-max-per-core"),
+            (vec!["--conntrack-min", "-5"], "conntrack-min"),
+            (vec!["--conntrack-tcp-timeout-established", "1d"], "conntrack-tcp-timeout-established"),
+            (vec!["--conntrack-tcp-timeout-close-wait", "-1s"], "conntrack-tcp-timeout-close-wait"),
+            (vec!["--conntrack-udp-timeout", "x"], "conntrack-udp-timeout"),
+            (vec!["--conntrack-udp-timeout-stream", "5"], "conntrack-udp-timeout-stream"),
         ] {
             let err = flags(&args).validate().unwrap_err().to_string();
             assert!(err.contains(&format!("--{flag}")), "{err}");

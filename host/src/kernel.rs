@@ -1,6 +1,7 @@
 //! Every write to the kernel goes through here: each writer runs its tool
 //! through an [`Exec`], which tests replace to see exactly what is sent.
 
+pub mod conntrack;
 pub mod exec;
 pub mod interfaces;
 pub mod iptables;

@@ -19,6 +19,10 @@ fn main() -> anyhow::Result<()> {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     let config = flags.validate()?;
+    if config.cleanup {
+        kpx::app::cleanup()?;
+        return Ok(());
+    }
     kpx::app::run(config)?;
     Ok(())
 }

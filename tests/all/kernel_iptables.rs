@@ -155,7 +155,17 @@ fn conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets() {
     let manifests = dir.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
     write_web(&manifests, &[&lab.backends[0].ip]);
-    let args = kpx_args(&manifests, &["--conntrack-tcp-be-liberal", "--iptables-localhost-nodeports=false"]);
+    let args = kpx_args(
+        &manifests,
+        &[
+            "--conntrack-tcp-be-liberal",
+            "--iptables-localhost-nodeports=false",
+            "--conntrack-tcp-timeout-established",
+            "2h",
+            "--conntrack-udp-timeout",
+            "45s",
+        ],
+    );
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
     let liberal = lab.node.exec(&["cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"]).unwrap();
@@ -166,4 +176,17 @@ fn conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets() {
     let localnet = lab.node.exec(&["cat", "/proc/sys/net/ipv4/conf/all/route_localnet"]).unwrap();
     assert_eq!(localnet.trim(), "0", "route_localnet set though localhost node ports are off");
     assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));
+    for (name, want) in [("nf_conntrack_tcp_timeout_established", "7200"), ("nf_conntrack_udp_timeout", "45")] {
+        let got = lab.node.exec(&["cat", &format!("/proc/sys/net/netfilter/{name}")]).unwrap();
+        assert_eq!(got.trim(), want, "{name}");
+    }
+
+    // --cleanup removes every chain and jump kpx made, in both families.
+    drop(kpx);
+    lab.node.exec(&[KPX, "--cleanup"]).expect("kpx --cleanup");
+    for save in ["iptables-save", "ip6tables-save"] {
+        let left = lab.node.exec(&[save]).unwrap();
+        assert!(!left.contains("KUBE-"), "{save} after --cleanup:\n{left}");
+    }
+    assert!(request(&lab, Proto::Tcp, WEB).server().is_none(), "the service still answers after --cleanup");
 }

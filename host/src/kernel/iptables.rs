@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kpx_rules::iptables::{Jump, SERVICE_CHAIN_PREFIXES};
+use kpx_rules::iptables::{FILTER_CHAINS, JUMPS, Jump, LOCALNET_JUMPS, NAT_CHAINS, SERVICE_CHAIN_PREFIXES};
 use kpx_rules::model::IpFamily;
 
 use super::{Error, Exec, Result};
@@ -57,6 +57,53 @@ impl IptablesKernel {
             }
         }
         Ok(())
+    }
+
+    /// `--cleanup`: unlinks every jump kube-proxy keeps in built-in chains,
+    /// then flushes and deletes the chains kube-proxy (and kpx) create.
+    /// Chains of other software are left alone. Returns the chains removed.
+    pub fn cleanup(&self) -> Result<usize> {
+        let iptables = self.tool("iptables");
+        for jump in JUMPS.iter().chain(LOCALNET_JUMPS) {
+            let mut rule: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table, "-D", jump.from];
+            rule.extend(jump.matches);
+            rule.extend(["-j", jump.to]);
+            // Delete every copy; stop at the first "no such rule".
+            for _ in 0..16 {
+                if self.exec.run(&iptables, &rule, None).is_err() {
+                    break;
+                }
+            }
+        }
+        let ours = |table: &str, chain: &str| {
+            SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
+                || chain == "KUBE-FIREWALL"
+                || match table {
+                    "nat" => NAT_CHAINS.contains(&chain),
+                    _ => FILTER_CHAINS.contains(&chain),
+                }
+        };
+        let mut payload = String::new();
+        let mut removed = 0;
+        for (table, chains) in self.kube_chains()? {
+            let mine: Vec<&String> = chains.iter().filter(|c| ours(&table, c)).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            removed += mine.len();
+            payload.push_str(&format!("*{table}\n"));
+            for chain in &mine {
+                payload.push_str(&format!(":{chain} - [0:0]\n"));
+            }
+            for chain in &mine {
+                payload.push_str(&format!("-X {chain}\n"));
+            }
+            payload.push_str("COMMIT\n");
+        }
+        if !payload.is_empty() {
+            self.apply(&payload)?;
+        }
+        Ok(removed)
     }
 
     /// Writes a payload in one atomic `iptables-restore --noflush`.

@@ -139,9 +139,6 @@ impl FamilyProxier {
         if localhost_nodeports(&self.settings) {
             wanted.push(("net.ipv4.conf.all.route_localnet", "1"));
         }
-        if self.settings.conntrack_tcp_be_liberal {
-            wanted.push(("net.netfilter.nf_conntrack_tcp_be_liberal", "1"));
-        }
         for (name, value) in wanted {
             if let Err(e) = self.sysctl.set(name, value) {
                 tracing::error!(family = %self.family, "cannot set {name}={value}: {e}");
