@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Built-in plugins, embedded in kpx: (crate, name used by --proxy-mode).
-const BUILT_IN: &[(&str, &str)] = &[("kpx-plugin-iptables", "iptables")];
+const BUILT_IN: &[(&str, &str)] = &[("kpx-plugin-iptables", "iptables"), ("kpx-plugin-nftables", "nftables")];
 /// Plugins built for tests only (loaded from disk with --backend-plugin).
 const TEST_ONLY: &[&str] = &["kpx-plugin-hostile"];
 

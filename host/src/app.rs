@@ -7,9 +7,10 @@ use std::sync::Arc;
 use kpx_rules::model::IpFamily;
 
 use crate::config::Config;
-use crate::kernel::SystemExec;
 use crate::kernel::iptables::IptablesKernel;
+use crate::kernel::nftables::NftablesKernel;
 use crate::kernel::sysctl::Sysctl;
+use crate::kernel::{Dataplane, SystemExec};
 use crate::runtime::{self, BackendPlugin, Runtime};
 use crate::source::manifests::ManifestSource;
 use crate::state::State;
@@ -67,8 +68,11 @@ pub fn run(config: Config) -> Result<(), Error> {
     let proxiers: Vec<FamilyProxier> = families()
         .into_iter()
         .map(|family| {
-            let kernel = IptablesKernel::new(family, Box::new(SystemExec));
-            FamilyProxier::new(config.clone(), family, plugin.clone(), kernel, Sysctl::default())
+            let dataplane = match config.mode.as_str() {
+                "nftables" => Dataplane::Nftables(NftablesKernel::new(family, Box::new(SystemExec))),
+                _ => Dataplane::Iptables(IptablesKernel::new(family, Box::new(SystemExec))),
+            };
+            FamilyProxier::new(config.clone(), family, plugin.clone(), dataplane, Sysctl::default())
         })
         .collect();
     let source = ManifestSource::new(&config.manifests)?;

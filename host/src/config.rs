@@ -61,7 +61,7 @@ pub struct TraceArgs {
 #[derive(Debug, Parser)]
 #[command(name = "kpx", version = crate::VERSION_TEXT)]
 pub struct Flags {
-    /// Which proxy mode to use: 'iptables' (default).
+    /// Which proxy mode to use: 'iptables' (default) or 'nftables'.
     #[arg(long = "proxy-mode", default_value = "iptables")]
     pub proxy_mode: String,
 
@@ -245,8 +245,8 @@ fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error 
 
 impl Flags {
     pub fn validate(self) -> Result<Config> {
-        if self.proxy_mode != "iptables" {
-            return Err(invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables"));
+        if !matches!(self.proxy_mode.as_str(), "iptables" | "nftables") {
+            return Err(invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables, nftables"));
         }
         let node_name = if self.hostname_override.trim().is_empty() {
             std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()

@@ -5,6 +5,7 @@ pub mod conntrack;
 pub mod exec;
 pub mod interfaces;
 pub mod iptables;
+pub mod nftables;
 pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};
@@ -22,3 +23,18 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The kernel writer of the running mode.
+pub enum Dataplane {
+    Iptables(iptables::IptablesKernel),
+    Nftables(nftables::NftablesKernel),
+}
+
+impl Dataplane {
+    pub fn exec(&self) -> &dyn Exec {
+        match self {
+            Dataplane::Iptables(k) => k.exec(),
+            Dataplane::Nftables(k) => k.exec(),
+        }
+    }
+}

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kpx_rules::model::{Change, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, Ruleset, ServicePort, Settings};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
@@ -259,10 +259,10 @@ impl BackendInstance {
     }
 
     /// Replaces the plugin's whole state.
-    pub fn reset(&mut self, node: &Node, services: &[ServicePort]) -> Result<()> {
+    pub fn reset(&mut self, node: &Node, cluster: &Cluster, services: &[ServicePort]) -> Result<()> {
         self.refuel(objects(services));
         let bindings = self.bindings().clone();
-        let result = bindings.reset(&mut self.store, node, services);
+        let result = bindings.reset(&mut self.store, node, cluster, services);
         self.check("reset", result)
     }
 

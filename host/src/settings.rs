@@ -29,7 +29,8 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
     let mut s = Settings::new(family, &config.mode);
     s.masquerade_all = config.masquerade_all;
     s.masquerade_bit = config.masquerade_bit;
-    s.localhost_nodeports = config.localhost_nodeports;
+    // Localhost node ports are an iptables-mode feature.
+    s.localhost_nodeports = config.localhost_nodeports && config.mode == "iptables";
     s.conntrack_tcp_be_liberal = config.conntrack_tcp_be_liberal;
     s.local_traffic = match &config.detect_local_mode {
         DetectLocalMode::None => LocalTraffic::None,
@@ -39,7 +40,13 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
         DetectLocalMode::InterfaceNamePrefix(prefix) => LocalTraffic::InterfaceNamePrefix(prefix.clone()),
     };
     let npa = &config.nodeport_addresses;
-    if npa.primary {
+    let nftables = config.mode == "nftables";
+    let everything = npa.cidrs.iter().any(|c| c.family() == family && c.prefix_len == 0);
+    if nftables && everything {
+        // Upstream's nftables mode: 0.0.0.0/0 or ::/0 means every local address.
+        s.nodeport_addresses = NodePortAddresses::All;
+    } else if npa.primary || (nftables && npa.cidrs.is_empty()) {
+        // Upstream's nftables mode defaults to the primary addresses.
         let primary = primary_address(config, node, family).map(host_cidr);
         s.nodeport_addresses = NodePortAddresses::Only(primary.into_iter().collect());
     } else if !npa.cidrs.is_empty() {

@@ -5,6 +5,7 @@ pub mod manifests;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 /// The kinds of object kpx reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -12,6 +13,7 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl std::fmt::Display for Kind {
@@ -20,6 +22,7 @@ impl std::fmt::Display for Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         })
     }
 }
@@ -48,6 +51,7 @@ pub enum Object {
     Service(Box<Service>),
     EndpointSlice(Box<EndpointSlice>),
     Node(Box<Node>),
+    ServiceCidr(Box<ServiceCIDR>),
 }
 
 impl Object {
@@ -56,6 +60,7 @@ impl Object {
             Object::Service(o) => (Kind::Service, &o.metadata),
             Object::EndpointSlice(o) => (Kind::EndpointSlice, &o.metadata),
             Object::Node(o) => (Kind::Node, &o.metadata),
+            Object::ServiceCidr(o) => (Kind::ServiceCidr, &o.metadata),
         };
         ObjectRef {
             kind,

@@ -39,11 +39,13 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 pub struct Changes {
     pub services: BTreeSet<ServiceName>,
     pub node: bool,
+    /// ServiceCIDRs changed.
+    pub cluster: bool,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && !self.node
+        self.services.is_empty() && !self.node && !self.cluster
     }
 }
 
@@ -57,6 +59,8 @@ pub struct State {
     /// Which Service each stored slice (namespace, name) belongs to.
     slice_owner: BTreeMap<(String, String), ServiceName>,
     node: Option<Node>,
+    /// ServiceCIDR objects by name.
+    service_cidrs: BTreeMap<String, Vec<model::Cidr>>,
     changes: Changes,
     synced: bool,
 }
@@ -69,6 +73,7 @@ impl State {
             slices: BTreeMap::new(),
             slice_owner: BTreeMap::new(),
             node: None,
+            service_cidrs: BTreeMap::new(),
             changes: Changes::default(),
             synced: false,
         }
@@ -130,6 +135,14 @@ impl State {
                 self.changes.node = true;
                 true
             }
+            Event::Apply(Object::ServiceCidr(cidr)) => {
+                let name = cidr.metadata.name.clone().unwrap_or_default();
+                let cidrs =
+                    cidr.spec.iter().flat_map(|s| s.cidrs.iter().flatten()).filter_map(|c| c.parse().ok()).collect();
+                self.service_cidrs.insert(name, cidrs);
+                self.changes.cluster = true;
+                true
+            }
             Event::Delete(r) => self.delete(&r),
         }
     }
@@ -147,6 +160,11 @@ impl State {
                 true
             }
             Kind::Node => false,
+            Kind::ServiceCidr => {
+                let removed = self.service_cidrs.remove(&r.name).is_some();
+                self.changes.cluster |= removed;
+                removed
+            }
         }
     }
 
@@ -202,6 +220,15 @@ impl State {
     /// Names of every Service stored.
     pub fn service_names(&self) -> impl Iterator<Item = &ServiceName> {
         self.services.keys()
+    }
+
+    /// Cluster-wide facts for one family (ServiceCIDRs).
+    pub fn cluster(&self, family: IpFamily) -> model::Cluster {
+        let mut service_cidrs: Vec<model::Cidr> =
+            self.service_cidrs.values().flatten().filter(|c| c.family() == family).copied().collect();
+        service_cidrs.sort_by_key(|c| (c.addr, c.prefix_len));
+        service_cidrs.dedup();
+        model::Cluster { service_cidrs }
     }
 
     /// This node as one family sees it.

@@ -3,9 +3,11 @@
 //! asking the host to write a harmful rule.
 
 mod iptables;
+mod nftables;
 mod tokens;
 
 pub use iptables::check_iptables;
+pub use nftables::check_nftables;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;

@@ -9,7 +9,7 @@ pub use table::Table;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{Backend, Change, IpFamily, Node, NodePortAddresses, Ruleset, ServicePort, Settings};
+use crate::model::{Backend, Change, Cluster, IpFamily, Node, NodePortAddresses, Ruleset, ServicePort, Settings};
 
 /// nat table chains kube-proxy owns and rewrites on every sync.
 pub const NAT_CHAINS: [&str; 4] = ["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"];
@@ -228,7 +228,7 @@ impl Backend for IptablesProxier {
         }
     }
 
-    fn reset(&mut self, node: Node, services: Vec<ServicePort>) {
+    fn reset(&mut self, node: Node, _cluster: Cluster, services: Vec<ServicePort>) {
         self.node = node;
         self.changed.extend(self.services.keys().cloned());
         self.services = services.into_iter().map(|s| (s.key.clone(), s)).collect();
@@ -246,6 +246,7 @@ impl Backend for IptablesProxier {
                     self.services.remove(&key);
                     self.changed.insert(key);
                 }
+                Change::Cluster(_) => {}
                 Change::Node(node) => {
                     // The node's address decides KUBE-FW- rules: rewrite all.
                     self.changed.extend(self.services.keys().cloned());

@@ -8,5 +8,6 @@
 pub mod hash;
 pub mod iptables;
 pub mod model;
+pub mod nftables;
 pub mod trace;
 mod wit_conversions;

@@ -217,6 +217,13 @@ pub struct Node {
     pub pod_cidrs: Vec<Cidr>,
 }
 
+/// Cluster-wide facts for one family.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cluster {
+    /// ServiceCIDR ranges.
+    pub service_cidrs: Vec<Cidr>,
+}
+
 /// How traffic from local pods is recognised (`--detect-local-mode`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum LocalTraffic {
@@ -284,6 +291,7 @@ pub enum Change {
     Upsert(ServicePort),
     Remove(String),
     Node(Node),
+    Cluster(Cluster),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -306,7 +314,7 @@ pub trait Backend {
     fn new(settings: Settings) -> Self
     where
         Self: Sized;
-    fn reset(&mut self, node: Node, services: Vec<ServicePort>);
+    fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>);
     fn apply(&mut self, changes: Vec<Change>);
     fn render(&mut self, full: bool) -> Result<Ruleset, String>;
 }

@@ -9,6 +9,7 @@
 //! (`recent --rcheck`) never match.
 
 mod iptables;
+pub mod nftables;
 mod parse;
 
 pub use iptables::{IptablesTrace, Step, trace_iptables};

@@ -267,11 +267,20 @@ macro_rules! wit_conversions {
                 }
             }
 
+            pub fn to_wit_cluster(c: &model::Cluster) -> wit::Cluster {
+                wit::Cluster { service_cidrs: c.service_cidrs.iter().map(to_wit_cidr).collect() }
+            }
+
+            pub fn from_wit_cluster(c: wit::Cluster) -> model::Cluster {
+                model::Cluster { service_cidrs: c.service_cidrs.iter().map(from_wit_cidr).collect() }
+            }
+
             pub fn to_wit_change(c: &model::Change) -> wit::Change {
                 match c {
                     model::Change::Upsert(s) => wit::Change::Upsert(to_wit_service_port(s)),
                     model::Change::Remove(k) => wit::Change::Remove(k.clone()),
                     model::Change::Node(n) => wit::Change::Node(to_wit_node(n)),
+                    model::Change::Cluster(c) => wit::Change::Cluster(to_wit_cluster(c)),
                 }
             }
 
@@ -280,6 +289,7 @@ macro_rules! wit_conversions {
                     wit::Change::Upsert(s) => model::Change::Upsert(from_wit_service_port(s)),
                     wit::Change::Remove(k) => model::Change::Remove(k),
                     wit::Change::Node(n) => model::Change::Node(from_wit_node(n)),
+                    wit::Change::Cluster(c) => model::Change::Cluster(from_wit_cluster(c)),
                 }
             }
 

@@ -20,7 +20,7 @@
 use std::cell::RefCell;
 
 pub use kpx_rules::model::{
-    Backend, Change, Cidr, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, Ruleset, ServicePort,
+    Backend, Change, Cidr, Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, Ruleset, ServicePort,
     Settings, TrafficPolicy,
 };
 
@@ -92,10 +92,12 @@ impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProx
     fn reset(
         &self,
         node: __bindings::kpx::proxier::types::Node,
+        cluster: __bindings::kpx::proxier::types::Cluster,
         services: Vec<__bindings::kpx::proxier::types::ServicePort>,
     ) {
         let services = services.into_iter().map(wit_convert::from_wit_service_port).collect();
-        self.0.borrow_mut().reset(wit_convert::from_wit_node(node), services);
+        let (node, cluster) = (wit_convert::from_wit_node(node), wit_convert::from_wit_cluster(cluster));
+        self.0.borrow_mut().reset(node, cluster, services);
     }
 
     fn apply(&self, changes: Vec<__bindings::kpx::proxier::types::Change>) {

@@ -60,6 +60,10 @@ pub struct Flow {
     pub expect: String,
     #[serde(default)]
     pub masq: bool,
+    /// Where upstream's nftables mode differs by design (no localhost node
+    /// ports; unused cluster-IP ports rejected; ServiceCIDR drops).
+    #[serde(default)]
+    pub expect_nftables: Option<String>,
     /// Repeated connections from one client stay on one endpoint.
     #[serde(default)]
     pub sticky: bool,
@@ -86,6 +90,14 @@ impl Flow {
 
     pub fn family(&self) -> IpFamily {
         IpFamily::of(&self.destination().0)
+    }
+
+    /// The expected outcome in a mode.
+    pub fn expected(&self, mode: &str) -> &str {
+        match (mode, &self.expect_nftables) {
+            ("nftables", Some(e)) => e,
+            _ => &self.expect,
+        }
     }
 }
 

@@ -50,7 +50,7 @@ fn endpoint_addresses(case: &Case) -> BTreeSet<(IpAddr, u16)> {
     out
 }
 
-fn build(case: &Case) -> Result<CaseLab, kpx_netlab::Error> {
+fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
     let mut lab = Lab::new()?;
     let node = lab.add("node")?;
     make_router(&node)?;
@@ -78,7 +78,7 @@ fn build(case: &Case) -> Result<CaseLab, kpx_netlab::Error> {
         endpoints.insert(*ip, ns);
     }
     // Listeners on the node for flows that should reach it untouched.
-    for flow in case.flows.iter().filter(|f| f.expect == "ACCEPT") {
+    for flow in case.flows.iter().filter(|f| f.expected(mode) == "ACCEPT") {
         let (dst, port) = flow.destination();
         if dst.is_loopback() || case.node.addresses.contains(&dst) {
             let addr = SocketAddr::new(dst, port).to_string();
@@ -130,18 +130,19 @@ fn kernel_skip(case: &Case, flow: &Flow) -> Option<String> {
     None
 }
 
-fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow) -> Result<String, String> {
+fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow, mode: &str) -> Result<String, String> {
+    let expect = flow.expected(mode);
     let (ns, from) = lab.origin(case, flow);
     let (dst, port) = flow.destination();
-    let timeout = if flow.expect == "REJECT" { REJECT_TIMEOUT } else { TIMEOUT };
+    let timeout = if expect == "REJECT" { REJECT_TIMEOUT } else { TIMEOUT };
     let req = Request { to: SocketAddr::new(dst, port), from, timeout };
     let send = || match flow.protocol() {
         Protocol::Udp => req.udp(ns),
         Protocol::Sctp => req.sctp(ns),
         Protocol::Tcp => req.tcp(ns),
     };
-    let expected: BTreeSet<String> = flow.expect.split(", ").map(str::to_string).collect();
-    match flow.expect.as_str() {
+    let expected: BTreeSet<String> = expect.split(", ").map(str::to_string).collect();
+    match expect {
         "REJECT" => match send() {
             Reply::Refused => Ok("refused".into()),
             other => Err(format!("want refused, got {other:?}")),
@@ -161,7 +162,7 @@ fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow) -> Result<String, String>
                 match send() {
                     Reply::Answer { server, seen_from } => {
                         if !expected.contains(&server) {
-                            return Err(format!("answered by {server}, want one of {}", flow.expect));
+                            return Err(format!("answered by {server}, want one of {expect}"));
                         }
                         let masqueraded = seen_from != flow.from.to_string();
                         if masqueraded != flow.masq {
@@ -172,7 +173,7 @@ fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow) -> Result<String, String>
                         }
                         seen.insert(server);
                     }
-                    other => return Err(format!("want an answer from {}, got {other:?}", flow.expect)),
+                    other => return Err(format!("want an answer from {expect}, got {other:?}")),
                 }
                 if !flow.sticky && seen == expected {
                     break;
@@ -185,22 +186,31 @@ fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow) -> Result<String, String>
                 return Ok(format!("sticky to {}", seen.iter().next().unwrap()));
             }
             if seen != expected {
-                return Err(format!("reached only {seen:?} of {}", flow.expect));
+                return Err(format!("reached only {seen:?} of {expect}"));
             }
-            Ok(format!("reached {}", flow.expect))
+            Ok(format!("reached {expect}"))
         }
     }
 }
 
 #[test]
 fn iptables_mode_passes_every_case_in_the_kernel() {
+    run("iptables");
+}
+
+#[test]
+fn nftables_mode_passes_every_case_in_the_kernel() {
+    run("nftables");
+}
+
+fn run(mode: &str) {
     if let Err(kpx_netlab::Error::Unavailable(why)) = Lab::new() {
-        eprintln!("SKIPPED iptables_mode_passes_every_case_in_the_kernel: {why}");
+        eprintln!("SKIPPED conformance in the kernel ({mode}): {why}");
         return;
     }
     let (mut passed, mut skipped, mut failures) = (0, 0, Vec::new());
     for case in Case::load_all() {
-        let lab = build(&case).unwrap_or_else(|e| panic!("{}: building the lab: {e}", case.label()));
+        let lab = build(&case, mode).unwrap_or_else(|e| panic!("{}: building the lab: {e}", case.label()));
         let dir = temp_dir("conformance");
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
@@ -215,6 +225,7 @@ fn iptables_mode_passes_every_case_in_the_kernel() {
             plugin_cache(),
         ];
         args.extend(case.flags.iter().cloned());
+        args.extend(["--proxy-mode".to_string(), mode.to_string()]);
         let log = dir.join("kpx.log");
         let file = std::fs::File::create(&log).unwrap();
         let mut kpx = lab
@@ -239,7 +250,7 @@ fn iptables_mode_passes_every_case_in_the_kernel() {
                 eprintln!("  {} / {}: traced only ({why})", case.label(), flow.name);
                 continue;
             }
-            match check_flow(&case, &lab, flow) {
+            match check_flow(&case, &lab, flow, mode) {
                 Ok(_) => passed += 1,
                 Err(e) => failures.push(format!(
                     "{} / {}: {} -> {} {}: {e}\n    (the case: {})",
@@ -254,14 +265,18 @@ fn iptables_mode_passes_every_case_in_the_kernel() {
         }
         let _ = kpx.kill();
         let _ = kpx.wait();
+        if !synced(&std::fs::read_to_string(&log).unwrap_or_default()) {
+            failures.push(format!(
+                "{}: kpx never synced:\n{}",
+                case.label(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+        }
         if !failures.is_empty() && std::env::var_os("KPX_KEEP_LOG").is_some() {
             eprintln!("{}", std::fs::read_to_string(&log).unwrap_or_default());
         }
         drop(lab);
     }
-    eprintln!(
-        "conformance (kernel, iptables): {passed} flows passed, {skipped} traced only, {} failed",
-        failures.len()
-    );
+    eprintln!("conformance (kernel, {mode}): {passed} flows passed, {skipped} traced only, {} failed", failures.len());
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

@@ -27,7 +27,7 @@ fn render_case(yaml: &str) -> String {
         settings.local_traffic = LocalTraffic::Cidrs(vec![cidr.parse::<Cidr>().unwrap()]);
         let ports: Vec<_> = state.service_names().flat_map(|n| state.service_ports(family, n)).collect();
         let mut instance = plugin.instantiate(&settings).unwrap();
-        instance.reset(&state.node(family), &ports).unwrap();
+        instance.reset(&state.node(family), &state.cluster(family), &ports).unwrap();
         let text = instance.render(true, 0).unwrap().text().to_string();
         let ctx = Context {
             plugin: "iptables".into(),

@@ -1,5 +1,5 @@
 use super::*;
-use kpx_rules::model::{IpFamily, Settings};
+use kpx_rules::model::{Cluster, IpFamily, Settings};
 
 fn hostile_bytes() -> Vec<u8> {
     std::fs::read(format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap()
@@ -64,7 +64,7 @@ fn incompatible_or_unmarked_plugins_are_refused_before_compiling() {
 fn hostile_render(limits: Limits, name: &str) -> (Error, PluginStats) {
     let plugin = runtime(limits).load_backend("hostile", &hostile_bytes()).unwrap();
     let mut instance = plugin.instantiate(&Settings::new(IpFamily::V4, "iptables")).unwrap();
-    instance.reset(&Node::default(), &[service(name)]).unwrap();
+    instance.reset(&Node::default(), &Cluster::default(), &[service(name)]).unwrap();
     let err = instance.render(true, 1).expect_err("hostile render must fail");
     let stats = PluginStats::default();
     stats.traps.store(plugin.stats().traps.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -110,10 +110,10 @@ fn a_fresh_instance_after_a_trap_works() {
     let plugin = runtime(Limits::default()).load_backend("hostile", &hostile_bytes()).unwrap();
     let settings = Settings::new(IpFamily::V4, "iptables");
     let mut bad = plugin.instantiate(&settings).unwrap();
-    bad.reset(&Node::default(), &[service("hostile-trap")]).unwrap();
+    bad.reset(&Node::default(), &Cluster::default(), &[service("hostile-trap")]).unwrap();
     assert!(bad.render(true, 1).is_err());
     let mut fresh = plugin.instantiate(&settings).unwrap();
-    fresh.reset(&Node::default(), &[service("fine")]).unwrap();
+    fresh.reset(&Node::default(), &Cluster::default(), &[service("fine")]).unwrap();
     let text = fresh.render(true, 1).unwrap();
     assert!(text.text().contains("t/fine has no endpoints"));
     assert_eq!(plugin.stats().instances.load(Ordering::Relaxed), 2);

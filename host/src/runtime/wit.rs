@@ -3,7 +3,7 @@
 
 pub mod since_v0_1_0;
 
-use kpx_rules::model::{Change, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, Ruleset, ServicePort, Settings};
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Linker};
 
@@ -42,9 +42,15 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn reset(&self, store: &mut Store<PluginState>, node: &Node, services: &[ServicePort]) -> wasmtime::Result<()> {
+    pub fn reset(
+        &self,
+        store: &mut Store<PluginState>,
+        node: &Node,
+        cluster: &Cluster,
+        services: &[ServicePort],
+    ) -> wasmtime::Result<()> {
         match self {
-            Backend::V0_1_0(i) => i.reset(store, node, services),
+            Backend::V0_1_0(i) => i.reset(store, node, cluster, services),
         }
     }
 

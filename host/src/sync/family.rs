@@ -1,14 +1,17 @@
 //! One IP family's path from state to kernel: changes → plugin → validator
-//! → iptables-restore. Whatever fails, the kernel keeps the last good rules.
+//! → iptables-restore or nft. Whatever fails, the kernel keeps the last
+//! good rules.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use kpx_rules::iptables::{jumps_for, localhost_nodeports};
-use kpx_rules::model::{Change, IpFamily, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, IpFamily, Node, Ruleset, ServicePort, Settings};
 
 use crate::config::Config;
-use crate::kernel::iptables::{IptablesKernel, with_stale_chains_removed};
+use crate::kernel::Dataplane;
+use crate::kernel::iptables::with_stale_chains_removed;
+use crate::kernel::nftables::with_stale_objects_removed;
 use crate::kernel::{interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
 use crate::settings;
@@ -55,7 +58,8 @@ pub struct FamilyProxier {
     /// Keys sent for each Service.
     keys_of: BTreeMap<ServiceName, Vec<String>>,
     node: Node,
-    kernel: IptablesKernel,
+    cluster: Cluster,
+    dataplane: Dataplane,
     /// KUBE- chains in the kernel, by table: read back on full syncs, then
     /// kept up to date from each payload written.
     chains: BTreeMap<String, BTreeSet<String>>,
@@ -67,7 +71,7 @@ impl FamilyProxier {
         config: Arc<Config>,
         family: IpFamily,
         plugin: Arc<BackendPlugin>,
-        kernel: IptablesKernel,
+        dataplane: Dataplane,
         sysctl: Sysctl,
     ) -> FamilyProxier {
         let settings = settings::settings_for(&config, family, &Node::default(), &[]);
@@ -82,7 +86,8 @@ impl FamilyProxier {
             sent: BTreeMap::new(),
             keys_of: BTreeMap::new(),
             node: Node::default(),
-            kernel,
+            cluster: Cluster::default(),
+            dataplane,
             chains: BTreeMap::new(),
             need_full: true,
         }
@@ -111,6 +116,13 @@ impl FamilyProxier {
                     self.sent.insert(port.key.clone(), port.clone());
                     out.push(Change::Upsert(port));
                 }
+            }
+        }
+        if changes.cluster {
+            let cluster = state.cluster(self.family);
+            if cluster != self.cluster {
+                self.cluster = cluster.clone();
+                out.push(Change::Cluster(cluster));
             }
         }
         if changes.node {
@@ -152,7 +164,7 @@ impl FamilyProxier {
         let plugin_changes = self.collect_changes(state, changes);
         let full = full || self.need_full;
         if full && !self.config.nodeport_addresses.cidrs.is_empty() {
-            match interfaces::local_addresses(self.kernel.exec()) {
+            match interfaces::local_addresses(self.dataplane.exec()) {
                 Ok(addresses) => self.local_addresses = addresses,
                 Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
             }
@@ -171,38 +183,49 @@ impl FamilyProxier {
         if self.instance.is_none() {
             let mut instance = self.plugin.instantiate(&self.settings)?;
             let services: Vec<ServicePort> = self.sent.values().cloned().collect();
-            instance.reset(&self.node, &services)?;
+            instance.reset(&self.node, &self.cluster, &services)?;
             self.instance = Some(instance);
             full = true;
         } else if !changes.is_empty() {
             self.call(|i| i.apply(changes))?;
         }
         let ruleset = self.call(|i| i.render(full, state_size))?;
-        let Ruleset::Iptables(payload) = ruleset else {
-            return Err(Error::WrongMode(self.plugin.name().to_string()));
-        };
-
         let kernel_err = |source| Error::Kernel { family: self.family, source };
-        let payload = if full {
-            self.chains = self.kernel.kube_chains().map_err(kernel_err)?;
-            with_stale_chains_removed(&payload, &self.chains)
-        } else {
-            payload
+        let mut ctx =
+            Context { plugin: self.plugin.name().to_string(), endpoints: self.endpoints(), ..Default::default() };
+        let payload = match (ruleset, &self.dataplane) {
+            (Ruleset::Iptables(payload), Dataplane::Iptables(kernel)) => {
+                let payload = if full {
+                    self.chains = kernel.kube_chains().map_err(kernel_err)?;
+                    with_stale_chains_removed(&payload, &self.chains)
+                } else {
+                    payload
+                };
+                ctx.existing_chains = std::mem::take(&mut self.chains);
+                let checked = validate::check_iptables(&payload, &ctx);
+                self.chains = std::mem::take(&mut ctx.existing_chains);
+                checked?;
+                if full {
+                    self.ensure_sysctls();
+                    kernel.ensure_jumps(&jumps_for(&self.settings)).map_err(kernel_err)?;
+                }
+                kernel.apply(&payload).map_err(kernel_err)?;
+                track_chains(&mut self.chains, &payload);
+                payload
+            }
+            (Ruleset::Nftables(payload), Dataplane::Nftables(kernel)) => {
+                let payload = if full {
+                    let objects = kernel.objects().map_err(kernel_err)?;
+                    with_stale_objects_removed(&payload, self.family, &objects)
+                } else {
+                    payload
+                };
+                validate::check_nftables(&payload, self.family, &ctx)?;
+                kernel.apply(&payload).map_err(kernel_err)?;
+                payload
+            }
+            _ => return Err(Error::WrongMode(self.plugin.name().to_string())),
         };
-        let ctx = Context {
-            plugin: self.plugin.name().to_string(),
-            endpoints: self.endpoints(),
-            existing_chains: std::mem::take(&mut self.chains),
-        };
-        let checked = validate::check_iptables(&payload, &ctx);
-        self.chains = ctx.existing_chains;
-        checked?;
-        if full {
-            self.ensure_sysctls();
-            self.kernel.ensure_jumps(&jumps_for(&self.settings)).map_err(kernel_err)?;
-        }
-        self.kernel.apply(&payload).map_err(kernel_err)?;
-        track_chains(&mut self.chains, &payload);
         self.need_full = false;
         Ok(Report { full, changes: n_changes, bytes: payload.len() })
     }

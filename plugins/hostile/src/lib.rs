@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 
 use kpx_rules::iptables::IptablesProxier;
-use kpx_sdk::{Backend, Change, Node, Ruleset, ServicePort, Settings};
+use kpx_sdk::{Backend, Change, Cluster, Node, Ruleset, ServicePort, Settings};
 
 pub struct Hostile {
     inner: IptablesProxier,
@@ -33,9 +33,9 @@ impl Backend for Hostile {
         Hostile { inner: IptablesProxier::new(settings), names: Default::default() }
     }
 
-    fn reset(&mut self, node: Node, services: Vec<ServicePort>) {
+    fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>) {
         self.names = services.iter().map(|s| s.name.clone()).collect();
-        self.inner.reset(node, services);
+        self.inner.reset(node, cluster, services);
     }
 
     fn apply(&mut self, changes: Vec<Change>) {
@@ -48,7 +48,7 @@ impl Backend for Hostile {
                     let name = key.split('/').nth(1).unwrap_or("").split(':').next().unwrap_or("");
                     self.names.remove(name);
                 }
-                Change::Node(_) => {}
+                Change::Node(_) | Change::Cluster(_) => {}
             }
         }
         self.inner.apply(changes);

@@ -1,6 +1,6 @@
 use super::*;
 use crate::hash::{endpoint_chain, service_chain};
-use crate::model::{Conditions, Endpoint, IpFamily, LocalTraffic, Protocol, TrafficPolicy};
+use crate::model::{Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Protocol, TrafficPolicy};
 
 fn ep(ip: &str, port: u16) -> Endpoint {
     Endpoint {
@@ -57,6 +57,7 @@ fn matches_upstream_sample() {
     let mut p = proxier();
     p.reset(
         Node::default(),
+        Cluster::default(),
         vec![svc("ns4", "svc4", "p80", "172.30.0.44", 80, vec![ep("10.180.0.4", 80), ep("10.180.0.5", 80)])],
     );
     let out = text(&mut p, true);
@@ -83,7 +84,7 @@ fn matches_upstream_sample() {
 fn probabilities_as_upstream() {
     let mut p = proxier();
     let eps = (1..=4).map(|i| ep(&format!("10.1.0.{i}"), 8080)).collect();
-    p.reset(Node::default(), vec![svc("ns", "s", "", "172.30.0.1", 80, eps)]);
+    p.reset(Node::default(), Cluster::default(), vec![svc("ns", "s", "", "172.30.0.1", 80, eps)]);
     let out = text(&mut p, true);
     let probs: Vec<&str> =
         out.lines().filter_map(|l| l.split("--probability ").nth(1)).map(|r| r.split(' ').next().unwrap()).collect();
@@ -93,7 +94,7 @@ fn probabilities_as_upstream() {
 #[test]
 fn no_endpoints_rejects_in_filter() {
     let mut p = proxier();
-    p.reset(Node::default(), vec![svc("ns", "empty", "http", "172.30.0.9", 80, vec![])]);
+    p.reset(Node::default(), Cluster::default(), vec![svc("ns", "empty", "http", "172.30.0.9", 80, vec![])]);
     let out = text(&mut p, true);
     let filter = out.split("*nat").next().unwrap();
     assert!(filter.contains(
@@ -107,7 +108,7 @@ fn partial_render_writes_only_changed_chains_and_deletes_stale() {
     let mut p = proxier();
     let a = svc("ns", "a", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 80)]);
     let b = svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80), ep("10.1.0.3", 80)]);
-    p.reset(Node::default(), vec![a.clone(), b.clone()]);
+    p.reset(Node::default(), Cluster::default(), vec![a.clone(), b.clone()]);
     let _ = text(&mut p, true);
 
     // Nothing changed: only the top-level chains, but every service's jump.
@@ -140,6 +141,7 @@ fn ipv6_brackets_dnat_and_skips_other_family() {
     let mut p = IptablesProxier::new(settings);
     p.reset(
         Node::default(),
+        Cluster::default(),
         vec![
             svc("ns", "v6", "", "fd00::10", 80, vec![ep("fd00:1::5", 8080)]),
             svc("ns", "v4", "", "172.30.0.1", 80, vec![ep("10.0.0.1", 80)]),
@@ -157,7 +159,7 @@ fn large_cluster_mode_drops_per_endpoint_comments() {
     let mut p = proxier();
     let many: Vec<Endpoint> =
         (0..1001).map(|i| ep(&format!("10.{}.{}.{}", 1 + i / 65536, (i / 256) % 256, i % 256), 80)).collect();
-    p.reset(Node::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, many)]);
+    p.reset(Node::default(), Cluster::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, many)]);
     let out = text(&mut p, true);
     let sep_rules: Vec<&str> = out.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
     assert_eq!(sep_rules.len(), 2002);
@@ -167,7 +169,7 @@ fn large_cluster_mode_drops_per_endpoint_comments() {
     // At 1000 endpoints, comments are back, and the flip rewrites every chain.
     let mut p = proxier();
     let some: Vec<Endpoint> = (0..1000).map(|i| ep(&format!("10.1.{}.{}", i / 256, i % 256), 80)).collect();
-    p.reset(Node::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, some)]);
+    p.reset(Node::default(), Cluster::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, some)]);
     let out = text(&mut p, true);
     assert!(out.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).all(|l| l.contains("--comment ns/big")));
 }
@@ -177,7 +179,7 @@ fn masquerade_bit_moves_the_mark() {
     let mut settings = Settings::new(IpFamily::V4, "iptables");
     settings.masquerade_bit = 10;
     let mut p = IptablesProxier::new(settings);
-    p.reset(Node::default(), vec![]);
+    p.reset(Node::default(), Cluster::default(), vec![]);
     let out = text(&mut p, true);
     assert!(out.contains("-A KUBE-MARK-MASQ -j MARK --or-mark 0x400\n"), "{out}");
     assert!(out.contains("-m mark ! --mark 0x400/0x400 -j RETURN"));
@@ -188,11 +190,11 @@ fn masquerade_bit_moves_the_mark() {
 fn tcp_be_liberal_keeps_invalid_packets() {
     let mut settings = Settings::new(IpFamily::V4, "iptables");
     let mut p = IptablesProxier::new(settings.clone());
-    p.reset(Node::default(), vec![]);
+    p.reset(Node::default(), Cluster::default(), vec![]);
     assert!(text(&mut p, true).contains("--ctstate INVALID -j DROP"));
     settings.conntrack_tcp_be_liberal = true;
     let mut p = IptablesProxier::new(settings);
-    p.reset(Node::default(), vec![]);
+    p.reset(Node::default(), Cluster::default(), vec![]);
     assert!(!text(&mut p, true).contains("INVALID"));
 }
 
@@ -203,7 +205,7 @@ fn health_check_node_ports_are_accepted_in_filter() {
     s.node_port = 30080;
     s.health_check_node_port = 30000;
     s.external_traffic_policy = TrafficPolicy::Local;
-    p.reset(Node::default(), vec![s]);
+    p.reset(Node::default(), Cluster::default(), vec![s]);
     let out = text(&mut p, true);
     let filter = out.split("*nat").next().unwrap();
     assert!(filter.contains(

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kpx_rules::model::{Change, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, Ruleset, ServicePort, Settings};
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, ResourceAny};
 
@@ -76,10 +76,16 @@ pub struct Instance {
 }
 
 impl Instance {
-    pub fn reset(&self, store: &mut Store<PluginState>, node: &Node, services: &[ServicePort]) -> wasmtime::Result<()> {
+    pub fn reset(
+        &self,
+        store: &mut Store<PluginState>,
+        node: &Node,
+        cluster: &Cluster,
+        services: &[ServicePort],
+    ) -> wasmtime::Result<()> {
         let services: Vec<_> = services.iter().map(wit_convert::to_wit_service_port).collect();
-        let node = wit_convert::to_wit_node(node);
-        self.bindings.kpx_proxier_backend().proxier().call_reset(store, self.resource, &node, &services)
+        let (node, cluster) = (wit_convert::to_wit_node(node), wit_convert::to_wit_cluster(cluster));
+        self.bindings.kpx_proxier_backend().proxier().call_reset(store, self.resource, &node, &cluster, &services)
     }
 
     pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::Deserialize;
 
 use crate::source::{Kind, Object, ObjectRef};
@@ -71,11 +72,12 @@ fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>,
         "Service" => Some(Kind::Service),
         "EndpointSlice" => Some(Kind::EndpointSlice),
         "Node" => Some(Kind::Node),
+        "ServiceCIDR" => Some(Kind::ServiceCidr),
         _ => None,
     };
     let object_ref = kind_of.zip(meta("name")).map(|(kind, name)| ObjectRef {
         kind,
-        namespace: if kind == Kind::Node {
+        namespace: if matches!(kind, Kind::Node | Kind::ServiceCidr) {
             String::new()
         } else {
             meta("namespace").unwrap_or_else(|| "default".into())
@@ -107,6 +109,10 @@ fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>,
             typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Box::new(o)))
         }
         ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Box::new(o))),
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
+            typed::<ServiceCIDR>(value).and_then(check_service_cidr).map(|o| Object::ServiceCidr(Box::new(o)))
+        }
+        (_, "ServiceCIDR") => Err(format!("unsupported apiVersion {api_version:?} (want networking.k8s.io/v1)")),
         (_, "Service" | "Node") => Err(format!("unsupported apiVersion {api_version:?} (want v1)")),
         (_, "EndpointSlice") => Err(format!("unsupported apiVersion {api_version:?} (want discovery.k8s.io/v1)")),
         ("", "") => Err("not a Kubernetes object (no apiVersion and kind)".into()),
@@ -224,4 +230,12 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
 fn check_node(mut node: Node) -> Result<Node, String> {
     check_name(&mut node.metadata, false)?;
     Ok(node)
+}
+
+fn check_service_cidr(mut cidr: ServiceCIDR) -> Result<ServiceCIDR, String> {
+    check_name(&mut cidr.metadata, false)?;
+    for (i, c) in cidr.spec.iter().flat_map(|s| s.cidrs.iter().flatten()).enumerate() {
+        c.parse::<kpx_rules::model::Cidr>().map_err(|e| format!("spec.cidrs[{i}]: {e}"))?;
+    }
+    Ok(cidr)
 }
