@@ -39,9 +39,6 @@ pub fn parse_destination(text: &str) -> Result<(SocketAddr, Protocol), Error> {
 
 /// Traces against the live kernel; the explanation as text.
 pub fn run(args: &TraceArgs, exec: &dyn Exec) -> Result<String, Error> {
-    if args.mode != "iptables" {
-        return Err(Error::Argument { flag: "mode", reason: format!("{:?}: this kpx traces iptables", args.mode) });
-    }
     let (to, protocol) = parse_destination(&args.to)?;
     if to.is_ipv4() != args.from.is_ipv4() {
         return Err(Error::Argument {
@@ -49,13 +46,23 @@ pub fn run(args: &TraceArgs, exec: &dyn Exec) -> Result<String, Error> {
             reason: "source and destination are of different IP families".into(),
         });
     }
-    let save = if to.is_ipv4() { "iptables-save" } else { "ip6tables-save" };
-    let rules = exec.run(save, &[], None)?;
     let local: Vec<IpAddr> = interfaces::local_addresses(exec)?;
-    explain(&rules, &local, args.from, to, protocol, args.in_interface.clone())
+    match args.mode.as_str() {
+        "iptables" => {
+            let save = if to.is_ipv4() { "iptables-save" } else { "ip6tables-save" };
+            let rules = exec.run(save, &[], None)?;
+            explain(&rules, &local, args.from, to, protocol, args.in_interface.clone())
+        }
+        "nftables" => {
+            let family = if to.is_ipv4() { "ip" } else { "ip6" };
+            let listing = exec.run("nft", &["list", "table", family, kpx_rules::nftables::TABLE], None)?;
+            explain_nftables(&listing, family, &local, args.from, to, protocol, args.in_interface.clone())
+        }
+        other => Err(Error::Argument { flag: "mode", reason: format!("{other:?}: want iptables or nftables") }),
+    }
 }
 
-/// The explanation of one packet through a ruleset (`iptables-save` text).
+/// The explanation of one packet through an `iptables-save` dump.
 pub fn explain(
     rules: &str,
     local: &[IpAddr],
@@ -66,12 +73,45 @@ pub fn explain(
 ) -> Result<String, Error> {
     let parsed = parse_ruleset(rules)?;
     let node = trace::Node { local_addresses: local.to_vec() };
-    let packet =
-        Packet { src: from, dst: to.ip(), dport: to.port(), protocol, from_node: node.is_local(&from), in_interface };
-    let family = IpFamily::of(&to.ip());
+    let packet = packet(&node, from, to, protocol, in_interface);
     let traced = trace_iptables(&parsed, &[], &node, &packet)?;
+    Ok(describe(&packet, &traced))
+}
+
+/// The explanation of one packet through an `nft list table` listing.
+pub fn explain_nftables(
+    listing: &str,
+    family: &str,
+    local: &[IpAddr],
+    from: IpAddr,
+    to: SocketAddr,
+    protocol: Protocol,
+    in_interface: Option<String>,
+) -> Result<String, Error> {
+    let mut model = trace::nftables::NftModel::default();
+    model.apply(&trace::nftables::listing_to_commands(listing, family))?;
+    let node = trace::Node { local_addresses: local.to_vec() };
+    let packet = packet(&node, from, to, protocol, in_interface);
+    let traced = trace::nftables::trace_nftables(&model, &node, &packet)?;
+    Ok(describe(&packet, &traced))
+}
+
+fn packet(
+    node: &trace::Node,
+    from: IpAddr,
+    to: SocketAddr,
+    protocol: Protocol,
+    in_interface: Option<String>,
+) -> Packet {
+    Packet { src: from, dst: to.ip(), dport: to.port(), protocol, from_node: node.is_local(&from), in_interface }
+}
+
+/// Every path, rule by rule, and the verdict.
+fn describe(packet: &Packet, traced: &trace::IptablesTrace) -> String {
+    let (from, to, protocol) = (packet.src, SocketAddr::new(packet.dst, packet.dport), packet.protocol);
+    let family = IpFamily::of(&to.ip());
     let mut out = String::new();
-    let origin = if packet.from_node { "sent by this node (nat OUTPUT)" } else { "arriving (nat PREROUTING)" };
+    let origin = if packet.from_node { "sent by this node (OUTPUT)" } else { "arriving (PREROUTING)" };
     let _ = writeln!(out, "packet {from} -> {to}/{protocol} ({family}), {origin}");
     let total = traced.paths.len();
     for (i, (ending, masq, steps)) in traced.paths.iter().enumerate() {
@@ -86,9 +126,9 @@ pub fn explain(
             let _ = writeln!(out, "  {:<6} {:<28} {}", step.table, step.chain, step.text);
         }
     }
-    let _ =
-        writeln!(out, "\nverdict: {}{}", traced.verdict, if traced.verdict.masquerade { " (masqueraded)" } else { "" });
-    Ok(out)
+    let masq = if traced.verdict.masquerade { " (masqueraded)" } else { "" };
+    let _ = writeln!(out, "\nverdict: {}{masq}", traced.verdict);
+    out
 }
 
 #[cfg(test)]

@@ -7,5 +7,6 @@ mod conformance;
 mod conformance_kernel;
 mod golden;
 mod kernel_iptables;
+mod kernel_nftables;
 mod sandbox;
 mod support;

@@ -243,6 +243,14 @@ impl Walker<'_> {
                 ("ip" | "ip6", "saddr") => (vec![Value::Ip(self.packet.src)], 2),
                 ("meta", "l4proto") => (vec![Value::Text(self.packet.protocol.as_str().into())], 2),
                 ("th", "dport") => (vec![Value::Text(dport.to_string())], 2),
+                // nft lists `th dport` as `tcp dport` (etc.) when the rule
+                // implies the protocol; another protocol matches nothing.
+                (proto @ ("tcp" | "udp" | "sctp"), "dport") => {
+                    if proto != self.packet.protocol.as_str() {
+                        return Some(Vec::new());
+                    }
+                    (vec![Value::Text(dport.to_string())], 2)
+                }
                 ("numgen", "random") => {
                     let n: usize = words.get(i + 3)?.parse().ok()?;
                     ((0..n).map(|k| Value::Text(k.to_string())).collect(), 4)
@@ -383,6 +391,7 @@ impl Walker<'_> {
                         "xor" | "^" => flow.mark ^ v,
                         _ => return Err(unknown()),
                     };
+                    flow.path.push(step.clone());
                     i += 7;
                 }
                 ["update", ..] => {
