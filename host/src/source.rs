@@ -3,6 +3,8 @@
 
 pub mod manifests;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
@@ -46,12 +48,14 @@ impl std::fmt::Display for ObjectRef {
     }
 }
 
+/// One object. Shared (`Arc`): the source's cache and the state hold the
+/// same copy, which at tens of thousands of objects is most of kpx's memory.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
-    Service(Box<Service>),
-    EndpointSlice(Box<EndpointSlice>),
-    Node(Box<Node>),
-    ServiceCidr(Box<ServiceCIDR>),
+    Service(Arc<Service>),
+    EndpointSlice(Arc<EndpointSlice>),
+    Node(Arc<Node>),
+    ServiceCidr(Arc<ServiceCIDR>),
 }
 
 impl Object {

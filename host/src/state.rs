@@ -10,6 +10,8 @@ mod topology;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpx_rules::model::{self, IpFamily};
@@ -53,12 +55,12 @@ impl Changes {
 pub struct State {
     node_name: String,
     /// Services this proxy handles (others are never stored).
-    services: BTreeMap<ServiceName, Service>,
+    services: BTreeMap<ServiceName, Arc<Service>>,
     /// EndpointSlices by owning Service, then by slice name.
-    slices: BTreeMap<ServiceName, BTreeMap<String, EndpointSlice>>,
+    slices: BTreeMap<ServiceName, BTreeMap<String, Arc<EndpointSlice>>>,
     /// Which Service each stored slice (namespace, name) belongs to.
     slice_owner: BTreeMap<(String, String), ServiceName>,
-    node: Option<Node>,
+    node: Option<Arc<Node>>,
     /// ServiceCIDR objects by name.
     service_cidrs: BTreeMap<String, Vec<model::Cidr>>,
     changes: Changes,
@@ -102,7 +104,7 @@ impl State {
                     return self.remove_service(&name);
                 }
                 self.changes.services.insert(name.clone());
-                self.services.insert(name, *svc);
+                self.services.insert(name, svc);
                 true
             }
             Event::Apply(Object::EndpointSlice(slice)) => {
@@ -117,7 +119,7 @@ impl State {
                 }
                 let svc = ServiceName { namespace: ns.clone(), name: owner };
                 self.slice_owner.insert((ns, slice_name.clone()), svc.clone());
-                self.slices.entry(svc.clone()).or_default().insert(slice_name, *slice);
+                self.slices.entry(svc.clone()).or_default().insert(slice_name, slice);
                 self.changes.services.insert(svc);
                 changed = true;
                 changed
@@ -131,7 +133,7 @@ impl State {
                     // Topology may change for every Service (upstream: a full sync).
                     self.changes.services.extend(self.services.keys().cloned());
                 }
-                self.node = Some(*node);
+                self.node = Some(node);
                 self.changes.node = true;
                 true
             }
@@ -233,7 +235,7 @@ impl State {
 
     /// This node as one family sees it.
     pub fn node(&self, family: IpFamily) -> model::Node {
-        services::node_model(self.node.as_ref(), &self.node_name, family)
+        services::node_model(self.node.as_deref(), &self.node_name, family)
     }
 }
 

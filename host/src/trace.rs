@@ -107,7 +107,7 @@ fn packet(
 }
 
 /// Every path, rule by rule, and the verdict.
-fn describe(packet: &Packet, traced: &trace::IptablesTrace) -> String {
+fn describe(packet: &Packet, traced: &trace::Trace) -> String {
     let (from, to, protocol) = (packet.src, SocketAddr::new(packet.dst, packet.dport), packet.protocol);
     let family = IpFamily::of(&to.ip());
     let mut out = String::new();

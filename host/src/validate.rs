@@ -4,7 +4,6 @@
 
 mod iptables;
 mod nftables;
-mod tokens;
 
 pub use iptables::check_iptables;
 pub use nftables::check_nftables;

@@ -61,9 +61,14 @@ impl EchoServer {
         udp.set_read_timeout(Some(Duration::from_millis(50)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        tcp.set_nonblocking(true)?;
         for listener in std::iter::once(tcp).chain(sctp) {
-            listener.set_nonblocking(true)?;
+            // A blocking accept that wakes every 50 ms to look at `stop`
+            // (SO_RCVTIMEO bounds accept on Linux): no polling delay.
+            let listener = TcpListener::from({
+                let socket = Socket::from(listener);
+                socket.set_read_timeout(Some(Duration::from_millis(50)))?;
+                socket
+            });
             let (name, stop) = (name.to_string(), stop.clone());
             threads.push(std::thread::spawn(move || serve_stream(&listener, &name, &stop)));
         }
@@ -83,12 +88,8 @@ impl EchoServer {
 /// Answers each connection on a (TCP or SCTP) stream listener.
 fn serve_stream(listener: &TcpListener, name: &str, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((mut conn, peer)) => {
-                let _ = conn.set_nonblocking(false);
-                let _ = conn.write_all(format!("{name} {peer}\n").as_bytes());
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        if let Ok((mut conn, peer)) = listener.accept() {
+            let _ = conn.write_all(format!("{name} {peer}\n").as_bytes());
         }
     }
 }
@@ -140,6 +141,21 @@ impl Request {
         let req = *self;
         ns.enter(move || req.stream_here(SockProtocol::from(IPPROTO_SCTP)))
             .unwrap_or_else(|e| Reply::Error(e.to_string()))
+    }
+
+    /// How long a TCP connect takes (the first packet's trip through the
+    /// rules to the server and back), without the exchange after it.
+    pub fn connect_time(&self, ns: &Ns) -> Result<Duration, Reply> {
+        let req = *self;
+        ns.enter(move || {
+            let domain = if req.to.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+            let socket =
+                Socket::new(domain, Type::STREAM, Some(SockProtocol::TCP)).map_err(|e| Reply::Error(e.to_string()))?;
+            let t = std::time::Instant::now();
+            socket.connect_timeout(&req.to.into(), req.timeout).map_err(|e| Reply::Error(e.to_string()))?;
+            Ok(t.elapsed())
+        })
+        .unwrap_or_else(|e| Err(Reply::Error(e.to_string())))
     }
 
     pub fn udp(&self, ns: &Ns) -> Reply {

@@ -96,6 +96,42 @@ pub fn localhost_nodeports(settings: &Settings) -> bool {
 /// Above this many endpoints, per-endpoint rules carry no comments.
 pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
 
+/// The arguments of an iptables-restore rule line, honouring the double
+/// quotes (and backslash escapes inside them) iptables-restore understands;
+/// `None` when a quote is not closed.
+pub fn split_args(line: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let (mut in_quotes, mut has_token) = (false, false);
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                in_quotes = !in_quotes;
+                has_token = true;
+            }
+            '\\' if in_quotes => current.extend(chars.next()),
+            c if c.is_whitespace() && !in_quotes => {
+                if has_token {
+                    out.push(std::mem::take(&mut current));
+                    has_token = false;
+                }
+            }
+            c => {
+                current.push(c);
+                has_token = true;
+            }
+        }
+    }
+    if in_quotes {
+        return None;
+    }
+    if has_token {
+        out.push(current);
+    }
+    Some(out)
+}
+
 /// upstream's `%0.10f` of 1/n, the probability of the i-th of n endpoints.
 fn probability(remaining: usize) -> String {
     format!("{:.10}", 1.0 / remaining as f64)

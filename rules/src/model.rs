@@ -207,6 +207,71 @@ impl ServicePort {
     }
 }
 
+/// The decisions about one service port that every mode makes the same
+/// way (upstream's proxier logic), for one IP family.
+#[derive(Clone, Debug)]
+pub struct ServiceView<'a> {
+    pub cluster_ip: IpAddr,
+    pub cluster_endpoints: Vec<&'a Endpoint>,
+    pub local_endpoints: Vec<&'a Endpoint>,
+    /// Some endpoint is ready, or serving and terminating (upstream's
+    /// hasEndpoints: REJECT without, DROP for an empty Local policy).
+    pub has_endpoints: bool,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// A node port, an external IP or a load-balancer IP.
+    pub externally_accessible: bool,
+    /// internalTrafficPolicy Local.
+    pub internal_local: bool,
+    /// externalTrafficPolicy Local, for an externally accessible Service.
+    pub external_local: bool,
+}
+
+impl ServiceView<'_> {
+    /// The endpoints cluster-IP traffic uses.
+    pub fn internal_endpoints(&self) -> &[&Endpoint] {
+        if self.internal_local { &self.local_endpoints } else { &self.cluster_endpoints }
+    }
+
+    /// The endpoints external traffic uses.
+    pub fn external_endpoints(&self) -> &[&Endpoint] {
+        if self.external_local { &self.local_endpoints } else { &self.cluster_endpoints }
+    }
+
+    pub fn has_internal(&self) -> bool {
+        self.has_endpoints && !self.internal_endpoints().is_empty()
+    }
+
+    pub fn has_external(&self) -> bool {
+        self.has_endpoints && !self.external_endpoints().is_empty()
+    }
+}
+
+impl ServicePort {
+    /// The view for one family; None without a cluster IP of that family.
+    pub fn view(&self, family: IpFamily) -> Option<ServiceView<'_>> {
+        let cluster_ip = self.cluster_ip.filter(|ip| family.matches(ip))?;
+        let external_ips: Vec<IpAddr> = self.external_ips.iter().filter(|ip| family.matches(ip)).copied().collect();
+        let load_balancer_ips: Vec<IpAddr> =
+            self.load_balancer_ips.iter().filter(|ip| family.matches(ip)).copied().collect();
+        let externally_accessible = self.node_port != 0 || !external_ips.is_empty() || !load_balancer_ips.is_empty();
+        Some(ServiceView {
+            cluster_ip,
+            cluster_endpoints: self.cluster_endpoints().collect(),
+            local_endpoints: self.local_endpoints().collect(),
+            has_endpoints: self
+                .endpoints
+                .iter()
+                .any(|e| e.conditions.ready || (e.conditions.serving && e.conditions.terminating)),
+            external_ips,
+            load_balancer_ips,
+            externally_accessible,
+            internal_local: self.internal_traffic_policy == TrafficPolicy::Local,
+            external_local: self.external_traffic_policy == TrafficPolicy::Local && externally_accessible,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Node {
     pub name: String,

@@ -12,14 +12,14 @@ mod iptables;
 pub mod nftables;
 mod parse;
 
-pub use iptables::{IptablesTrace, Step, trace_iptables};
+pub use iptables::trace_iptables;
 pub use parse::{ParsedRuleset, TraceError, parse_ruleset};
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::model::Protocol;
+use crate::model::{Protocol, join_host_port};
 
 /// The packet to trace: the first packet of a new connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,5 +81,61 @@ impl fmt::Display for Verdict {
             })
             .collect();
         f.write_str(&parts.join(", "))
+    }
+}
+
+/// One rule a packet met on its way, for explanations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub table: String,
+    pub chain: String,
+    pub line: usize,
+    pub text: String,
+}
+
+/// The verdict, and for each possible ending whether it was masqueraded
+/// and the rules that led there.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub verdict: Verdict,
+    pub paths: Vec<(Ending, bool, Vec<Step>)>,
+}
+
+impl Trace {
+    /// Sums the paths up into the verdict.
+    fn finish(&mut self) {
+        for (ending, masq, _) in &self.paths {
+            self.verdict.endings.insert(ending.clone());
+            self.verdict.masquerade |= *masq;
+        }
+    }
+}
+
+/// One way a packet can go, while it is being walked.
+#[derive(Debug, Clone)]
+struct Flow {
+    dnat: Option<(IpAddr, u16)>,
+    mark: u32,
+    masquerade: bool,
+    path: Vec<Step>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    /// Fell off the chain's end, or RETURN.
+    Return,
+    Accept,
+    Drop,
+    Reject,
+}
+
+fn ending(exit: Exit, flow: &Flow) -> Ending {
+    match exit {
+        Exit::Drop => Ending::Drop,
+        Exit::Reject => Ending::Reject,
+        Exit::Accept | Exit::Return => match flow.dnat {
+            Some((ip, port)) => Ending::Endpoint(join_host_port(&ip, port)),
+            None => Ending::Accept,
+        },
     }
 }

@@ -13,8 +13,11 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("demo") => demo::run(),
         Some("test") => test(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask demo | cargo xtask test [-- <cargo test args>]");
+            eprintln!(
+                "usage: cargo xtask demo | cargo xtask test [-- <cargo test args>] | cargo xtask bench [kpx-bench args]"
+            );
             std::process::exit(2);
         }
     }
@@ -34,6 +37,20 @@ fn test(extra: &[String]) -> Result<()> {
     }
     args.extend(extra.iter().map(String::as_str));
     cargo(&args)
+}
+
+/// The benchmark: release builds of kpx and kpx-bench, then the run.
+fn bench(extra: &[String]) -> Result<()> {
+    setup::prerequisites()?;
+    cargo(&["build", "--release", "-p", "kpx-host", "-p", "kpx-bench"])?;
+    let mut args = vec!["--kpx".to_string(), "target/release/kpx".to_string()];
+    args.extend(extra.iter().cloned());
+    eprintln!("+ target/release/kpx-bench {}", args.join(" "));
+    let ok = Command::new("target/release/kpx-bench").args(&args).status().context("run kpx-bench")?.success();
+    if !ok {
+        bail!("kpx-bench failed");
+    }
+    Ok(())
 }
 
 pub fn cargo(args: &[&str]) -> Result<()> {

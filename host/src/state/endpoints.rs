@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ServicePort as K8sPort;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -12,7 +13,7 @@ use kpx_rules::model::{Conditions, Endpoint, IpFamily};
 use super::topology::HintedEndpoint;
 
 pub fn for_port(
-    slices: Option<&BTreeMap<String, EndpointSlice>>,
+    slices: Option<&BTreeMap<String, Arc<EndpointSlice>>>,
     family: IpFamily,
     port: &K8sPort,
     node_name: &str,

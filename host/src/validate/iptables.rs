@@ -11,7 +11,8 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use super::{Context, Rejected, tokens};
+use super::{Context, Rejected};
+use kpx_rules::iptables::split_args;
 
 const TABLES: &[&str] = &["nat", "filter", "mangle"];
 const TARGETS: &[&str] = &["DNAT", "MASQUERADE", "MARK", "RETURN", "ACCEPT", "DROP", "REJECT", "HMARK"];
@@ -61,7 +62,7 @@ pub fn check_iptables(payload: &str, ctx: &Context) -> Result<(), Rejected> {
         } else if let Some(decl) = line.strip_prefix(':') {
             check_declaration(ctx, n, raw, decl, current)?;
         } else {
-            let args = tokens::split(line).ok_or_else(|| ctx.reject(n, raw, "unbalanced quotes"))?;
+            let args = split_args(line).ok_or_else(|| ctx.reject(n, raw, "unbalanced quotes"))?;
             match args.first().map(String::as_str) {
                 Some("-A") => check_append(ctx, n, raw, &args, current)?,
                 Some("-X") => check_delete(ctx, n, raw, &args, current)?,

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use super::Table;
 use crate::hash::{endpoint_chain, service_chain};
-use crate::model::{Endpoint, LocalTraffic, Node, ServicePort, Settings, TrafficPolicy};
+use crate::model::{Endpoint, LocalTraffic, Node, ServicePort, Settings};
 
 /// What every service's rules depend on.
 pub struct Context<'a> {
@@ -61,36 +61,28 @@ fn quoted(text: &str) -> String {
 /// keeps the previous list).
 pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut Table, nat: &mut Table) -> Vec<String> {
     let family = ctx.settings.family;
-    let Some(cluster_ip) = svc.cluster_ip.filter(|ip| family.matches(ip)) else {
+    let Some(view) = svc.view(family) else {
         return Vec::new();
     };
     let key = svc.key.as_str();
     let proto = svc.protocol.as_str();
     let port = svc.port;
-    let cluster_eps: Vec<&Endpoint> = svc.cluster_endpoints().collect();
-    let local_eps: Vec<&Endpoint> = svc.local_endpoints().collect();
-    let has_endpoints =
-        svc.endpoints.iter().any(|e| e.conditions.ready || (e.conditions.serving && e.conditions.terminating));
-    let ext_ips: Vec<_> = svc.external_ips.iter().filter(|ip| family.matches(ip)).collect();
-    let lb_ips: Vec<_> = svc.load_balancer_ips.iter().filter(|ip| family.matches(ip)).collect();
-    let externally_accessible = svc.node_port != 0 || !ext_ips.is_empty() || !lb_ips.is_empty();
+    let cluster_ip = view.cluster_ip;
+    let (cluster_eps, local_eps) = (&view.cluster_endpoints, &view.local_endpoints);
+    let (ext_ips, lb_ips) = (&view.external_ips, &view.load_balancer_ips);
+    let (has_endpoints, externally_accessible) = (view.has_endpoints, view.externally_accessible);
+    let (itp_local, etp_local) = (view.internal_local, view.external_local);
+    let (has_internal, has_external) = (view.has_internal(), view.has_external());
 
     let svc_chain = service_chain("KUBE-SVC-", key, proto);
     let svl_chain = service_chain("KUBE-SVL-", key, proto);
     let ext_chain = service_chain("KUBE-EXT-", key, proto);
     let fw_chain = service_chain("KUBE-FW-", key, proto);
 
-    let itp_local = svc.internal_traffic_policy == TrafficPolicy::Local;
-    let etp_local = svc.external_traffic_policy == TrafficPolicy::Local && externally_accessible;
     let uses_cluster_chain = !cluster_eps.is_empty() && (!itp_local || (externally_accessible && !etp_local));
     let uses_local_chain = !local_eps.is_empty() && (itp_local || etp_local);
-
-    let (internal_chain, has_internal) =
-        if itp_local { (&svl_chain, !local_eps.is_empty()) } else { (&svc_chain, has_endpoints) };
-    let (external_policy_chain, has_external) =
-        if etp_local { (&svl_chain, !local_eps.is_empty()) } else { (&svc_chain, has_endpoints) };
-    let has_internal = has_internal && has_endpoints;
-    let has_external = has_external && has_endpoints;
+    let internal_chain = if itp_local { &svl_chain } else { &svc_chain };
+    let external_policy_chain = if etp_local { &svl_chain } else { &svc_chain };
     let uses_fw = has_endpoints && !lb_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
     let lb_chain = if uses_fw { &fw_chain } else { &ext_chain };
     let uses_ext_chain = has_endpoints && externally_accessible;
@@ -116,7 +108,7 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
         filter.rule(&format!("-A KUBE-SERVICES -m comment --comment {comment} {} -j {target}", dst(&cluster_ip)));
     }
     // External IPs.
-    for ip in &ext_ips {
+    for ip in ext_ips {
         if has_endpoints {
             nat.rule(&format!(
                 "-A KUBE-SERVICES -m comment --comment {} {} -j {ext_chain}",
@@ -130,7 +122,7 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
         }
     }
     // Load-balancer IPs.
-    for ip in &lb_ips {
+    for ip in lb_ips {
         if has_endpoints {
             nat.rule(&format!(
                 "-A KUBE-SERVICES -m comment --comment {} {} -j {lb_chain}",
@@ -147,7 +139,7 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
         }
     }
     if !has_external {
-        for ip in &lb_ips {
+        for ip in lb_ips {
             let (target, comment) = &external_filter;
             filter.rule(&format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} {} -j {target}", dst(ip)));
         }
@@ -232,7 +224,7 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
             allow_from_node |= node_ip.is_some_and(|ip| cidr.contains(ip));
         }
         if allow_from_node {
-            for ip in &lb_ips {
+            for ip in lb_ips {
                 nat.rule(&format!("{args} -s {ip} -j {ext_chain}"));
             }
         }
@@ -246,12 +238,12 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
     if uses_cluster_chain {
         nat.chain(&svc_chain);
         owned.push(svc_chain.clone());
-        write_endpoint_choice(ctx, svc, &svc_chain, &cluster_eps, &sep, nat);
+        write_endpoint_choice(ctx, svc, &svc_chain, cluster_eps, &sep, nat);
     }
     if uses_local_chain {
         nat.chain(&svl_chain);
         owned.push(svl_chain.clone());
-        write_endpoint_choice(ctx, svc, &svl_chain, &local_eps, &sep, nat);
+        write_endpoint_choice(ctx, svc, &svl_chain, local_eps, &sep, nat);
     }
     // Endpoint chains, for every endpoint some policy chain can reach.
     let mut reachable: Vec<&Endpoint> = Vec::new();

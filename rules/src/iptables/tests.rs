@@ -225,3 +225,13 @@ fn localhost_nodeports_need_the_localnet_firewall_jumps() {
     assert!(!jumps_for(&off).iter().any(|j| j.to == "KUBE-FIREWALL"));
     assert!(!jumps_for(&Settings::new(IpFamily::V6, "iptables")).iter().any(|j| j.to == "KUBE-FIREWALL"));
 }
+
+#[test]
+fn splits_quoted_comments() {
+    assert_eq!(
+        split_args(r#"-A X -m comment --comment "a b" -j Y"#).unwrap(),
+        ["-A", "X", "-m", "comment", "--comment", "a b", "-j", "Y"]
+    );
+    assert!(split_args(r#"-A X --comment "open"#).is_none());
+    assert_eq!(split_args(r#"--comment """#).unwrap(), ["--comment", ""]);
+}

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use super::affinity;
 use super::{Contribution, Element, Fam};
-use crate::model::{Endpoint, Node, Protocol, ServicePort, Settings, TrafficPolicy};
+use crate::model::{Endpoint, Node, Protocol, ServicePort, Settings};
 
 /// What an endpoint map is for; each has one select chain and one map per
 /// endpoint count.
@@ -120,28 +120,22 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
     let fam = Fam(ctx.settings.family);
     let family = ctx.settings.family;
     let mut c = Contribution::default();
-    let Some(cluster_ip) = svc.cluster_ip.filter(|ip| family.matches(ip)) else {
+    let Some(view) = svc.view(family) else {
         return c;
     };
     let proto = svc.protocol.as_str();
     let port = svc.port;
-    let cluster_eps: Vec<&Endpoint> = svc.cluster_endpoints().collect();
-    let local_eps: Vec<&Endpoint> = svc.local_endpoints().collect();
-    let has_endpoints =
-        svc.endpoints.iter().any(|e| e.conditions.ready || (e.conditions.serving && e.conditions.terminating));
-    let ext_ips: Vec<IpAddr> = svc.external_ips.iter().filter(|ip| family.matches(ip)).copied().collect();
-    let lb_ips: Vec<IpAddr> = svc.load_balancer_ips.iter().filter(|ip| family.matches(ip)).copied().collect();
-    let externally_accessible = svc.node_port != 0 || !ext_ips.is_empty() || !lb_ips.is_empty();
-    let itp_local = svc.internal_traffic_policy == TrafficPolicy::Local;
-    let etp_local = svc.external_traffic_policy == TrafficPolicy::Local && externally_accessible;
-    let internal_eps = if itp_local { &local_eps } else { &cluster_eps };
-    let external_eps = if etp_local { &local_eps } else { &cluster_eps };
-    let has_internal = has_endpoints && !internal_eps.is_empty();
-    let has_external = has_endpoints && !external_eps.is_empty();
+    let cluster_ip = view.cluster_ip;
+    let (cluster_eps, local_eps) = (&view.cluster_endpoints, &view.local_endpoints);
+    let (ext_ips, lb_ips) = (&view.external_ips, &view.load_balancer_ips);
+    let (has_endpoints, externally_accessible) = (view.has_endpoints, view.externally_accessible);
+    let (itp_local, etp_local) = (view.internal_local, view.external_local);
+    let (internal_eps, external_eps) = (view.internal_endpoints(), view.external_endpoints());
+    let (has_internal, has_external) = (view.has_internal(), view.has_external());
     let filter_verdict = if has_endpoints { "drop" } else { "goto reject-chain" };
     let tuple = |ip: &IpAddr| format!("{ip} . {proto} . {port}");
     let affinity = svc.affinity_timeout_seconds > 0;
-    let chains = affinity.then(|| affinity::chains(fam, svc, &cluster_eps, &local_eps));
+    let chains = affinity.then(|| affinity::chains(fam, svc, cluster_eps, local_eps));
 
     c.elements.push(el("cluster-ips", cluster_ip.to_string(), None));
 
@@ -152,8 +146,8 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
         Local,
     }
     let eps_of = |set: Set| match set {
-        Set::Cluster => &cluster_eps,
-        Set::Local => &local_eps,
+        Set::Cluster => cluster_eps,
+        Set::Local => local_eps,
     };
     let endpoints_for = |purpose: Purpose, key: String, set: Set, c: &mut Contribution| {
         let eps = eps_of(set);
@@ -186,7 +180,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
     }
     let external_chain = if etp_local { "external-local" } else { "external-cluster" };
     // External IPs and load-balancer IPs.
-    for ip in ext_ips.iter().chain(&lb_ips) {
+    for ip in ext_ips.iter().chain(lb_ips) {
         if has_endpoints {
             c.elements.push(el("service-ips", tuple(ip), Some(format!("goto {external_chain}"))));
             endpoints_for(Purpose::External, tuple(ip), external_set, &mut c);
@@ -203,7 +197,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
     if has_endpoints && !lb_ips.is_empty() && !ranges.is_empty() {
         let node_ip = ctx.node.addresses.iter().find(|ip| family.matches(ip));
         let from_node = ranges.iter().any(|r| node_ip.is_some_and(|ip| r.contains(ip)));
-        for ip in &lb_ips {
+        for ip in lb_ips {
             c.elements.push(el("firewall-ips", tuple(ip), None));
             for r in &ranges {
                 c.elements.push(el("firewall-allow", format!("{} . {r}", tuple(ip)), None));

@@ -5,42 +5,8 @@
 use std::net::IpAddr;
 
 use super::parse::{Match, ParsedRuleset, Rule, Target, TraceError, parse_rule};
-use super::{Ending, Node, Packet, Verdict};
+use super::{Exit, Flow, Node, Packet, Step, Trace, ending};
 use crate::iptables::Jump;
-use crate::model::join_host_port;
-
-/// One rule a packet matched, for explanations.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
-    pub table: String,
-    pub chain: String,
-    pub line: usize,
-    pub text: String,
-}
-
-/// The verdict, and for each possible ending the rules that led there.
-#[derive(Debug, Clone, Default)]
-pub struct IptablesTrace {
-    pub verdict: Verdict,
-    pub paths: Vec<(Ending, bool, Vec<Step>)>,
-}
-
-#[derive(Debug, Clone)]
-struct Flow {
-    dnat: Option<(IpAddr, u16)>,
-    mark: u32,
-    masquerade: bool,
-    path: Vec<Step>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Exit {
-    /// Fell off the chain's end, or RETURN.
-    Return,
-    Accept,
-    Drop,
-    Reject,
-}
 
 /// How deep jumps may nest before the tracer calls it a loop.
 const MAX_DEPTH: usize = 32;
@@ -204,13 +170,13 @@ pub fn trace_iptables(
     jumps: &[Jump],
     node: &Node,
     packet: &Packet,
-) -> Result<IptablesTrace, TraceError> {
+) -> Result<Trace, TraceError> {
     let mut rules = rules.clone();
     add_host_jumps(&mut rules, jumps)?;
     let walker = Walker { rules: &rules, node, packet };
     let start = Flow { dnat: None, mark: 0, masquerade: false, path: Vec::new() };
     let nat_chain = if packet.from_node { "OUTPUT" } else { "PREROUTING" };
-    let mut trace = IptablesTrace::default();
+    let mut trace = Trace::default();
     for (flow, exit) in walker.run_builtin("nat", nat_chain, start)? {
         if exit != Exit::Accept {
             trace.paths.push((ending(exit, &flow), false, flow.path));
@@ -239,22 +205,8 @@ pub fn trace_iptables(
             }
         }
     }
-    for (ending, masq, _) in &trace.paths {
-        trace.verdict.endings.insert(ending.clone());
-        trace.verdict.masquerade |= *masq;
-    }
+    trace.finish();
     Ok(trace)
-}
-
-fn ending(exit: Exit, flow: &Flow) -> Ending {
-    match exit {
-        Exit::Drop => Ending::Drop,
-        Exit::Reject => Ending::Reject,
-        Exit::Accept | Exit::Return => match flow.dnat {
-            Some((ip, port)) => Ending::Endpoint(join_host_port(&ip, port)),
-            None => Ending::Accept,
-        },
-    }
 }
 
 /// Adds each jump whose built-in chain the ruleset does not define, in

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::{Ending, IptablesTrace, Node, Packet, Step, TraceError, Verdict};
-use crate::model::{Cidr, join_host_port};
+use super::{Exit, Flow, Node, Packet, Step, Trace, TraceError, ending};
+use crate::model::Cidr;
 
 /// One chain: its hook (kind, hook, priority) if a base chain, and rules.
 #[derive(Debug, Clone, Default)]
@@ -174,22 +174,6 @@ pub fn listing_to_commands(listing: &str, family: &str) -> String {
         }
     }
     out
-}
-
-#[derive(Debug, Clone)]
-struct Flow {
-    dnat: Option<(IpAddr, u16)>,
-    mark: u32,
-    masquerade: bool,
-    path: Vec<Step>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Exit {
-    Return,
-    Accept,
-    Drop,
-    Reject,
 }
 
 struct Walker<'a> {
@@ -532,22 +516,11 @@ impl Walker<'_> {
     }
 }
 
-fn ending(exit: Exit, flow: &Flow) -> Ending {
-    match exit {
-        Exit::Drop => Ending::Drop,
-        Exit::Reject => Ending::Reject,
-        Exit::Accept | Exit::Return => match flow.dnat {
-            Some((ip, port)) => Ending::Endpoint(join_host_port(&ip, port)),
-            None => Ending::Accept,
-        },
-    }
-}
-
 /// Traces one packet through the model.
-pub fn trace_nftables(model: &NftModel, node: &Node, packet: &Packet) -> Result<IptablesTrace, TraceError> {
+pub fn trace_nftables(model: &NftModel, node: &Node, packet: &Packet) -> Result<Trace, TraceError> {
     let walker = Walker { model, node, packet };
     let start = Flow { dnat: None, mark: 0, masquerade: false, path: Vec::new() };
-    let mut trace = IptablesTrace::default();
+    let mut trace = Trace::default();
     let hooks: &[&str] = if packet.from_node { &["output"] } else { &["prerouting"] };
     let mut flows = vec![(start, Exit::Accept)];
     for hook in hooks {
@@ -583,11 +556,6 @@ pub fn trace_nftables(model: &NftModel, node: &Node, packet: &Packet) -> Result<
             trace.paths.push((ending(exit, &flow), masq, flow.path));
         }
     }
-    let mut verdict = Verdict::default();
-    for (ending, masq, _) in &trace.paths {
-        verdict.endings.insert(ending.clone());
-        verdict.masquerade |= *masq;
-    }
-    trace.verdict = verdict;
+    trace.finish();
     Ok(trace)
 }

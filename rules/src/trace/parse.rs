@@ -153,38 +153,6 @@ fn parse_dnat(text: &str) -> Option<(IpAddr, u16)> {
     Some((ip.parse().ok()?, port.parse().ok()?))
 }
 
-/// Splits a rule into arguments, honouring double quotes.
-fn split(line: &str) -> Option<Vec<String>> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let (mut quoted, mut has) = (false, false);
-    for c in line.chars() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                has = true;
-            }
-            c if c.is_whitespace() && !quoted => {
-                if has {
-                    out.push(std::mem::take(&mut cur));
-                    has = false;
-                }
-            }
-            c => {
-                cur.push(c);
-                has = true;
-            }
-        }
-    }
-    if quoted {
-        return None;
-    }
-    if has {
-        out.push(cur);
-    }
-    Some(out)
-}
-
 /// Parses one `-A CHAIN ...` rule (arguments after the chain).
 pub fn parse_rule(line: usize, text: &str, args: &[String]) -> Result<Rule, TraceError> {
     let err = |reason: String| TraceError { line, text: text.to_string(), reason };
@@ -332,8 +300,11 @@ pub fn parse_ruleset(text: &str) -> Result<ParsedRuleset, TraceError> {
             out.tables.entry(table.clone()).or_default().entry(chain.to_string()).or_default().clear();
             continue;
         }
-        let args =
-            split(trimmed).ok_or_else(|| TraceError { line, text: raw.into(), reason: "unbalanced quotes".into() })?;
+        let args = crate::iptables::split_args(trimmed).ok_or_else(|| TraceError {
+            line,
+            text: raw.into(),
+            reason: "unbalanced quotes".into(),
+        })?;
         match args.first().map(String::as_str) {
             Some("-A") => {
                 let chain = args.get(1).cloned().unwrap_or_default();

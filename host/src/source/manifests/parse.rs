@@ -8,6 +8,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::Deserialize;
 
+use std::sync::Arc;
+
 use crate::source::{Kind, Object, ObjectRef};
 
 /// Why one document was left out.
@@ -104,13 +106,13 @@ fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>,
             }
             return;
         }
-        ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Box::new(o))),
+        ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Arc::new(o))),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Box::new(o)))
+            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Arc::new(o)))
         }
-        ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Box::new(o))),
+        ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Arc::new(o))),
         ("networking.k8s.io/v1", "ServiceCIDR") => {
-            typed::<ServiceCIDR>(value).and_then(check_service_cidr).map(|o| Object::ServiceCidr(Box::new(o)))
+            typed::<ServiceCIDR>(value).and_then(check_service_cidr).map(|o| Object::ServiceCidr(Arc::new(o)))
         }
         (_, "ServiceCIDR") => Err(format!("unsupported apiVersion {api_version:?} (want networking.k8s.io/v1)")),
         (_, "Service" | "Node") => Err(format!("unsupported apiVersion {api_version:?} (want v1)")),

@@ -1,0 +1,111 @@
+//! kpx-bench: where a sync's time goes, against the kernel's own limit.
+//! Run it with `cargo xtask bench` (release build, root for the kernel
+//! parts). See README.md, "Benchmarks".
+
+mod cluster;
+mod measure;
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result, bail};
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub kpx: PathBuf,
+    pub modes: Vec<String>,
+    /// (services, endpoints per service), by mode.
+    pub sizes: Vec<(String, usize, usize)>,
+    /// (mode, services) for the first-packet latency runs.
+    pub latency: Vec<(String, usize)>,
+    pub json: PathBuf,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        kpx: PathBuf::from("target/release/kpx"),
+        modes: vec!["iptables".into(), "nftables".into()],
+        // iptables-restore needs minutes for 10k Services x 10 endpoints
+        // (110k chains) on an nf_tables-backed iptables: the default keeps
+        // its run short; --sizes asks for any size in every mode.
+        sizes: [
+            ("iptables", 1000, 10),
+            ("iptables", 10000, 1),
+            ("nftables", 1000, 10),
+            ("nftables", 10000, 10),
+            ("nftables", 30000, 10),
+        ]
+        .into_iter()
+        .map(|(m, s, e)| (m.to_string(), s, e))
+        .collect(),
+        latency: [("iptables", 1000), ("iptables", 10000), ("nftables", 1000), ("nftables", 30000)]
+            .into_iter()
+            .map(|(m, s)| (m.to_string(), s))
+            .collect(),
+        json: PathBuf::from("target/bench.json"),
+    };
+    let mut sizes: Option<Vec<(usize, usize)>> = None;
+    let mut latency: Option<Vec<usize>> = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--kpx" => args.kpx = value()?.into(),
+            "--json" => args.json = value()?.into(),
+            "--modes" => args.modes = value()?.split(',').map(str::to_string).collect(),
+            "--sizes" => {
+                sizes = Some(
+                    value()?
+                        .split(',')
+                        .map(|s| {
+                            let (a, b) =
+                                s.split_once('x').with_context(|| format!("size {s:?}: want SERVICESxENDPOINTS"))?;
+                            Ok((a.parse()?, b.parse()?))
+                        })
+                        .collect::<Result<_>>()?,
+                )
+            }
+            "--latency" => {
+                let v = value()?;
+                latency = Some(if v == "none" {
+                    Vec::new()
+                } else {
+                    v.split(',').map(|s| s.parse()).collect::<Result<_, _>>()?
+                });
+            }
+            "--quick" => {
+                sizes = Some(vec![(1000, 10)]);
+                latency = Some(vec![1000]);
+            }
+            other => bail!(
+                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --quick)"
+            ),
+        }
+    }
+    for m in &args.modes {
+        if !matches!(m.as_str(), "iptables" | "nftables") {
+            bail!("unknown mode {m:?}");
+        }
+    }
+    if let Some(sizes) = sizes {
+        args.sizes = args.modes.iter().flat_map(|m| sizes.iter().map(move |&(s, e)| (m.clone(), s, e))).collect();
+    }
+    if let Some(latency) = latency {
+        args.latency = args.modes.iter().flat_map(|m| latency.iter().map(move |&s| (m.clone(), s))).collect();
+    }
+    let modes = args.modes.clone();
+    args.sizes.retain(|(m, _, _)| modes.contains(m));
+    args.latency.retain(|(m, _)| modes.contains(m));
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let report = measure::run(&args)?;
+    println!("{}", report.table());
+    if let Some(dir) = args.json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report.json())?)?;
+    println!("JSON: {}", args.json.display());
+    Ok(())
+}

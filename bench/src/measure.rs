@@ -1,0 +1,512 @@
+//! The measurements. Stages are timed in-process with kpx's own library
+//! (the same code the daemon runs); kernel applies run the real tools in a
+//! fresh network namespace; memory and latency run the real kpx binary.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Parser as _;
+use kpx::runtime::{Limits, Runtime, builtin};
+use kpx::source::Event;
+use kpx::source::manifests::parse_documents;
+use kpx::state::{ServiceName, State};
+use kpx::validate::{Context, check_iptables, check_nftables};
+use kpx_rules::iptables::IptablesProxier;
+use kpx_rules::model::{Backend, Change, Cluster, IpFamily, Node, ServicePort, Settings};
+use kpx_rules::nftables::NftablesProxier;
+use serde_json::json;
+
+use crate::Args;
+use crate::cluster;
+
+const NODE: &str = "bench-node";
+const PROBE: &str = "10.111.255.10:80";
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Stages {
+    /// Reading the objects (YAML parsing; an API source gets them parsed).
+    pub source: Duration,
+    /// State and change tracking: objects merged into service ports.
+    pub host: Duration,
+    pub plugin: Duration,
+    pub native: Duration,
+    pub validate: Duration,
+    pub kernel: Duration,
+    pub bytes: usize,
+}
+
+impl Stages {
+    /// kpx's own share: everything but the kernel.
+    pub fn own(&self) -> Duration {
+        self.host + self.plugin + self.validate
+    }
+    pub fn total(&self) -> Duration {
+        self.own() + self.kernel
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SizeResult {
+    pub mode: String,
+    pub services: usize,
+    pub endpoints: usize,
+    pub full: Stages,
+    pub partial: Stages,
+    pub chains: usize,
+    pub rss_mib: Option<f64>,
+    pub daemon_sync: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Latency {
+    pub mode: String,
+    pub services: usize,
+    pub median_us: f64,
+    pub p90_us: f64,
+}
+
+pub struct Report {
+    pub machine: String,
+    pub commit: String,
+    pub date: String,
+    pub sizes: Vec<SizeResult>,
+    pub latency: Vec<Latency>,
+}
+
+fn output(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// A network namespace removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Result<Netns> {
+        let name = format!("kpxbench-{}-{tag}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
+        let ok = Command::new("ip").args(["netns", "add", &name]).status()?.success();
+        if !ok {
+            bail!("cannot create network namespace {name} (root needed)");
+        }
+        Ok(Netns(name))
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> Result<Duration> {
+        let t = Instant::now();
+        let out =
+            Command::new("ip").args(["netns", "exec", &self.0, program]).args(args).stdin(Stdio::null()).output()?;
+        let took = t.elapsed();
+        if !out.status.success() {
+            bail!(
+                "{program} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).lines().take(5).collect::<Vec<_>>().join(" | ")
+            );
+        }
+        Ok(took)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn config(mode: &str) -> Result<kpx::config::Config> {
+    let args = [
+        "kpx",
+        "--manifests",
+        "/dev/null",
+        "--hostname-override",
+        NODE,
+        "--cluster-cidr",
+        "10.128.0.0/9",
+        "--proxy-mode",
+        mode,
+    ];
+    Ok(kpx::config::Flags::try_parse_from(args)?.validate()?)
+}
+
+enum Native {
+    Iptables(IptablesProxier),
+    Nftables(NftablesProxier),
+}
+
+impl Native {
+    fn new(mode: &str, settings: Settings) -> Native {
+        match mode {
+            "iptables" => Native::Iptables(IptablesProxier::new(settings)),
+            _ => Native::Nftables(NftablesProxier::new(settings)),
+        }
+    }
+    fn backend(&mut self) -> &mut dyn Backend {
+        match self {
+            Native::Iptables(p) => p,
+            Native::Nftables(p) => p,
+        }
+    }
+}
+
+fn apply_payload(ns: &Netns, mode: &str, payload: &str, dir: &Path, name: &str) -> Result<Duration> {
+    let file = dir.join(name);
+    std::fs::write(&file, payload)?;
+    let file = file.to_str().unwrap();
+    match mode {
+        "iptables" => ns.run("iptables-restore", &["--noflush", file]),
+        _ => ns.run("nft", &["-f", file]),
+    }
+}
+
+fn validate(mode: &str, payload: &str, ctx: &Context) -> Result<Duration> {
+    let t = Instant::now();
+    match mode {
+        "iptables" => check_iptables(payload, ctx)?,
+        _ => check_nftables(payload, IpFamily::V4, ctx)?,
+    }
+    Ok(t.elapsed())
+}
+
+/// Chains a full payload creates.
+fn declared_chains(mode: &str, payload: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    if mode != "iptables" {
+        return out;
+    }
+    let mut table = String::new();
+    for line in payload.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.to_string();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            out.entry(table.clone()).or_default().insert(decl.split_whitespace().next().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir: &Path) -> Result<SizeResult> {
+    eprintln!("== {mode} {services} services x {endpoints} endpoints");
+    let text = cluster::manifests(services, endpoints, None);
+
+    // Source: the manifests parsed into objects.
+    let t = Instant::now();
+    let (objects, errors) = parse_documents(&text);
+    if !errors.is_empty() {
+        bail!("synthetic manifests rejected: {}", errors[0]);
+    }
+    let source_full = t.elapsed();
+    // Host: objects merged into the state, every service port computed.
+    let t = Instant::now();
+    let mut state = State::new(NODE);
+    for o in objects {
+        state.apply(Event::Apply(o));
+    }
+    state.apply(Event::Synced);
+    let names: Vec<ServiceName> = state.service_names().cloned().collect();
+    let ports: Vec<ServicePort> = names.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+    let host_full = t.elapsed();
+    let _ = state.take_changes();
+
+    let config = config(mode)?;
+    let node = Node { name: NODE.into(), addresses: vec!["192.168.0.2".parse()?], ..Default::default() };
+    let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
+    let objects_count: usize = ports.iter().map(|p| 1 + p.endpoints.len()).sum();
+
+    // Plugin (WASM): the whole state across the boundary, then a full render.
+    let runtime = Runtime::new(Limits::default(), Some(dir.join("plugin-cache")))?;
+    let plugin = runtime.load_backend(mode, builtin::get(mode).context("no built-in plugin")?)?;
+    let mut instance = plugin.instantiate(&settings)?;
+    let t = Instant::now();
+    instance.reset(&node, &Cluster::default(), &ports)?;
+    let payload = instance.render(true, objects_count)?.text().to_string();
+    let plugin_full = t.elapsed();
+
+    // The same generator, compiled natively.
+    let mut native = Native::new(mode, settings.clone());
+    let input = ports.clone();
+    let t = Instant::now();
+    native.backend().reset(node.clone(), Cluster::default(), input);
+    let native_payload = native.backend().render(true).map_err(anyhow::Error::msg)?.text().to_string();
+    let native_full = t.elapsed();
+    if native_payload != payload {
+        bail!("the WASM and native renders differ");
+    }
+
+    let mut ctx = Context {
+        plugin: mode.into(),
+        endpoints: ports.iter().flat_map(|p| p.endpoints.iter().map(|e| (e.ip, e.port))).collect(),
+        existing_chains: BTreeMap::new(),
+    };
+    let validate_full = validate(mode, &payload, &ctx)?;
+    let ns = Netns::new(&format!("{mode}-{services}"))?;
+    let kernel_full = apply_payload(&ns, mode, &payload, dir, "full.payload")?;
+    let chains = payload.lines().filter(|l| l.starts_with(':') || l.starts_with("add chain")).count();
+    let full = Stages {
+        source: source_full,
+        host: host_full,
+        plugin: plugin_full,
+        native: native_full,
+        validate: validate_full,
+        kernel: kernel_full,
+        bytes: payload.len(),
+    };
+
+    // One endpoint added to one Service: seen by the state, to programmed.
+    let i = services / 2;
+    let slice = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: bench, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{}",
+        (0..=endpoints).map(|j| format!("- addresses: [{}]\n", cluster::endpoint_ip(i, j))).collect::<String>()
+    );
+    let (mut slice_objects, _) = parse_documents(&slice);
+    let t = Instant::now();
+    state.apply(Event::Apply(slice_objects.remove(0)));
+    let changed = state.take_changes();
+    let changes: Vec<Change> =
+        changed.services.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).map(Change::Upsert).collect();
+    let host_partial = t.elapsed();
+    for c in &changes {
+        if let Change::Upsert(p) = c {
+            ctx.endpoints.extend(p.endpoints.iter().map(|e| (e.ip, e.port)));
+        }
+    }
+    let t = Instant::now();
+    instance.apply(&changes)?;
+    let partial_payload = instance.render(false, objects_count)?.text().to_string();
+    let plugin_partial = t.elapsed();
+    let t = Instant::now();
+    native.backend().apply(changes.clone());
+    let _ = native.backend().render(false);
+    let native_partial = t.elapsed();
+    ctx.existing_chains = declared_chains(mode, &payload);
+    let validate_partial = validate(mode, &partial_payload, &ctx)?;
+    let kernel_partial = apply_payload(&ns, mode, &partial_payload, dir, "partial.payload")?;
+    drop(ns);
+    let partial = Stages {
+        source: Duration::ZERO,
+        host: host_partial,
+        plugin: plugin_partial,
+        native: native_partial,
+        validate: validate_partial,
+        kernel: kernel_partial,
+        bytes: partial_payload.len(),
+    };
+
+    // The daemon itself: peak memory and the time to its first full sync.
+    let (rss_mib, daemon_sync) = match daemon(args, mode, &text, dir, &format!("{mode}-{services}")) {
+        Ok((rss, sync)) => (Some(rss), Some(sync)),
+        Err(e) => {
+            eprintln!("   daemon run failed: {e:#}");
+            (None, None)
+        }
+    };
+    Ok(SizeResult { mode: mode.into(), services, endpoints, full, partial, chains, rss_mib, daemon_sync })
+}
+
+/// Runs kpx on the manifests in a fresh namespace; (peak RSS MiB, time to
+/// the first IPv4 sync).
+fn daemon(args: &Args, mode: &str, manifests: &str, dir: &Path, tag: &str) -> Result<(f64, Duration)> {
+    let ns = Netns::new(&format!("d-{tag}"))?;
+    let mdir = dir.join(format!("manifests-{tag}"));
+    let _ = std::fs::remove_dir_all(&mdir);
+    std::fs::create_dir_all(&mdir)?;
+    std::fs::write(mdir.join("cluster.yaml"), manifests)?;
+    let log = dir.join(format!("kpx-{tag}.log"));
+    let cache = dir.join("plugin-cache");
+    let t = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0])
+        .arg(&args.kpx)
+        .args(["--proxy-mode", mode, "--hostname-override", NODE, "--cluster-cidr", "10.128.0.0/9"])
+        .arg("--manifests")
+        .arg(&mdir)
+        .arg("--plugin-cache-dir")
+        .arg(&cache)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let result = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("synced rules family=IPv4") {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))?;
+            let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM")?;
+            let kib: f64 = hwm.split_whitespace().nth(1).context("VmHWM")?.parse()?;
+            break Ok((kib / 1024.0, t.elapsed()));
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err(anyhow::anyhow!("kpx exited ({status}): {}", text.lines().last().unwrap_or("")));
+        }
+        if Instant::now() > deadline {
+            break Err(anyhow::anyhow!("kpx did not sync in 15 minutes"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// First-packet latency through `services` Services: new TCP connections
+/// from a client namespace to the last Service.
+fn measure_latency(args: &Args, mode: &str, services: usize, dir: &Path) -> Result<Latency> {
+    eprintln!("== latency {mode} {services} services");
+    let lab = kpx_netlab::node::NodeLab::build(1)?;
+    let backend = lab.backends[0].ip.clone();
+    let text = cluster::manifests(services, 1, Some(&backend)).replace("10.95.0.10", PROBE.split(':').next().unwrap());
+    let mdir = dir.join(format!("latency-{mode}-{services}"));
+    let _ = std::fs::remove_dir_all(&mdir);
+    std::fs::create_dir_all(&mdir)?;
+    std::fs::write(mdir.join("cluster.yaml"), text)?;
+    let cache = dir.join("plugin-cache");
+    let kpx_args = [
+        "--proxy-mode",
+        mode,
+        "--hostname-override",
+        NODE,
+        "--cluster-cidr",
+        "10.244.0.0/16",
+        "--manifests",
+        mdir.to_str().unwrap(),
+        "--plugin-cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let mut kpx = lab.start_kpx(&args.kpx, &kpx_args, &dir.join(format!("kpx-latency-{mode}-{services}.log")))?;
+    if !kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(900)) {
+        bail!("kpx did not sync:\n{}", kpx.log());
+    }
+    let to: SocketAddr = PROBE.parse()?;
+    let req = kpx_netlab::Request { to, from: None, timeout: Duration::from_secs(2) };
+    let mut samples = Vec::new();
+    match req.tcp(&lab.client) {
+        kpx_netlab::Reply::Answer { .. } => {}
+        other => bail!("probe request failed: {other:?}"),
+    }
+    for _ in 0..20 {
+        let _ = req.connect_time(&lab.client); // warm-up
+    }
+    for _ in 0..500 {
+        match req.connect_time(&lab.client) {
+            Ok(took) => samples.push(took),
+            Err(reply) => bail!("probe connect failed: {reply:?}"),
+        }
+    }
+    samples.sort();
+    let pick = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1e6;
+    Ok(Latency { mode: mode.into(), services, median_us: pick(0.5), p90_us: pick(0.9) })
+}
+
+pub fn run(args: &Args) -> Result<Report> {
+    let dir = PathBuf::from("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.canonicalize()?;
+    let mut sizes = Vec::new();
+    for (mode, s, e) in &args.sizes {
+        sizes.push(measure_size(args, mode, *s, *e, &dir)?);
+    }
+    let mut latency = Vec::new();
+    for (mode, s) in &args.latency {
+        latency.push(measure_latency(args, mode, *s, &dir)?);
+    }
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let machine = format!(
+        "{} x {cpu}, {} MiB, kernel {}, {}, {}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        output("sh", &["-c", "awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo"]),
+        output("uname", &["-r"]),
+        output("nft", &["--version"]),
+        output("iptables", &["--version"]),
+    );
+    let dirty = if output("git", &["status", "--porcelain"]).is_empty() { "" } else { "-dirty" };
+    Ok(Report {
+        machine,
+        commit: format!("{}{dirty}", output("git", &["rev-parse", "--short", "HEAD"])),
+        date: output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        sizes,
+        latency,
+    })
+}
+
+impl Report {
+    pub fn table(&self) -> String {
+        let mut out = format!("kpx benchmark — {} — commit {} — {}\n\n", self.machine, self.commit, self.date);
+        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  valid.  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  payload   | RSS MiB  daemon sync\n");
+        for r in &self.sizes {
+            let f = &r.full;
+            let p = &r.partial;
+            out.push_str(&format!(
+                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB | {:>7} {:>9}\n",
+                r.mode,
+                r.services,
+                r.endpoints,
+                ms(f.source),
+                ms(f.host),
+                ms(f.plugin),
+                ms(f.native),
+                f.plugin.as_secs_f64() / f.native.as_secs_f64().max(1e-9),
+                ms(f.validate),
+                ms(f.own()),
+                ms(f.kernel),
+                100.0 * f.own().as_secs_f64() / f.kernel.as_secs_f64().max(1e-9),
+                ms(p.own()),
+                ms(p.kernel),
+                ms(p.total()),
+                r.chains,
+                f.bytes / 1024,
+                r.rss_mib.map(|m| format!("{m:.0}")).unwrap_or("-".into()),
+                r.daemon_sync.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or("-".into()),
+            ));
+        }
+        out.push_str("(all times in ms; \"source\" = YAML parsing of the manifests; \"kpx own\" = host (state and change tracking) + plugin + validation; the kernel column is iptables-restore / nft -f of the same payload into an empty namespace)\n");
+        if !self.latency.is_empty() {
+            out.push_str(
+                "\nfirst-packet latency (TCP connect to the last Service, through the node: 500 new connections):\n",
+            );
+            for l in &self.latency {
+                out.push_str(&format!(
+                    "  {:<9} {:>6} services: median {:>7.0} µs, p90 {:>7.0} µs\n",
+                    l.mode, l.services, l.median_us, l.p90_us
+                ));
+            }
+        }
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let stages = |s: &Stages| {
+            json!({"source_ms": ms(s.source), "host_ms": ms(s.host), "plugin_ms": ms(s.plugin), "native_ms": ms(s.native), "validate_ms": ms(s.validate),
+                   "kernel_ms": ms(s.kernel), "kpx_own_ms": ms(s.own()), "total_ms": ms(s.total()), "payload_bytes": s.bytes})
+        };
+        json!({
+            "machine": self.machine, "commit": self.commit, "date": self.date,
+            "sizes": self.sizes.iter().map(|r| json!({
+                "mode": r.mode, "services": r.services, "endpoints": r.endpoints,
+                "full": stages(&r.full), "one_endpoint_added": stages(&r.partial),
+                "wasm_over_native": r.full.plugin.as_secs_f64() / r.full.native.as_secs_f64().max(1e-9),
+                "own_over_kernel": r.full.own().as_secs_f64() / r.full.kernel.as_secs_f64().max(1e-9),
+                "chains": r.chains, "peak_rss_mib": r.rss_mib, "daemon_first_sync_s": r.daemon_sync.map(|d| d.as_secs_f64()),
+            })).collect::<Vec<_>>(),
+            "first_packet_latency": self.latency.iter().map(|l| json!({
+                "mode": l.mode, "services": l.services, "median_us": l.median_us, "p90_us": l.p90_us})).collect::<Vec<_>>(),
+        })
+    }
+}
