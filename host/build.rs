@@ -49,7 +49,9 @@ fn main() {
     cmd.current_dir(&workspace)
         .args(["build", "--release", "--target", "wasm32-unknown-unknown", "--target-dir"])
         .arg(&target_dir)
-        .args(["--config", "profile.release.debug=false"]);
+        .args(["--config", "profile.release.debug=false"])
+        // Plugins are small and hot: whole-program optimisation pays.
+        .args(["--config", "profile.release.lto=true", "--config", "profile.release.codegen-units=1"]);
     for (krate, _) in BUILT_IN {
         cmd.args(["-p", krate]);
     }

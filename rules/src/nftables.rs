@@ -15,7 +15,9 @@ mod affinity;
 mod elements;
 mod layout;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::model::{Backend, Change, Cluster, IpFamily, Node, Ruleset, ServicePort, Settings};
 
@@ -56,20 +58,30 @@ impl Fam {
     }
 }
 
+/// Text that is cloned often (set names, keys, values): a reference count.
+pub type Text = Arc<str>;
+
 /// One element of a set or map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Element {
-    pub set: String,
-    pub key: String,
-    pub value: Option<String>,
+    pub set: Text,
+    pub key: Text,
+    pub value: Option<Text>,
 }
 
-impl Element {
-    fn text(&self) -> String {
-        match &self.value {
-            Some(v) => format!("{} : {v}", self.key),
-            None => self.key.clone(),
+/// Set and map names, shared: each name is allocated once.
+#[derive(Debug, Default)]
+pub struct Names(RefCell<HashSet<Text>>);
+
+impl Names {
+    pub fn get(&self, name: &str) -> Text {
+        let mut names = self.0.borrow_mut();
+        if let Some(known) = names.get(name) {
+            return known.clone();
         }
+        let text: Text = Arc::from(name);
+        names.insert(text.clone());
+        text
     }
 }
 
@@ -83,9 +95,33 @@ pub struct Contribution {
     pub objects: affinity::Objects,
 }
 
-/// (set, key) → contributing service → value.
-type Registry = BTreeMap<(String, String), Contributors>;
-type Contributors = BTreeMap<String, Option<String>>;
+/// (set, key) → the services contributing it, sorted by key, with their
+/// values; the first one's element is in the kernel.
+type Registry = HashMap<(Text, Text), Contributors>;
+type Contributors = Vec<(Text, Option<Text>)>;
+
+fn contribute(registry: &mut Registry, e: &Element, service: &Text) {
+    let list = registry.entry((e.set.clone(), e.key.clone())).or_default();
+    match list.binary_search_by(|(k, _)| k.cmp(service)) {
+        Ok(i) => list[i].1 = e.value.clone(),
+        Err(i) => list.insert(i, (service.clone(), e.value.clone())),
+    }
+}
+
+fn withdraw(registry: &mut Registry, e: &Element, service: &Text) {
+    let id = (e.set.clone(), e.key.clone());
+    if let Some(list) = registry.get_mut(&id) {
+        list.retain(|(k, _)| k != service);
+        if list.is_empty() {
+            registry.remove(&id);
+        }
+    }
+}
+
+/// The value in the kernel for (set, key): None if absent.
+fn effective(registry: &Registry, id: &(Text, Text)) -> Option<Option<Text>> {
+    registry.get(id).and_then(|l| l.first()).map(|(_, v)| v.clone())
+}
 
 /// The nftables rule generator for one IP family.
 #[derive(Debug)]
@@ -104,6 +140,7 @@ pub struct NftablesProxier {
     counts: BTreeSet<CountMap>,
     /// Node or cluster facts changed: the next render is full.
     layout_changed: bool,
+    names: Names,
 }
 
 impl NftablesProxier {
@@ -111,19 +148,16 @@ impl NftablesProxier {
         Fam(self.settings.family)
     }
 
-    fn effective(entry: &Contributors) -> Option<&Option<String>> {
-        entry.values().next()
-    }
-
     fn full(&mut self) -> String {
         let fam = self.fam();
         self.contributed.clear();
         self.registry.clear();
-        let ctx = elements::Context { settings: &self.settings, node: &self.node };
+        let ctx = elements::Context { settings: &self.settings, node: &self.node, names: &self.names };
         for (key, svc) in &self.services {
             let c = elements::contribution(&ctx, svc);
+            let service: Text = Arc::from(key.as_str());
             for e in &c.elements {
-                self.registry.entry((e.set.clone(), e.key.clone())).or_default().insert(key.clone(), e.value.clone());
+                contribute(&mut self.registry, e, &service);
             }
             self.contributed.insert(key.clone(), c);
         }
@@ -147,46 +181,44 @@ impl NftablesProxier {
         for c in self.contributed.values() {
             out.extend(c.objects.rules.iter().cloned());
         }
-        let effective: Vec<Element> = self
-            .registry
-            .iter()
-            .filter_map(|((set, key), entry)| {
-                Self::effective(entry).map(|v| Element { set: set.clone(), key: key.clone(), value: v.clone() })
-            })
-            .collect();
-        out.extend(element_commands(fam, "add", &effective));
-        out.extend(layout.static_elements());
+        // Every element once, from its first contributor, in service order.
+        let mut writer = ElementWriter::new(fam, "add");
+        for (key, c) in &self.contributed {
+            for e in &c.elements {
+                let first = self.registry.get(&(e.set.clone(), e.key.clone())).and_then(|l| l.first());
+                if first.is_some_and(|(k, _)| &**k == key.as_str()) {
+                    writer.push(e);
+                }
+            }
+        }
+        out.extend(writer.finish());
+        out.extend(layout.static_elements(&self.names));
         join(out)
     }
 
     fn partial(&mut self) -> String {
         let fam = self.fam();
-        let ctx = elements::Context { settings: &self.settings, node: &self.node };
-        let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
-        let mut before: BTreeMap<(String, String), Option<Option<String>>> = BTreeMap::new();
+        let ctx = elements::Context { settings: &self.settings, node: &self.node, names: &self.names };
+        let mut touched: BTreeSet<(Text, Text)> = BTreeSet::new();
+        let mut before: BTreeMap<(Text, Text), Option<Option<Text>>> = BTreeMap::new();
         let mut flushes = Vec::new();
         let mut stale_objects = Vec::new();
         let mut new_objects = Vec::new();
         for key in std::mem::take(&mut self.changed) {
+            let service: Text = Arc::from(key.as_str());
             let old = self.contributed.remove(&key).unwrap_or_default();
             let new = self.services.get(&key).map(|svc| elements::contribution(&ctx, svc)).unwrap_or_default();
             for e in old.elements.iter().chain(&new.elements) {
-                let k = (e.set.clone(), e.key.clone());
-                if touched.insert(k.clone()) {
-                    before.insert(k.clone(), self.registry.get(&k).and_then(Self::effective).cloned());
+                let id = (e.set.clone(), e.key.clone());
+                if touched.insert(id.clone()) {
+                    before.insert(id.clone(), effective(&self.registry, &id));
                 }
             }
             for e in &old.elements {
-                let k = (e.set.clone(), e.key.clone());
-                if let Some(entry) = self.registry.get_mut(&k) {
-                    entry.remove(&key);
-                    if entry.is_empty() {
-                        self.registry.remove(&k);
-                    }
-                }
+                withdraw(&mut self.registry, e, &service);
             }
             for e in &new.elements {
-                self.registry.entry((e.set.clone(), e.key.clone())).or_default().insert(key.clone(), e.value.clone());
+                contribute(&mut self.registry, e, &service);
             }
             if old.objects != new.objects {
                 flushes.extend(old.objects.flushes(fam));
@@ -199,17 +231,17 @@ impl NftablesProxier {
         }
         let mut deletes = Vec::new();
         let mut adds = Vec::new();
-        for k in touched {
-            let old = before.remove(&k).flatten();
-            let new = self.registry.get(&k).and_then(Self::effective).cloned();
+        for id in touched {
+            let old = before.remove(&id).flatten();
+            let new = effective(&self.registry, &id);
             if old == new {
                 continue;
             }
             if let Some(v) = old {
-                deletes.push(Element { set: k.0.clone(), key: k.1.clone(), value: v });
+                deletes.push(Element { set: id.0.clone(), key: id.1.clone(), value: v });
             }
             if let Some(v) = new {
-                adds.push(Element { set: k.0, key: k.1, value: v });
+                adds.push(Element { set: id.0, key: id.1, value: v });
             }
         }
         let mut out = vec![format!("{} {{ comment \"rules for kube-proxy\" ; }}", fam.cmd("add", "table"))];
@@ -246,21 +278,61 @@ fn join(lines: Vec<String>) -> String {
     out
 }
 
-/// `add|delete element <fam> kube-proxy <set> { e, e, ... }`, batched.
-pub fn element_commands(fam: Fam, verb: &str, elements: &[Element]) -> Vec<String> {
-    let mut by_set: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for e in elements {
-        // Deletes name keys only.
-        let text = if verb == "delete" { e.key.clone() } else { e.text() };
-        by_set.entry(&e.set).or_default().push(text);
-    }
-    let mut out = Vec::new();
-    for (set, items) in by_set {
-        for chunk in items.chunks(ELEMENTS_PER_COMMAND) {
-            out.push(format!("{} {set} {{ {} }}", fam.cmd(verb, "element"), chunk.join(", ")));
+/// Writes `add|delete element <fam> kube-proxy <set> { e, e, ... }`
+/// commands, batched per set, straight into their text.
+pub struct ElementWriter {
+    prefix: String,
+    delete: bool,
+    open: BTreeMap<Text, (String, usize)>,
+    done: Vec<String>,
+}
+
+impl ElementWriter {
+    pub fn new(fam: Fam, verb: &str) -> ElementWriter {
+        ElementWriter {
+            prefix: fam.cmd(verb, "element"),
+            delete: verb == "delete",
+            open: BTreeMap::new(),
+            done: Vec::new(),
         }
     }
-    out
+
+    pub fn push(&mut self, e: &Element) {
+        let (body, n) = self.open.entry(e.set.clone()).or_default();
+        if *n > 0 {
+            body.push_str(", ");
+        }
+        body.push_str(&e.key);
+        // Deletes name keys only.
+        if let (false, Some(value)) = (self.delete, &e.value) {
+            body.push_str(" : ");
+            body.push_str(value);
+        }
+        *n += 1;
+        if *n == ELEMENTS_PER_COMMAND {
+            self.done.push(format!("{} {} {{ {body} }}", self.prefix, e.set));
+            body.clear();
+            *n = 0;
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<String> {
+        for (set, (body, n)) in std::mem::take(&mut self.open) {
+            if n > 0 {
+                self.done.push(format!("{} {set} {{ {body} }}", self.prefix));
+            }
+        }
+        self.done
+    }
+}
+
+/// The commands for a list of elements.
+pub fn element_commands(fam: Fam, verb: &str, elements: &[Element]) -> Vec<String> {
+    let mut writer = ElementWriter::new(fam, verb);
+    for e in elements {
+        writer.push(e);
+    }
+    writer.finish()
 }
 
 impl Backend for NftablesProxier {
@@ -272,9 +344,10 @@ impl Backend for NftablesProxier {
             services: BTreeMap::new(),
             changed: BTreeSet::new(),
             contributed: BTreeMap::new(),
-            registry: BTreeMap::new(),
+            registry: HashMap::new(),
             counts: BTreeSet::new(),
             layout_changed: true,
+            names: Names::default(),
         }
     }
 

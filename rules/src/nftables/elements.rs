@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::affinity;
-use super::{Contribution, Element, Fam};
+use super::{Contribution, Element, Fam, Names};
 use crate::model::{Endpoint, Node, Protocol, ServicePort, Settings};
 
 /// What an endpoint map is for; each has one select chain and one map per
@@ -105,10 +105,7 @@ pub fn count_rule(fam: Fam, map: CountMap) -> String {
 pub struct Context<'a> {
     pub settings: &'a Settings,
     pub node: &'a Node,
-}
-
-fn el(set: &str, key: String, value: Option<String>) -> Element {
-    Element { set: set.into(), key, value }
+    pub names: &'a Names,
 }
 
 /// `ip . port` as map data.
@@ -122,6 +119,11 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
     let mut c = Contribution::default();
     let Some(view) = svc.view(family) else {
         return c;
+    };
+    let el = |set: &str, key: String, value: Option<String>| Element {
+        set: ctx.names.get(set),
+        key: key.into(),
+        value: value.map(Into::into),
     };
     let proto = svc.protocol.as_str();
     let port = svc.port;

@@ -2,7 +2,7 @@
 //! and maps. Its size depends on nothing but the settings.
 
 use super::elements::Purpose;
-use super::{Element, Fam, element_commands};
+use super::{Element, Fam, Names, element_commands};
 use crate::model::{Cluster, LocalTraffic, NodePortAddresses, Settings};
 
 /// Base chains: (name, type, hook, priority). Numeric priorities: nft
@@ -180,15 +180,15 @@ impl Layout<'_> {
     }
 
     /// Elements that come from the settings and the cluster.
-    pub fn static_elements(&self) -> Vec<String> {
+    pub fn static_elements(&self, names: &Names) -> Vec<String> {
         let mut elements = Vec::new();
         if let Some(cidrs) = self.node_ports_only() {
             for c in cidrs.iter().filter(|c| c.family() == self.settings.family) {
-                elements.push(Element { set: "nodeport-ips".into(), key: c.addr.to_string(), value: None });
+                elements.push(Element { set: names.get("nodeport-ips"), key: c.addr.to_string().into(), value: None });
             }
         }
         for c in self.cluster.service_cidrs.iter().filter(|c| c.family() == self.settings.family) {
-            elements.push(Element { set: "service-cidrs".into(), key: c.to_string(), value: None });
+            elements.push(Element { set: names.get("service-cidrs"), key: c.to_string().into(), value: None });
         }
         element_commands(self.fam, "add", &elements)
     }
