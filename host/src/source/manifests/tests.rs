@@ -123,3 +123,28 @@ fn an_object_made_invalid_keeps_its_last_good_version() {
     assert_eq!(events.len(), 1, "{events:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_duplicate_takes_over_when_the_first_definition_goes() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-dup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = |ip: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    };
+    std::fs::write(dir.join("a.yaml"), svc("10.96.0.1")).unwrap();
+    std::fs::write(dir.join("b.yaml"), svc("10.96.0.2")).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    let first = source.poll();
+    assert_eq!(first.len(), 1, "one object, defined twice: {first:?}");
+    assert!(format!("{first:?}").contains("10.96.0.1"), "the first file wins");
+    // a.yaml goes: b.yaml's definition (unchanged, not re-read) takes over.
+    std::fs::remove_file(dir.join("a.yaml")).unwrap();
+    let events = source.poll();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        matches!(&events[0], Event::Apply(Object::Service(s)) if s.spec.as_ref().unwrap().cluster_ip.as_deref() == Some("10.96.0.2"))
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
