@@ -138,6 +138,16 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A ready, serving endpoint on another node with no zone.
+    pub fn ready(ip: IpAddr, port: u16) -> Self {
+        Endpoint {
+            ip,
+            port,
+            conditions: Conditions { ready: true, serving: true, terminating: false, is_local: false },
+            zone: None,
+        }
+    }
+
     /// `ip:port`, or `[ip]:port` for IPv6: the form upstream hashes and DNATs to.
     pub fn host_port(&self) -> String {
         join_host_port(&self.ip, self.port)
@@ -191,6 +201,41 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A port with no addresses, no endpoints and default policies; callers
+    /// fill in what their Service has.
+    pub fn new(namespace: &str, name: &str, port_name: &str, protocol: Protocol, port: u16) -> Self {
+        ServicePort {
+            key: Self::key_for(namespace, name, port_name),
+            namespace: namespace.into(),
+            name: name.into(),
+            port_name: port_name.into(),
+            protocol,
+            cluster_ip: None,
+            port,
+            node_port: 0,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: 0,
+            affinity_timeout_seconds: 0,
+            scheduler: String::new(),
+            scheduler_parameters: vec![],
+            endpoints: vec![],
+            cluster_endpoints: vec![],
+            local_endpoints: vec![],
+        }
+    }
+
+    /// Replaces the endpoints, all of them usable cluster-wide.
+    pub fn with_cluster_endpoints(mut self, endpoints: Vec<Endpoint>) -> Self {
+        self.cluster_endpoints = (0..endpoints.len() as u32).collect();
+        self.local_endpoints.clear();
+        self.endpoints = endpoints;
+        self
+    }
+
     /// The key upstream's `ServicePortName.String()` gives.
     pub fn key_for(namespace: &str, name: &str, port_name: &str) -> String {
         if port_name.is_empty() { format!("{namespace}/{name}") } else { format!("{namespace}/{name}:{port_name}") }

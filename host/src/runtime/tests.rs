@@ -10,28 +10,9 @@ fn runtime(limits: Limits) -> Runtime {
 }
 
 fn service(name: &str) -> ServicePort {
-    ServicePort {
-        key: format!("t/{name}"),
-        namespace: "t".into(),
-        name: name.into(),
-        port_name: String::new(),
-        protocol: kpx_rules::model::Protocol::Tcp,
-        cluster_ip: Some("10.96.0.1".parse().unwrap()),
-        port: 80,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: Default::default(),
-        internal_traffic_policy: Default::default(),
-        health_check_node_port: 0,
-        affinity_timeout_seconds: 0,
-        scheduler: String::new(),
-        scheduler_parameters: vec![],
-        endpoints: vec![],
-        cluster_endpoints: vec![],
-        local_endpoints: vec![],
-    }
+    let mut s = ServicePort::new("t", name, "", kpx_rules::model::Protocol::Tcp, 80);
+    s.cluster_ip = Some("10.96.0.1".parse().unwrap());
+    s
 }
 
 /// Replaces `from` by `to` (same length) in the component's bytes.

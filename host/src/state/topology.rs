@@ -113,28 +113,12 @@ mod tests {
     }
 
     fn svc(itp: TrafficPolicy, etp: TrafficPolicy, node_port: u16) -> ServicePort {
-        ServicePort {
-            key: "ns/s".into(),
-            namespace: "ns".into(),
-            name: "s".into(),
-            port_name: String::new(),
-            protocol: Protocol::Tcp,
-            cluster_ip: Some("10.96.0.1".parse().unwrap()),
-            port: 80,
-            node_port,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: etp,
-            internal_traffic_policy: itp,
-            health_check_node_port: 0,
-            affinity_timeout_seconds: 0,
-            scheduler: String::new(),
-            scheduler_parameters: vec![],
-            endpoints: vec![],
-            cluster_endpoints: vec![],
-            local_endpoints: vec![],
-        }
+        let mut s = ServicePort::new("ns", "s", "", Protocol::Tcp, 80);
+        s.cluster_ip = Some("10.96.0.1".parse().unwrap());
+        s.node_port = node_port;
+        s.internal_traffic_policy = itp;
+        s.external_traffic_policy = etp;
+        s
     }
 
     use TrafficPolicy::{Cluster, Local};

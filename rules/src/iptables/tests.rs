@@ -1,40 +1,15 @@
 use super::*;
 use crate::hash::{endpoint_chain, service_chain};
-use crate::model::{Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Protocol, TrafficPolicy};
+use crate::model::{Cluster, Endpoint, IpFamily, LocalTraffic, Protocol, TrafficPolicy};
 
 fn ep(ip: &str, port: u16) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port,
-        conditions: Conditions { ready: true, serving: true, terminating: false, is_local: false },
-        zone: None,
-    }
+    Endpoint::ready(ip.parse().unwrap(), port)
 }
 
 fn svc(ns: &str, name: &str, port_name: &str, ip: &str, port: u16, eps: Vec<Endpoint>) -> ServicePort {
-    let n = eps.len() as u32;
-    ServicePort {
-        key: ServicePort::key_for(ns, name, port_name),
-        namespace: ns.into(),
-        name: name.into(),
-        port_name: port_name.into(),
-        protocol: Protocol::Tcp,
-        cluster_ip: Some(ip.parse().unwrap()),
-        port,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        health_check_node_port: 0,
-        affinity_timeout_seconds: 0,
-        scheduler: String::new(),
-        scheduler_parameters: vec![],
-        endpoints: eps,
-        cluster_endpoints: (0..n).collect(),
-        local_endpoints: vec![],
-    }
+    let mut s = ServicePort::new(ns, name, port_name, Protocol::Tcp, port).with_cluster_endpoints(eps);
+    s.cluster_ip = Some(ip.parse().unwrap());
+    s
 }
 
 fn proxier() -> IptablesProxier {

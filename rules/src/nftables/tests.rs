@@ -1,39 +1,14 @@
 use super::*;
-use crate::model::{Conditions, Endpoint, LocalTraffic, Protocol, TrafficPolicy};
+use crate::model::{Endpoint, LocalTraffic, Protocol, TrafficPolicy};
 
 fn ep(ip: &str) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 8080,
-        conditions: Conditions { ready: true, serving: true, terminating: false, is_local: false },
-        zone: None,
-    }
+    Endpoint::ready(ip.parse().unwrap(), 8080)
 }
 
 fn svc(name: &str, ip: &str, eps: Vec<Endpoint>) -> ServicePort {
-    let n = eps.len() as u32;
-    ServicePort {
-        key: format!("ns/{name}:p"),
-        namespace: "ns".into(),
-        name: name.into(),
-        port_name: "p".into(),
-        protocol: Protocol::Tcp,
-        cluster_ip: Some(ip.parse().unwrap()),
-        port: 80,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        health_check_node_port: 0,
-        affinity_timeout_seconds: 0,
-        scheduler: String::new(),
-        scheduler_parameters: vec![],
-        endpoints: eps,
-        cluster_endpoints: (0..n).collect(),
-        local_endpoints: vec![],
-    }
+    let mut s = ServicePort::new("ns", name, "p", Protocol::Tcp, 80).with_cluster_endpoints(eps);
+    s.cluster_ip = Some(ip.parse().unwrap());
+    s
 }
 
 fn proxier() -> NftablesProxier {
