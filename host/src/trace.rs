@@ -46,54 +46,35 @@ pub fn run(args: &TraceArgs, exec: &dyn Exec) -> Result<String, Error> {
             reason: "source and destination are of different IP families".into(),
         });
     }
-    let local: Vec<IpAddr> = interfaces::local_addresses(exec)?;
+    let node = trace::Node { local_addresses: interfaces::local_addresses(exec)? };
+    let packet = packet(&node, args.from, to, protocol, args.in_interface.clone());
     match args.mode.as_str() {
         "iptables" => {
             let save = if to.is_ipv4() { "iptables-save" } else { "ip6tables-save" };
             let rules = exec.run(save, &[], None)?;
-            explain(&rules, &local, args.from, to, protocol, args.in_interface.clone())
+            explain(&rules, &node, &packet)
         }
         "nftables" => {
             let family = if to.is_ipv4() { "ip" } else { "ip6" };
             let listing = exec.run("nft", &["list", "table", family, kpx_rules::nftables::TABLE], None)?;
-            explain_nftables(&listing, family, &local, args.from, to, protocol, args.in_interface.clone())
+            explain_nftables(&listing, family, &node, &packet)
         }
         other => Err(Error::Argument { flag: "mode", reason: format!("{other:?}: want iptables or nftables") }),
     }
 }
 
 /// The explanation of one packet through an `iptables-save` dump.
-pub fn explain(
-    rules: &str,
-    local: &[IpAddr],
-    from: IpAddr,
-    to: SocketAddr,
-    protocol: Protocol,
-    in_interface: Option<String>,
-) -> Result<String, Error> {
-    let parsed = parse_ruleset(rules)?;
-    let node = trace::Node { local_addresses: local.to_vec() };
-    let packet = packet(&node, from, to, protocol, in_interface);
-    let traced = trace_iptables(&parsed, &[], &node, &packet)?;
-    Ok(describe(&packet, &traced))
+pub fn explain(rules: &str, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
+    let traced = trace_iptables(&parse_ruleset(rules)?, &[], node, packet)?;
+    Ok(describe(packet, &traced))
 }
 
 /// The explanation of one packet through an `nft list table` listing.
-pub fn explain_nftables(
-    listing: &str,
-    family: &str,
-    local: &[IpAddr],
-    from: IpAddr,
-    to: SocketAddr,
-    protocol: Protocol,
-    in_interface: Option<String>,
-) -> Result<String, Error> {
+pub fn explain_nftables(listing: &str, family: &str, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
     let mut model = trace::nftables::NftModel::default();
     model.apply(&trace::nftables::listing_to_commands(listing, family))?;
-    let node = trace::Node { local_addresses: local.to_vec() };
-    let packet = packet(&node, from, to, protocol, in_interface);
-    let traced = trace::nftables::trace_nftables(&model, &node, &packet)?;
-    Ok(describe(&packet, &traced))
+    let traced = trace::nftables::trace_nftables(&model, node, packet)?;
+    Ok(describe(packet, &traced))
 }
 
 fn packet(
@@ -160,11 +141,14 @@ COMMIT
     #[test]
     fn explains_the_path_of_an_iptables_save_dump() {
         let to = "10.96.0.10:80".parse().unwrap();
-        let out = explain(RULES, &[], "203.0.113.1".parse().unwrap(), to, Protocol::Tcp, None).unwrap();
+        let node = trace::Node { local_addresses: vec![] };
+        let from_outside = packet(&node, "203.0.113.1".parse().unwrap(), to, Protocol::Tcp, None);
+        let out = explain(RULES, &node, &from_outside).unwrap();
         assert!(out.contains("path 1 of 1: DNAT to 10.1.0.5:8080, masqueraded"), "{out}");
         assert!(out.contains("KUBE-SVC-A"), "{out}");
         assert!(out.contains("verdict: 10.1.0.5:8080 (masqueraded)"), "{out}");
-        let out = explain(RULES, &[], "10.0.0.9".parse().unwrap(), to, Protocol::Tcp, None).unwrap();
+        let from_cluster = packet(&node, "10.0.0.9".parse().unwrap(), to, Protocol::Tcp, None);
+        let out = explain(RULES, &node, &from_cluster).unwrap();
         assert!(out.contains("source kept"), "{out}");
     }
 

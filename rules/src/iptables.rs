@@ -9,6 +9,8 @@ pub use table::Table;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::service_set::ServiceSet;
+
 use crate::model::{Backend, Change, Cluster, IpFamily, Node, NodePortAddresses, Ruleset, ServicePort, Settings};
 
 /// nat table chains kube-proxy owns and rewrites on every sync.
@@ -142,9 +144,7 @@ fn probability(remaining: usize) -> String {
 pub struct IptablesProxier {
     settings: Settings,
     node: Node,
-    services: BTreeMap<String, ServicePort>,
-    /// Keys upserted or removed since the last render.
-    changed: BTreeSet<String>,
+    services: ServiceSet,
     /// The nat chains each service owned at the last render.
     rendered: BTreeMap<String, Vec<String>>,
     /// Large-cluster mode at the last render; a flip rewrites everything.
@@ -209,6 +209,7 @@ impl IptablesProxier {
         let large_cluster = total > LARGE_CLUSTER_ENDPOINTS;
         let full = full || self.large_cluster != Some(large_cluster);
         self.large_cluster = Some(large_cluster);
+        let changed = self.services.take_changed();
 
         let mut filter = Table::new("filter");
         let mut nat = Table::new("nat");
@@ -222,8 +223,8 @@ impl IptablesProxier {
 
         let ctx = service::Context { settings: &self.settings, node: &self.node, large_cluster };
         let mut rendered = BTreeMap::new();
-        for (key, svc) in &self.services {
-            let write = full || self.changed.contains(key);
+        for (key, svc) in self.services.iter() {
+            let write = full || changed.contains(key);
             let chains = service::write(&ctx, svc, write, &mut filter, &mut nat);
             let chains = if write { chains } else { self.rendered.get(key).cloned().unwrap_or_default() };
             if !chains.is_empty() {
@@ -234,7 +235,7 @@ impl IptablesProxier {
         // removes leftovers the kernel holds from before this instance.
         let empty = Vec::new();
         for (key, old) in &self.rendered {
-            if !(full || self.changed.contains(key)) {
+            if !(full || changed.contains(key)) {
                 continue;
             }
             let current: BTreeSet<&String> = rendered.get(key).unwrap_or(&empty).iter().collect();
@@ -245,7 +246,6 @@ impl IptablesProxier {
         self.render_nodeports_jump(&mut nat);
 
         self.rendered = rendered;
-        self.changed.clear();
         let mut out = filter.finish();
         out.push_str(&nat.finish());
         out
@@ -257,8 +257,7 @@ impl Backend for IptablesProxier {
         IptablesProxier {
             settings,
             node: Node::default(),
-            services: BTreeMap::new(),
-            changed: BTreeSet::new(),
+            services: ServiceSet::default(),
             rendered: BTreeMap::new(),
             large_cluster: None,
         }
@@ -266,26 +265,18 @@ impl Backend for IptablesProxier {
 
     fn reset(&mut self, node: Node, _cluster: Cluster, services: Vec<ServicePort>) {
         self.node = node;
-        self.changed.extend(self.services.keys().cloned());
-        self.services = services.into_iter().map(|s| (s.key.clone(), s)).collect();
-        self.changed.extend(self.services.keys().cloned());
+        self.services.replace(services);
     }
 
     fn apply(&mut self, changes: Vec<Change>) {
         for change in changes {
             match change {
-                Change::Upsert(svc) => {
-                    self.changed.insert(svc.key.clone());
-                    self.services.insert(svc.key.clone(), svc);
-                }
-                Change::Remove(key) => {
-                    self.services.remove(&key);
-                    self.changed.insert(key);
-                }
+                Change::Upsert(svc) => self.services.upsert(svc),
+                Change::Remove(key) => self.services.remove(key),
                 Change::Cluster(_) => {}
                 Change::Node(node) => {
                     // The node's address decides KUBE-FW- rules: rewrite all.
-                    self.changed.extend(self.services.keys().cloned());
+                    self.services.mark_all_changed();
                     self.node = node;
                 }
             }

@@ -9,5 +9,6 @@ pub mod hash;
 pub mod iptables;
 pub mod model;
 pub mod nftables;
+pub mod service_set;
 pub mod trace;
 mod wit_conversions;

@@ -154,6 +154,15 @@ impl Endpoint {
     }
 }
 
+/// The inverse of [`join_host_port`]: `ip:port` or `[ip]:port`.
+pub fn split_host_port(text: &str) -> Option<(IpAddr, u16)> {
+    let (ip, port) = match text.strip_prefix('[') {
+        Some(rest) => rest.split_once("]:")?,
+        None => text.rsplit_once(':')?,
+    };
+    Some((ip.parse().ok()?, port.parse().ok()?))
+}
+
 /// Go's `net.JoinHostPort` for an address and a port.
 pub fn join_host_port(ip: &IpAddr, port: u16) -> String {
     match ip {

@@ -12,6 +12,7 @@
 //! Services there are.
 
 mod affinity;
+mod command_line;
 mod elements;
 mod layout;
 
@@ -20,7 +21,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::model::{Backend, Change, Cluster, IpFamily, Node, Ruleset, ServicePort, Settings};
+use crate::service_set::ServiceSet;
 
+pub use command_line::{CommandLine, command_lines};
 pub use elements::{CountMap, Purpose};
 
 /// The table, in both families.
@@ -129,8 +132,7 @@ pub struct NftablesProxier {
     settings: Settings,
     node: Node,
     cluster: Cluster,
-    services: BTreeMap<String, ServicePort>,
-    changed: BTreeSet<String>,
+    services: ServiceSet,
     /// Each service's contribution at the last render.
     contributed: BTreeMap<String, Contribution>,
     /// Which services contribute each element; the first contributor's
@@ -153,7 +155,7 @@ impl NftablesProxier {
         self.contributed.clear();
         self.registry.clear();
         let ctx = elements::Context { settings: &self.settings, node: &self.node, names: &self.names };
-        for (key, svc) in &self.services {
+        for (key, svc) in self.services.iter() {
             let c = elements::contribution(&ctx, svc);
             let service: Text = Arc::from(key.as_str());
             for e in &c.elements {
@@ -204,7 +206,7 @@ impl NftablesProxier {
         let mut flushes = Vec::new();
         let mut stale_objects = Vec::new();
         let mut new_objects = Vec::new();
-        for key in std::mem::take(&mut self.changed) {
+        for key in self.services.take_changed() {
             let service: Text = Arc::from(key.as_str());
             let old = self.contributed.remove(&key).unwrap_or_default();
             let new = self.services.get(&key).map(|svc| elements::contribution(&ctx, svc)).unwrap_or_default();
@@ -225,7 +227,7 @@ impl NftablesProxier {
                 stale_objects.extend(old.objects.stale_against(&new.objects, fam));
                 new_objects.push(new.objects.clone());
             }
-            if self.services.contains_key(&key) {
+            if self.services.contains(&key) {
                 self.contributed.insert(key, new);
             }
         }
@@ -341,8 +343,7 @@ impl Backend for NftablesProxier {
             settings,
             node: Node::default(),
             cluster: Cluster::default(),
-            services: BTreeMap::new(),
-            changed: BTreeSet::new(),
+            services: ServiceSet::default(),
             contributed: BTreeMap::new(),
             registry: HashMap::new(),
             counts: BTreeSet::new(),
@@ -354,21 +355,15 @@ impl Backend for NftablesProxier {
     fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>) {
         self.node = node;
         self.cluster = cluster;
-        self.services = services.into_iter().map(|s| (s.key.clone(), s)).collect();
+        self.services.replace(services);
         self.layout_changed = true;
     }
 
     fn apply(&mut self, changes: Vec<Change>) {
         for change in changes {
             match change {
-                Change::Upsert(svc) => {
-                    self.changed.insert(svc.key.clone());
-                    self.services.insert(svc.key.clone(), svc);
-                }
-                Change::Remove(key) => {
-                    self.services.remove(&key);
-                    self.changed.insert(key);
-                }
+                Change::Upsert(svc) => self.services.upsert(svc),
+                Change::Remove(key) => self.services.remove(key),
                 Change::Node(node) => {
                     self.node = node;
                     self.layout_changed = true;
@@ -384,7 +379,7 @@ impl Backend for NftablesProxier {
     fn render(&mut self, full: bool) -> Result<Ruleset, String> {
         let text = if full || self.layout_changed {
             self.layout_changed = false;
-            self.changed.clear();
+            self.services.take_changed();
             self.full()
         } else {
             self.partial()

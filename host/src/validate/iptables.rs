@@ -9,7 +9,6 @@
 //! - every DNAT destination is an endpoint of the state.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
 use super::{Context, Rejected};
 use kpx_rules::iptables::split_args;
@@ -201,12 +200,7 @@ fn check_target(ctx: &Context, n: usize, raw: &str, to: &str, table: &TableState
 }
 
 fn check_dnat_destination(ctx: &Context, n: usize, raw: &str, dest: &str) -> Result<(), Rejected> {
-    let parsed = if let Some(rest) = dest.strip_prefix('[') {
-        rest.split_once("]:").and_then(|(ip, port)| Some((ip.parse::<IpAddr>().ok()?, port.parse::<u16>().ok()?)))
-    } else {
-        dest.rsplit_once(':').and_then(|(ip, port)| Some((ip.parse::<IpAddr>().ok()?, port.parse::<u16>().ok()?)))
-    };
-    let Some(endpoint) = parsed else {
+    let Some(endpoint) = kpx_rules::model::split_host_port(dest) else {
         return Err(ctx.reject(n, raw, format!("DNAT destination {dest:?} is not ADDRESS:PORT")));
     };
     if !ctx.endpoints.contains(&endpoint) {

@@ -31,14 +31,10 @@ fn is_endpoint_map(name: &str) -> bool {
 /// Checks a transaction; the first violation refuses it whole.
 pub fn check_nftables(payload: &str, family: IpFamily, ctx: &Context) -> Result<(), Rejected> {
     let fam = Fam(family);
-    for (i, raw) in payload.lines().enumerate() {
-        let n = i + 1;
+    for command in kpx_rules::nftables::command_lines(payload) {
+        let (n, raw, words) = (command.number, command.raw, &command.words);
         let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let (verb, object) = (words.first().copied().unwrap_or(""), words.get(1).copied().unwrap_or(""));
+        let (verb, object) = (command.verb(), command.object());
         if !matches!(verb, "add" | "delete" | "flush") || !OBJECTS.contains(&object) {
             return Err(ctx.reject(n, raw, format!("\"{verb} {object}\" is not an allowed command")));
         }
@@ -52,7 +48,7 @@ pub fn check_nftables(payload: &str, family: IpFamily, ctx: &Context) -> Result<
             return Err(ctx.reject(n, raw, "base chains keep policy accept"));
         }
         if object == "rule" {
-            check_rule(ctx, n, raw, &words, fam)?;
+            check_rule(ctx, n, raw, words, fam)?;
         }
         if object == "element" && verb == "add" {
             let set = words.get(4).copied().unwrap_or("");
@@ -87,17 +83,8 @@ fn check_rule(ctx: &Context, n: usize, raw: &str, words: &[&str], fam: Fam) -> R
     check_endpoint(ctx, n, raw, dest)
 }
 
-fn parse_host_port(text: &str) -> Option<(IpAddr, u16)> {
-    if let Some(rest) = text.strip_prefix('[') {
-        let (ip, port) = rest.split_once("]:")?;
-        return Some((ip.parse().ok()?, port.parse().ok()?));
-    }
-    let (ip, port) = text.rsplit_once(':')?;
-    Some((ip.parse().ok()?, port.parse().ok()?))
-}
-
 fn check_endpoint(ctx: &Context, n: usize, raw: &str, dest: &str) -> Result<(), Rejected> {
-    match parse_host_port(dest) {
+    match kpx_rules::model::split_host_port(dest) {
         Some(ep) if ctx.endpoints.contains(&ep) => Ok(()),
         Some(_) => Err(ctx.reject(n, raw, format!("DNAT destination {dest} is not an endpoint of any service"))),
         None => Err(ctx.reject(n, raw, format!("DNAT destination {dest:?} is not ADDRESS:PORT"))),

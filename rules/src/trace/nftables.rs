@@ -69,14 +69,9 @@ fn split_elements(body: &str) -> Vec<ModelElement> {
 impl NftModel {
     /// Applies nft commands (one per line) in order.
     pub fn apply(&mut self, text: &str) -> Result<(), TraceError> {
-        for (i, raw) in text.lines().enumerate() {
-            let n = i + 1;
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let (verb, object) = (words[0], words.get(1).copied().unwrap_or(""));
+        for command in crate::nftables::command_lines(text) {
+            let (n, raw, words) = (command.number, command.raw, &command.words);
+            let (verb, object) = (command.verb(), command.object());
             let name = words.get(4).copied().unwrap_or("").to_string();
             let rest = words.get(5..).map(|w| w.join(" ")).unwrap_or_default();
             match (verb, object) {
@@ -413,12 +408,7 @@ impl Walker<'_> {
                         return Ok(out);
                     }
                     let dest = target.first().ok_or_else(unknown)?;
-                    let parsed = if let Some(r) = dest.strip_prefix('[') {
-                        r.split_once("]:").and_then(|(a, p)| Some((a.parse().ok()?, p.parse().ok()?)))
-                    } else {
-                        dest.rsplit_once(':').and_then(|(a, p)| Some((a.parse().ok()?, p.parse().ok()?)))
-                    };
-                    flow.dnat = Some(parsed.ok_or_else(unknown)?);
+                    flow.dnat = Some(crate::model::split_host_port(dest).ok_or_else(unknown)?);
                     return Ok(vec![(flow, Exit::Accept)]);
                 }
                 [verb @ ("jump" | "goto"), _, ..] | [verb @ ("drop" | "accept" | "return" | "reject"), ..] => {

@@ -144,15 +144,6 @@ fn parse_value_mask(text: &str) -> Option<(u32, u32)> {
     }
 }
 
-fn parse_dnat(text: &str) -> Option<(IpAddr, u16)> {
-    if let Some(rest) = text.strip_prefix('[') {
-        let (ip, port) = rest.split_once("]:")?;
-        return Some((ip.parse().ok()?, port.parse().ok()?));
-    }
-    let (ip, port) = text.rsplit_once(':')?;
-    Some((ip.parse().ok()?, port.parse().ok()?))
-}
-
 /// Parses one `-A CHAIN ...` rule (arguments after the chain).
 pub fn parse_rule(line: usize, text: &str, args: &[String]) -> Result<Rule, TraceError> {
     let err = |reason: String| TraceError { line, text: text.to_string(), reason };
@@ -250,7 +241,8 @@ pub fn parse_rule(line: usize, text: &str, args: &[String]) -> Result<Rule, Trac
             }
             "--to-destination" => {
                 let v = value(i)?;
-                let (ip, port) = parse_dnat(v).ok_or_else(|| err(format!("bad DNAT destination {v:?}")))?;
+                let (ip, port) =
+                    crate::model::split_host_port(v).ok_or_else(|| err(format!("bad DNAT destination {v:?}")))?;
                 target = Target::Dnat { ip, port };
                 i += 2;
             }
