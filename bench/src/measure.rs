@@ -2,7 +2,7 @@
 //! (the same code the daemon runs); kernel applies run the real tools in a
 //! fresh network namespace; memory and latency run the real kpx binary.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser as _;
+use kpx::kernel::iptables::track_chains;
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
 use kpx::source::manifests::parse_documents;
@@ -179,23 +180,6 @@ fn validate(mode: &str, payload: &str, ctx: &Context) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
-/// Chains a full payload creates.
-fn declared_chains(mode: &str, payload: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    if mode != "iptables" {
-        return out;
-    }
-    let mut table = String::new();
-    for line in payload.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.to_string();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            out.entry(table.clone()).or_default().insert(decl.split_whitespace().next().unwrap_or("").to_string());
-        }
-    }
-    out
-}
-
 fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir: &Path) -> Result<SizeResult> {
     eprintln!("== {mode} {services} services x {endpoints} endpoints");
     let text = cluster::manifests(services, endpoints, None);
@@ -289,7 +273,9 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     native.backend().apply(changes.clone());
     let _ = native.backend().render(false);
     let native_partial = t.elapsed();
-    ctx.existing_chains = declared_chains(mode, &payload);
+    if mode == "iptables" {
+        track_chains(&mut ctx.existing_chains, &payload);
+    }
     let validate_partial = validate(mode, &partial_payload, &ctx)?;
     let kernel_partial = apply_payload(&ns, mode, &partial_payload, dir, "partial.payload")?;
     drop(ns);

@@ -19,7 +19,7 @@ use kpx_netlab::{EchoServer, Lab, Ns, Reply, Request};
 use kpx_rules::model::{IpFamily, Protocol, join_host_port};
 
 use crate::cases::{Case, Flow};
-use crate::support::{KPX, plugin_cache, temp_dir};
+use crate::support::{KPX, plugin_cache, run_dirs};
 
 const TIMEOUT: Duration = Duration::from_millis(700);
 /// For REJECT flows: this kernel's IPv6 TCP acts only on the ICMPv6 error
@@ -211,9 +211,7 @@ fn run(mode: &str) {
     let (mut passed, mut skipped, mut failures) = (0, 0, Vec::new());
     for case in Case::load_all() {
         let lab = build(&case, mode).unwrap_or_else(|e| panic!("{}: building the lab: {e}", case.label()));
-        let dir = temp_dir("conformance");
-        let manifests = dir.join("manifests");
-        std::fs::create_dir_all(&manifests).unwrap();
+        let (dir, manifests) = run_dirs("conformance");
         std::fs::write(manifests.join("case.yaml"), &case.manifests).unwrap();
         std::fs::write(manifests.join("node.yaml"), case.node_manifest()).unwrap();
         let mut args: Vec<String> = vec![

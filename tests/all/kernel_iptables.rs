@@ -45,9 +45,7 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         return;
     };
     let names: Vec<String> = lab.lab.namespaces().iter().map(|n| n.name.clone()).collect();
-    let dir = temp_dir("kernel-iptables");
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (dir, manifests) = run_dirs("kernel-iptables");
     let (be1, be2, be3) = (&lab.backends[0].ip, &lab.backends[1].ip, &lab.backends[2].ip);
     write_web(&manifests, &[be1, be2]);
     write_manifest(&manifests.join("empty.yaml"), &service("empty", "10.96.0.11"));
@@ -151,9 +149,7 @@ fn conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets() {
     let Some(lab) = lab_or_skip(1, "conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets") else {
         return;
     };
-    let dir = temp_dir("be-liberal");
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (dir, manifests) = run_dirs("be-liberal");
     write_web(&manifests, &[&lab.backends[0].ip]);
     let args = kpx_args(
         &manifests,

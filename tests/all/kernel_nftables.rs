@@ -15,9 +15,7 @@ fn nftables_traffic_trace_and_cleanup() {
     let Some(lab) = lab_or_skip(2, "nftables_traffic_trace_and_cleanup") else {
         return;
     };
-    let dir = temp_dir("kernel-nftables");
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (dir, manifests) = run_dirs("kernel-nftables");
     let (be1, be2) = (&lab.backends[0].ip, &lab.backends[1].ip);
     write_web(&manifests, &[be1]);
     write_manifest(&manifests.join("empty.yaml"), &service("empty", "10.96.0.11"));

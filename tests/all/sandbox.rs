@@ -21,9 +21,7 @@ fn hostile_plugin_never_changes_the_kernel() {
     let Some(lab) = lab_or_skip(2, "hostile_plugin_never_changes_the_kernel") else {
         return;
     };
-    let dir = temp_dir("sandbox");
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (dir, manifests) = run_dirs("sandbox");
     let (be1, be2) = (&lab.backends[0].ip, &lab.backends[1].ip);
     write_web(&manifests, &[be1]);
     let plugin = hostile_wasm();

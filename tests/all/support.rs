@@ -24,7 +24,15 @@ pub fn lab_or_skip(backends: usize, test: &str) -> Option<NodeLab> {
 static DIRS: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh directory under the target's temp dir.
-pub fn temp_dir(tag: &str) -> PathBuf {
+/// A fresh run directory and its empty `manifests` folder (kpx's --manifests).
+pub fn run_dirs(tag: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(tag);
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    (dir, manifests)
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "{tag}-{}-{}",
         std::process::id(),

@@ -132,6 +132,21 @@ impl IptablesKernel {
     }
 }
 
+/// Updates the known chains with what a written payload created and deleted.
+pub fn track_chains(chains: &mut BTreeMap<String, BTreeSet<String>>, payload: &str) {
+    let mut table = String::new();
+    for line in payload.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = name.to_string();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            let chain = decl.split_whitespace().next().unwrap_or_default();
+            chains.entry(table.clone()).or_default().insert(chain.to_string());
+        } else if let Some(chain) = line.strip_prefix("-X ") {
+            chains.entry(table.clone()).or_default().remove(chain.trim());
+        }
+    }
+}
+
 /// Adds flush-and-delete lines for per-service chains the kernel holds but
 /// `payload` no longer declares (left from an earlier instance or run).
 pub fn with_stale_chains_removed(payload: &str, kernel: &BTreeMap<String, BTreeSet<String>>) -> String {
@@ -168,6 +183,17 @@ pub fn with_stale_chains_removed(payload: &str, kernel: &BTreeMap<String, BTreeS
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn tracks_created_and_deleted_chains() {
+        let mut chains = Default::default();
+        track_chains(
+            &mut chains,
+            "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-X KUBE-B\nCOMMIT\n*filter\n:KUBE-C - [0:0]\nCOMMIT\n",
+        );
+        assert_eq!(chains["nat"].iter().collect::<Vec<_>>(), ["KUBE-A"]);
+        assert_eq!(chains["filter"].iter().collect::<Vec<_>>(), ["KUBE-C"]);
+    }
 
     /// Records calls; `-C` checks fail, so every jump is inserted.
     #[derive(Clone, Default)]

@@ -2,7 +2,7 @@
 //! → iptables-restore or nft. Whatever fails, the kernel keeps the last
 //! good rules.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kpx_rules::iptables::{jumps_for, localhost_nodeports};
@@ -10,13 +10,13 @@ use kpx_rules::model::{Change, Cluster, IpFamily, Node, Ruleset, ServicePort, Se
 
 use crate::config::Config;
 use crate::kernel::Dataplane;
-use crate::kernel::iptables::with_stale_chains_removed;
+use crate::kernel::iptables::{track_chains, with_stale_chains_removed};
 use crate::kernel::nftables::with_stale_objects_removed;
 use crate::kernel::{interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
-use crate::validate::{self, Context};
+use crate::validate::{self, Context, EndpointSet};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -53,8 +53,8 @@ pub struct FamilyProxier {
     sysctl: Sysctl,
     plugin: Arc<BackendPlugin>,
     instance: Option<BackendInstance>,
-    /// Service ports as the plugin holds them, by key.
-    sent: BTreeMap<String, ServicePort>,
+    /// Service ports as the plugin holds them.
+    sent: Sent,
     /// Keys sent for each Service.
     keys_of: BTreeMap<ServiceName, Vec<String>>,
     node: Node,
@@ -83,7 +83,7 @@ impl FamilyProxier {
             sysctl,
             plugin,
             instance: None,
-            sent: BTreeMap::new(),
+            sent: Sent::default(),
             keys_of: BTreeMap::new(),
             node: Node::default(),
             cluster: Cluster::default(),
@@ -104,7 +104,7 @@ impl FamilyProxier {
             let ports = state.service_ports(self.family, name);
             let old_keys = self.keys_of.remove(name).unwrap_or_default();
             for key in &old_keys {
-                if !ports.iter().any(|p| &p.key == key) && self.sent.remove(key).is_some() {
+                if !ports.iter().any(|p| &p.key == key) && self.sent.remove(key) {
                     out.push(Change::Remove(key.clone()));
                 }
             }
@@ -112,8 +112,8 @@ impl FamilyProxier {
                 self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
             }
             for port in ports {
-                if self.sent.get(&port.key) != Some(&port) {
-                    self.sent.insert(port.key.clone(), port.clone());
+                if self.sent.ports.get(&port.key) != Some(&port) {
+                    self.sent.insert(port.clone());
                     out.push(Change::Upsert(port));
                 }
             }
@@ -178,22 +178,35 @@ impl FamilyProxier {
     }
 
     fn program(&mut self, n_changes: usize, changes: &[Change], full: bool) -> Result<Report, Error> {
-        let state_size: usize = self.sent.values().map(|s| 1 + s.endpoints.len()).sum();
         let mut full = full;
         if self.instance.is_none() {
             let mut instance = self.plugin.instantiate(&self.settings)?;
-            let services: Vec<ServicePort> = self.sent.values().cloned().collect();
+            let services: Vec<ServicePort> = self.sent.ports.values().cloned().collect();
             instance.reset(&self.node, &self.cluster, &services)?;
             self.instance = Some(instance);
             full = true;
         } else if !changes.is_empty() {
             self.call(|i| i.apply(changes))?;
         }
-        let ruleset = self.call(|i| i.render(full, state_size))?;
+        let objects = self.sent.objects;
+        let ruleset = self.call(|i| i.render(full, objects))?;
+        // The validator borrows the endpoint set for this sync.
+        let mut ctx = Context {
+            plugin: self.plugin.name().to_string(),
+            endpoints: std::mem::take(&mut self.sent.endpoints),
+            ..Default::default()
+        };
+        let written = self.check_and_write(ruleset, full, &mut ctx);
+        self.sent.endpoints = ctx.endpoints;
+        let payload = written?;
+        self.need_full = false;
+        Ok(Report { full, changes: n_changes, bytes: payload.len() })
+    }
+
+    /// Validates a ruleset and writes it; the payload written.
+    fn check_and_write(&mut self, ruleset: Ruleset, full: bool, ctx: &mut Context) -> Result<String, Error> {
         let kernel_err = |source| Error::Kernel { family: self.family, source };
-        let mut ctx =
-            Context { plugin: self.plugin.name().to_string(), endpoints: self.endpoints(), ..Default::default() };
-        let payload = match (ruleset, &self.dataplane) {
+        match (ruleset, &self.dataplane) {
             (Ruleset::Iptables(payload), Dataplane::Iptables(kernel)) => {
                 let payload = if full {
                     self.chains = kernel.kube_chains().map_err(kernel_err)?;
@@ -202,7 +215,7 @@ impl FamilyProxier {
                     payload
                 };
                 ctx.existing_chains = std::mem::take(&mut self.chains);
-                let checked = validate::check_iptables(&payload, &ctx);
+                let checked = validate::check_iptables(&payload, ctx);
                 self.chains = std::mem::take(&mut ctx.existing_chains);
                 checked?;
                 if full {
@@ -211,7 +224,7 @@ impl FamilyProxier {
                 }
                 kernel.apply(&payload).map_err(kernel_err)?;
                 track_chains(&mut self.chains, &payload);
-                payload
+                Ok(payload)
             }
             (Ruleset::Nftables(payload), Dataplane::Nftables(kernel)) => {
                 let payload = if full {
@@ -220,14 +233,12 @@ impl FamilyProxier {
                 } else {
                     payload
                 };
-                validate::check_nftables(&payload, self.family, &ctx)?;
+                validate::check_nftables(&payload, self.family, ctx)?;
                 kernel.apply(&payload).map_err(kernel_err)?;
-                payload
+                Ok(payload)
             }
-            _ => return Err(Error::WrongMode(self.plugin.name().to_string())),
-        };
-        self.need_full = false;
-        Ok(Report { full, changes: n_changes, bytes: payload.len() })
+            _ => Err(Error::WrongMode(self.plugin.name().to_string())),
+        }
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.
@@ -241,37 +252,39 @@ impl FamilyProxier {
         }
         result
     }
-
-    fn endpoints(&self) -> HashSet<(std::net::IpAddr, u16)> {
-        self.sent.values().flat_map(|s| s.endpoints.iter().map(|e| (e.ip, e.port))).collect()
-    }
 }
 
-/// Updates the known chains with what a written payload created and deleted.
-fn track_chains(chains: &mut BTreeMap<String, BTreeSet<String>>, payload: &str) {
-    let mut table = String::new();
-    for line in payload.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = name.to_string();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            let chain = decl.split_whitespace().next().unwrap_or_default();
-            chains.entry(table.clone()).or_default().insert(chain.to_string());
-        } else if let Some(chain) = line.strip_prefix("-X ") {
-            chains.entry(table.clone()).or_default().remove(chain.trim());
+/// The service ports the plugin holds, by key, and what the host derives
+/// from them, kept up to date port by port rather than recomputed each sync.
+#[derive(Default)]
+struct Sent {
+    ports: BTreeMap<String, ServicePort>,
+    /// Their endpoints: where the validator lets DNAT go.
+    endpoints: EndpointSet,
+    /// Ports plus endpoints: what the plugin's output limit scales with.
+    objects: usize,
+}
+
+impl Sent {
+    fn insert(&mut self, port: ServicePort) {
+        self.count(&port, true);
+        if let Some(old) = self.ports.insert(port.key.clone(), port) {
+            self.count(&old, false);
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn tracks_created_and_deleted_chains() {
-        let mut chains = Default::default();
-        super::track_chains(
-            &mut chains,
-            "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-X KUBE-B\nCOMMIT\n*filter\n:KUBE-C - [0:0]\nCOMMIT\n",
-        );
-        assert_eq!(chains["nat"].iter().collect::<Vec<_>>(), ["KUBE-A"]);
-        assert_eq!(chains["filter"].iter().collect::<Vec<_>>(), ["KUBE-C"]);
+    /// Whether the key was held.
+    fn remove(&mut self, key: &str) -> bool {
+        let Some(old) = self.ports.remove(key) else { return false };
+        self.count(&old, false);
+        true
+    }
+
+    fn count(&mut self, port: &ServicePort, add: bool) {
+        let objects = 1 + port.endpoints.len();
+        for e in &port.endpoints {
+            if add { self.endpoints.add((e.ip, e.port)) } else { self.endpoints.remove(&(e.ip, e.port)) }
+        }
+        self.objects = if add { self.objects + objects } else { self.objects - objects };
     }
 }
