@@ -288,3 +288,31 @@ impl Sent {
         self.objects = if add { self.objects + objects } else { self.objects - objects };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Sent;
+    use kpx_rules::model::{Endpoint, Protocol, ServicePort};
+
+    fn port(name: &str, ips: &[&str]) -> ServicePort {
+        let eps = ips.iter().map(|ip| Endpoint::ready(ip.parse().unwrap(), 8080)).collect();
+        ServicePort::new("ns", name, "", Protocol::Tcp, 80).with_cluster_endpoints(eps)
+    }
+
+    #[test]
+    fn sent_keeps_endpoints_and_size_through_updates_and_removals() {
+        let ep = |ip: &str| (ip.parse().unwrap(), 8080);
+        let mut sent = Sent::default();
+        sent.insert(port("a", &["10.1.0.1", "10.1.0.2"]));
+        sent.insert(port("b", &["10.1.0.2"]));
+        assert_eq!((sent.objects, sent.endpoints.len()), (5, 2));
+        // a's update drops 10.1.0.2, which b still has, and adds 10.1.0.3.
+        sent.insert(port("a", &["10.1.0.1", "10.1.0.3"]));
+        assert_eq!((sent.objects, sent.endpoints.len()), (5, 3));
+        assert!(sent.endpoints.contains(&ep("10.1.0.2")));
+        assert!(sent.remove("ns/b") && !sent.remove("ns/b"));
+        assert!(!sent.endpoints.contains(&ep("10.1.0.2")));
+        assert!(sent.remove("ns/a"));
+        assert_eq!((sent.objects, sent.endpoints.len()), (0, 0));
+    }
+}
