@@ -1,6 +1,10 @@
-//! The measurements. Stages are timed in-process with kpx's own library
-//! (the same code the daemon runs); kernel applies run the real tools in a
-//! fresh network namespace; memory and latency run the real kpx binary.
+//! The measurements. Stages are timed in-process with the functions the
+//! daemon runs, in its order: the source's parser, the state, the WASM
+//! plugin (render, and its output copied into the host), the host's
+//! confinement check, the host's rendering (iptables-restore text, or
+//! nf_tables netlink messages) and the kernel write (iptables-restore, or
+//! the netlink batch) into a fresh network namespace. Memory and latency
+//! run the real kpx binary.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,15 +14,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser as _;
-use kpx::kernel::iptables::track_chains;
+use kpx::kernel::iptables::{IptablesKernel, dialect, frame::frame as ipt_frame, render::payload};
+use kpx::kernel::nftables::{NftablesKernel, encode::add_table, frame::frame as nft_frame, messages};
+use kpx::kernel::{Exec, SystemExec};
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
 use kpx::source::manifests::parse_documents;
 use kpx::state::{ServiceName, State};
-use kpx::validate::{Context, check_iptables, check_nftables};
+use kpx::validate::Scope;
 use kpx_rules::iptables::IptablesProxier;
-use kpx_rules::model::{Backend, Change, Cluster, IpFamily, Node, ServicePort, Settings};
+use kpx_rules::model::{Backend, Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
 use kpx_rules::nftables::NftablesProxier;
+use kpx_rules::ops::Ruleset;
+use kpx_rules::ops::nftables::{SetDecl, SetRef};
 use serde_json::json;
 
 use crate::Args;
@@ -37,9 +45,13 @@ pub struct Stages {
     pub source: Duration,
     /// State and change tracking: objects merged into service ports.
     pub host: Duration,
+    /// The WASM plugin, its typed output copied into the host included.
     pub plugin: Duration,
     pub native: Duration,
+    /// The host's confinement check.
     pub validate: Duration,
+    /// The host's rendering: iptables-restore text or netlink messages.
+    pub render: Duration,
     pub kernel: Duration,
     pub bytes: usize,
 }
@@ -47,7 +59,7 @@ pub struct Stages {
 impl Stages {
     /// kpx's own share: everything but the kernel.
     pub fn own(&self) -> Duration {
-        self.host + self.plugin + self.validate
+        self.host + self.plugin + self.validate + self.render
     }
     pub fn total(&self) -> Duration {
         self.own() + self.kernel
@@ -104,25 +116,25 @@ impl Netns {
         Ok(Netns(name))
     }
 
-    fn run(&self, program: &str, args: &[&str]) -> Result<Duration> {
-        let t = Instant::now();
-        let out =
-            Command::new("ip").args(["netns", "exec", &self.0, program]).args(args).stdin(Stdio::null()).output()?;
-        let took = t.elapsed();
-        if !out.status.success() {
-            bail!(
-                "{program} {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).lines().take(5).collect::<Vec<_>>().join(" | ")
-            );
-        }
-        Ok(took)
+    fn ns(&self) -> kpx_netlab::Ns {
+        kpx_netlab::Ns { name: self.0.clone() }
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// kpx's own executor, run inside a namespace: the daemon's iptables path.
+struct NetnsExec(String);
+
+impl Exec for NetnsExec {
+    fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> kpx::kernel::Result<String> {
+        let mut all = vec!["netns", "exec", self.0.as_str(), program];
+        all.extend_from_slice(args);
+        SystemExec::default().run("ip", &all, stdin)
     }
 }
 
@@ -147,10 +159,10 @@ enum Native {
 }
 
 impl Native {
-    fn new(mode: &str, settings: Settings) -> Native {
+    fn new(mode: ProxyMode, settings: Settings) -> Native {
         match mode {
-            "iptables" => Native::Iptables(IptablesProxier::new(settings)),
-            _ => Native::Nftables(NftablesProxier::new(settings)),
+            ProxyMode::Iptables => Native::Iptables(IptablesProxier::new(settings)),
+            ProxyMode::Nftables => Native::Nftables(NftablesProxier::new(settings)),
         }
     }
     fn backend(&mut self) -> &mut dyn Backend {
@@ -161,28 +173,124 @@ impl Native {
     }
 }
 
-fn apply_payload(ns: &Netns, mode: &str, payload: &str, dir: &Path, name: &str) -> Result<Duration> {
-    let file = dir.join(name);
-    std::fs::write(&file, payload)?;
-    let file = file.to_str().unwrap();
-    match mode {
-        "iptables" => ns.run("iptables-restore", &["--noflush", file]),
-        _ => ns.run("nft", &["-f", file]),
+/// What the host writes for a ruleset, and the write itself.
+enum Written {
+    Iptables(String),
+    Nftables(Vec<kpx::kernel::nftables::netlink::Message>),
+}
+
+impl Written {
+    fn bytes(&self) -> usize {
+        match self {
+            Written::Iptables(t) => t.len(),
+            Written::Nftables(m) => m.iter().map(|m| m.attrs.buf.len() + 20).sum(),
+        }
     }
 }
 
-fn validate(mode: &str, payload: &str, ctx: &Context) -> Result<Duration> {
+/// The host's check of a ruleset (the daemon's validator).
+fn validate(
+    settings: &Settings,
+    ruleset: &Ruleset,
+    scope: &Scope,
+    models: &mut Models,
+    full: bool,
+) -> Result<Duration> {
     let t = Instant::now();
-    match mode {
-        "iptables" => check_iptables(payload, ctx)?,
-        _ => check_nftables(payload, IpFamily::V4, ctx)?,
+    match ruleset {
+        Ruleset::Iptables(rs) => {
+            let ctx = kpx::validate::iptables::Context {
+                plugin: "bench",
+                dialect: dialect(settings),
+                scope,
+                model: &models.iptables,
+                full,
+            };
+            let checked = kpx::validate::iptables::check(&ctx, rs)?;
+            let took = t.elapsed();
+            models.iptables.commit(checked);
+            Ok(took)
+        }
+        Ruleset::Nftables(tx) => {
+            let ctx = kpx::validate::nftables::Context {
+                plugin: "bench",
+                family: settings.family,
+                scope,
+                model: &models.nftables,
+                full,
+            };
+            let checked = kpx::validate::nftables::check(&ctx, tx)?;
+            let took = t.elapsed();
+            models.nftables.commit(checked);
+            Ok(took)
+        }
     }
-    Ok(t.elapsed())
+}
+
+#[derive(Default)]
+struct Models {
+    iptables: kpx::validate::iptables::Model,
+    nftables: kpx::validate::nftables::Model,
+    /// Own set declarations written so far (nftables elements are read by them).
+    sets: BTreeMap<String, SetDecl>,
+}
+
+/// The host's rendering of a ruleset, with its frame on a full sync.
+fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: bool) -> Result<(Written, Duration)> {
+    let t = Instant::now();
+    let written = match ruleset {
+        Ruleset::Iptables(rs) => Written::Iptables(payload(&ipt_frame(settings), rs, &[], dialect(settings))),
+        Ruleset::Nftables(tx) => {
+            for op in &tx.ops {
+                if let kpx_rules::ops::nftables::Op::AddSet(d) = op {
+                    models.sets.insert(d.name.clone(), d.clone());
+                }
+            }
+            let sets = &models.sets;
+            let decls = |s: &SetRef| match s {
+                SetRef::Host(h) => Some(h.declaration()),
+                SetRef::Own(n) => sets.get(n).cloned(),
+            };
+            let mark = settings.masquerade_mark();
+            let mut out = Vec::new();
+            if full {
+                out.push(add_table());
+                out.extend(
+                    messages(settings.family, mark, &nft_frame(settings, &Cluster::default()), &decls)
+                        .map_err(anyhow::Error::msg)?,
+                );
+            }
+            out.extend(messages(settings.family, mark, &tx.ops, &decls).map_err(anyhow::Error::msg)?);
+            Written::Nftables(out)
+        }
+    };
+    Ok((written, t.elapsed()))
+}
+
+/// The kernel write, as the daemon does it, into the namespace.
+fn apply(ns: &Netns, written: Written) -> Result<Duration> {
+    match written {
+        Written::Iptables(text) => {
+            let kernel = IptablesKernel::new(IpFamily::V4, Box::new(NetnsExec(ns.0.clone())));
+            let t = Instant::now();
+            kernel.apply(&text)?;
+            Ok(t.elapsed())
+        }
+        Written::Nftables(msgs) => ns.ns().enter(move || -> Result<Duration> {
+            let mut kernel = NftablesKernel::new(IpFamily::V4);
+            // The socket is opened outside the timing, as the daemon keeps it.
+            kernel.objects()?;
+            let t = Instant::now();
+            kernel.apply(&msgs)?;
+            Ok(t.elapsed())
+        })?,
+    }
 }
 
 fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir: &Path) -> Result<SizeResult> {
     eprintln!("== {mode} {services} services x {endpoints} endpoints");
     let text = cluster::manifests(services, endpoints, None);
+    let proxy_mode: ProxyMode = mode.parse().map_err(anyhow::Error::msg)?;
 
     // Source: the manifests parsed into objects.
     let t = Instant::now();
@@ -200,6 +308,10 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     state.apply(Event::Synced);
     let names: Vec<ServiceName> = state.service_names().cloned().collect();
     let ports: Vec<ServicePort> = names.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+    let mut scope = Scope::default();
+    for p in &ports {
+        scope.count(IpFamily::V4, p, true);
+    }
     let host_full = t.elapsed();
     let _ = state.take_changes();
 
@@ -208,43 +320,59 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
     let objects_count: usize = ports.iter().map(|p| 1 + p.endpoints.len()).sum();
 
-    // Plugin (WASM): the whole state across the boundary, then a full render.
+    // Plugin (WASM): the whole state across the boundary, a full render,
+    // its typed output copied into the host.
     let runtime = Runtime::new(Limits::default(), Some(dir.join("plugin-cache")))?;
     let plugin = runtime.load_backend(mode, builtin::get(mode).context("no built-in plugin")?)?;
     let mut instance = plugin.instantiate(&settings)?;
     let t = Instant::now();
     instance.reset(&node, &Cluster::default(), &ports)?;
-    let payload = instance.render(true, objects_count)?.text().to_string();
+    let ruleset = instance.render(true, objects_count)?;
     let plugin_full = t.elapsed();
 
     // The same generator, compiled natively.
-    let mut native = Native::new(mode, settings.clone());
+    let mut native = Native::new(proxy_mode, settings.clone());
     let input = ports.clone();
     let t = Instant::now();
     native.backend().reset(node.clone(), Cluster::default(), input);
-    let native_payload = native.backend().render(true).map_err(anyhow::Error::msg)?.text().to_string();
+    let native_ruleset = native.backend().render(true).map_err(anyhow::Error::msg)?;
     let native_full = t.elapsed();
-    if native_payload != payload {
+    if native_ruleset != ruleset {
         bail!("the WASM and native renders differ");
     }
 
-    let mut ctx = Context {
-        plugin: mode.into(),
-        endpoints: ports.iter().flat_map(|p| p.endpoints.iter().map(|e| (e.ip, e.port))).collect(),
-        existing_chains: BTreeMap::new(),
+    let mut models = Models::default();
+    let validate_full = validate(&settings, &ruleset, &scope, &mut models, true)?;
+    let (written, render_full) = render(&settings, &ruleset, &mut models, true)?;
+    let bytes_full = written.bytes();
+    let chains = match &ruleset {
+        Ruleset::Iptables(rs) => rs.chains.len() + ipt_frame(&settings).chains.len(),
+        Ruleset::Nftables(tx) => {
+            tx.ops.iter().filter(|o| matches!(o, kpx_rules::ops::nftables::Op::AddChain(_))).count()
+                + nft_frame(&settings, &Cluster::default())
+                    .iter()
+                    .filter(|o| {
+                        !matches!(
+                            o,
+                            kpx_rules::ops::nftables::Op::AddRule(_)
+                                | kpx_rules::ops::nftables::Op::AddSet(_)
+                                | kpx_rules::ops::nftables::Op::AddElements(_)
+                        )
+                    })
+                    .count()
+        }
     };
-    let validate_full = validate(mode, &payload, &ctx)?;
     let ns = Netns::new(&format!("{mode}-{services}"))?;
-    let kernel_full = apply_payload(&ns, mode, &payload, dir, "full.payload")?;
-    let chains = payload.lines().filter(|l| l.starts_with(':') || l.starts_with("add chain")).count();
+    let kernel_full = apply(&ns, written)?;
     let full = Stages {
         source: source_full,
         host: host_full,
         plugin: plugin_full,
         native: native_full,
         validate: validate_full,
+        render: render_full,
         kernel: kernel_full,
-        bytes: payload.len(),
+        bytes: bytes_full,
     };
 
     // One endpoint added to one Service: seen by the state, to programmed.
@@ -254,30 +382,32 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
         (0..=endpoints).map(|j| format!("- addresses: [{}]\n", cluster::endpoint_ip(i, j))).collect::<String>()
     );
     let (mut slice_objects, _) = parse_documents(&slice);
+    scope.forget_removed();
     let t = Instant::now();
     state.apply(Event::Apply(slice_objects.remove(0)));
     let changed = state.take_changes();
-    let changes: Vec<Change> =
-        changed.services.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).map(Change::Upsert).collect();
-    let host_partial = t.elapsed();
-    for c in &changes {
-        if let Change::Upsert(p) = c {
-            ctx.endpoints.extend(p.endpoints.iter().map(|e| (e.ip, e.port)));
+    let new_ports: Vec<ServicePort> =
+        changed.services.keys().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+    for p in &new_ports {
+        if let Some(old) = ports.iter().find(|o| o.key == p.key) {
+            scope.count(IpFamily::V4, old, false);
         }
+        scope.count(IpFamily::V4, p, true);
     }
+    let changes: Vec<Change> = new_ports.into_iter().map(Change::Upsert).collect();
+    let host_partial = t.elapsed();
     let t = Instant::now();
     instance.apply(&changes)?;
-    let partial_payload = instance.render(false, objects_count)?.text().to_string();
+    let partial_ruleset = instance.render(false, objects_count)?;
     let plugin_partial = t.elapsed();
     let t = Instant::now();
     native.backend().apply(changes.clone());
     let _ = native.backend().render(false);
     let native_partial = t.elapsed();
-    if mode == "iptables" {
-        track_chains(&mut ctx.existing_chains, &payload);
-    }
-    let validate_partial = validate(mode, &partial_payload, &ctx)?;
-    let kernel_partial = apply_payload(&ns, mode, &partial_payload, dir, "partial.payload")?;
+    let validate_partial = validate(&settings, &partial_ruleset, &scope, &mut models, false)?;
+    let (written, render_partial) = render(&settings, &partial_ruleset, &mut models, false)?;
+    let bytes_partial = written.bytes();
+    let kernel_partial = apply(&ns, written)?;
     drop(ns);
     let partial = Stages {
         source: Duration::ZERO,
@@ -285,8 +415,9 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
         plugin: plugin_partial,
         native: native_partial,
         validate: validate_partial,
+        render: render_partial,
         kernel: kernel_partial,
-        bytes: partial_payload.len(),
+        bytes: bytes_partial,
     };
 
     // The daemon itself: peak memory and the time to its first full sync.
@@ -435,12 +566,12 @@ pub fn run(args: &Args) -> Result<Report> {
 impl Report {
     pub fn table(&self) -> String {
         let mut out = format!("kpx benchmark — {} — commit {} — {}\n\n", self.machine, self.commit, self.date);
-        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  valid.  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  payload   | RSS MiB  daemon sync\n");
+        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  valid.  render  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  written   | RSS MiB  daemon sync\n");
         for r in &self.sizes {
             let f = &r.full;
             let p = &r.partial;
             out.push_str(&format!(
-                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB | {:>7} {:>9}\n",
+                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB | {:>7} {:>9}\n",
                 r.mode,
                 r.services,
                 r.endpoints,
@@ -450,6 +581,7 @@ impl Report {
                 ms(f.native),
                 f.plugin.as_secs_f64() / f.native.as_secs_f64().max(1e-9),
                 ms(f.validate),
+                ms(f.render),
                 ms(f.own()),
                 ms(f.kernel),
                 100.0 * f.own().as_secs_f64() / f.kernel.as_secs_f64().max(1e-9),
@@ -462,7 +594,7 @@ impl Report {
                 r.daemon_sync.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or("-".into()),
             ));
         }
-        out.push_str("(all times in ms; \"source\" = YAML parsing of the manifests; \"kpx own\" = host (state and change tracking) + plugin + validation; the kernel column is iptables-restore / nft -f of the same payload into an empty namespace)\n");
+        out.push_str("(all times in ms; \"source\" = YAML parsing of the manifests; \"plugin\" = the WASM render with its typed output copied into the host; \"kpx own\" = host (state and change tracking) + plugin + validation + render (iptables-restore text or netlink messages); \"kernel\" = the daemon's write of it into an empty namespace: iptables-restore, or one nf_tables netlink batch; \"written\" = payload or netlink bytes)\n");
         if !self.latency.is_empty() {
             out.push_str(
                 "\nfirst-packet latency (TCP connect to the last Service, through the node: 500 new connections):\n",
@@ -479,7 +611,7 @@ impl Report {
 
     pub fn json(&self) -> serde_json::Value {
         let stages = |s: &Stages| {
-            json!({"source_ms": ms(s.source), "host_ms": ms(s.host), "plugin_ms": ms(s.plugin), "native_ms": ms(s.native), "validate_ms": ms(s.validate),
+            json!({"source_ms": ms(s.source), "host_ms": ms(s.host), "plugin_ms": ms(s.plugin), "native_ms": ms(s.native), "validate_ms": ms(s.validate), "render_ms": ms(s.render),
                    "kernel_ms": ms(s.kernel), "kpx_own_ms": ms(s.own()), "total_ms": ms(s.total()), "payload_bytes": s.bytes})
         };
         json!({

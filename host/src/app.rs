@@ -4,11 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kpx_rules::model::IpFamily;
+use kpx_rules::model::{IpFamily, ProxyMode};
 
 use crate::config::Config;
-use crate::kernel::iptables::IptablesKernel;
-use crate::kernel::nftables::NftablesKernel;
+use crate::kernel::iptables::{IptablesDataplane, IptablesKernel};
+use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
 use crate::runtime::{self, BackendPlugin, Runtime};
@@ -26,10 +26,15 @@ pub enum Error {
     PluginFile { path: String, source: std::io::Error },
     /// No built-in plugin for the mode; kpx exits.
     #[error("no built-in backend for mode {0}")]
-    NoBuiltIn(String),
+    NoBuiltIn(ProxyMode),
     /// The manifests cannot be read at start; kpx exits.
     #[error(transparent)]
     Source(#[from] crate::source::manifests::Error),
+    /// The object source stopped (its thread ended or panicked): kpx exits
+    /// non-zero so that its supervisor restarts it; the kernel keeps the
+    /// last rules written.
+    #[error("the object source stopped: {0}")]
+    SourceStopped(String),
 }
 
 /// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
@@ -44,8 +49,9 @@ pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
             Ok(runtime.load_backend(name, &bytes)?)
         }
         None => {
-            let bytes = runtime::builtin::get(&config.mode).ok_or_else(|| Error::NoBuiltIn(config.mode.clone()))?;
-            Ok(runtime.load_backend(&config.mode, bytes)?)
+            let name = config.mode.as_str();
+            let bytes = runtime::builtin::get(name).ok_or(Error::NoBuiltIn(config.mode))?;
+            Ok(runtime.load_backend(name, bytes)?)
         }
     }
 }
@@ -59,7 +65,17 @@ pub fn families() -> Vec<IpFamily> {
     out
 }
 
-/// Runs kpx until the source stops.
+/// The mode's kernel side for one family.
+pub fn dataplane(mode: ProxyMode, family: IpFamily) -> Dataplane {
+    match mode {
+        ProxyMode::Iptables => {
+            Dataplane::Iptables(IptablesDataplane::new(IptablesKernel::new(family, Box::new(SystemExec::default()))))
+        }
+        ProxyMode::Nftables => Dataplane::Nftables(NftablesDataplane::new(NftablesKernel::new(family))),
+    }
+}
+
+/// Runs kpx until the source stops, which is an error.
 pub fn run(config: Config) -> Result<(), Error> {
     crate::kernel::conntrack::apply(&config.conntrack, config.conntrack_tcp_be_liberal, &Sysctl::default());
     let plugin = Arc::new(load_backend(&config)?);
@@ -68,35 +84,49 @@ pub fn run(config: Config) -> Result<(), Error> {
     let proxiers: Vec<FamilyProxier> = families()
         .into_iter()
         .map(|family| {
-            let dataplane = match config.mode.as_str() {
-                "nftables" => Dataplane::Nftables(NftablesKernel::new(family, Box::new(SystemExec))),
-                _ => Dataplane::Iptables(IptablesKernel::new(family, Box::new(SystemExec))),
-            };
-            FamilyProxier::new(config.clone(), family, plugin.clone(), dataplane, Sysctl::default())
+            FamilyProxier::new(
+                config.clone(),
+                family,
+                plugin.clone(),
+                dataplane(config.mode, family),
+                Sysctl::default(),
+                Box::new(SystemExec::default()),
+            )
         })
         .collect();
     let source = ManifestSource::new(&config.manifests)?;
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("manifests".into())
         .spawn(move || source.run(tx))
         .expect("spawn the manifest source thread");
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
-    Ok(())
+    let why = match thread.join() {
+        Ok(()) => "it ended".to_string(),
+        Err(panic) => {
+            match panic.downcast_ref::<String>().map(String::as_str).or(panic.downcast_ref::<&str>().copied()) {
+                Some(message) => format!("it panicked: {message}"),
+                None => "it panicked".to_string(),
+            }
+        }
+    };
+    Err(Error::SourceStopped(why))
 }
 
 /// `--cleanup`: removes kube-proxy's iptables chains and jumps (both
 /// families) and its nftables tables, then returns.
 pub fn cleanup() -> Result<(), crate::kernel::Error> {
     for family in families() {
-        let removed = IptablesKernel::new(family, Box::new(SystemExec)).cleanup()?;
+        let removed = IptablesKernel::new(family, Box::new(SystemExec::default())).cleanup()?;
         tracing::info!(%family, chains = removed, "removed iptables rules");
     }
-    for family in ["ip", "ip6"] {
-        // Absent tables (or no nft at all) are fine: nothing to remove.
-        if crate::kernel::Exec::run(&SystemExec, "nft", &["delete", "table", family, "kube-proxy"], None).is_ok() {
-            tracing::info!(family, "removed nftables table kube-proxy");
+    for family in families() {
+        // No table (or no nf_tables at all) is fine: nothing to remove.
+        match NftablesKernel::new(family).delete_table() {
+            Ok(true) => tracing::info!(%family, "removed nftables table kube-proxy"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(%family, "cannot remove nftables table kube-proxy: {e}"),
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use kpx_rules::model::Cidr;
+use kpx_rules::model::{Cidr, ProxyMode};
 
 /// Why the flags cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +53,12 @@ pub struct TraceArgs {
     /// The interface the packet arrives on (for interface-based local detection).
     #[arg(long = "in-interface")]
     pub in_interface: Option<String>,
-    /// Which mode's rules to read: iptables.
+    /// Which mode's rules to read: iptables or nftables.
     #[arg(long, default_value = "iptables")]
     pub mode: String,
+    /// The masquerade mark bit kpx runs with (--iptables-masquerade-bit).
+    #[arg(long = "iptables-masquerade-bit", default_value_t = 14)]
+    pub masquerade_bit: u8,
 }
 
 #[derive(Debug, Parser)]
@@ -178,7 +181,7 @@ pub struct Flags {
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub mode: String,
+    pub mode: ProxyMode,
     pub manifests: PathBuf,
     pub node_name: String,
     pub cluster_cidrs: Vec<Cidr>,
@@ -245,9 +248,10 @@ fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error 
 
 impl Flags {
     pub fn validate(self) -> Result<Config> {
-        if !matches!(self.proxy_mode.as_str(), "iptables" | "nftables") {
-            return Err(invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables, nftables"));
-        }
+        let mode: ProxyMode = self
+            .proxy_mode
+            .parse()
+            .map_err(|_| invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables, nftables"))?;
         let node_name = if self.hostname_override.trim().is_empty() {
             std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()
         } else {
@@ -358,7 +362,7 @@ impl Flags {
             return Err(invalid("plugin-memory-limit-mib", &self.plugin_memory_limit_mib.to_string(), "at least 16"));
         }
         Ok(Config {
-            mode: self.proxy_mode,
+            mode,
             manifests: match (self.manifests, self.cleanup) {
                 (Some(path), _) => path,
                 (None, true) => PathBuf::new(),
@@ -393,12 +397,12 @@ impl Flags {
 }
 
 /// Linux interface names: 1 to 15 bytes, no '/', ':' or white space.
+/// Interface names go into rules: the validator's alphabet applies.
 fn check_interface_name(flag: &'static str, name: &str) -> Result<()> {
-    let bad = name.len() > 15 || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
-    if bad {
-        return Err(invalid(flag, name, "not a valid interface name"));
+    match kpx_rules::ops::iptables::interface_name_problem(name) {
+        Some(why) => Err(invalid(flag, name, why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
-//! Every write to the kernel goes through here: each writer runs its tool
-//! through an [`Exec`], which tests replace to see exactly what is sent.
+//! Every write to the kernel goes through here. Each mode's writer lives
+//! with its rendering and read-back: iptables (iptables-restore through an
+//! [`Exec`], which tests replace to see exactly what is sent) and nftables
+//! (nf_tables netlink).
 
 pub mod conntrack;
 pub mod exec;
@@ -10,31 +12,111 @@ pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};
 
+/// Why a kernel write or read failed. Every variant leaves what the kernel
+/// held as it was (iptables-restore and nf_tables batches are atomic); the
+/// sync is retried in full with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The tool could not be started (not installed?): the sync fails and
-    /// is retried in full.
+    /// The tool could not be started (not installed?).
     #[error("cannot run {program}: {source}")]
     Spawn { program: String, source: std::io::Error },
-    /// The tool refused the change: nothing of it applied (iptables-restore
-    /// and nft are atomic per call); retried as a full sync.
+    /// The tool did not finish in time and was killed.
+    #[error("{program} did not finish in {seconds} s and was stopped")]
+    Timeout { program: String, seconds: u64 },
+    /// The tool refused: its exit status and what it said, read once by
+    /// [`exec::classify`].
     #[error("{program} failed ({status}): {stderr}")]
-    Failed { program: String, status: String, stderr: String },
+    Failed { program: String, status: String, stderr: String, cause: Cause },
+    /// nf_tables refused over netlink (the kernel's own errno).
+    #[error(transparent)]
+    Netlink(#[from] nftables::netlink::Error),
+    /// What the kernel gave back cannot be read.
+    #[error("cannot read {what}: {reason}")]
+    Unreadable { what: String, reason: String },
+}
+
+/// What a failed tool's message says, where kpx acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The object exists already (`iptables -N` of an existing chain).
+    Exists,
+    /// No such object (rule, chain or table).
+    NotFound,
+    /// Another program holds the xtables lock.
+    Locked,
+    Other,
+}
+
+impl Error {
+    pub fn cause(&self) -> Cause {
+        match self {
+            Error::Failed { cause, .. } => *cause,
+            Error::Netlink(e) => match e.errno() {
+                Some(nftables::netlink::EEXIST) => Cause::Exists,
+                Some(nftables::netlink::ENOENT) => Cause::NotFound,
+                _ => Cause::Other,
+            },
+            _ => Cause::Other,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The kernel writer of the running mode.
+/// Why a sync wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The ruleset broke a confinement rule: nothing written; full resync.
+    #[error(transparent)]
+    Rejected(#[from] crate::validate::Rejected),
+    /// The kernel refused or could not be read: nothing written; full resync.
+    #[error(transparent)]
+    Kernel(#[from] Error),
+    /// The plugin returned rules for another mode: nothing written; full resync.
+    #[error("plugin {plugin} returned {got} rules in {want} mode")]
+    WrongMode { plugin: String, got: &'static str, want: &'static str },
+}
+
+impl From<nftables::netlink::Error> for SyncError {
+    fn from(e: nftables::netlink::Error) -> Self {
+        SyncError::Kernel(e.into())
+    }
+}
+
+/// What one sync wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub bytes: usize,
+}
+
+/// The running mode's kernel side.
 pub enum Dataplane {
-    Iptables(iptables::IptablesKernel),
-    Nftables(nftables::NftablesKernel),
+    Iptables(iptables::IptablesDataplane),
+    Nftables(nftables::NftablesDataplane),
 }
 
 impl Dataplane {
-    pub fn exec(&self) -> &dyn Exec {
-        match self {
-            Dataplane::Iptables(k) => k.exec(),
-            Dataplane::Nftables(k) => k.exec(),
+    /// Checks a plugin's ruleset, writes it with the host's own objects,
+    /// and remembers what was written.
+    pub fn sync(
+        &mut self,
+        plugin: &str,
+        settings: &kpx_rules::model::Settings,
+        cluster: &kpx_rules::model::Cluster,
+        ruleset: &kpx_rules::ops::Ruleset,
+        full: bool,
+        scope: &crate::validate::Scope,
+    ) -> std::result::Result<Written, SyncError> {
+        use kpx_rules::ops::Ruleset;
+        match (self, ruleset) {
+            (Dataplane::Iptables(d), Ruleset::Iptables(r)) => d.sync(plugin, settings, r, full, scope),
+            (Dataplane::Nftables(d), Ruleset::Nftables(t)) => d.sync(plugin, settings, cluster, t, full, scope),
+            (Dataplane::Iptables(_), Ruleset::Nftables(_)) => {
+                Err(SyncError::WrongMode { plugin: plugin.into(), got: "nftables", want: "iptables" })
+            }
+            (Dataplane::Nftables(_), Ruleset::Iptables(_)) => {
+                Err(SyncError::WrongMode { plugin: plugin.into(), got: "iptables", want: "nftables" })
+            }
         }
     }
 }

@@ -14,4 +14,4 @@ pub mod trace;
 pub mod validate;
 
 /// What `kpx --version` prints.
-pub const VERSION_TEXT: &str = concat!(env!("CARGO_PKG_VERSION"), " (plugin contract kpx:proxier 0.1.0)");
+pub const VERSION_TEXT: &str = concat!(env!("CARGO_PKG_VERSION"), " (plugin contract kpx:proxier 0.2.0)");

@@ -5,7 +5,7 @@ use tracing_subscriber::EnvFilter;
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Some(Command::Trace(args)) = &cli.command {
-        print!("{}", kpx::trace::run(args, &kpx::kernel::SystemExec)?);
+        print!("{}", kpx::trace::run(args, &kpx::kernel::SystemExec::default())?);
         return Ok(());
     }
     let flags = cli.flags;

@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kpx_rules::model::{Change, Cluster, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
+use kpx_rules::ops::Ruleset;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
@@ -40,7 +41,9 @@ pub struct Limits {
     pub fuel_base: u64,
     /// Extra fuel per service port and endpoint in the call's state.
     pub fuel_per_object: u64,
-    /// Largest ruleset accepted from `render`.
+    /// Most bytes the host allocates for one call's output (a ruleset, a
+    /// log line): enforced while the output is copied out of the plugin,
+    /// before anything larger is allocated.
     pub max_output_bytes: u64,
 }
 
@@ -61,7 +64,7 @@ pub enum Error {
     #[error("plugin {plugin}: no kpx:proxier version marker (build it with kpx-sdk's export macro)")]
     MissingVersion { plugin: String },
     /// Built against a contract this host does not support; not loaded.
-    #[error("plugin {plugin}: built for kpx:proxier {found}, this kpx supports {}", SUPPORTED.join(", "))]
+    #[error("plugin {plugin}: built for kpx:proxier {found}, this kpx supports {}{}", SUPPORTED.join(", "), version::why_not(found))]
     IncompatibleVersion { plugin: String, found: String },
     /// Not a valid component, or it imports something kpx does not offer; not loaded.
     #[error("plugin {plugin}: cannot load: {message}")]
@@ -73,15 +76,17 @@ pub enum Error {
     /// The plugin returned an error: keep the instance, render in full next time.
     #[error("plugin {plugin}: {call} failed: {message}")]
     Failed { plugin: String, call: &'static str, message: String },
-    /// The ruleset is larger than allowed: keep the instance, render in full next time.
-    #[error("plugin {plugin}: returned {size} bytes, more than the limit of {limit}")]
-    OutputTooLarge { plugin: String, size: usize, limit: u64 },
+    /// The output is larger than allowed (found while copying it out, so
+    /// nothing larger was allocated): the instance is left mid-call, so it
+    /// is dropped, a fresh one built and the full state replayed.
+    #[error("plugin {plugin}: {call} returned more than the limit of {limit} bytes")]
+    OutputTooLarge { plugin: String, call: &'static str, limit: u64 },
 }
 
 impl Error {
     /// True when the instance is poisoned and must be replaced.
     pub fn needs_fresh_instance(&self) -> bool {
-        matches!(self, Error::Trapped { .. })
+        matches!(self, Error::Trapped { .. } | Error::OutputTooLarge { .. })
     }
 }
 
@@ -235,12 +240,25 @@ impl BackendInstance {
         let fuel = self.limits.fuel_base.saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
         // Fuel is enabled on the engine, so this cannot fail.
         let _ = self.store.set_fuel(fuel);
+        // What the host may allocate copying one call's data out of the
+        // plugin (the result, a log line): checked before each copy.
+        self.store.set_hostcall_fuel(usize::try_from(self.limits.max_output_bytes).unwrap_or(usize::MAX));
         self.store.data_mut().log_budget = LOG_LINES_PER_CALL;
     }
 
     /// Classifies a call's outcome, counting errors.
     fn check<T>(&mut self, call: &'static str, result: wasmtime::Result<T>) -> Result<T> {
         result.map_err(|e| {
+            if e.downcast_ref::<Trap>().is_none() && is_output_limit(&e) {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                let err = Error::OutputTooLarge {
+                    plugin: self.plugin.to_string(),
+                    call,
+                    limit: self.limits.max_output_bytes,
+                };
+                tracing::error!(plugin = %self.plugin, "{err}");
+                return err;
+            }
             self.stats.traps.fetch_add(1, Ordering::Relaxed);
             // One line: the trap's own description, not the wasm backtrace.
             let message = match e.downcast_ref::<Trap>() {
@@ -286,26 +304,23 @@ impl BackendInstance {
         self.refuel(state_size);
         let bindings = self.bindings().clone();
         let result = bindings.render(&mut self.store, full);
-        let ruleset = self.check("render", result)?.map_err(|message| {
+        self.check("render", result)?.map_err(|message| {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
             Error::Failed { plugin: self.plugin.to_string(), call: "render", message }
-        })?;
-        let size = ruleset.text().len();
-        if size as u64 > self.limits.max_output_bytes {
-            self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::OutputTooLarge {
-                plugin: self.plugin.to_string(),
-                size,
-                limit: self.limits.max_output_bytes,
-            });
-        }
-        Ok(ruleset)
+        })
     }
 
     /// Fuel left after the last call (for tests and benchmarks).
     pub fn fuel_left(&self) -> u64 {
         self.store.get_fuel().unwrap_or(0)
     }
+}
+
+/// wasmtime's refusal to copy more than the store's hostcall fuel out of
+/// a plugin (its error type is private; its message is the one place this
+/// is read).
+fn is_output_limit(e: &wasmtime::Error) -> bool {
+    e.chain().any(|cause| cause.to_string().contains("too much data is being copied between the host and the guest"))
 }
 
 /// Service ports plus endpoints: the size that scales a call's fuel.

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use kpx_rules::model::{Cidr, IpFamily, LocalTraffic, Node, NodePortAddresses, Settings};
+use kpx_rules::model::{Cidr, IpFamily, LocalTraffic, Node, NodePortAddresses, ProxyMode, Settings};
 
 use crate::config::{Config, DetectLocalMode};
 
@@ -26,11 +26,11 @@ pub fn primary_address(config: &Config, node: &Node, family: IpFamily) -> Option
 /// Settings for one family. `local_addresses`: the node's interface
 /// addresses, which --nodeport-addresses CIDRs select from.
 pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addresses: &[IpAddr]) -> Settings {
-    let mut s = Settings::new(family, &config.mode);
+    let mut s = Settings::new(family, config.mode);
     s.masquerade_all = config.masquerade_all;
     s.masquerade_bit = config.masquerade_bit;
     // Localhost node ports are an iptables-mode feature.
-    s.localhost_nodeports = config.localhost_nodeports && config.mode == "iptables";
+    s.localhost_nodeports = config.localhost_nodeports && config.mode == ProxyMode::Iptables;
     s.conntrack_tcp_be_liberal = config.conntrack_tcp_be_liberal;
     s.local_traffic = match &config.detect_local_mode {
         DetectLocalMode::None => LocalTraffic::None,
@@ -40,7 +40,7 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
         DetectLocalMode::InterfaceNamePrefix(prefix) => LocalTraffic::InterfaceNamePrefix(prefix.clone()),
     };
     let npa = &config.nodeport_addresses;
-    let nftables = config.mode == "nftables";
+    let nftables = config.mode == ProxyMode::Nftables;
     let everything = npa.cidrs.iter().any(|c| c.family() == family && c.prefix_len == 0);
     if nftables && everything {
         // Upstream's nftables mode: 0.0.0.0/0 or ::/0 means every local address.

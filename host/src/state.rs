@@ -9,12 +9,12 @@ mod services;
 mod topology;
 
 use std::collections::{BTreeMap, BTreeSet};
-
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpx_rules::model::{self, IpFamily};
+use kpx_rules::model::{self, IpFamily, Protocol};
 
 use crate::source::{Event, Kind, Object, ObjectRef};
 
@@ -36,10 +36,27 @@ pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
+/// Each port's endpoints (address, port), by service port key, with the
+/// port's protocol: upstream's EndpointsMap.
+pub type EndpointsMap = BTreeMap<String, (Protocol, BTreeSet<(IpAddr, u16)>)>;
+
+/// One Service's endpoints before and after a batch of changes, as
+/// upstream's endpoints change tracker keeps them (the conntrack cleanup
+/// of removed UDP endpoints reads the difference). Both stay empty for a
+/// Service that had no endpoints before the batch (nothing of it can be
+/// stale), which is every Service of the initial list.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServiceChange {
+    /// When the first change of the batch arrived.
+    pub previous: EndpointsMap,
+    /// When the batch was taken.
+    pub current: EndpointsMap,
+}
+
 /// What changed since the last [`State::take_changes`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Changes {
-    pub services: BTreeSet<ServiceName>,
+    pub services: BTreeMap<ServiceName, ServiceChange>,
     pub node: bool,
     /// ServiceCIDRs changed.
     pub cluster: bool,
@@ -48,6 +65,21 @@ pub struct Changes {
 impl Changes {
     pub fn is_empty(&self) -> bool {
         self.services.is_empty() && !self.node && !self.cluster
+    }
+
+    /// Adds a later batch: each Service keeps its earliest `previous` and
+    /// takes the latest `current`.
+    pub fn merge(&mut self, later: Changes) {
+        for (name, change) in later.services {
+            match self.services.get_mut(&name) {
+                Some(c) => c.current = change.current,
+                None => {
+                    self.services.insert(name, change);
+                }
+            }
+        }
+        self.node |= later.node;
+        self.cluster |= later.cluster;
     }
 }
 
@@ -103,7 +135,7 @@ impl State {
                 if services::should_skip(&svc) {
                     return self.remove_service(&name);
                 }
-                self.changes.services.insert(name.clone());
+                self.touch(&name);
                 self.services.insert(name, svc);
                 true
             }
@@ -118,9 +150,9 @@ impl State {
                     return changed;
                 }
                 let svc = ServiceName { namespace: ns.clone(), name: owner };
+                self.touch(&svc);
                 self.slice_owner.insert((ns, slice_name.clone()), svc.clone());
                 self.slices.entry(svc.clone()).or_default().insert(slice_name, slice);
-                self.changes.services.insert(svc);
                 changed = true;
                 changed
             }
@@ -131,7 +163,10 @@ impl State {
                 let old_labels = self.node.as_ref().and_then(|n| n.metadata.labels.clone());
                 if old_labels != node.metadata.labels {
                     // Topology may change for every Service (upstream: a full sync).
-                    self.changes.services.extend(self.services.keys().cloned());
+                    let names: Vec<ServiceName> = self.services.keys().cloned().collect();
+                    for name in &names {
+                        self.touch(name);
+                    }
                 }
                 self.node = Some(node);
                 self.changes.node = true;
@@ -171,30 +206,58 @@ impl State {
     }
 
     fn remove_service(&mut self, name: &ServiceName) -> bool {
-        if self.services.remove(name).is_some() {
-            self.changes.services.insert(name.clone());
+        if self.services.contains_key(name) {
+            self.touch(name);
+            self.services.remove(name);
             return true;
         }
         false
     }
 
+    /// Records that a Service is about to change, with its endpoints as
+    /// they are before the first change of this batch.
+    fn touch(&mut self, name: &ServiceName) {
+        if !self.changes.services.contains_key(name) {
+            // Before the initial list is complete nothing is programmed.
+            let previous = if self.synced { self.endpoints_map(name) } else { EndpointsMap::new() };
+            self.changes.services.insert(name.clone(), ServiceChange { previous, current: EndpointsMap::new() });
+        }
+    }
+
+    /// The endpoints of every port of a Service, both families.
+    pub fn endpoints_map(&self, name: &ServiceName) -> EndpointsMap {
+        let mut out = EndpointsMap::new();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            for port in self.service_ports(family, name) {
+                let entry = out.entry(port.key.clone()).or_insert_with(|| (port.protocol, BTreeSet::new()));
+                entry.1.extend(port.endpoints.iter().map(|e| (e.ip, e.port)));
+            }
+        }
+        out
+    }
+
     fn remove_slice(&mut self, namespace: &str, slice_name: &str) -> bool {
-        let Some(owner) = self.slice_owner.remove(&(namespace.to_string(), slice_name.to_string())) else {
+        let Some(owner) = self.slice_owner.get(&(namespace.to_string(), slice_name.to_string())).cloned() else {
             return false;
         };
+        self.touch(&owner);
+        self.slice_owner.remove(&(namespace.to_string(), slice_name.to_string()));
         if let Some(slices) = self.slices.get_mut(&owner) {
             slices.remove(slice_name);
             if slices.is_empty() {
                 self.slices.remove(&owner);
             }
         }
-        self.changes.services.insert(owner);
         true
     }
 
     /// What changed since the last call; resets the record.
     pub fn take_changes(&mut self) -> Changes {
-        std::mem::take(&mut self.changes)
+        let mut changes = std::mem::take(&mut self.changes);
+        for (name, change) in changes.services.iter_mut().filter(|(_, c)| !c.previous.is_empty()) {
+            change.current = self.endpoints_map(name);
+        }
+        changes
     }
 
     /// The service ports of one Service for one family (none if the Service

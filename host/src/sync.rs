@@ -82,7 +82,7 @@ impl Schedule {
     }
 }
 
-/// Runs until the source's sender is dropped.
+/// Runs until the source's sender is dropped (the source stopped).
 pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyProxier>, periods: Periods) {
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
@@ -105,9 +105,7 @@ pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyPr
             Err(RecvTimeoutError::Timeout) => {}
         }
         let start = Instant::now();
-        let taken = state.take_changes();
-        changes.services.extend(taken.services);
-        changes.node |= taken.node;
+        changes.merge(state.take_changes());
         let full = schedule.wants_full(start);
         let mut ok = true;
         for proxier in &mut proxiers {

@@ -1,13 +1,19 @@
-//! `kpx trace`: reads this node's live rules and explains, rule by rule,
+//! `kpx trace`: reads this node's live rules back as typed rules (iptables-
+//! save, or the kube-proxy table over netlink) and explains, rule by rule,
 //! where a packet goes (kpx_rules::trace does the walking).
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
-use kpx_rules::model::{IpFamily, Protocol};
-use kpx_rules::trace::{self, Ending, Packet, parse_ruleset, trace_iptables};
+use kpx_rules::model::{IpFamily, Protocol, ProxyMode};
+use kpx_rules::ops::iptables::{Rule as IptRule, Table};
+use kpx_rules::ops::nftables::{self as nft, KeyExpr, Match, Statement, Verdict};
+use kpx_rules::trace::{self, Ending, Packet};
 
 use crate::config::TraceArgs;
+use crate::kernel::iptables::parse::{Dump, Line};
+use crate::kernel::iptables::render::{Dialect, rule_lines};
+use crate::kernel::nftables::NftablesKernel;
 use crate::kernel::{Exec, interfaces};
 
 #[derive(Debug, thiserror::Error)]
@@ -18,9 +24,9 @@ pub enum Error {
     /// The live rules or addresses cannot be read.
     #[error(transparent)]
     Kernel(#[from] crate::kernel::Error),
-    /// The rules hold a shape the tracer does not know.
+    /// The rules hold something the tracer cannot follow.
     #[error("cannot trace these rules: {0}")]
-    Unreadable(#[from] trace::TraceError),
+    Untraceable(String),
 }
 
 /// Parses `IP:PORT/PROTO`.
@@ -46,35 +52,184 @@ pub fn run(args: &TraceArgs, exec: &dyn Exec) -> Result<String, Error> {
             reason: "source and destination are of different IP families".into(),
         });
     }
+    let mode: ProxyMode = args
+        .mode
+        .parse()
+        .map_err(|_| Error::Argument { flag: "mode", reason: format!("{:?}: want iptables or nftables", args.mode) })?;
+    let family = IpFamily::of(&to.ip());
+    let mark = 1u32 << u32::from(args.masquerade_bit.min(31));
     let node = trace::Node { local_addresses: interfaces::local_addresses(exec)? };
     let packet = packet(&node, args.from, to, protocol, args.in_interface.clone());
-    match args.mode.as_str() {
-        "iptables" => {
-            let save = if to.is_ipv4() { "iptables-save" } else { "ip6tables-save" };
-            let rules = exec.run(save, &[], None)?;
-            explain(&rules, &node, &packet)
+    match mode {
+        ProxyMode::Iptables => {
+            let d = Dialect { family, masquerade_mark: mark };
+            let kernel =
+                crate::kernel::iptables::IptablesKernel::new(family, Box::new(crate::kernel::SystemExec::default()));
+            let dump = crate::kernel::iptables::parse::parse_dump(&kernel.save()?, d);
+            explain_iptables(&dump, d, &node, &packet)
         }
-        "nftables" => {
-            let family = if to.is_ipv4() { "ip" } else { "ip6" };
-            let listing = exec.run("nft", &["list", "table", family, kpx_rules::nftables::TABLE], None)?;
-            explain_nftables(&listing, family, &node, &packet)
+        ProxyMode::Nftables => {
+            let model = read_nftables(&mut NftablesKernel::new(family), mark)?;
+            explain_nftables(&model, &node, &packet)
         }
-        other => Err(Error::Argument { flag: "mode", reason: format!("{other:?}: want iptables or nftables") }),
     }
 }
 
-/// The explanation of one packet through an `iptables-save` dump.
-pub fn explain(rules: &str, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
-    let traced = trace_iptables(&parse_ruleset(rules)?, &[], node, packet)?;
-    Ok(describe(packet, &traced))
+/// The tracer's tables from a dump; a rule kpx did not write in one of
+/// kube-proxy's chains makes the dump untraceable, elsewhere it is left out.
+pub fn iptables_tables(dump: &Dump, d: Dialect) -> Result<trace::iptables::Tables, Error> {
+    let mut tables = trace::iptables::Tables::new(d.masquerade_mark);
+    for (table, t) in &dump.tables {
+        for (chain, policy) in &t.chains {
+            tables.declare(*table, chain);
+            if policy.as_deref() == Some("DROP") {
+                tables.dropping.push((*table, chain.clone()));
+            }
+        }
+        for (chain, lines) in &t.rules {
+            for line in lines {
+                match line {
+                    Line::Rule(r) => tables.push(r.clone()),
+                    Line::Foreign { text, reason } if chain.starts_with("KUBE-") => {
+                        return Err(Error::Untraceable(format!("{text}: {reason}")));
+                    }
+                    Line::Foreign { .. } => {}
+                }
+            }
+        }
+    }
+    Ok(tables)
 }
 
-/// The explanation of one packet through an `nft list table` listing.
-pub fn explain_nftables(listing: &str, family: &str, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
-    let mut model = trace::nftables::NftModel::default();
-    model.apply(&trace::nftables::listing_to_commands(listing, family))?;
-    let traced = trace::nftables::trace_nftables(&model, node, packet)?;
-    Ok(describe(packet, &traced))
+/// The explanation of one packet through an iptables dump.
+pub fn explain_iptables(dump: &Dump, d: Dialect, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
+    let tables = iptables_tables(dump, d)?;
+    let traced =
+        trace::iptables::trace_iptables(&tables, node, packet).map_err(|e| Error::Untraceable(e.to_string()))?;
+    let text = |step: &trace::Step| {
+        let table = Table::from_name(&step.table).unwrap_or(Table::Filter);
+        tables
+            .chains
+            .get(&(table, step.chain.clone()))
+            .and_then(|rules| rules.get(step.index))
+            .map(|r: &IptRule| rule_lines(r, d).join(" / "))
+            .unwrap_or_default()
+    };
+    Ok(describe(packet, &traced, &text))
+}
+
+/// The kube-proxy table as the tracer's model, read over netlink.
+pub fn read_nftables(kernel: &mut NftablesKernel, mark: u32) -> Result<trace::nftables::Model, Error> {
+    let family = kernel.family();
+    let mut model = trace::nftables::Model::new(family, mark);
+    let Some(objects) = kernel.objects()? else { return Ok(model) };
+    let frame_base: Vec<nft::BaseChain> = crate::kernel::nftables::frame::BASE_CHAINS.to_vec();
+    for c in &objects.chains {
+        let base = match &c.base {
+            None => None,
+            Some(info) => Some(
+                *frame_base
+                    .iter()
+                    .find(|b| b.name == c.name && b.hook as u32 == info.hook && b.priority == info.priority)
+                    .ok_or_else(|| Error::Untraceable(format!("base chain {} is not one kpx writes", c.name)))?,
+            ),
+        };
+        model.chains.insert(c.name.clone(), trace::nftables::Chain { base, rules: Vec::new() });
+    }
+    for (chain, rule) in kernel.rules(mark)? {
+        let rule = rule.map_err(|why| Error::Untraceable(format!("a rule in {chain}: {why}")))?;
+        model.chains.entry(chain).or_default().rules.push(rule);
+    }
+    for s in &objects.sets {
+        let decl = set_declaration(family, s)?;
+        let elements = if decl.timeout_seconds.is_some() { Vec::new() } else { kernel.elements(&decl)? };
+        model.sets.insert(s.name.clone(), (decl, elements));
+    }
+    Ok(model)
+}
+
+/// A set's declaration from what the kernel keeps: the host's own are
+/// known; a plugin's are read from their types.
+fn set_declaration(family: IpFamily, s: &crate::kernel::nftables::decode::SetInfo) -> Result<nft::SetDecl, Error> {
+    if let Some(h) = nft::HostSet::from_name(&s.name) {
+        return Ok(h.declaration());
+    }
+    crate::kernel::nftables::decode::declaration(family, s)
+        .map_err(|why| Error::Untraceable(format!("set {}: {why}", s.name)))
+}
+
+/// The explanation of one packet through the kube-proxy table.
+pub fn explain_nftables(model: &trace::nftables::Model, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
+    let traced = trace::nftables::trace_nftables(model, node, packet).map_err(|e| Error::Untraceable(e.to_string()))?;
+    let text = |step: &trace::Step| {
+        model.chains.get(&step.chain).and_then(|c| c.rules.get(step.index)).map(nft_text).unwrap_or_default()
+    };
+    Ok(describe(packet, &traced, &text))
+}
+
+fn keys_text(keys: &[KeyExpr]) -> String {
+    keys.iter()
+        .map(|k| match k {
+            KeyExpr::Address(nft::AddressField::Source) => "saddr".to_string(),
+            KeyExpr::Address(nft::AddressField::Destination) => "daddr".to_string(),
+            KeyExpr::Protocol => "meta l4proto".to_string(),
+            KeyExpr::DestinationPort => "th dport".to_string(),
+            KeyExpr::NumgenRandom(n) => format!("numgen random mod {n}"),
+            KeyExpr::NumgenIncrement(n) => format!("numgen inc mod {n}"),
+            KeyExpr::Jhash { field, modulus, seed } => format!("jhash {field:?} mod {modulus} seed {seed:#x}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+/// An nft-like line for a typed rule, for people (nothing parses it).
+pub fn nft_text(rule: &nft::Rule) -> String {
+    let not = |n: bool| if n { "!= " } else { "" };
+    let mut parts: Vec<String> = rule
+        .matches
+        .iter()
+        .map(|m| match m {
+            Match::Address { field, negate, cidr } => {
+                format!(
+                    "{} {}{cidr}",
+                    if *field == nft::AddressField::Source { "saddr" } else { "daddr" },
+                    not(*negate)
+                )
+            }
+            Match::Protocol { negate, protocol } => format!("meta l4proto {}{protocol}", not(*negate)),
+            Match::DestinationPort { negate, port } => format!("th dport {}{port}", not(*negate)),
+            Match::InInterface { negate, name, prefix } => {
+                format!("iifname {}\"{name}{}\"", not(*negate), if *prefix { "*" } else { "" })
+            }
+            Match::FibLocal { field, negate } => format!("fib {field:?} type {}local", not(*negate)),
+            Match::CtState { negate, states } => format!("ct state {}{states}", not(*negate)),
+            Match::Mark { negate, value, mask } => format!("meta mark & {mask:#x} {}== {value:#x}", not(*negate)),
+            Match::Lookup { keys, set, negate } => format!("{} {}@{}", keys_text(keys), not(*negate), set.name()),
+        })
+        .collect();
+    parts.extend(rule.statements.iter().map(|s| match s {
+        Statement::Counter => "counter".to_string(),
+        Statement::MasqueradeMark => "meta mark set meta mark | masquerade".to_string(),
+        Statement::AffinityUpdate(set) => format!("update @{set} {{ saddr }}"),
+        Statement::MarkXor(v) => format!("meta mark set meta mark ^ {v:#x}"),
+        Statement::Masquerade { fully_random } => {
+            format!("masquerade{}", if *fully_random { " fully-random" } else { "" })
+        }
+    }));
+    parts.push(match &rule.verdict {
+        Verdict::Continue => String::new(),
+        Verdict::Accept => "accept".into(),
+        Verdict::Drop => "drop".into(),
+        Verdict::Reject => "reject".into(),
+        Verdict::Return => "return".into(),
+        Verdict::Jump(c) => format!("jump {c}"),
+        Verdict::Goto(c) => format!("goto {c}"),
+        Verdict::Dnat(ip, port) => format!("dnat to {}", kpx_rules::model::join_host_port(ip, *port)),
+        Verdict::DnatMap { keys, map } => format!("dnat to {} map @{}", keys_text(keys), map.name()),
+        Verdict::Vmap { keys, map } => format!("{} vmap @{}", keys_text(keys), map.name()),
+    });
+    parts.retain(|p| !p.is_empty());
+    parts.join(" ")
 }
 
 fn packet(
@@ -88,7 +243,7 @@ fn packet(
 }
 
 /// Every path, rule by rule, and the verdict.
-fn describe(packet: &Packet, traced: &trace::Trace) -> String {
+fn describe(packet: &Packet, traced: &trace::Trace, text: &dyn Fn(&trace::Step) -> String) -> String {
     let (from, to, protocol) = (packet.src, SocketAddr::new(packet.dst, packet.dport), packet.protocol);
     let family = IpFamily::of(&to.ip());
     let mut out = String::new();
@@ -104,7 +259,7 @@ fn describe(packet: &Packet, traced: &trace::Trace) -> String {
         };
         let _ = writeln!(out, "\npath {} of {total}: {end}", i + 1);
         for step in steps {
-            let _ = writeln!(out, "  {:<6} {:<28} {}", step.table, step.chain, step.text);
+            let _ = writeln!(out, "  {:<10} {:<28} {}", step.table, step.chain, text(step));
         }
     }
     let masq = if traced.verdict.masquerade { " (masqueraded)" } else { "" };
@@ -115,6 +270,7 @@ fn describe(packet: &Packet, traced: &trace::Trace) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::iptables::parse::parse_dump;
 
     const RULES: &str = "*nat
 :PREROUTING ACCEPT [0:0]
@@ -134,21 +290,23 @@ mod tests {
 -A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"ns/a cluster IP\" -m tcp --dport 80 -j KUBE-SVC-A
 -A KUBE-SVC-A ! -s 10.0.0.0/8 -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j KUBE-MARK-MASQ
 -A KUBE-SVC-A -j KUBE-SEP-A
--A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.1.0.5:8080
+-A KUBE-SEP-A -p tcp -j DNAT --to-destination 10.1.0.5:8080
 COMMIT
 ";
 
     #[test]
     fn explains_the_path_of_an_iptables_save_dump() {
+        let d = Dialect { family: IpFamily::V4, masquerade_mark: 0x4000 };
+        let dump = parse_dump(RULES, d);
         let to = "10.96.0.10:80".parse().unwrap();
         let node = trace::Node { local_addresses: vec![] };
         let from_outside = packet(&node, "203.0.113.1".parse().unwrap(), to, Protocol::Tcp, None);
-        let out = explain(RULES, &node, &from_outside).unwrap();
+        let out = explain_iptables(&dump, d, &node, &from_outside).unwrap();
         assert!(out.contains("path 1 of 1: DNAT to 10.1.0.5:8080, masqueraded"), "{out}");
-        assert!(out.contains("KUBE-SVC-A"), "{out}");
+        assert!(out.contains("-A KUBE-SVC-A -j KUBE-SEP-A"), "{out}");
         assert!(out.contains("verdict: 10.1.0.5:8080 (masqueraded)"), "{out}");
         let from_cluster = packet(&node, "10.0.0.9".parse().unwrap(), to, Protocol::Tcp, None);
-        let out = explain(RULES, &node, &from_cluster).unwrap();
+        let out = explain_iptables(&dump, d, &node, &from_cluster).unwrap();
         assert!(out.contains("source kept"), "{out}");
     }
 

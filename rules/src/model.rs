@@ -58,15 +58,57 @@ impl fmt::Display for IpFamily {
 }
 
 /// An address prefix such as `10.0.0.0/8`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cidr {
     pub addr: IpAddr,
     pub prefix_len: u8,
 }
 
 impl Cidr {
+    /// The one-address prefix of `ip` (/32 or /128).
+    pub fn host(ip: IpAddr) -> Cidr {
+        Cidr { addr: ip, prefix_len: if ip.is_ipv4() { 32 } else { 128 } }
+    }
+
     pub fn family(&self) -> IpFamily {
         IpFamily::of(&self.addr)
+    }
+
+    /// Longest prefix length of the family (32 or 128).
+    pub fn max_len(&self) -> u8 {
+        if self.addr.is_ipv4() { 32 } else { 128 }
+    }
+
+    /// The prefix's first address (its address with the host bits cleared).
+    pub fn network(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(v4) => {
+                let bits = u32::from(self.prefix_len.min(32));
+                let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+                IpAddr::V4((u32::from(v4) & mask).into())
+            }
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.prefix_len.min(128));
+                let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+                IpAddr::V6((u128::from(v6) & mask).into())
+            }
+        }
+    }
+
+    /// The prefix's last address.
+    pub fn last(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(v4) => {
+                let bits = u32::from(self.prefix_len.min(32));
+                let host = if bits == 0 { u32::MAX } else { u32::MAX.checked_shr(bits).unwrap_or(0) };
+                IpAddr::V4((u32::from(v4) | host).into())
+            }
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.prefix_len.min(128));
+                let host = if bits == 0 { u128::MAX } else { u128::MAX.checked_shr(bits).unwrap_or(0) };
+                IpAddr::V6((u128::from(v6) | host).into())
+            }
+        }
     }
 
     pub fn contains(&self, ip: &IpAddr) -> bool {
@@ -363,10 +405,45 @@ pub enum NodePortAddresses {
     Only(Vec<Cidr>),
 }
 
+/// The proxy modes kpx runs (`--proxy-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProxyMode {
+    Iptables,
+    Nftables,
+}
+
+impl ProxyMode {
+    pub const ALL: [ProxyMode; 2] = [ProxyMode::Iptables, ProxyMode::Nftables];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Nftables => "nftables",
+        }
+    }
+}
+
+impl fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ProxyMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ProxyMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("unknown proxy mode {s:?}: want one of iptables, nftables"))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub family: IpFamily,
-    pub mode: String,
+    pub mode: ProxyMode,
     pub local_traffic: LocalTraffic,
     pub masquerade_all: bool,
     pub masquerade_bit: u8,
@@ -379,10 +456,10 @@ pub struct Settings {
 
 impl Settings {
     /// Upstream's defaults for a family.
-    pub fn new(family: IpFamily, mode: &str) -> Settings {
+    pub fn new(family: IpFamily, mode: ProxyMode) -> Settings {
         Settings {
             family,
-            mode: mode.to_string(),
+            mode,
             local_traffic: LocalTraffic::None,
             masquerade_all: false,
             masquerade_bit: 14,
@@ -399,6 +476,12 @@ impl Settings {
         1u32 << u32::from(self.masquerade_bit.min(31))
     }
 
+    /// The mark bits below the masquerade bit, where iptables hash-mark
+    /// targets put their slot.
+    pub fn hash_slot_mask(&self) -> u32 {
+        self.masquerade_mark() - 1
+    }
+
     /// A value from `extra`.
     pub fn extra(&self, key: &str) -> Option<&str> {
         self.extra.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
@@ -413,20 +496,6 @@ pub enum Change {
     Cluster(Cluster),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ruleset {
-    Iptables(String),
-    Nftables(String),
-}
-
-impl Ruleset {
-    pub fn text(&self) -> &str {
-        match self {
-            Ruleset::Iptables(t) | Ruleset::Nftables(t) => t,
-        }
-    }
-}
-
 /// What a backend does: the Rust shape of the WIT `proxier` resource.
 /// Plugins implement it (through kpx-sdk); the benchmark runs it natively.
 pub trait Backend {
@@ -435,7 +504,7 @@ pub trait Backend {
         Self: Sized;
     fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>);
     fn apply(&mut self, changes: Vec<Change>);
-    fn render(&mut self, full: bool) -> Result<Ruleset, String>;
+    fn render(&mut self, full: bool) -> Result<crate::ops::Ruleset, String>;
 }
 
 #[cfg(test)]

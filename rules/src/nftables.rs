@@ -1,18 +1,17 @@
-//! The nftables backend: table `kube-proxy` in the ip and ip6 families,
+//! The nftables backend, on the host's table `kube-proxy` (ip and ip6),
 //! designed so that the number of chains does not grow with endpoints, nor
-//! (affinity aside) with services: service dispatch and endpoint choice go
-//! through verdict maps and endpoint maps whose elements are the services
-//! and endpoints. plugins/nftables/README.md documents the layout.
+//! (affinity aside) with services: the host's dispatch maps send Service
+//! traffic to a few shared chains, and endpoint choice goes through
+//! endpoint maps whose elements are the endpoints.
+//! plugins/nftables/README.md documents the layout.
 //!
-//! Output is nft commands, one per line, each naming family and table,
-//! applied with `nft -f -` as one transaction. A full render flushes the
-//! table and writes everything; a partial render writes only element adds
-//! and deletes (plus, rarely, a map for a new endpoint count or a changed
-//! affinity Service's chains), so its size does not depend on how many
-//! Services there are.
+//! Output is a typed transaction ([`crate::ops::nftables`]). A full render
+//! declares everything (the host empties the table first); a partial
+//! render is element adds and deletes (plus, rarely, a map for a new
+//! endpoint count or a changed affinity Service's objects), so its size
+//! does not depend on how many Services there are.
 
 mod affinity;
-mod command_line;
 mod elements;
 mod layout;
 
@@ -20,59 +19,16 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::model::{Backend, Change, Cluster, IpFamily, Node, Ruleset, ServicePort, Settings};
+use crate::model::{Backend, Change, Cluster, IpFamily, Node, ServicePort, Settings};
+use crate::ops::Ruleset as AnyRuleset;
+use crate::ops::nftables::{ElementWriter, Op, Transaction};
 use crate::service_set::ServiceSet;
 
-pub use command_line::{CommandLine, command_lines};
-pub use elements::{CountMap, Purpose};
+pub use affinity::hashed;
+pub use elements::{CountMap, Elem, ElemData, Purpose, Set, Text, Words, count_map};
+pub use layout::CHAINS;
 
-/// The table, in both families.
-pub const TABLE: &str = "kube-proxy";
-
-/// Elements per `add element` command.
-const ELEMENTS_PER_COMMAND: usize = 1000;
-
-/// Family-dependent spellings.
-#[derive(Debug, Clone, Copy)]
-pub struct Fam(pub IpFamily);
-
-impl Fam {
-    pub fn name(self) -> &'static str {
-        match self.0 {
-            IpFamily::V4 => "ip",
-            IpFamily::V6 => "ip6",
-        }
-    }
-    pub fn addr_type(self) -> &'static str {
-        match self.0 {
-            IpFamily::V4 => "ipv4_addr",
-            IpFamily::V6 => "ipv6_addr",
-        }
-    }
-    pub fn loopback(self) -> &'static str {
-        match self.0 {
-            IpFamily::V4 => "127.0.0.0/8",
-            IpFamily::V6 => "::1",
-        }
-    }
-    /// `add <what> <family> kube-proxy`
-    pub fn cmd(self, verb: &str, what: &str) -> String {
-        format!("{verb} {what} {} {TABLE}", self.name())
-    }
-}
-
-/// Text that is cloned often (set names, keys, values): a reference count.
-pub type Text = Arc<str>;
-
-/// One element of a set or map.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Element {
-    pub set: Text,
-    pub key: Text,
-    pub value: Option<Text>,
-}
-
-/// Set and map names, shared: each name is allocated once.
+/// Set and chain names, shared: each name is allocated once.
 #[derive(Debug, Default)]
 pub struct Names(RefCell<HashSet<Text>>);
 
@@ -88,31 +44,23 @@ impl Names {
     }
 }
 
-/// What one service port puts into the table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Contribution {
-    pub elements: Vec<Element>,
-    /// The endpoint maps it needs.
-    pub counts: BTreeSet<CountMap>,
-    /// Its own chains and sets (affinity only).
-    pub objects: affinity::Objects,
-}
+use elements::Contribution;
 
 /// (set, key) → the services contributing it, sorted by key, with their
-/// values; the first one's element is in the kernel.
-type Registry = HashMap<(Text, Text), Contributors>;
-type Contributors = Vec<(Text, Option<Text>)>;
+/// data; the first one's element is in the kernel.
+type Registry = HashMap<(Set, Words), Contributors>;
+type Contributors = Vec<(Text, Option<ElemData>)>;
 
-fn contribute(registry: &mut Registry, e: &Element, service: &Text) {
-    let list = registry.entry((e.set.clone(), e.key.clone())).or_default();
+fn contribute(registry: &mut Registry, e: &Elem, service: &Text) {
+    let list = registry.entry((e.set.clone(), e.key)).or_default();
     match list.binary_search_by(|(k, _)| k.cmp(service)) {
-        Ok(i) => list[i].1 = e.value.clone(),
-        Err(i) => list.insert(i, (service.clone(), e.value.clone())),
+        Ok(i) => list[i].1 = e.data.clone(),
+        Err(i) => list.insert(i, (service.clone(), e.data.clone())),
     }
 }
 
-fn withdraw(registry: &mut Registry, e: &Element, service: &Text) {
-    let id = (e.set.clone(), e.key.clone());
+fn withdraw(registry: &mut Registry, e: &Elem, service: &Text) {
+    let id = (e.set.clone(), e.key);
     if let Some(list) = registry.get_mut(&id) {
         list.retain(|(k, _)| k != service);
         if list.is_empty() {
@@ -121,9 +69,42 @@ fn withdraw(registry: &mut Registry, e: &Element, service: &Text) {
     }
 }
 
-/// The value in the kernel for (set, key): None if absent.
-fn effective(registry: &Registry, id: &(Text, Text)) -> Option<Option<Text>> {
+/// The data in the kernel for (set, key): None if absent.
+fn effective(registry: &Registry, id: &(Set, Words)) -> Option<Option<ElemData>> {
     registry.get(id).and_then(|l| l.first()).map(|(_, v)| v.clone())
+}
+
+/// Element operations, one batch per set.
+struct ElementOps {
+    family: IpFamily,
+    sets: BTreeMap<Set, ElementWriter>,
+}
+
+impl ElementOps {
+    fn new(family: IpFamily) -> ElementOps {
+        ElementOps { family, sets: BTreeMap::new() }
+    }
+
+    fn push(&mut self, set: &Set, key: &Words, data: Option<&ElemData>) {
+        let family = self.family;
+        let w = self.sets.entry(set.clone()).or_insert_with(|| ElementWriter::new(family, set.to_ref()));
+        w.words(key.as_slice());
+        match data {
+            Some(ElemData::Endpoint(words)) => {
+                w.words(words.as_slice());
+            }
+            Some(ElemData::Verdict(kind, chain)) => {
+                w.verdict(*kind, chain.as_deref());
+            }
+            None => {}
+        }
+    }
+
+    fn finish(self, delete: bool) -> impl Iterator<Item = Op> {
+        self.sets
+            .into_values()
+            .map(move |w| if delete { Op::DeleteElements(w.finish()) } else { Op::AddElements(w.finish()) })
+    }
 }
 
 /// The nftables rule generator for one IP family.
@@ -131,7 +112,6 @@ fn effective(registry: &Registry, id: &(Text, Text)) -> Option<Option<Text>> {
 pub struct NftablesProxier {
     settings: Settings,
     node: Node,
-    cluster: Cluster,
     services: ServiceSet,
     /// Each service's contribution at the last render.
     contributed: BTreeMap<String, Contribution>,
@@ -140,23 +120,18 @@ pub struct NftablesProxier {
     registry: Registry,
     /// Endpoint maps the kernel has.
     counts: BTreeSet<CountMap>,
-    /// Node or cluster facts changed: the next render is full.
+    /// Node facts changed: the next render is full.
     layout_changed: bool,
     names: Names,
 }
 
 impl NftablesProxier {
-    fn fam(&self) -> Fam {
-        Fam(self.settings.family)
-    }
-
-    fn full(&mut self) -> String {
-        let fam = self.fam();
+    fn full(&mut self) -> Transaction {
         self.contributed.clear();
         self.registry.clear();
-        let ctx = elements::Context { settings: &self.settings, node: &self.node, names: &self.names };
+        let ctx = elements::Context { settings: &self.settings, node: &self.node };
         for (key, svc) in self.services.iter() {
-            let c = elements::contribution(&ctx, svc);
+            let c = elements::contribution(&ctx, svc, &self.names);
             let service: Text = Arc::from(key.as_str());
             for e in &c.elements {
                 contribute(&mut self.registry, e, &service);
@@ -165,53 +140,51 @@ impl NftablesProxier {
         }
         self.counts = self.contributed.values().flat_map(|c| c.counts.iter().copied()).collect();
 
-        let mut out = Vec::new();
-        out.push(format!("{} {{ comment \"rules for kube-proxy\" ; }}", fam.cmd("add", "table")));
-        out.push(fam.cmd("flush", "table"));
-        let layout = layout::Layout { fam, settings: &self.settings, cluster: &self.cluster };
-        out.extend(layout.declarations());
+        let mut out = Transaction::default();
+        out.ops.extend(layout::declarations());
         for &map in &self.counts {
-            out.push(elements::count_map_declaration(fam, map));
+            out.push(Op::AddSet(elements::count_map_declaration(map)));
         }
         for c in self.contributed.values() {
-            out.extend(c.objects.declarations(fam));
+            out.ops.extend(c.objects.declarations());
         }
-        out.extend(layout.rules());
+        out.ops.extend(layout::rules(&self.settings));
         for &map in &self.counts {
-            out.push(elements::count_rule(fam, map));
+            out.push(Op::AddRule(elements::count_rule(map)));
         }
         for c in self.contributed.values() {
-            out.extend(c.objects.rules.iter().cloned());
+            out.ops.extend(c.objects.rules.iter().cloned().map(Op::AddRule));
+            out.ops.extend(c.objects.elements.iter().cloned().map(Op::AddElements));
         }
         // Every element once, from its first contributor, in service order.
-        let mut writer = ElementWriter::new(fam, "add");
+        let mut adds = ElementOps::new(self.settings.family);
         for (key, c) in &self.contributed {
             for e in &c.elements {
-                let first = self.registry.get(&(e.set.clone(), e.key.clone())).and_then(|l| l.first());
+                let first = self.registry.get(&(e.set.clone(), e.key)).and_then(|l| l.first());
                 if first.is_some_and(|(k, _)| &**k == key.as_str()) {
-                    writer.push(e);
+                    adds.push(&e.set, &e.key, e.data.as_ref());
                 }
             }
         }
-        out.extend(writer.finish());
-        out.extend(layout.static_elements(&self.names));
-        join(out)
+        out.ops.extend(adds.finish(false));
+        out
     }
 
-    fn partial(&mut self) -> String {
-        let fam = self.fam();
-        let ctx = elements::Context { settings: &self.settings, node: &self.node, names: &self.names };
-        let mut touched: BTreeSet<(Text, Text)> = BTreeSet::new();
-        let mut before: BTreeMap<(Text, Text), Option<Option<Text>>> = BTreeMap::new();
+    fn partial(&mut self) -> Transaction {
+        let family = self.settings.family;
+        let ctx = elements::Context { settings: &self.settings, node: &self.node };
+        let mut touched: BTreeSet<(Set, Words)> = BTreeSet::new();
+        let mut before: BTreeMap<(Set, Words), Option<Option<ElemData>>> = BTreeMap::new();
         let mut flushes = Vec::new();
         let mut stale_objects = Vec::new();
         let mut new_objects = Vec::new();
         for key in self.services.take_changed() {
             let service: Text = Arc::from(key.as_str());
             let old = self.contributed.remove(&key).unwrap_or_default();
-            let new = self.services.get(&key).map(|svc| elements::contribution(&ctx, svc)).unwrap_or_default();
+            let new =
+                self.services.get(&key).map(|svc| elements::contribution(&ctx, svc, &self.names)).unwrap_or_default();
             for e in old.elements.iter().chain(&new.elements) {
-                let id = (e.set.clone(), e.key.clone());
+                let id = (e.set.clone(), e.key);
                 if touched.insert(id.clone()) {
                     before.insert(id.clone(), effective(&self.registry, &id));
                 }
@@ -223,118 +196,53 @@ impl NftablesProxier {
                 contribute(&mut self.registry, e, &service);
             }
             if old.objects != new.objects {
-                flushes.extend(old.objects.flushes(fam));
-                stale_objects.extend(old.objects.stale_against(&new.objects, fam));
+                flushes.extend(old.objects.flushes());
+                stale_objects.extend(old.objects.stale_against(&new.objects));
                 new_objects.push(new.objects.clone());
             }
             if self.services.contains(&key) {
                 self.contributed.insert(key, new);
             }
         }
-        let mut deletes = Vec::new();
-        let mut adds = Vec::new();
+        let mut deletes = ElementOps::new(family);
+        let mut adds = ElementOps::new(family);
         for id in touched {
             let old = before.remove(&id).flatten();
             let new = effective(&self.registry, &id);
             if old == new {
                 continue;
             }
-            if let Some(v) = old {
-                deletes.push(Element { set: id.0.clone(), key: id.1.clone(), value: v });
+            if old.is_some() {
+                deletes.push(&id.0, &id.1, None);
             }
-            if let Some(v) = new {
-                adds.push(Element { set: id.0, key: id.1, value: v });
+            if let Some(data) = new {
+                adds.push(&id.0, &id.1, data.as_ref());
             }
         }
-        let mut out = vec![format!("{} {{ comment \"rules for kube-proxy\" ; }}", fam.cmd("add", "table"))];
+        let mut out = Transaction::default();
         // Deletes first: an element must go before the chain it names.
-        out.extend(element_commands(fam, "delete", &deletes));
-        out.extend(flushes);
-        out.extend(stale_objects);
+        out.ops.extend(deletes.finish(true));
+        out.ops.extend(flushes);
+        out.ops.extend(stale_objects);
         let needed: BTreeSet<CountMap> = self.contributed.values().flat_map(|c| c.counts.iter().copied()).collect();
         let new_counts: Vec<CountMap> = needed.difference(&self.counts).copied().collect();
         for &map in &new_counts {
-            out.push(elements::count_map_declaration(fam, map));
+            out.push(Op::AddSet(elements::count_map_declaration(map)));
         }
         for objects in &new_objects {
-            out.extend(objects.declarations(fam));
+            out.ops.extend(objects.declarations());
         }
         for &map in &new_counts {
-            out.push(elements::count_rule(fam, map));
+            out.push(Op::AddRule(elements::count_rule(map)));
         }
         for objects in &new_objects {
-            out.extend(objects.rules.iter().cloned());
+            out.ops.extend(objects.rules.iter().cloned().map(Op::AddRule));
+            out.ops.extend(objects.elements.iter().cloned().map(Op::AddElements));
         }
         self.counts.extend(new_counts);
-        out.extend(element_commands(fam, "add", &adds));
-        join(out)
+        out.ops.extend(adds.finish(false));
+        out
     }
-}
-
-fn join(lines: Vec<String>) -> String {
-    let mut out = String::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
-    for l in lines {
-        out.push_str(&l);
-        out.push('\n');
-    }
-    out
-}
-
-/// Writes `add|delete element <fam> kube-proxy <set> { e, e, ... }`
-/// commands, batched per set, straight into their text.
-pub struct ElementWriter {
-    prefix: String,
-    delete: bool,
-    open: BTreeMap<Text, (String, usize)>,
-    done: Vec<String>,
-}
-
-impl ElementWriter {
-    pub fn new(fam: Fam, verb: &str) -> ElementWriter {
-        ElementWriter {
-            prefix: fam.cmd(verb, "element"),
-            delete: verb == "delete",
-            open: BTreeMap::new(),
-            done: Vec::new(),
-        }
-    }
-
-    pub fn push(&mut self, e: &Element) {
-        let (body, n) = self.open.entry(e.set.clone()).or_default();
-        if *n > 0 {
-            body.push_str(", ");
-        }
-        body.push_str(&e.key);
-        // Deletes name keys only.
-        if let (false, Some(value)) = (self.delete, &e.value) {
-            body.push_str(" : ");
-            body.push_str(value);
-        }
-        *n += 1;
-        if *n == ELEMENTS_PER_COMMAND {
-            self.done.push(format!("{} {} {{ {body} }}", self.prefix, e.set));
-            body.clear();
-            *n = 0;
-        }
-    }
-
-    pub fn finish(mut self) -> Vec<String> {
-        for (set, (body, n)) in std::mem::take(&mut self.open) {
-            if n > 0 {
-                self.done.push(format!("{} {set} {{ {body} }}", self.prefix));
-            }
-        }
-        self.done
-    }
-}
-
-/// The commands for a list of elements.
-pub fn element_commands(fam: Fam, verb: &str, elements: &[Element]) -> Vec<String> {
-    let mut writer = ElementWriter::new(fam, verb);
-    for e in elements {
-        writer.push(e);
-    }
-    writer.finish()
 }
 
 impl Backend for NftablesProxier {
@@ -342,7 +250,6 @@ impl Backend for NftablesProxier {
         NftablesProxier {
             settings,
             node: Node::default(),
-            cluster: Cluster::default(),
             services: ServiceSet::default(),
             contributed: BTreeMap::new(),
             registry: HashMap::new(),
@@ -352,9 +259,8 @@ impl Backend for NftablesProxier {
         }
     }
 
-    fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>) {
+    fn reset(&mut self, node: Node, _cluster: Cluster, services: Vec<ServicePort>) {
         self.node = node;
-        self.cluster = cluster;
         self.services.replace(services);
         self.layout_changed = true;
     }
@@ -368,23 +274,21 @@ impl Backend for NftablesProxier {
                     self.node = node;
                     self.layout_changed = true;
                 }
-                Change::Cluster(cluster) => {
-                    self.cluster = cluster;
-                    self.layout_changed = true;
-                }
+                // ServiceCIDRs are the host's (its cluster-ips-check chain).
+                Change::Cluster(_) => {}
             }
         }
     }
 
-    fn render(&mut self, full: bool) -> Result<Ruleset, String> {
-        let text = if full || self.layout_changed {
+    fn render(&mut self, full: bool) -> Result<AnyRuleset, String> {
+        let tx = if full || self.layout_changed {
             self.layout_changed = false;
             self.services.take_changed();
             self.full()
         } else {
             self.partial()
         };
-        Ok(Ruleset::Nftables(text))
+        Ok(AnyRuleset::Nftables(tx))
     }
 }
 

@@ -1,25 +1,38 @@
-//! The packet tracer: where can a packet go through a ruleset? It reads an
-//! iptables ruleset (a plugin's payload, or the kernel's `iptables-save`),
-//! walks the chains a packet meets, and says which endpoints it can reach
-//! (every `statistic` branch is followed), or whether it is dropped,
-//! rejected or accepted untouched, and whether it is masqueraded.
-//!
-//! Like upstream's test tracer it recognises the rule shapes kube-proxy
-//! writes and fails loudly on others; rules that depend on history
-//! (`recent --rcheck`) never match.
+//! The packet tracer: where can a packet go through typed rules? It walks
+//! the chains a packet meets — the host's frame and a plugin's rules, or
+//! what the kernel gives back read as typed rules — and says which
+//! endpoints it can reach (every random and hash branch is followed), or
+//! whether it is dropped, rejected or accepted untouched, and whether it is
+//! masqueraded. Rules that depend on history (`recent --rcheck`, affinity
+//! sets) never match.
 
-mod iptables;
+pub mod iptables;
 pub mod nftables;
-mod parse;
-
-pub use iptables::trace_iptables;
-pub use parse::{ParsedRuleset, TraceError, parse_ruleset};
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 
 use crate::model::{Protocol, join_host_port};
+
+/// A ruleset the tracer cannot walk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceError {
+    pub chain: String,
+    pub reason: String,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "chain {}: {}", self.chain, self.reason)
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+fn err(chain: &str, reason: impl Into<String>) -> TraceError {
+    TraceError { chain: chain.to_string(), reason: reason.into() }
+}
 
 /// The packet to trace: the first packet of a new connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +75,7 @@ pub enum Ending {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Verdict {
     pub endings: BTreeSet<Ending>,
-    /// Masqueraded on every path that reaches an endpoint or is accepted.
+    /// Masqueraded on some path that reaches an endpoint or is accepted.
     pub masquerade: bool,
 }
 
@@ -84,13 +97,14 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// One rule a packet met on its way, for explanations.
+/// One rule a packet met on its way: where it is (its position in its
+/// chain, from 0), for explanations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
+    /// "nat", "filter" (iptables) or "kube-proxy" (nftables).
     pub table: String,
     pub chain: String,
-    pub line: usize,
-    pub text: String,
+    pub index: usize,
 }
 
 /// The verdict, and for each possible ending whether it was masqueraded
@@ -120,6 +134,17 @@ struct Flow {
     path: Vec<Step>,
 }
 
+impl Flow {
+    fn new() -> Flow {
+        Flow { dnat: None, mark: 0, masquerade: false, path: Vec::new() }
+    }
+
+    /// The destination after any DNAT.
+    fn dst(&self, packet: &Packet) -> (IpAddr, u16) {
+        self.dnat.unwrap_or((packet.dst, packet.dport))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exit {
     /// Fell off the chain's end, or RETURN.
@@ -139,3 +164,15 @@ fn ending(exit: Exit, flow: &Flow) -> Ending {
         },
     }
 }
+
+/// Whether an interface name matches a name or prefix.
+fn interface_matches(packet: &Packet, name: &str, prefix: bool) -> bool {
+    match &packet.in_interface {
+        Some(iface) if prefix => iface.starts_with(name),
+        Some(iface) => iface == name,
+        None => false,
+    }
+}
+
+/// How deep jumps may nest before the tracer calls it a loop.
+const MAX_DEPTH: usize = 32;

@@ -221,7 +221,10 @@ macro_rules! wit_conversions {
                         model::IpFamily::V4 => wit::IpFamily::Ipv4,
                         model::IpFamily::V6 => wit::IpFamily::Ipv6,
                     },
-                    mode: s.mode.clone(),
+                    mode: match s.mode {
+                        model::ProxyMode::Iptables => wit::ProxyMode::Iptables,
+                        model::ProxyMode::Nftables => wit::ProxyMode::Nftables,
+                    },
                     local_traffic: match &s.local_traffic {
                         model::LocalTraffic::None => wit::LocalTraffic::None,
                         model::LocalTraffic::Cidrs(c) => wit::LocalTraffic::Cidrs(c.iter().map(to_wit_cidr).collect()),
@@ -247,7 +250,10 @@ macro_rules! wit_conversions {
                         wit::IpFamily::Ipv4 => model::IpFamily::V4,
                         wit::IpFamily::Ipv6 => model::IpFamily::V6,
                     },
-                    mode: s.mode,
+                    mode: match s.mode {
+                        wit::ProxyMode::Iptables => model::ProxyMode::Iptables,
+                        wit::ProxyMode::Nftables => model::ProxyMode::Nftables,
+                    },
                     local_traffic: match s.local_traffic {
                         wit::LocalTraffic::None => model::LocalTraffic::None,
                         wit::LocalTraffic::Cidrs(c) => model::LocalTraffic::Cidrs(c.iter().map(from_wit_cidr).collect()),
@@ -290,20 +296,6 @@ macro_rules! wit_conversions {
                     wit::Change::Remove(k) => model::Change::Remove(k),
                     wit::Change::Node(n) => model::Change::Node(from_wit_node(n)),
                     wit::Change::Cluster(c) => model::Change::Cluster(from_wit_cluster(c)),
-                }
-            }
-
-            pub fn to_wit_ruleset(r: model::Ruleset) -> wit::Ruleset {
-                match r {
-                    model::Ruleset::Iptables(t) => wit::Ruleset::Iptables(t),
-                    model::Ruleset::Nftables(t) => wit::Ruleset::Nftables(t),
-                }
-            }
-
-            pub fn from_wit_ruleset(r: wit::Ruleset) -> model::Ruleset {
-                match r {
-                    wit::Ruleset::Iptables(t) => model::Ruleset::Iptables(t),
-                    wit::Ruleset::Nftables(t) => model::Ruleset::Nftables(t),
                 }
             }
         }

@@ -8,6 +8,12 @@
 //! kpx_sdk::export_backend!(MyBackend);
 //! ```
 //!
+//! `render` returns typed rules ([`ops`]): iptables rules as records, or an
+//! nftables transaction of chains, sets, maps, rules and elements. The host
+//! checks them against the state and writes the kernel syntax itself; a
+//! plugin cannot express anything outside kube-proxy's objects (see
+//! docs/SECURITY.md).
+//!
 //! Build the crate for `wasm32-unknown-unknown` with the toolchain's
 //! `wasm-component-ld` as linker; the result imports nothing but
 //! `kpx:proxier/log`. The export macro also embeds the contract version the
@@ -15,17 +21,20 @@
 //!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|
-//! | 0.1.x   | 0.1.0       | kpx 0.1.x        |
+//! | 0.1.x   | 0.2.0 (development) | kpx 0.1.x built from the same tree |
+
+mod convert;
 
 use std::cell::RefCell;
 
 pub use kpx_rules::model::{
-    Backend, Change, Cidr, Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, Ruleset, ServicePort,
-    Settings, TrafficPolicy,
+    Backend, Change, Cidr, Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode,
+    ServicePort, Settings, TrafficPolicy,
 };
+pub use kpx_rules::ops;
 
 /// The contract version this SDK builds plugins against.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// The custom section content: [`CONTRACT_VERSION`] as bytes.
 #[doc(hidden)]
@@ -43,7 +52,7 @@ pub const fn contract_version_bytes() -> [u8; CONTRACT_VERSION.len()] {
 #[doc(hidden)]
 pub mod __bindings {
     wit_bindgen::generate!({
-        path: "../wit/since_v0.1.0",
+        path: "../wit/since_v0.2.0",
         world: "backend-plugin",
         pub_export_macro: true,
         export_macro_name: "__export_backend_plugin",
@@ -105,8 +114,9 @@ impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProx
         self.0.borrow_mut().apply(changes);
     }
 
-    fn render(&self, full: bool) -> Result<__bindings::kpx::proxier::types::Ruleset, String> {
-        self.0.borrow_mut().render(full).map(wit_convert::to_wit_ruleset)
+    fn render(&self, full: bool) -> Result<__bindings::exports::kpx::proxier::backend::Ruleset, String> {
+        let ruleset = self.0.borrow_mut().render(full)?;
+        convert::ruleset(ruleset)
     }
 }
 

@@ -5,8 +5,10 @@
 //! check where each flow ends and whether it was masqueraded.
 //!
 //! ACCEPT to a node address is shown by a listener on the node answering;
-//! elsewhere DROP and ACCEPT both leave the client unanswered (the node's
-//! default route leads to a sink). SCTP flows run where the kernel has
+//! ACCEPT elsewhere by a listener behind the destination: the node's
+//! default route leads to a sink namespace that owns every such address and
+//! answers on its port, so a DROP (no answer) cannot pass for an ACCEPT
+//! (the sink's answer). SCTP flows run where the kernel has
 //! SCTP; they, and packets to 127.0.0.1 from another host, are otherwise
 //! traced only, with the reason printed.
 
@@ -28,6 +30,8 @@ const TIMEOUT: Duration = Duration::from_millis(700);
 const REJECT_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The name the node's own listeners answer with.
 const NODE_LISTENER: &str = "node";
+/// The name the listeners behind untouched destinations answer with.
+const SINK_LISTENER: &str = "sink";
 
 struct CaseLab {
     node: Ns,
@@ -77,15 +81,25 @@ fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
         }
         endpoints.insert(*ip, ns);
     }
-    // Listeners on the node for flows that should reach it untouched.
-    for flow in case.flows.iter().filter(|f| f.expected(mode) == "ACCEPT") {
+    // Listeners for flows that the rules leave untouched (ACCEPT) or drop:
+    // on the node for its own addresses, else in the sink, which owns the
+    // destination. A dropped packet never reaches either.
+    let mut behind = BTreeSet::new();
+    for flow in case.flows.iter().filter(|f| matches!(f.expected(mode), "ACCEPT" | "DROP")) {
         let (dst, port) = flow.destination();
+        if !behind.insert((dst, port)) {
+            continue;
+        }
+        let addr = SocketAddr::new(dst, port).to_string();
         if dst.is_loopback() || case.node.addresses.contains(&dst) {
-            let addr = SocketAddr::new(dst, port).to_string();
             if let Ok(server) = EchoServer::start(&node, NODE_LISTENER, &addr) {
                 servers.push(server);
             }
+            continue;
         }
+        let len = if dst.is_ipv4() { "32" } else { "128" };
+        let _ = sink.ip(&["addr", "add", &format!("{dst}/{len}"), "dev", "lo"]);
+        servers.push(EchoServer::start(&sink, SINK_LISTENER, &addr)?);
     }
     let mut clients = BTreeMap::new();
     for flow in &case.flows {
@@ -151,9 +165,13 @@ fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow, mode: &str) -> Result<Str
             Reply::Answer { server, .. } if server == NODE_LISTENER => Ok("reached the node".into()),
             other => Err(format!("want the node's own listener, got {other:?}")),
         },
-        "DROP" | "ACCEPT" => match send() {
-            Reply::Timeout | Reply::Error(_) => Ok("unanswered".into()),
-            other => Err(format!("want no answer, got {other:?}")),
+        "ACCEPT" => match send() {
+            Reply::Answer { server, .. } if server == SINK_LISTENER => Ok("reached the destination untouched".into()),
+            other => Err(format!("want the listener behind the destination, got {other:?}")),
+        },
+        "DROP" => match send() {
+            Reply::Timeout => Ok("dropped".into()),
+            other => Err(format!("want no answer (dropped), got {other:?}")),
         },
         _ => {
             let mut seen = BTreeSet::new();
@@ -201,6 +219,25 @@ fn iptables_mode_passes_every_case_in_the_kernel() {
 #[test]
 fn nftables_mode_passes_every_case_in_the_kernel() {
     run("nftables");
+}
+
+/// The runner itself: with no rules at all, a flow that must be dropped is
+/// answered (by the listener behind it) and so fails, and an ACCEPT passes.
+#[test]
+fn the_kernel_runner_tells_drop_from_accept() {
+    if let Err(kpx_netlab::Error::Unavailable(why)) = Lab::new() {
+        eprintln!("SKIPPED the_kernel_runner_tells_drop_from_accept: {why}");
+        return;
+    }
+    let case = Case::load_all().into_iter().find(|c| c.label().starts_with("23-")).expect("the ServiceCIDR case");
+    let lab = build(&case, "nftables").unwrap();
+    let drop = case.flows.iter().find(|f| f.expected("nftables") == "DROP").expect("a DROP flow");
+    let err = check_flow(&case, &lab, drop, "nftables").unwrap_err();
+    assert!(err.contains("answer") || err.contains("sink"), "{err}");
+    let mut accepted = drop.clone();
+    accepted.expect = "ACCEPT".into();
+    accepted.expect_nftables = None;
+    check_flow(&case, &lab, &accepted, "nftables").unwrap();
 }
 
 fn run(mode: &str) {

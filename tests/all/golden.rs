@@ -1,15 +1,19 @@
 //! Golden tests: manifests under tests/golden/iptables/<case>.yaml go
-//! through the state and the real (WASM) iptables plugin; the full render
-//! for each family must equal <case>.rules. `KPX_BLESS=1` rewrites them.
+//! through the state, the real (WASM) iptables plugin, the host's
+//! confinement check and renderer; the payload for each family must equal
+//! <case>.rules (a change detector: upstream's own lines are checked in
+//! host/src/kernel/iptables/tests.rs). `KPX_BLESS=1` rewrites them.
 
 use std::path::Path;
 
+use kpx::kernel::iptables::{dialect, frame::frame, render::payload};
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
 use kpx::source::manifests::parse_documents;
 use kpx::state::State;
-use kpx::validate::{Context, check_iptables};
-use kpx_rules::model::{Cidr, IpFamily, LocalTraffic, Settings};
+use kpx::validate::Scope;
+use kpx_rules::model::{Cidr, IpFamily, LocalTraffic, ProxyMode, Settings};
+use kpx_rules::ops::Ruleset;
 
 fn render_case(yaml: &str) -> String {
     let (objects, errors) = parse_documents(yaml);
@@ -23,18 +27,25 @@ fn render_case(yaml: &str) -> String {
     let plugin = runtime.load_backend("iptables", builtin::get("iptables").unwrap()).unwrap();
     let mut out = String::new();
     for (family, cidr) in [(IpFamily::V4, "10.244.0.0/16"), (IpFamily::V6, "fd00:10:244::/56")] {
-        let mut settings = Settings::new(family, "iptables");
+        let mut settings = Settings::new(family, ProxyMode::Iptables);
         settings.local_traffic = LocalTraffic::Cidrs(vec![cidr.parse::<Cidr>().unwrap()]);
         let ports: Vec<_> = state.service_names().flat_map(|n| state.service_ports(family, n)).collect();
         let mut instance = plugin.instantiate(&settings).unwrap();
         instance.reset(&state.node(family), &state.cluster(family), &ports).unwrap();
-        let text = instance.render(true, 0).unwrap().text().to_string();
-        let ctx = Context {
-            plugin: "iptables".into(),
-            endpoints: ports.iter().flat_map(|p| p.endpoints.iter().map(|e| (e.ip, e.port))).collect(),
-            existing_chains: Default::default(),
+        let Ruleset::Iptables(rs) = instance.render(true, 0).unwrap() else { panic!("not iptables") };
+        let mut scope = Scope::default();
+        for p in &ports {
+            scope.count(family, p, true);
+        }
+        let ctx = kpx::validate::iptables::Context {
+            plugin: "iptables",
+            dialect: dialect(&settings),
+            scope: &scope,
+            model: &Default::default(),
+            full: true,
         };
-        check_iptables(&text, &ctx).unwrap_or_else(|e| panic!("golden output fails validation: {e}"));
+        kpx::validate::iptables::check(&ctx, &rs).unwrap_or_else(|e| panic!("golden output fails validation: {e}"));
+        let text = payload(&frame(&settings), &rs, &[], dialect(&settings));
         out.push_str(&format!("# {family}\n{text}"));
     }
     out

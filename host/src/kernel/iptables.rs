@@ -1,17 +1,55 @@
-//! iptables: one `iptables-restore --noflush` per sync, the fixed jumps
-//! from built-in chains kept in place, and the kernel's KUBE- chains read
-//! back for validation and cleanup.
+//! iptables mode's kernel side: the host's frame around the plugin's typed
+//! rules, rendered as one `iptables-restore --noflush` payload per sync,
+//! the jumps from built-in chains kept in place, and the kernel's chains
+//! read back (iptables-save) to find stale ones.
 
-use std::collections::{BTreeMap, BTreeSet};
+pub mod frame;
+pub mod parse;
+pub mod render;
+#[cfg(test)]
+mod tests;
 
-use kpx_rules::iptables::{FILTER_CHAINS, JUMPS, Jump, LOCALNET_JUMPS, NAT_CHAINS, SERVICE_CHAIN_PREFIXES};
-use kpx_rules::model::IpFamily;
+use std::collections::BTreeSet;
 
-use super::{Error, Exec, Result};
+use kpx_rules::model::{IpFamily, Settings};
+use kpx_rules::ops::iptables::{HOST_CHAINS, Rule, Ruleset, Table, own_chain_name_problem};
+
+use super::{Cause, Exec, Result, SyncError, Written};
+use crate::validate::iptables::{Checked, Context, Model, check};
+use crate::validate::{Rejected, Scope};
+use parse::{Dump, parse_dump};
+use render::{Dialect, payload, rule_args};
 
 /// upstream's wait flags: wait 5 s for the xtables lock, polling every 100 ms.
 const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
 
+/// Longest line kpx writes: iptables-restore reads lines into a 10,240-byte
+/// buffer, and the rest of a longer line would become a line of its own.
+pub const MAX_LINE: usize = 8192;
+
+pub fn dialect(settings: &Settings) -> Dialect {
+    Dialect { family: settings.family, masquerade_mark: settings.masquerade_mark() }
+}
+
+/// What the kernel would hold after a sync writes `ruleset`: the frame and
+/// the plugin's rules rendered and read back as iptables-save gives them,
+/// with the jumps from built-in chains where `iptables -I` leaves them
+/// (the last inserted first). The tracer's input for conformance tests.
+pub fn trace_tables(
+    settings: &Settings,
+    ruleset: &Ruleset,
+) -> std::result::Result<kpx_rules::trace::iptables::Tables, String> {
+    let d = dialect(settings);
+    let frame = frame::frame(settings);
+    let dump = parse_dump(&payload(&frame, ruleset, &[], d), d);
+    let mut tables = crate::trace::iptables_tables(&dump, d).map_err(|e| e.to_string())?;
+    for jump in &frame.jumps {
+        tables.insert_first(jump.clone());
+    }
+    Ok(tables)
+}
+
+/// The iptables tools of one family.
 pub struct IptablesKernel {
     family: IpFamily,
     exec: Box<dyn Exec>,
@@ -36,24 +74,24 @@ impl IptablesKernel {
 
     /// Creates the top-level chains and the jumps to them from the built-in
     /// chains (upstream's `iptablesJumpChains`), where missing.
-    pub fn ensure_jumps(&self, jumps: &[Jump]) -> Result<()> {
+    pub fn ensure_jumps(&self, jumps: &[Rule], d: Dialect) -> Result<()> {
         let iptables = self.tool("iptables");
         let mut created = BTreeSet::new();
         for jump in jumps {
-            if created.insert((jump.table, jump.to)) {
-                match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", jump.table, "-N", jump.to], None) {
+            let kpx_rules::ops::iptables::Target::HostJump(to) = &jump.target else { continue };
+            if created.insert((jump.table, to.clone())) {
+                match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", jump.table.name(), "-N", to], None) {
                     Ok(_) => {}
-                    Err(Error::Failed { stderr, .. }) if stderr.contains("exists") => {}
+                    Err(e) if e.cause() == Cause::Exists => {}
                     Err(e) => return Err(e),
                 }
             }
-            let mut rule: Vec<&str> = Vec::with_capacity(jump.matches.len() + 8);
-            rule.extend([WAIT[0], WAIT[1], "-t", jump.table, "-C", jump.from]);
-            rule.extend(jump.matches);
-            rule.extend(["-j", jump.to]);
-            if self.exec.run(&iptables, &rule, None).is_err() {
-                rule[4] = "-I";
-                self.exec.run(&iptables, &rule, None)?;
+            let spec = rule_args(jump, d);
+            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-C", &jump.chain];
+            args.extend(spec.iter().map(String::as_str));
+            if self.exec.run(&iptables, &args, None).is_err() {
+                args[4] = "-I";
+                self.exec.run(&iptables, &args, None)?;
             }
         }
         Ok(())
@@ -64,44 +102,43 @@ impl IptablesKernel {
     /// Chains of other software are left alone. Returns the chains removed.
     pub fn cleanup(&self) -> Result<usize> {
         let iptables = self.tool("iptables");
-        for jump in JUMPS.iter().chain(LOCALNET_JUMPS) {
-            let mut rule: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table, "-D", jump.from];
-            rule.extend(jump.matches);
-            rule.extend(["-j", jump.to]);
+        let d = Dialect { family: self.family, masquerade_mark: 1 << 14 };
+        for jump in frame::all_jumps() {
+            let spec = rule_args(&jump, d);
+            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-D", &jump.chain];
+            args.extend(spec.iter().map(String::as_str));
             // Delete every copy; stop at the first "no such rule".
             for _ in 0..16 {
-                if self.exec.run(&iptables, &rule, None).is_err() {
+                if self.exec.run(&iptables, &args, None).is_err() {
                     break;
                 }
             }
         }
-        let ours = |table: &str, chain: &str| {
-            SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
-                || chain == "KUBE-FIREWALL"
-                || match table {
-                    "nat" => NAT_CHAINS.contains(&chain),
-                    _ => FILTER_CHAINS.contains(&chain),
-                }
+        let dump = self.dump(d)?;
+        let ours = |table: Table, chain: &str| {
+            own_chain_name_problem(chain).is_none()
+                || chain == kpx_rules::ops::iptables::FIREWALL_CHAIN
+                || HOST_CHAINS.contains(&(table, chain))
         };
-        let mut payload = String::new();
         let mut removed = 0;
-        for (table, chains) in self.kube_chains()? {
-            let mine: Vec<&String> = chains.iter().filter(|c| ours(&table, c)).collect();
+        let mut text = String::new();
+        for table in Table::ALL {
+            let mine: Vec<&String> = dump.chains(table).filter(|c| ours(table, c)).collect();
             if mine.is_empty() {
                 continue;
             }
             removed += mine.len();
-            payload.push_str(&format!("*{table}\n"));
+            text.push_str(&format!("*{}\n", table.name()));
             for chain in &mine {
-                payload.push_str(&format!(":{chain} - [0:0]\n"));
+                text.push_str(&format!(":{chain} - [0:0]\n"));
             }
             for chain in &mine {
-                payload.push_str(&format!("-X {chain}\n"));
+                text.push_str(&format!("-X {chain}\n"));
             }
-            payload.push_str("COMMIT\n");
+            text.push_str("COMMIT\n");
         }
-        if !payload.is_empty() {
-            self.apply(&payload)?;
+        if !text.is_empty() {
+            self.apply(&text)?;
         }
         Ok(removed)
     }
@@ -114,122 +151,75 @@ impl IptablesKernel {
         Ok(())
     }
 
-    /// The KUBE- chains the kernel holds, by table.
-    pub fn kube_chains(&self) -> Result<BTreeMap<String, BTreeSet<String>>> {
-        let mut out = BTreeMap::new();
-        for table in ["filter", "nat"] {
-            let dump = self.exec.run(&self.tool("iptables-save"), &["-t", table], None)?;
-            let chains = dump
-                .lines()
-                .filter_map(|l| l.strip_prefix(':'))
-                .filter_map(|l| l.split_whitespace().next())
-                .filter(|c| c.starts_with("KUBE-"))
-                .map(str::to_string)
-                .collect();
-            out.insert(table.to_string(), chains);
+    /// The nat and filter tables as iptables-save prints them.
+    pub fn save(&self) -> Result<String> {
+        let mut out = String::new();
+        for table in Table::ALL {
+            out.push_str(&self.exec.run(&self.tool("iptables-save"), &["-t", table.name()], None)?);
         }
         Ok(out)
     }
-}
 
-/// Updates the known chains with what a written payload created and deleted.
-pub fn track_chains(chains: &mut BTreeMap<String, BTreeSet<String>>, payload: &str) {
-    let mut table = String::new();
-    for line in payload.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = name.to_string();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            let chain = decl.split_whitespace().next().unwrap_or_default();
-            chains.entry(table.clone()).or_default().insert(chain.to_string());
-        } else if let Some(chain) = line.strip_prefix("-X ") {
-            chains.entry(table.clone()).or_default().remove(chain.trim());
-        }
+    /// The kernel's rules, read back as typed rules.
+    pub fn dump(&self, d: Dialect) -> Result<Dump> {
+        Ok(parse_dump(&self.save()?, d))
     }
 }
 
-/// Adds flush-and-delete lines for per-service chains the kernel holds but
-/// `payload` no longer declares (left from an earlier instance or run).
-pub fn with_stale_chains_removed(payload: &str, kernel: &BTreeMap<String, BTreeSet<String>>) -> String {
-    let mut out = String::with_capacity(payload.len() + 256);
-    let mut table = String::new();
-    let mut declared = BTreeSet::new();
-    for line in payload.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = name.to_string();
-            declared.clear();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            declared.insert(decl.split_whitespace().next().unwrap_or("").to_string());
-        } else if line == "COMMIT" {
-            let stale: Vec<&String> = kernel
-                .get(&table)
-                .into_iter()
-                .flatten()
-                .filter(|c| SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p)) && !declared.contains(*c))
-                .collect();
-            for chain in &stale {
-                out.push_str(&format!(":{chain} - [0:0]\n"));
-            }
-            for chain in &stale {
-                out.push_str(&format!("-X {chain}\n"));
-            }
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
+/// iptables mode for one family: checks, renders and writes each sync,
+/// and remembers what it wrote.
+pub struct IptablesDataplane {
+    kernel: IptablesKernel,
+    model: Model,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::{Arc, Mutex};
-
-    #[test]
-    fn tracks_created_and_deleted_chains() {
-        let mut chains = Default::default();
-        track_chains(
-            &mut chains,
-            "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-X KUBE-B\nCOMMIT\n*filter\n:KUBE-C - [0:0]\nCOMMIT\n",
-        );
-        assert_eq!(chains["nat"].iter().collect::<Vec<_>>(), ["KUBE-A"]);
-        assert_eq!(chains["filter"].iter().collect::<Vec<_>>(), ["KUBE-C"]);
+impl IptablesDataplane {
+    pub fn new(kernel: IptablesKernel) -> IptablesDataplane {
+        IptablesDataplane { kernel, model: Model::default() }
     }
 
-    /// Records calls; `-C` checks fail, so every jump is inserted.
-    #[derive(Clone, Default)]
-    struct Recorder(Arc<Mutex<Vec<String>>>);
+    pub fn kernel(&self) -> &IptablesKernel {
+        &self.kernel
+    }
 
-    impl Exec for Recorder {
-        fn run(&self, program: &str, args: &[&str], _stdin: Option<&[u8]>) -> Result<String> {
-            self.0.lock().unwrap().push(format!("{program} {}", args.join(" ")));
-            if args.contains(&"-C") {
-                return Err(Error::Failed { program: program.into(), status: "1".into(), stderr: "no rule".into() });
-            }
-            Ok(":KUBE-SVC-STALE - [0:0]\n:KUBE-SERVICES - [0:0]\n:FOREIGN - [0:0]\n".into())
+    /// One sync: on a full one, the kernel's own chains are read back
+    /// first and every one the ruleset does not declare is deleted.
+    pub fn sync(
+        &mut self,
+        plugin: &str,
+        settings: &Settings,
+        ruleset: &Ruleset,
+        full: bool,
+        scope: &Scope,
+    ) -> Result<Written, SyncError> {
+        let d = dialect(settings);
+        if full {
+            let dump = self.kernel.dump(d)?;
+            let own = Table::ALL.into_iter().flat_map(|t| {
+                dump.chains(t)
+                    .filter(|c| own_chain_name_problem(c).is_none())
+                    .map(move |c| (t, c.clone()))
+                    .collect::<Vec<_>>()
+            });
+            self.model.reset(own);
         }
-    }
-
-    #[test]
-    fn ensures_each_jump_once_with_upstream_comments() {
-        let rec = Recorder::default();
-        IptablesKernel::new(IpFamily::V6, Box::new(rec.clone())).ensure_jumps(kpx_rules::iptables::JUMPS).unwrap();
-        let calls = rec.0.lock().unwrap();
-        assert!(calls.iter().all(|c| c.starts_with("ip6tables -w 5 ")));
-        assert!(
-            calls.contains(
-                &"ip6tables -w 5 -t nat -I PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES"
-                    .to_string()
-            )
-        );
-        assert_eq!(calls.iter().filter(|c| c.contains(" -N KUBE-SERVICES")).count(), 2, "nat and filter");
-    }
-
-    #[test]
-    fn stale_service_chains_are_flushed_and_deleted() {
-        let rec = Recorder::default();
-        let kernel = IptablesKernel::new(IpFamily::V4, Box::new(rec)).kube_chains().unwrap();
-        assert!(kernel["nat"].contains("KUBE-SVC-STALE") && !kernel["nat"].contains("FOREIGN"));
-        let out = with_stale_chains_removed("*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n", &kernel);
-        assert_eq!(out, "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-STALE - [0:0]\n-X KUBE-SVC-STALE\nCOMMIT\n");
+        let ctx = Context { plugin, dialect: d, scope, model: &self.model, full };
+        let checked: Checked = check(&ctx, ruleset)?;
+        let frame = frame::frame(settings);
+        let text = payload(&frame, ruleset, &checked.stale, d);
+        if let Some((n, line)) = text.lines().enumerate().find(|(_, l)| l.len() > MAX_LINE) {
+            return Err(SyncError::Rejected(Rejected {
+                plugin: plugin.to_string(),
+                at: format!("payload line {}", n + 1),
+                item: line.chars().take(200).collect(),
+                reason: format!("longer than {MAX_LINE} bytes"),
+            }));
+        }
+        if full {
+            self.kernel.ensure_jumps(&frame.jumps, d)?;
+        }
+        self.kernel.apply(&text)?;
+        self.model.commit(checked);
+        Ok(Written { bytes: text.len() })
     }
 }

@@ -1,102 +1,328 @@
-//! nftables: one `nft -f -` transaction per sync and family; the table's
-//! objects read back with `nft -j list table` (after a restart, for stale
-//! objects) and deleted with the table on --cleanup.
+//! nftables mode's kernel side: the host's frame and the plugin's typed
+//! transaction written as one nf_tables netlink batch per sync and family
+//! (no `nft` process), and the table read back over netlink. A full sync
+//! converges from whatever the table holds: every rule is flushed, every
+//! set emptied (or deleted, when declared otherwise), every chain and set
+//! nobody declares deleted, then everything written again, atomically.
 
-use std::collections::BTreeSet;
+pub mod decode;
+pub mod encode;
+pub mod frame;
+pub mod netlink;
+pub mod nla;
+pub mod sys;
 
-use kpx_rules::model::IpFamily;
-use kpx_rules::nftables::{Fam, TABLE};
+use std::collections::{BTreeMap, HashMap};
 
-use super::{Error, Exec, Result};
+use kpx_rules::model::{Cluster, IpFamily, Settings};
+use kpx_rules::ops::nftables::{
+    BaseChain, Element, Op, Rule, SetDecl, SetRef, TABLE, Transaction, decode_elements, decode_keys,
+};
 
-/// The chains, sets and maps of the kube-proxy table.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Objects {
-    pub chains: BTreeSet<String>,
-    pub sets: BTreeSet<String>,
-    pub maps: BTreeSet<String>,
-}
+use super::{Error, Result, SyncError, Written};
+use crate::validate::nftables::{Checked, Context, Model, check};
+use crate::validate::{Rejected, Scope};
+use decode::{ChainInfo, SetInfo, SetShape};
+use netlink::{Message, Netlink};
+use nla::Writer;
 
+/// The kube-proxy table of one family over netlink.
 pub struct NftablesKernel {
     family: IpFamily,
-    exec: Box<dyn Exec>,
+    netlink: Option<Netlink>,
+}
+
+/// The table as the kernel holds it (names and declarations).
+#[derive(Debug, Default, Clone)]
+pub struct TableObjects {
+    pub chains: Vec<ChainInfo>,
+    pub sets: Vec<SetInfo>,
 }
 
 impl NftablesKernel {
-    pub fn new(family: IpFamily, exec: Box<dyn Exec>) -> NftablesKernel {
-        NftablesKernel { family, exec }
+    pub fn new(family: IpFamily) -> NftablesKernel {
+        NftablesKernel { family, netlink: None }
     }
 
-    pub fn exec(&self) -> &dyn Exec {
-        self.exec.as_ref()
+    pub fn family(&self) -> IpFamily {
+        self.family
     }
 
-    /// Applies a transaction atomically.
-    pub fn apply(&self, payload: &str) -> Result<()> {
-        self.exec.run("nft", &["-f", "-"], Some(payload.as_bytes()))?;
-        Ok(())
-    }
-
-    /// The table's objects; empty when the table does not exist.
-    pub fn objects(&self) -> Result<Objects> {
-        let family = Fam(self.family).name();
-        match self.exec.run("nft", &["-j", "list", "table", family, TABLE], None) {
-            Ok(json) => Ok(parse_objects(&json)),
-            Err(Error::Failed { stderr, .. }) if stderr.contains("No such file") => Ok(Objects::default()),
-            Err(e) => Err(e),
+    fn socket(&mut self) -> Result<&mut Netlink> {
+        if self.netlink.is_none() {
+            self.netlink = Some(Netlink::open()?);
         }
+        Ok(self.netlink.as_mut().expect("opened"))
+    }
+
+    fn proto(&self) -> u8 {
+        encode::nfproto(self.family)
+    }
+
+    /// Applies messages as one atomic batch.
+    pub fn apply(&mut self, messages: &[Message]) -> Result<()> {
+        let family = self.proto();
+        let result = self.socket()?.transact(family, messages);
+        if let Err(netlink::Error::Socket(_)) = &result {
+            // A broken socket is opened again at the next sync.
+            self.netlink = None;
+        }
+        Ok(result?)
+    }
+
+    fn dump(&mut self, msg_type: u16, attrs: Writer) -> Result<Vec<Vec<u8>>> {
+        let family = self.proto();
+        Ok(self.socket()?.dump(msg_type, family, &attrs)?)
+    }
+
+    fn table_filter(kind: u16) -> Writer {
+        let mut w = Writer::new();
+        w.str(kind, TABLE);
+        w
+    }
+
+    /// The table's chains and sets; `None` when there is no table.
+    pub fn objects(&mut self) -> Result<Option<TableObjects>> {
+        fn unreadable(what: &'static str) -> impl Fn(String) -> Error {
+            move |reason| Error::Unreadable { what: what.to_string(), reason }
+        }
+        let tables = self.dump(sys::NFT_MSG_GETTABLE, Writer::new())?;
+        let exists = tables.iter().any(|t| {
+            nla::attrs(t)
+                .ok()
+                .and_then(|a| nla::find(&a, sys::NFTA_TABLE_NAME))
+                .and_then(|n| n.string().ok())
+                .as_deref()
+                == Some(TABLE)
+        });
+        if !exists {
+            return Ok(None);
+        }
+        let mut out = TableObjects::default();
+        for payload in self.dump(sys::NFT_MSG_GETCHAIN, Self::table_filter(sys::NFTA_CHAIN_TABLE))? {
+            if belongs(&payload, sys::NFTA_CHAIN_TABLE) {
+                out.chains.push(decode::chain(&payload).map_err(unreadable("a chain"))?);
+            }
+        }
+        for payload in self.dump(sys::NFT_MSG_GETSET, Self::table_filter(sys::NFTA_SET_TABLE))? {
+            if belongs(&payload, sys::NFTA_SET_TABLE) {
+                out.sets.push(decode::set(&payload).map_err(unreadable("a set"))?);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Every rule of the table, with its chain (`Err` for a rule kpx did not write).
+    pub fn rules(&mut self, masquerade_mark: u32) -> Result<Vec<(String, std::result::Result<Rule, String>)>> {
+        let family = self.family;
+        Ok(self
+            .dump(sys::NFT_MSG_GETRULE, Self::table_filter(sys::NFTA_RULE_TABLE))?
+            .iter()
+            .filter(|p| belongs(p, sys::NFTA_RULE_TABLE))
+            .map(|p| decode::rule(family, masquerade_mark, p))
+            .collect())
+    }
+
+    /// The elements of one set, read by its declaration.
+    pub fn elements(&mut self, decl: &SetDecl) -> Result<Vec<Element>> {
+        let mut w = Self::table_filter(sys::NFTA_SET_ELEM_LIST_TABLE);
+        w.str(sys::NFTA_SET_ELEM_LIST_SET, &decl.name);
+        let family = self.family;
+        let mut out = Vec::new();
+        for payload in self.dump(sys::NFT_MSG_GETSETELEM, w)? {
+            out.extend(
+                decode::elements(family, decl, &payload)
+                    .map_err(|reason| Error::Unreadable { what: format!("elements of {}", decl.name), reason })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// `--cleanup`: deletes the table; false when there was none.
+    pub fn delete_table(&mut self) -> Result<bool> {
+        if self.objects()?.is_none() {
+            return Ok(false);
+        }
+        self.apply(&[encode::delete_table()])?;
+        Ok(true)
     }
 }
 
-/// Chains, sets and maps named in `nft -j list table` output.
-pub fn parse_objects(json: &str) -> Objects {
-    let mut out = Objects::default();
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else { return out };
-    for item in value.get("nftables").and_then(|v| v.as_array()).into_iter().flatten() {
-        for (kind, into) in [("chain", &mut out.chains), ("set", &mut out.sets), ("map", &mut out.maps)] {
-            if let Some(name) = item.get(kind).and_then(|o| o.get("name")).and_then(|n| n.as_str()) {
-                into.insert(name.to_string());
+/// Whether a dumped object is of the kube-proxy table.
+fn belongs(payload: &[u8], table_attr: u16) -> bool {
+    nla::attrs(payload).ok().and_then(|a| nla::find(&a, table_attr)).and_then(|t| t.string().ok()).as_deref()
+        == Some(TABLE)
+}
+
+/// The messages of a transaction's operations (the frame's and the
+/// plugin's), elements read by the declarations known to this sync.
+pub fn messages(
+    family: IpFamily,
+    masquerade_mark: u32,
+    ops: &[Op],
+    decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
+) -> std::result::Result<Vec<Message>, String> {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut set_id = 0;
+    for op in ops {
+        match op {
+            Op::AddBaseChain(b) => out.push(encode::add_base_chain(b)),
+            Op::AddChain(c) => out.push(encode::add_chain(c)),
+            Op::FlushChain(c) => out.push(encode::flush_chain(c)),
+            Op::DeleteChain(c) => out.push(encode::delete_chain(c)),
+            Op::AddSet(d) => {
+                set_id += 1;
+                out.push(encode::add_set(family, d, set_id));
+            }
+            Op::FlushSet(s) => out.push(encode::flush_set(s)),
+            Op::DeleteSet(s) => out.push(encode::delete_set(s)),
+            Op::AddRule(r) => out.push(encode::add_rule(family, masquerade_mark, r)?),
+            Op::AddElements(e) | Op::DeleteElements(e) => {
+                let decl = decls(&e.set).ok_or_else(|| format!("set {} is not declared", e.set.name()))?;
+                let add = matches!(op, Op::AddElements(_));
+                let elements = if add { decode_elements(&decl, family, e) } else { decode_keys(&decl, family, e) }
+                    .map_err(|d| d.to_string())?;
+                out.extend(encode::elements(e.set.name(), decl.interval, &elements, add));
             }
         }
     }
-    out
+    Ok(out)
 }
 
-/// Appends deletes for objects the kernel holds and a full payload does
-/// not declare (the payload flushes the table first, so they are unused).
-pub fn with_stale_objects_removed(payload: &str, family: IpFamily, kernel: &Objects) -> String {
-    let fam = Fam(family);
-    let declared = |what: &str, name: &str| {
-        payload.contains(&format!("{} {name} ", fam.cmd("add", what)))
-            || payload.contains(&format!("{} {name}\n", fam.cmd("add", what)))
-    };
-    let mut out = payload.to_string();
-    for (what, names) in [("chain", &kernel.chains), ("set", &kernel.sets), ("map", &kernel.maps)] {
-        for name in names.iter().filter(|n| !declared(what, n)) {
-            out.push_str(&format!("{} {name}\n", fam.cmd("delete", what)));
+/// What the table holds after a full sync writes `tx`: the frame and the
+/// plugin's transaction, as the tracer's model.
+pub fn trace_model(
+    settings: &Settings,
+    cluster: &Cluster,
+    tx: &Transaction,
+) -> std::result::Result<kpx_rules::trace::nftables::Model, kpx_rules::trace::TraceError> {
+    let mut model = kpx_rules::trace::nftables::Model::new(settings.family, settings.masquerade_mark());
+    model.apply(&Transaction { ops: frame::frame(settings, cluster) })?;
+    model.apply(tx)?;
+    Ok(model)
+}
+
+/// nftables mode for one family: checks, encodes and writes each sync,
+/// and remembers what it wrote.
+pub struct NftablesDataplane {
+    kernel: NftablesKernel,
+    model: Model,
+}
+
+impl NftablesDataplane {
+    pub fn new(kernel: NftablesKernel) -> NftablesDataplane {
+        NftablesDataplane { kernel, model: Model::default() }
+    }
+
+    pub fn kernel(&mut self) -> &mut NftablesKernel {
+        &mut self.kernel
+    }
+
+    /// One sync. A full one empties and rebuilds the whole table in the
+    /// same batch; a partial one writes the plugin's operations only.
+    pub fn sync(
+        &mut self,
+        plugin: &str,
+        settings: &Settings,
+        cluster: &Cluster,
+        tx: &Transaction,
+        full: bool,
+        scope: &Scope,
+    ) -> std::result::Result<Written, SyncError> {
+        let family = settings.family;
+        let ctx = Context { plugin, family, scope, model: &self.model, full };
+        let checked: Checked = check(&ctx, tx)?;
+        let refuse = |reason: String| {
+            SyncError::Rejected(Rejected {
+                plugin: plugin.to_string(),
+                at: "encoding".into(),
+                item: String::new(),
+                reason,
+            })
+        };
+        let mark = settings.masquerade_mark();
+        let mut batch = Vec::new();
+        let frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
+        if full {
+            let kernel = self.kernel.objects()?;
+            batch.push(encode::add_table());
+            if let Some(kernel) = kernel {
+                batch.extend(reconcile(family, &kernel, &frame, &checked).map_err(refuse)?);
+            }
+        }
+        let own: HashMap<String, SetDecl> = checked.sets().map(|d| (d.name.clone(), d.clone())).collect();
+        let decls = |s: &SetRef| -> Option<SetDecl> {
+            match s {
+                SetRef::Host(h) => Some(h.declaration()),
+                SetRef::Own(n) => own.get(n).cloned().or_else(|| self.model.set(n).cloned()),
+            }
+        };
+        batch.extend(messages(family, mark, &frame, &decls).map_err(refuse)?);
+        batch.extend(messages(family, mark, &tx.ops, &decls).map_err(refuse)?);
+        let bytes = batch.iter().map(|m| m.attrs.buf.len() + 20).sum();
+        self.kernel.apply(&batch)?;
+        self.model.commit(checked);
+        Ok(Written { bytes })
+    }
+}
+
+/// What a full sync does first to the table the kernel holds: flush every
+/// rule, empty every set it keeps, delete sets declared otherwise and every
+/// chain and set nobody declares any more.
+fn reconcile(
+    family: IpFamily,
+    kernel: &TableObjects,
+    frame: &[Op],
+    checked: &Checked,
+) -> std::result::Result<Vec<Message>, String> {
+    let mut base: BTreeMap<&str, &BaseChain> = BTreeMap::new();
+    let mut chains: Vec<&str> = Vec::new();
+    let mut sets: BTreeMap<&str, SetShape> = BTreeMap::new();
+    for op in frame {
+        match op {
+            Op::AddBaseChain(b) => {
+                base.insert(b.name, b);
+            }
+            Op::AddChain(c) => chains.push(c),
+            Op::AddSet(d) => {
+                sets.insert(&d.name, decode::shape_of(family, d)?);
+            }
+            _ => {}
         }
     }
-    out
+    let own_sets: Vec<(String, SetShape)> = checked
+        .sets()
+        .map(|d| Ok((d.name.clone(), decode::shape_of(family, d)?)))
+        .collect::<std::result::Result<_, String>>()?;
+    for (name, shape) in &own_sets {
+        sets.insert(name, shape.clone());
+    }
+    let own_chains: Vec<&String> = checked.chains().collect();
+    let mut out = vec![flush_all_rules()];
+    for s in kernel.sets.iter().filter(|s| s.shape.flags & sys::NFT_SET_ANONYMOUS == 0) {
+        match sets.get(s.name.as_str()) {
+            Some(shape) if *shape == s.shape => out.push(encode::flush_set(&s.name)),
+            _ => out.push(encode::delete_set(&s.name)),
+        }
+    }
+    for c in &kernel.chains {
+        let keep = match (&c.base, base.get(c.name.as_str())) {
+            (Some(info), Some(want)) => {
+                info.kind == want.kind.name() && info.hook == want.hook as u32 && info.priority == want.priority
+            }
+            (None, None) => chains.contains(&c.name.as_str()) || own_chains.iter().any(|o| **o == c.name),
+            _ => false,
+        };
+        if !keep {
+            out.push(encode::delete_chain(&c.name));
+        }
+    }
+    Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_objects_and_deletes_stale_ones() {
-        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"table": {"family": "ip", "name": "kube-proxy"}},
-            {"chain": {"family": "ip", "table": "kube-proxy", "name": "services"}},
-            {"chain": {"family": "ip", "table": "kube-proxy", "name": "service-OLD-ns/x/tcp/p"}},
-            {"map": {"family": "ip", "table": "kube-proxy", "name": "internal-7"}},
-            {"set": {"family": "ip", "table": "kube-proxy", "name": "cluster-ips"}}]}"#;
-        let objects = parse_objects(json);
-        assert_eq!(objects.chains.len(), 2);
-        let payload = "add chain ip kube-proxy services\nadd set ip kube-proxy cluster-ips { type ipv4_addr ; }\n";
-        let out = with_stale_objects_removed(payload, IpFamily::V4, &objects);
-        assert!(
-            out.ends_with("delete chain ip kube-proxy service-OLD-ns/x/tcp/p\ndelete map ip kube-proxy internal-7\n"),
-            "{out}"
-        );
-    }
+/// Deletes every rule of the table.
+fn flush_all_rules() -> Message {
+    let mut w = Writer::new();
+    w.str(sys::NFTA_RULE_TABLE, TABLE);
+    Message { msg_type: sys::NFT_MSG_DELRULE, flags: 0, attrs: w, what: format!("flush table {TABLE}") }
 }

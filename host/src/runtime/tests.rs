@@ -1,5 +1,5 @@
 use super::*;
-use kpx_rules::model::{Cluster, IpFamily, Settings};
+use kpx_rules::model::{Cluster, IpFamily, ProxyMode, Settings};
 
 fn hostile_bytes() -> Vec<u8> {
     std::fs::read(format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap()
@@ -26,25 +26,29 @@ fn patch(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 #[test]
 fn builtin_plugin_carries_a_supported_version() {
     let bytes = builtin::get("iptables").unwrap();
-    assert_eq!(read_contract_version(bytes).unwrap().as_deref(), Some("0.1.0"));
+    assert_eq!(read_contract_version(bytes).unwrap().as_deref(), Some("0.2.0"));
 }
 
 #[test]
 fn incompatible_or_unmarked_plugins_are_refused_before_compiling() {
     let rt = runtime(Limits::default());
     let bytes = builtin::get("iptables").unwrap();
-    let future = patch(bytes, b"kpx:proxier-version0.1.0", b"kpx:proxier-version9.9.9");
+    let future = patch(bytes, b"kpx:proxier-version0.2.0", b"kpx:proxier-version9.9.9");
     let err = rt.load_backend("future", &future).err().unwrap();
     assert!(matches!(err, Error::IncompatibleVersion { .. }), "{err}");
-    assert!(err.to_string().contains("built for kpx:proxier 9.9.9, this kpx supports 0.1.0"), "{err}");
+    assert!(err.to_string().contains("built for kpx:proxier 9.9.9, this kpx supports 0.2.0"), "{err}");
+    // 0.1.0 returned kernel text: refused, and the message says why.
+    let old = patch(bytes, b"kpx:proxier-version0.2.0", b"kpx:proxier-version0.1.0");
+    let err = rt.load_backend("old", &old).err().unwrap();
+    assert!(err.to_string().contains("never released") && err.to_string().contains("typed rules"), "{err}");
     let unmarked = patch(bytes, b"kpx:proxier-version", b"kpx:proxier-vers1on");
     assert!(matches!(rt.load_backend("unmarked", &unmarked), Err(Error::MissingVersion { .. })));
     assert!(matches!(rt.load_backend("junk", b"\0asm junk"), Err(Error::Load { .. })));
 }
 
-fn hostile_render(limits: Limits, name: &str) -> (Error, PluginStats) {
+fn hostile_render(limits: Limits, name: &str, mode: ProxyMode) -> (Error, PluginStats) {
     let plugin = runtime(limits).load_backend("hostile", &hostile_bytes()).unwrap();
-    let mut instance = plugin.instantiate(&Settings::new(IpFamily::V4, "iptables")).unwrap();
+    let mut instance = plugin.instantiate(&Settings::new(IpFamily::V4, mode)).unwrap();
     instance.reset(&Node::default(), &Cluster::default(), &[service(name)]).unwrap();
     let err = instance.render(true, 1).expect_err("hostile render must fail");
     let stats = PluginStats::default();
@@ -55,7 +59,7 @@ fn hostile_render(limits: Limits, name: &str) -> (Error, PluginStats) {
 
 #[test]
 fn traps_are_caught_and_counted() {
-    let (err, stats) = hostile_render(Limits::default(), "hostile-trap");
+    let (err, stats) = hostile_render(Limits::default(), "hostile-trap", ProxyMode::Iptables);
     assert!(err.needs_fresh_instance(), "{err}");
     assert!(err.to_string().contains("plugin hostile: render trapped"), "{err}");
     assert_eq!(stats.traps.load(Ordering::Relaxed), 1);
@@ -65,7 +69,7 @@ fn traps_are_caught_and_counted() {
 fn endless_loops_run_out_of_fuel() {
     let limits = Limits { fuel_base: 50_000_000, ..Limits::default() };
     let t0 = std::time::Instant::now();
-    let (err, _) = hostile_render(limits, "hostile-loop");
+    let (err, _) = hostile_render(limits, "hostile-loop", ProxyMode::Iptables);
     assert!(err.to_string().contains("ran out of fuel"), "{err}");
     assert!(t0.elapsed() < std::time::Duration::from_secs(10));
 }
@@ -73,29 +77,36 @@ fn endless_loops_run_out_of_fuel() {
 #[test]
 fn memory_is_bounded() {
     let limits = Limits { memory_bytes: 32 << 20, ..Limits::default() };
-    let (err, _) = hostile_render(limits, "hostile-memory");
+    let (err, _) = hostile_render(limits, "hostile-memory", ProxyMode::Nftables);
     assert!(err.needs_fresh_instance(), "{err}");
 }
 
 #[test]
-fn output_is_capped() {
-    let limits = Limits { max_output_bytes: 1 << 20, ..Limits::default() };
-    let (err, stats) = hostile_render(limits, "hostile-huge");
-    assert!(matches!(err, Error::OutputTooLarge { .. }), "{err}");
-    assert!(!err.needs_fresh_instance());
-    assert_eq!(stats.failures.load(Ordering::Relaxed), 1);
+fn output_is_capped_in_both_modes() {
+    for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
+        let limits = Limits { max_output_bytes: 1 << 20, ..Limits::default() };
+        let (err, stats) = hostile_render(limits, "hostile-huge", mode);
+        assert!(matches!(err, Error::OutputTooLarge { .. }), "{mode}: {err}");
+        assert!(err.needs_fresh_instance(), "the instance is left mid-call");
+        assert_eq!(stats.failures.load(Ordering::Relaxed), 1);
+    }
 }
 
 #[test]
 fn a_fresh_instance_after_a_trap_works() {
     let plugin = runtime(Limits::default()).load_backend("hostile", &hostile_bytes()).unwrap();
-    let settings = Settings::new(IpFamily::V4, "iptables");
+    let settings = Settings::new(IpFamily::V4, ProxyMode::Iptables);
     let mut bad = plugin.instantiate(&settings).unwrap();
     bad.reset(&Node::default(), &Cluster::default(), &[service("hostile-trap")]).unwrap();
     assert!(bad.render(true, 1).is_err());
     let mut fresh = plugin.instantiate(&settings).unwrap();
     fresh.reset(&Node::default(), &Cluster::default(), &[service("fine")]).unwrap();
-    let text = fresh.render(true, 1).unwrap();
-    assert!(text.text().contains("t/fine has no endpoints"));
+    let Ok(kpx_rules::ops::Ruleset::Iptables(rules)) = fresh.render(true, 1) else { panic!("no iptables rules") };
+    assert!(
+        rules
+            .rules
+            .iter()
+            .any(|r| r.matches.contains(&kpx_rules::ops::iptables::Match::comment("t/fine has no endpoints")))
+    );
     assert_eq!(plugin.stats().instances.load(Ordering::Relaxed), 2);
 }

@@ -2,7 +2,18 @@
 //! `kpx:proxier-version` custom section before anything is compiled.
 
 /// Contract versions this host can run.
-pub const SUPPORTED: &[&str] = &[super::wit::since_v0_1_0::VERSION];
+pub const SUPPORTED: &[&str] = &[super::wit::since_v0_2_0::VERSION];
+
+/// Why a version kpx once had is refused ("" for others).
+pub fn why_not(found: &str) -> &'static str {
+    match found {
+        "0.1.0" => {
+            " (0.1.0 was a development version that was never released: its plugins returned kernel text, which \
+             kpx no longer accepts; rebuild the plugin with kpx-sdk for 0.2.0, which returns typed rules)"
+        }
+        _ => "",
+    }
+}
 
 /// The custom section kpx-sdk's export macro writes.
 pub const SECTION: &str = "kpx:proxier-version";

@@ -1,9 +1,10 @@
-//! One module per released WIT version; the host picks the module by the
+//! One module per supported WIT version; the host picks the module by the
 //! version a plugin declares, and each converts to the rule model.
 
-pub mod since_v0_1_0;
+pub mod since_v0_2_0;
 
-use kpx_rules::model::{Change, Cluster, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
+use kpx_rules::ops::Ruleset;
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Linker};
 
@@ -11,18 +12,18 @@ use super::PluginState;
 
 /// Adds every supported version's imports.
 pub fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-    since_v0_1_0::add_to_linker(linker)
+    since_v0_2_0::add_to_linker(linker)
 }
 
 /// A linked component of a known contract version.
 pub enum BackendPre {
-    V0_1_0(since_v0_1_0::Pre),
+    V0_2_0(since_v0_2_0::Pre),
 }
 
 impl BackendPre {
     pub fn new(version: &str, pre: InstancePre<PluginState>) -> wasmtime::Result<BackendPre> {
         match version {
-            since_v0_1_0::VERSION => Ok(BackendPre::V0_1_0(since_v0_1_0::Pre::new(pre)?)),
+            since_v0_2_0::VERSION => Ok(BackendPre::V0_2_0(since_v0_2_0::Pre::new(pre)?)),
             other => Err(wasmtime::format_err!("no bindings for kpx:proxier {other}")),
         }
     }
@@ -30,7 +31,7 @@ impl BackendPre {
     /// Instantiates the component and constructs its proxier resource.
     pub fn instantiate(&self, store: &mut Store<PluginState>, settings: &Settings) -> wasmtime::Result<Backend> {
         match self {
-            BackendPre::V0_1_0(pre) => pre.instantiate(store, settings).map(Backend::V0_1_0),
+            BackendPre::V0_2_0(pre) => pre.instantiate(store, settings).map(Backend::V0_2_0),
         }
     }
 }
@@ -38,7 +39,7 @@ impl BackendPre {
 /// A live proxier resource of a known contract version.
 #[derive(Clone)]
 pub enum Backend {
-    V0_1_0(since_v0_1_0::Instance),
+    V0_2_0(since_v0_2_0::Instance),
 }
 
 impl Backend {
@@ -50,19 +51,19 @@ impl Backend {
         services: &[ServicePort],
     ) -> wasmtime::Result<()> {
         match self {
-            Backend::V0_1_0(i) => i.reset(store, node, cluster, services),
+            Backend::V0_2_0(i) => i.reset(store, node, cluster, services),
         }
     }
 
     pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {
         match self {
-            Backend::V0_1_0(i) => i.apply(store, changes),
+            Backend::V0_2_0(i) => i.apply(store, changes),
         }
     }
 
     pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
         match self {
-            Backend::V0_1_0(i) => i.render(store, full),
+            Backend::V0_2_0(i) => i.render(store, full),
         }
     }
 }

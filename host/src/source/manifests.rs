@@ -41,13 +41,16 @@ pub struct ManifestSource {
     root: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
     reported: BTreeMap<ObjectRef, Object>,
+    /// The last poll read every file it listed (or kept its last good
+    /// objects): what was reported is the whole state.
+    complete: bool,
 }
 
 impl ManifestSource {
     pub fn new(root: impl Into<PathBuf>) -> Result<ManifestSource> {
         let root = root.into();
         std::fs::metadata(&root).map_err(|source| Error::Unreadable { path: root.clone(), source })?;
-        Ok(ManifestSource { root, files: BTreeMap::new(), reported: BTreeMap::new() })
+        Ok(ManifestSource { root, files: BTreeMap::new(), reported: BTreeMap::new(), complete: false })
     }
 
     /// Files to read: the path itself, or the YAML/JSON files under it
@@ -77,15 +80,12 @@ impl ManifestSource {
     }
 
     /// Re-reads changed files and returns the events that bring a consumer
-    /// from the last reported objects to the current ones.
-    pub fn poll(&mut self) -> Vec<Event> {
-        let files = match self.list_files() {
-            Ok(files) => files,
-            Err(e) => {
-                tracing::error!(path = %self.root.display(), error = %e, "cannot list manifests; keeping the last good objects");
-                return Vec::new();
-            }
-        };
+    /// from the last reported objects to the current ones. A listing that
+    /// fails changes nothing (the last good objects stay); a file never
+    /// read before that cannot be read now leaves the poll incomplete.
+    pub fn poll(&mut self) -> std::io::Result<Vec<Event>> {
+        let files = self.list_files()?;
+        self.complete = true;
         let mut changed = false;
         self.files.retain(|path, _| {
             let keep = files.contains(path);
@@ -104,6 +104,7 @@ impl ManifestSource {
                 Ok(text) => text,
                 Err(e) => {
                     tracing::error!(file = %path.display(), error = %e, "cannot read manifest file; keeping its last good objects");
+                    self.complete &= self.files.contains_key(&path);
                     continue;
                 }
             };
@@ -117,9 +118,14 @@ impl ManifestSource {
             changed = true;
         }
         if !changed {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        self.diff()
+        Ok(self.diff())
+    }
+
+    /// Whether the last poll read everything it listed.
+    pub fn is_complete(&self) -> bool {
+        self.complete
     }
 
     fn diff(&mut self) -> Vec<Event> {
@@ -150,18 +156,39 @@ impl ManifestSource {
     }
 
     /// Reports the initial objects, then `Synced`, then changes as they
-    /// happen, until the receiver is gone.
+    /// happen, until the receiver is gone. `Synced` waits until every file
+    /// has been listed and read: a failed listing is never the empty state.
     pub fn run(mut self, tx: Sender<Event>) {
-        for event in self.poll().into_iter().chain([Event::Synced]) {
+        loop {
+            match self.poll() {
+                Ok(_) if self.complete => break,
+                Ok(_) => {
+                    tracing::error!(path = %self.root.display(), "not every manifest could be read; nothing is programmed until they can")
+                }
+                Err(e) => {
+                    tracing::error!(path = %self.root.display(), error = %e, "cannot list manifests; nothing is programmed until they can be")
+                }
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        let initial: Vec<Event> = self.reported.values().cloned().map(Event::Apply).chain([Event::Synced]).collect();
+        for event in initial {
             if tx.send(event).is_err() {
                 return;
             }
         }
         loop {
             std::thread::sleep(POLL_INTERVAL);
-            for event in self.poll() {
-                if tx.send(event).is_err() {
-                    return;
+            match self.poll() {
+                Ok(events) => {
+                    for event in events {
+                        if tx.send(event).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(path = %self.root.display(), error = %e, "cannot list manifests; keeping the last good objects")
                 }
             }
         }

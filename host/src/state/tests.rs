@@ -72,7 +72,7 @@ fn tracks_changes_and_deletions() {
     let deleted =
         state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "b".into() }));
     assert!(deleted);
-    assert!(state.take_changes().services.contains(&name("shop", "web")));
+    assert!(state.take_changes().services.contains_key(&name("shop", "web")));
     let ports = state.service_ports(IpFamily::V4, &name("shop", "web"));
     assert!(!ports[0].endpoints[0].conditions.is_local);
     assert!(!state.apply(Event::Delete(ObjectRef {
@@ -82,6 +82,33 @@ fn tracks_changes_and_deletions() {
     })));
     state.apply(Event::Delete(ObjectRef { kind: Kind::Service, namespace: "shop".into(), name: "web".into() }));
     assert!(state.service_ports(IpFamily::V4, &name("shop", "web")).is_empty());
+}
+
+#[test]
+fn changes_carry_each_ports_previous_and_current_endpoints() {
+    let mut state = state_from(YAML);
+    let initial = state.take_changes();
+    assert!(initial.services[&name("shop", "web")].previous.is_empty(), "nothing was programmed before the list");
+    let ep = |ip: &str| (ip.parse::<std::net::IpAddr>().unwrap(), 8080u16);
+    state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "a".into() }));
+    // A second change in the same batch keeps the first `previous`.
+    state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "b".into() }));
+    let changes = state.take_changes();
+    let web = &changes.services[&name("shop", "web")];
+    let http = &web.previous["shop/web:http"];
+    assert_eq!(http.0, Protocol::Tcp);
+    assert_eq!(http.1, [ep("10.1.0.2"), ep("10.1.0.9")].into_iter().collect());
+    assert!(web.current["shop/web:http"].1.is_empty());
+    assert_eq!(web.previous["shop/web:dns"].0, Protocol::Udp);
+    // Merging a later batch keeps the earliest previous and the latest current.
+    let mut merged = changes.clone();
+    let mut later = Changes::default();
+    later
+        .services
+        .insert(name("shop", "web"), ServiceChange { previous: EndpointsMap::new(), current: web.previous.clone() });
+    merged.merge(later);
+    assert_eq!(merged.services[&name("shop", "web")].previous, web.previous);
+    assert_eq!(merged.services[&name("shop", "web")].current, web.previous);
 }
 
 #[test]

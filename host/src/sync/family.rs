@@ -1,38 +1,31 @@
-//! One IP family's path from state to kernel: changes → plugin → validator
-//! → iptables-restore or nft. Whatever fails, the kernel keeps the last
+//! One IP family's path from state to kernel: changes → plugin → typed
+//! ruleset → the mode's dataplane (confinement check, the host's own
+//! objects, rendering, write). Whatever fails, the kernel keeps the last
 //! good rules.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kpx_rules::iptables::{jumps_for, localhost_nodeports};
-use kpx_rules::model::{Change, Cluster, IpFamily, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
 
 use crate::config::Config;
-use crate::kernel::Dataplane;
-use crate::kernel::iptables::{track_chains, with_stale_chains_removed};
-use crate::kernel::nftables::with_stale_objects_removed;
-use crate::kernel::{interfaces, sysctl::Sysctl};
+use crate::kernel::iptables::frame::localhost_nodeports;
+use crate::kernel::{Dataplane, Exec, SyncError, interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
-use crate::validate::{self, Context, EndpointSet};
+use crate::validate::Scope;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The plugin failed; recovered by a full sync (with a fresh instance
-    /// if it trapped).
+    /// if it trapped or its output was too large).
     #[error(transparent)]
     Plugin(#[from] runtime::Error),
-    /// The ruleset broke a confinement rule; nothing written; full resync.
-    #[error(transparent)]
-    Rejected(#[from] validate::Rejected),
-    /// The kernel write failed; nothing written; full resync.
+    /// The ruleset was refused or the kernel write failed: nothing
+    /// written; full resync.
     #[error("{family}: {source}")]
-    Kernel { family: IpFamily, source: crate::kernel::Error },
-    /// The plugin returned a ruleset for another mode; full resync.
-    #[error("plugin {0} returned a ruleset for another mode")]
-    WrongMode(String),
+    Sync { family: IpFamily, source: SyncError },
 }
 
 /// What one sync did.
@@ -51,6 +44,8 @@ pub struct FamilyProxier {
     /// --nodeport-addresses needs them.
     local_addresses: Vec<std::net::IpAddr>,
     sysctl: Sysctl,
+    /// Runs `ip` for the node's addresses.
+    exec: Box<dyn Exec>,
     plugin: Arc<BackendPlugin>,
     instance: Option<BackendInstance>,
     /// Service ports as the plugin holds them.
@@ -60,9 +55,6 @@ pub struct FamilyProxier {
     node: Node,
     cluster: Cluster,
     dataplane: Dataplane,
-    /// KUBE- chains in the kernel, by table: read back on full syncs, then
-    /// kept up to date from each payload written.
-    chains: BTreeMap<String, BTreeSet<String>>,
     need_full: bool,
 }
 
@@ -73,6 +65,7 @@ impl FamilyProxier {
         plugin: Arc<BackendPlugin>,
         dataplane: Dataplane,
         sysctl: Sysctl,
+        exec: Box<dyn Exec>,
     ) -> FamilyProxier {
         let settings = settings::settings_for(&config, family, &Node::default(), &[]);
         FamilyProxier {
@@ -81,6 +74,7 @@ impl FamilyProxier {
             settings,
             local_addresses: Vec::new(),
             sysctl,
+            exec,
             plugin,
             instance: None,
             sent: Sent::default(),
@@ -88,7 +82,6 @@ impl FamilyProxier {
             node: Node::default(),
             cluster: Cluster::default(),
             dataplane,
-            chains: BTreeMap::new(),
             need_full: true,
         }
     }
@@ -100,11 +93,11 @@ impl FamilyProxier {
     /// Turns the state's changes into plugin changes, updating what was sent.
     fn collect_changes(&mut self, state: &State, changes: &Changes) -> Vec<Change> {
         let mut out = Vec::new();
-        for name in &changes.services {
+        for name in changes.services.keys() {
             let ports = state.service_ports(self.family, name);
             let old_keys = self.keys_of.remove(name).unwrap_or_default();
             for key in &old_keys {
-                if !ports.iter().any(|p| &p.key == key) && self.sent.remove(key) {
+                if !ports.iter().any(|p| &p.key == key) && self.sent.remove(self.family, key) {
                     out.push(Change::Remove(key.clone()));
                 }
             }
@@ -113,7 +106,7 @@ impl FamilyProxier {
             }
             for port in ports {
                 if self.sent.ports.get(&port.key) != Some(&port) {
-                    self.sent.insert(port.clone());
+                    self.sent.insert(self.family, port.clone());
                     out.push(Change::Upsert(port));
                 }
             }
@@ -122,6 +115,8 @@ impl FamilyProxier {
             let cluster = state.cluster(self.family);
             if cluster != self.cluster {
                 self.cluster = cluster.clone();
+                // The host's ServiceCIDR drops are part of its own objects.
+                self.need_full = true;
                 out.push(Change::Cluster(cluster));
             }
         }
@@ -148,7 +143,7 @@ impl FamilyProxier {
     /// The sysctls these settings need (upstream sets them at start).
     fn ensure_sysctls(&self) {
         let mut wanted = Vec::new();
-        if localhost_nodeports(&self.settings) {
+        if self.settings.mode == ProxyMode::Iptables && localhost_nodeports(&self.settings) {
             wanted.push(("net.ipv4.conf.all.route_localnet", "1"));
         }
         for (name, value) in wanted {
@@ -164,7 +159,7 @@ impl FamilyProxier {
         let plugin_changes = self.collect_changes(state, changes);
         let full = full || self.need_full;
         if full && !self.config.nodeport_addresses.cidrs.is_empty() {
-            match interfaces::local_addresses(self.dataplane.exec()) {
+            match interfaces::local_addresses(self.exec.as_ref()) {
                 Ok(addresses) => self.local_addresses = addresses,
                 Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
             }
@@ -190,55 +185,16 @@ impl FamilyProxier {
         }
         let objects = self.sent.objects;
         let ruleset = self.call(|i| i.render(full, objects))?;
-        // The validator borrows the endpoint set for this sync.
-        let mut ctx = Context {
-            plugin: self.plugin.name().to_string(),
-            endpoints: std::mem::take(&mut self.sent.endpoints),
-            ..Default::default()
-        };
-        let written = self.check_and_write(ruleset, full, &mut ctx);
-        self.sent.endpoints = ctx.endpoints;
-        let payload = written?;
-        self.need_full = false;
-        Ok(Report { full, changes: n_changes, bytes: payload.len() })
-    }
-
-    /// Validates a ruleset and writes it; the payload written.
-    fn check_and_write(&mut self, ruleset: Ruleset, full: bool, ctx: &mut Context) -> Result<String, Error> {
-        let kernel_err = |source| Error::Kernel { family: self.family, source };
-        match (ruleset, &self.dataplane) {
-            (Ruleset::Iptables(payload), Dataplane::Iptables(kernel)) => {
-                let payload = if full {
-                    self.chains = kernel.kube_chains().map_err(kernel_err)?;
-                    with_stale_chains_removed(&payload, &self.chains)
-                } else {
-                    payload
-                };
-                ctx.existing_chains = std::mem::take(&mut self.chains);
-                let checked = validate::check_iptables(&payload, ctx);
-                self.chains = std::mem::take(&mut ctx.existing_chains);
-                checked?;
-                if full {
-                    self.ensure_sysctls();
-                    kernel.ensure_jumps(&jumps_for(&self.settings)).map_err(kernel_err)?;
-                }
-                kernel.apply(&payload).map_err(kernel_err)?;
-                track_chains(&mut self.chains, &payload);
-                Ok(payload)
-            }
-            (Ruleset::Nftables(payload), Dataplane::Nftables(kernel)) => {
-                let payload = if full {
-                    let objects = kernel.objects().map_err(kernel_err)?;
-                    with_stale_objects_removed(&payload, self.family, &objects)
-                } else {
-                    payload
-                };
-                validate::check_nftables(&payload, self.family, ctx)?;
-                kernel.apply(&payload).map_err(kernel_err)?;
-                Ok(payload)
-            }
-            _ => Err(Error::WrongMode(self.plugin.name().to_string())),
+        if full {
+            self.ensure_sysctls();
         }
+        let written = self
+            .dataplane
+            .sync(self.plugin.name(), &self.settings, &self.cluster, &ruleset, full, &self.sent.scope)
+            .map_err(|source| Error::Sync { family: self.family, source })?;
+        self.sent.scope.forget_removed();
+        self.need_full = false;
+        Ok(Report { full, changes: n_changes, bytes: written.bytes })
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.
@@ -259,32 +215,31 @@ impl FamilyProxier {
 #[derive(Default)]
 struct Sent {
     ports: BTreeMap<String, ServicePort>,
-    /// Their endpoints: where the validator lets DNAT go.
-    endpoints: EndpointSet,
-    /// Ports plus endpoints: what the plugin's output limit scales with.
+    /// The state's destinations and endpoints: what the plugin's rules may
+    /// refer to.
+    scope: Scope,
+    /// Ports plus endpoints: what the plugin's fuel scales with.
     objects: usize,
 }
 
 impl Sent {
-    fn insert(&mut self, port: ServicePort) {
-        self.count(&port, true);
+    fn insert(&mut self, family: IpFamily, port: ServicePort) {
+        self.count(family, &port, true);
         if let Some(old) = self.ports.insert(port.key.clone(), port) {
-            self.count(&old, false);
+            self.count(family, &old, false);
         }
     }
 
     /// Whether the key was held.
-    fn remove(&mut self, key: &str) -> bool {
+    fn remove(&mut self, family: IpFamily, key: &str) -> bool {
         let Some(old) = self.ports.remove(key) else { return false };
-        self.count(&old, false);
+        self.count(family, &old, false);
         true
     }
 
-    fn count(&mut self, port: &ServicePort, add: bool) {
+    fn count(&mut self, family: IpFamily, port: &ServicePort, add: bool) {
         let objects = 1 + port.endpoints.len();
-        for e in &port.endpoints {
-            if add { self.endpoints.add((e.ip, e.port)) } else { self.endpoints.remove(&(e.ip, e.port)) }
-        }
+        self.scope.count(family, port, add);
         self.objects = if add { self.objects + objects } else { self.objects - objects };
     }
 }
@@ -292,7 +247,7 @@ impl Sent {
 #[cfg(test)]
 mod tests {
     use super::Sent;
-    use kpx_rules::model::{Endpoint, Protocol, ServicePort};
+    use kpx_rules::model::{Endpoint, IpFamily, Protocol, ServicePort};
 
     fn port(name: &str, ips: &[&str]) -> ServicePort {
         let eps = ips.iter().map(|ip| Endpoint::ready(ip.parse().unwrap(), 8080)).collect();
@@ -301,18 +256,19 @@ mod tests {
 
     #[test]
     fn sent_keeps_endpoints_and_size_through_updates_and_removals() {
+        let v4 = IpFamily::V4;
         let ep = |ip: &str| (ip.parse().unwrap(), 8080);
         let mut sent = Sent::default();
-        sent.insert(port("a", &["10.1.0.1", "10.1.0.2"]));
-        sent.insert(port("b", &["10.1.0.2"]));
-        assert_eq!((sent.objects, sent.endpoints.len()), (5, 2));
+        sent.insert(v4, port("a", &["10.1.0.1", "10.1.0.2"]));
+        sent.insert(v4, port("b", &["10.1.0.2"]));
+        assert_eq!((sent.objects, sent.scope.endpoints.len()), (5, 2));
         // a's update drops 10.1.0.2, which b still has, and adds 10.1.0.3.
-        sent.insert(port("a", &["10.1.0.1", "10.1.0.3"]));
-        assert_eq!((sent.objects, sent.endpoints.len()), (5, 3));
-        assert!(sent.endpoints.contains(&ep("10.1.0.2")));
-        assert!(sent.remove("ns/b") && !sent.remove("ns/b"));
-        assert!(!sent.endpoints.contains(&ep("10.1.0.2")));
-        assert!(sent.remove("ns/a"));
-        assert_eq!((sent.objects, sent.endpoints.len()), (0, 0));
+        sent.insert(v4, port("a", &["10.1.0.1", "10.1.0.3"]));
+        assert_eq!((sent.objects, sent.scope.endpoints.len()), (5, 3));
+        assert!(sent.scope.endpoints.contains(&ep("10.1.0.2")));
+        assert!(sent.remove(v4, "ns/b") && !sent.remove(v4, "ns/b"));
+        assert!(!sent.scope.endpoints.contains(&ep("10.1.0.2")));
+        assert!(sent.remove(v4, "ns/a"));
+        assert_eq!((sent.objects, sent.scope.endpoints.len()), (0, 0));
     }
 }

@@ -1,212 +1,364 @@
-//! Confinement rules for iptables-restore payloads.
+//! Confinement of a typed iptables ruleset (docs/SECURITY.md, "iptables").
 //!
-//! - only the tables kube-proxy uses (nat, filter, mangle);
-//! - only `*table`, `:CHAIN`, `-A`, `-X` and `COMMIT` lines;
-//! - only KUBE- chains are declared, flushed, appended to or deleted, and a
-//!   chain is appended to only after this payload declared (flushed) it;
-//! - jumps go to an allowed target or to a KUBE- chain that exists;
-//! - only match modules kube-proxy uses;
-//! - every DNAT destination is an endpoint of the state.
+//! - own chains are named KUBE-SVC-/SVL-/EXT-/FW-/SEP- + [A-Z0-9], at most
+//!   28 bytes; the host's chains and the built-in ones are not the
+//!   plugin's to declare, fill or delete;
+//! - a plugin's rules go in the hooks or in own chains declared by the same
+//!   ruleset (so that each chain holds exactly what was checked);
+//! - every rule in a hook matches a destination of the state: a Service's
+//!   address, protocol and port; a node port; a health-check port;
+//! - targets: jumps to own chains of the same table that exist after this
+//!   sync, KUBE-MARK-MASQ, DNAT to an endpoint of the state (nat), DROP and
+//!   REJECT (filter), ACCEPT only in nat and for health-check ports, hash
+//!   marks below the masquerade bit; never SNAT, MASQUERADE, MARK writes;
+//! - values: addresses of the instance's family, prefix lengths in range,
+//!   interface names from a closed alphabet, at most one comment and 16
+//!   matches a rule, recent lists named after own chains;
+//! - a chain kept from an earlier sync must not DNAT to an endpoint that
+//!   has left the state.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{Context, Rejected};
-use kpx_rules::iptables::split_args;
+use kpx_rules::model::{IpFamily, Protocol};
+use kpx_rules::ops::iptables::{
+    Hook, Match, Rule, Ruleset, Table, Target, interface_name_problem, own_chain_name_problem,
+};
 
-const TABLES: &[&str] = &["nat", "filter", "mangle"];
-const TARGETS: &[&str] = &["DNAT", "MASQUERADE", "MARK", "RETURN", "ACCEPT", "DROP", "REJECT", "HMARK"];
-const MODULES: &[&str] = &[
-    "comment",
-    "tcp",
-    "udp",
-    "sctp",
-    "statistic",
-    "recent",
-    "mark",
-    "conntrack",
-    "addrtype",
-    "set",
-    "nfacct",
-    "multiport",
-    "physdev",
-];
-const OWN_PREFIX: &str = "KUBE-";
+use super::{EndpointAddr, Rejected, Scope, shorten};
+use crate::kernel::iptables::render::{Dialect, rule_lines};
 
-struct TableState {
-    name: String,
-    declared: BTreeSet<String>,
-    deleted: BTreeSet<String>,
+/// Most matches in one rule (with one comment, a rule's line stays far
+/// below iptables-restore's 10,240-byte line buffer).
+pub const MAX_MATCHES: usize = 16;
+
+type ChainId = (Table, String);
+
+/// What the host knows of the plugin's own chains in the kernel: their
+/// names and the endpoints each DNATs to.
+#[derive(Debug, Default, Clone)]
+pub struct Model {
+    chains: BTreeMap<ChainId, Vec<EndpointAddr>>,
+    by_endpoint: HashMap<EndpointAddr, BTreeSet<ChainId>>,
 }
 
-/// Checks a payload; the first violation refuses it whole.
-pub fn check_iptables(payload: &str, ctx: &Context) -> Result<(), Rejected> {
-    let mut table: Option<TableState> = None;
-    let mut seen_tables = BTreeSet::new();
-    for (i, raw) in payload.lines().enumerate() {
-        let n = i + 1;
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+impl Model {
+    /// Own chains the kernel holds (read back at a full sync): their
+    /// contents are unknown, so a full sync rewrites or deletes each.
+    pub fn reset(&mut self, chains: impl IntoIterator<Item = ChainId>) {
+        self.chains = chains.into_iter().map(|c| (c, Vec::new())).collect();
+        self.by_endpoint.clear();
+    }
+
+    pub fn contains(&self, chain: &ChainId) -> bool {
+        self.chains.contains_key(chain)
+    }
+
+    pub fn chains(&self) -> impl Iterator<Item = &ChainId> {
+        self.chains.keys()
+    }
+
+    fn forget(&mut self, chain: &ChainId) {
+        if let Some(eps) = self.chains.remove(chain) {
+            for e in eps {
+                if let Some(set) = self.by_endpoint.get_mut(&e) {
+                    set.remove(chain);
+                    if set.is_empty() {
+                        self.by_endpoint.remove(&e);
+                    }
+                }
+            }
         }
-        if let Some(name) = line.strip_prefix('*') {
-            check_table_start(ctx, n, raw, name, &table, &mut seen_tables)?;
-            table = Some(TableState { name: name.to_string(), declared: BTreeSet::new(), deleted: BTreeSet::new() });
-            continue;
+    }
+
+    /// Records what a written ruleset did.
+    pub fn commit(&mut self, checked: Checked) {
+        if checked.full {
+            self.chains.clear();
+            self.by_endpoint.clear();
         }
-        let Some(current) = table.as_mut() else {
-            return Err(ctx.reject(n, raw, "line outside a *table section"));
+        for chain in checked.deleted.iter().chain(checked.declared.keys()) {
+            self.forget(chain);
+        }
+        for (chain, eps) in checked.declared {
+            for e in &eps {
+                self.by_endpoint.entry(*e).or_default().insert(chain.clone());
+            }
+            self.chains.insert(chain, eps);
+        }
+    }
+}
+
+/// A ruleset that passed, with what it does to the own chains.
+#[derive(Debug, Default)]
+pub struct Checked {
+    full: bool,
+    /// Declared chains and the endpoints each DNATs to.
+    declared: BTreeMap<ChainId, Vec<EndpointAddr>>,
+    deleted: Vec<ChainId>,
+    /// Own chains the kernel holds that a full ruleset leaves out.
+    pub stale: Vec<ChainId>,
+}
+
+/// What a ruleset is checked against.
+pub struct Context<'a> {
+    pub plugin: &'a str,
+    pub dialect: Dialect,
+    pub scope: &'a Scope,
+    pub model: &'a Model,
+    /// A full sync: every own chain the ruleset does not declare goes.
+    pub full: bool,
+}
+
+impl Context<'_> {
+    fn reject(&self, at: String, item: String, reason: impl Into<String>) -> Rejected {
+        Rejected { plugin: self.plugin.to_string(), at, item: shorten(item), reason: reason.into() }
+    }
+
+    fn family(&self) -> IpFamily {
+        self.dialect.family
+    }
+}
+
+/// Checks a ruleset; the first violation refuses it whole.
+pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
+    let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
+    let mut declared: BTreeMap<ChainId, Vec<EndpointAddr>> = BTreeMap::new();
+    for (i, chain) in rs.chains.iter().enumerate() {
+        if let Some(why) = own_chain_name_problem(&chain.1) {
+            return Err(ctx.reject(format!("chain {}", i + 1), chain_item(chain), why));
+        }
+        if declared.insert(chain.clone(), Vec::new()).is_some() {
+            return Err(ctx.reject(format!("chain {}", i + 1), chain_item(chain), "declared twice"));
+        }
+    }
+    let mut deleted = BTreeSet::new();
+    for (i, chain) in rs.delete_chains.iter().enumerate() {
+        let at = format!("deleted chain {}", i + 1);
+        if let Some(why) = own_chain_name_problem(&chain.1) {
+            return Err(ctx.reject(at, chain_item(chain), why));
+        }
+        if declared.contains_key(chain) {
+            return Err(ctx.reject(at, chain_item(chain), "declared and deleted by the same ruleset"));
+        }
+        if !ctx.model.contains(chain) {
+            return Err(ctx.reject(at, chain_item(chain), "no such chain"));
+        }
+        deleted.insert(chain.clone());
+    }
+    // Own chains that exist once this ruleset is written.
+    let exists = |c: &ChainId| declared.contains_key(c) || (!ctx.full && ctx.model.contains(c) && !deleted.contains(c));
+    let mut refs: BTreeMap<ChainId, Vec<EndpointAddr>> = BTreeMap::new();
+    for (i, rule) in rs.rules.iter().enumerate() {
+        let fail = |why: String| {
+            let item = rule_lines(rule, ctx.dialect).join(" / ");
+            ctx.reject(format!("rule {}", i + 1), item, why)
         };
-        if line == "COMMIT" {
-            table = None;
-        } else if let Some(decl) = line.strip_prefix(':') {
-            check_declaration(ctx, n, raw, decl, current)?;
-        } else {
-            let args = split_args(line).ok_or_else(|| ctx.reject(n, raw, "unbalanced quotes"))?;
-            match args.first().map(String::as_str) {
-                Some("-A") => check_append(ctx, n, raw, &args, current)?,
-                Some("-X") => check_delete(ctx, n, raw, &args, current)?,
-                Some(cmd) => {
-                    return Err(ctx.reject(n, raw, format!("command {cmd} is not allowed (only -A and -X)")));
-                }
-                None => {}
+        let hook = Hook::of(rule.table, &rule.chain);
+        let id = (rule.table, rule.chain.clone());
+        if hook.is_none() && !declared.contains_key(&id) {
+            return Err(fail(if own_chain_name_problem(&rule.chain).is_some() {
+                "rules go in the host's hooks or in the plugin's own chains".into()
+            } else {
+                "a rule's chain must be declared by the same ruleset".into()
+            }));
+        }
+        check_matches(ctx, rule).map_err(&fail)?;
+        if let Some(hook) = hook {
+            check_scope(ctx.scope, hook, rule).map_err(&fail)?;
+        }
+        check_target(ctx, rule, hook, &exists).map_err(&fail)?;
+        if let Target::Dnat(ip, port) = rule.target {
+            refs.entry(id).or_default().push((ip, port));
+        }
+    }
+    for (chain, eps) in refs {
+        if let Some(list) = declared.get_mut(&chain) {
+            *list = eps;
+        }
+    }
+    // Chains kept from an earlier sync must not DNAT to departed endpoints.
+    if !ctx.full {
+        for e in ctx.scope.endpoints.removed() {
+            let kept = ctx
+                .model
+                .by_endpoint
+                .get(e)
+                .into_iter()
+                .flatten()
+                .find(|c| !declared.contains_key(*c) && !deleted.contains(*c));
+            if let Some(chain) = kept {
+                return Err(ctx.reject(
+                    "kept chain".into(),
+                    chain_item(chain),
+                    format!(
+                        "kept from an earlier sync, it DNATs to {}, which is no longer an endpoint of the state",
+                        kpx_rules::model::join_host_port(&e.0, e.1)
+                    ),
+                ));
             }
         }
     }
-    if let Some(open) = table {
-        return Err(ctx.reject(payload.lines().count(), "", format!("table {} is not committed", open.name)));
-    }
-    Ok(())
-}
-
-fn check_table_start(
-    ctx: &Context,
-    n: usize,
-    raw: &str,
-    name: &str,
-    open: &Option<TableState>,
-    seen: &mut BTreeSet<String>,
-) -> Result<(), Rejected> {
-    if let Some(open) = open {
-        return Err(ctx.reject(n, raw, format!("table {} is not committed before the next", open.name)));
-    }
-    if !TABLES.contains(&name) {
-        return Err(ctx.reject(n, raw, format!("table {name:?} is not one kube-proxy uses")));
-    }
-    if !seen.insert(name.to_string()) {
-        return Err(ctx.reject(n, raw, format!("table {name} appears twice")));
-    }
-    Ok(())
-}
-
-fn check_own_chain(ctx: &Context, n: usize, raw: &str, chain: &str) -> Result<(), Rejected> {
-    let valid_name = chain.len() <= 28 && chain.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if !chain.starts_with(OWN_PREFIX) || !valid_name {
-        return Err(ctx.reject(n, raw, format!("chain {chain:?} is not a {OWN_PREFIX} chain")));
-    }
-    Ok(())
-}
-
-fn check_declaration(ctx: &Context, n: usize, raw: &str, decl: &str, table: &mut TableState) -> Result<(), Rejected> {
-    let mut parts = decl.split_whitespace();
-    let chain = parts.next().unwrap_or("");
-    check_own_chain(ctx, n, raw, chain)?;
-    if parts.next() != Some("-") {
-        return Err(ctx.reject(n, raw, "a KUBE- chain has no policy: use \"-\""));
-    }
-    table.declared.insert(chain.to_string());
-    Ok(())
-}
-
-fn check_delete(ctx: &Context, n: usize, raw: &str, args: &[String], table: &mut TableState) -> Result<(), Rejected> {
-    let chain = args.get(1).map(String::as_str).unwrap_or("");
-    check_own_chain(ctx, n, raw, chain)?;
-    if args.len() != 2 {
-        return Err(ctx.reject(n, raw, "-X takes exactly one chain"));
-    }
-    if !table.declared.contains(chain) {
-        return Err(ctx.reject(n, raw, "a chain is deleted only after it is declared (flushed) in the same payload"));
-    }
-    table.deleted.insert(chain.to_string());
-    Ok(())
-}
-
-fn check_append(ctx: &Context, n: usize, raw: &str, args: &[String], table: &TableState) -> Result<(), Rejected> {
-    let chain = args.get(1).map(String::as_str).unwrap_or("");
-    check_own_chain(ctx, n, raw, chain)?;
-    if !table.declared.contains(chain) {
-        return Err(ctx.reject(
-            n,
-            raw,
-            format!("rules go only to chains this payload declares; {chain} is not declared"),
-        ));
-    }
-    let mut target: Option<&str> = None;
-    let mut i = 2;
-    while i < args.len() {
-        let arg = args[i].as_str();
-        let value = args.get(i + 1).map(String::as_str);
-        match arg {
-            "-j" | "--jump" | "-g" | "--goto" => {
-                let to = value.ok_or_else(|| ctx.reject(n, raw, format!("{arg} without a target")))?;
-                if target.replace(to).is_some() {
-                    return Err(ctx.reject(n, raw, "more than one target"));
-                }
-                check_target(ctx, n, raw, to, table)?;
-                i += 2;
-            }
-            "-m" | "--match" => {
-                let module = value.ok_or_else(|| ctx.reject(n, raw, "-m without a module"))?;
-                if !MODULES.contains(&module) {
-                    return Err(ctx.reject(n, raw, format!("match module {module:?} is not allowed")));
-                }
-                i += 2;
-            }
-            "--to-destination" => {
-                let dest = value.ok_or_else(|| ctx.reject(n, raw, "--to-destination without a value"))?;
-                if target != Some("DNAT") {
-                    return Err(ctx.reject(n, raw, "--to-destination outside a DNAT target"));
-                }
-                check_dnat_destination(ctx, n, raw, dest)?;
-                i += 2;
-            }
-            "--to-source" | "--to-ports" | "--to" => {
-                return Err(ctx.reject(n, raw, format!("{arg} is not allowed")));
-            }
-            _ => i += 1,
-        }
-    }
-    if target == Some("DNAT") && !args.iter().any(|a| a == "--to-destination") {
-        return Err(ctx.reject(n, raw, "DNAT without --to-destination"));
-    }
-    Ok(())
-}
-
-fn check_target(ctx: &Context, n: usize, raw: &str, to: &str, table: &TableState) -> Result<(), Rejected> {
-    if TARGETS.contains(&to) {
-        if to == "DNAT" && table.name != "nat" {
-            return Err(ctx.reject(n, raw, "DNAT outside the nat table"));
-        }
-        return Ok(());
-    }
-    if !to.starts_with(OWN_PREFIX) {
-        return Err(ctx.reject(n, raw, format!("target {to:?} is not allowed")));
-    }
-    let exists =
-        table.declared.contains(to) || ctx.existing_chains.get(&table.name).is_some_and(|chains| chains.contains(to));
-    if !exists || table.deleted.contains(to) {
-        return Err(ctx.reject(n, raw, format!("jump to chain {to}, which neither exists nor is declared")));
-    }
-    Ok(())
-}
-
-fn check_dnat_destination(ctx: &Context, n: usize, raw: &str, dest: &str) -> Result<(), Rejected> {
-    let Some(endpoint) = kpx_rules::model::split_host_port(dest) else {
-        return Err(ctx.reject(n, raw, format!("DNAT destination {dest:?} is not ADDRESS:PORT")));
+    let stale = if ctx.full {
+        ctx.model.chains().filter(|c| !declared.contains_key(*c)).cloned().collect()
+    } else {
+        Vec::new()
     };
-    if !ctx.endpoints.contains(&endpoint) {
-        return Err(ctx.reject(n, raw, format!("DNAT destination {dest} is not an endpoint of any service")));
+    Ok(Checked { full: ctx.full, declared, deleted: deleted.into_iter().collect(), stale })
+}
+
+fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
+    if rule.matches.len() > MAX_MATCHES {
+        return Err(format!("a rule has at most {MAX_MATCHES} matches"));
+    }
+    let family = ctx.family();
+    let mut seen = [0usize; 5];
+    for m in &rule.matches {
+        match m {
+            Match::Source(a) | Match::Destination(a) => {
+                if !family.matches(&a.cidr.addr) {
+                    return Err(format!("{} is not an {family} address", a.cidr.addr));
+                }
+                if a.cidr.prefix_len > a.cidr.max_len() {
+                    return Err(format!("prefix length {} is longer than {}", a.cidr.prefix_len, a.cidr.max_len()));
+                }
+                seen[if matches!(m, Match::Source(_)) { 0 } else { 1 }] += 1;
+            }
+            Match::InInterface(i) => {
+                if let Some(why) = interface_name_problem(&i.name) {
+                    return Err(why);
+                }
+                seen[2] += 1;
+            }
+            Match::Protocol(_) => seen[3] += 1,
+            Match::DestinationPort(_) => {
+                if rule.protocol().is_none() {
+                    return Err("a destination port needs a protocol match".into());
+                }
+                seen[4] += 1;
+            }
+            Match::Conntrack { states, .. } if states.is_empty() => {
+                return Err("a conntrack match names no state".into());
+            }
+            Match::StatisticRandom(p) if *p > 1 << 31 => return Err(format!("probability {p} is over 2^31 (1.0)")),
+            Match::StatisticNth { every, packet } if *every == 0 || packet >= every => {
+                return Err(format!("--every {every} --packet {packet}: the packet must be below every"));
+            }
+            Match::RecentCheck { name, .. } | Match::RecentSet { name } if own_chain_name_problem(name).is_some() => {
+                return Err(format!("recent list {name:?} is not one of the plugin's own chain names"));
+            }
+            Match::Comment(text) => {
+                if let Some(why) = kpx_rules::ops::comment_problem(text, crate::kernel::iptables::render::MAX_COMMENT) {
+                    return Err(why);
+                }
+            }
+            Match::HashSlot(slot) if *slot >= ctx.dialect.masquerade_mark => {
+                return Err(format!(
+                    "hash slot {slot} is not below the masquerade mark {:#x}",
+                    ctx.dialect.masquerade_mark
+                ));
+            }
+            _ => {}
+        }
+    }
+    if seen.iter().any(|n| *n > 1) {
+        return Err("a rule has at most one source, destination, interface, protocol and destination port".into());
+    }
+    if rule.matches.iter().filter(|m| matches!(m, Match::Comment(_))).count() > 1 {
+        return Err("a rule has at most one comment".into());
     }
     Ok(())
+}
+
+fn check_target(
+    ctx: &Context,
+    rule: &Rule,
+    hook: Option<Hook>,
+    exists: &dyn Fn(&ChainId) -> bool,
+) -> Result<(), String> {
+    let nat = rule.table == Table::Nat;
+    let filter_hook = |h: Hook| hook == Some(h);
+    match &rule.target {
+        Target::None | Target::Return => Ok(()),
+        Target::Jump(chain) | Target::Goto(chain) => {
+            if own_chain_name_problem(chain).is_some() {
+                return Err(format!("a jump goes to one of the plugin's own chains, not {chain:?}"));
+            }
+            if !exists(&(rule.table, chain.clone())) {
+                return Err(format!("jump to {chain}, which no {} chain of the plugin's is", rule.table.name()));
+            }
+            Ok(())
+        }
+        Target::MarkForMasquerade if nat => Ok(()),
+        Target::Dnat(ip, port) if nat => {
+            if rule.protocol().is_none() {
+                return Err("DNAT to a port needs a protocol match".into());
+            }
+            if !ctx.family().matches(ip) || !ctx.scope.endpoints.contains(&(*ip, *port)) {
+                return Err(format!(
+                    "DNAT to {}, which is not an endpoint of the state",
+                    kpx_rules::model::join_host_port(ip, *port)
+                ));
+            }
+            Ok(())
+        }
+        Target::HashMark(h) if nat => {
+            if h.modulus == 0 || h.modulus > ctx.dialect.masquerade_mark {
+                return Err(format!(
+                    "a hash mark's modulus is 1 to {} (the slots sit below the masquerade bit)",
+                    ctx.dialect.masquerade_mark
+                ));
+            }
+            Ok(())
+        }
+        Target::Accept if nat || filter_hook(Hook::FilterNodePorts) => Ok(()),
+        Target::Drop | Target::Reject if !nat => Ok(()),
+        Target::Masquerade { .. } | Target::SetMark { .. } | Target::HostJump(_) => {
+            Err("that target is written by the host only".into())
+        }
+        other => Err(format!("{other:?} is not allowed in the {} table here", rule.table.name())),
+    }
+}
+
+/// The rule's destination, protocol and port, if it names them exactly.
+fn destination(rule: &Rule) -> (Option<std::net::IpAddr>, Option<Protocol>, Option<u16>) {
+    let mut out = (None, rule.protocol(), None);
+    for m in &rule.matches {
+        match m {
+            Match::Destination(a) if !a.negate && a.cidr.prefix_len == a.cidr.max_len() => out.0 = Some(a.cidr.addr),
+            Match::DestinationPort(p) => out.2 = Some(*p),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A hook's rule must match traffic to the state's destinations only.
+fn check_scope(scope: &Scope, hook: Hook, rule: &Rule) -> Result<(), String> {
+    let (dst, proto, port) = destination(rule);
+    let local = rule.matches.iter().any(|m| matches!(m, Match::DestinationTypeLocal { negate: false }));
+    let service = || match (dst, proto, port) {
+        (Some(ip), Some(p), Some(port)) if scope.destinations.contains(&(ip, p, port)) => Ok(()),
+        (Some(ip), Some(p), Some(port)) => Err(format!(
+            "{} {p} is not the address, protocol and port of a Service port of the state",
+            kpx_rules::model::join_host_port(&ip, port)
+        )),
+        _ => Err(format!("a rule in {} matches one Service's address (/32 or /128), protocol and port", hook.chain())),
+    };
+    let node_port = || match (proto, port) {
+        (Some(p), Some(port)) if scope.node_ports.contains(&(p, port)) => Ok(()),
+        (Some(p), Some(port)) => Err(format!("{p} port {port} is not a node port of the state")),
+        _ => Err(format!("a rule in {} matches a node port's protocol and port", hook.chain())),
+    };
+    match hook {
+        Hook::NatServices | Hook::FilterServices | Hook::FilterFirewall => service(),
+        Hook::FilterExternalServices if local && dst.is_none() => node_port(),
+        Hook::FilterExternalServices => service(),
+        Hook::NatNodePorts => node_port(),
+        Hook::FilterNodePorts => match (proto, port) {
+            (Some(Protocol::Tcp), Some(port)) if scope.health_check_ports.contains(&port) => Ok(()),
+            _ => Err("a rule in filter KUBE-NODEPORTS matches tcp and a health-check node port of the state".into()),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -1,168 +1,671 @@
-//! Confinement rules for nft transactions:
-//! - one command per line: add / delete / flush of a table, chain, set,
-//!   map, rule or element — never `flush ruleset`, never `delete table`;
-//! - every command names this instance's family and table `kube-proxy`;
-//! - base chains keep the policy accept;
-//! - DNAT goes to an endpoint of the state: either literally, or through
-//!   an endpoint map whose elements are all endpoints;
-//! - no statement that sends traffic elsewhere (snat, redirect, tproxy,
-//!   queue, dup, fwd).
+//! Confinement of a typed nftables transaction (docs/SECURITY.md,
+//! "nftables").
+//!
+//! - own chains, sets and maps: names from [A-Za-z0-9_./-], starting with a
+//!   letter, at most 200 bytes, never a name of the host's; no base chains
+//!   (the contract has none), no tables;
+//! - own chains are reached only through the host's dispatch maps, whose
+//!   keys must be destinations of the state: so an element of service-ips
+//!   needs a Service's address, protocol and port; service-nodeports a
+//!   node port; cluster-ips a cluster IP; hairpin an endpoint's address
+//!   twice; and their verdicts lead to own chains (or drop/reject in the
+//!   no-endpoint maps);
+//! - DNAT goes to an endpoint of the state, literally or through a map whose
+//!   every element is one; the masquerade mark is the only mark written;
+//!   affinity sets are the only sets the packet path updates;
+//! - lookups name existing sets with keys of their type, within the 16
+//!   registers; reject only where the host's filter chains use it;
+//! - nothing kept from an earlier sync may point at a destination or
+//!   endpoint that has left the state.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use kpx_rules::model::IpFamily;
-use kpx_rules::nftables::{Fam, TABLE};
+use kpx_rules::model::{IpFamily, Protocol};
+use kpx_rules::ops::CtStates;
+use kpx_rules::ops::nftables::{
+    Data, DataType, Element, Elements, HostSet, KeyExpr, KeyType, MAX_NAME, Match, Op, Rule, SetDecl, SetRef,
+    Statement, Transaction, Value, Verdict, VerdictKind, decode_elements, decode_keys,
+};
 
-use super::{Context, Rejected};
+use super::{Destination, EndpointAddr, Rejected, Scope, shorten};
+use crate::kernel::nftables::encode::key_registers;
+use crate::kernel::nftables::frame::is_host_name;
 
-const OBJECTS: &[&str] = &["table", "chain", "set", "map", "rule", "element"];
-const FORBIDDEN: &[&str] = &["snat", "redirect", "tproxy", "queue", "dup", "fwd", "notrack"];
-const ENDPOINT_MAPS: &[&str] = &["internal-", "external-", "shortcut-", "nodeport-external-", "nodeport-shortcut-"];
+/// Most matches and statements in one rule.
+pub const MAX_MATCHES: usize = 16;
+pub const MAX_STATEMENTS: usize = 4;
 
-/// `<purpose>-<tcp|udp|sctp>-<count>`.
-fn is_endpoint_map(name: &str) -> bool {
-    ENDPOINT_MAPS.iter().any(|p| {
-        name.strip_prefix(p)
-            .and_then(|rest| rest.split_once('-'))
-            .is_some_and(|(proto, n)| matches!(proto, "tcp" | "udp" | "sctp") && n.parse::<u32>().is_ok())
-    })
+/// Why an own object's name is refused, if it is.
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Some(format!("names have 1 to {MAX_NAME} bytes"));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic())
+        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_./-".contains(&b))
+    {
+        return Some("names start with a letter and have only A-Z, a-z, 0-9 and _ . / -".into());
+    }
+    if is_host_name(name) || name == kpx_rules::ops::nftables::TABLE {
+        return Some(format!("{name} is the host's"));
+    }
+    None
+}
+
+/// A reference an object in the kernel makes to the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Ref {
+    Destination(Destination),
+    NodePort((Protocol, u16)),
+    ClusterIp(IpAddr),
+    EndpointIp(IpAddr),
+    Endpoint(EndpointAddr),
+}
+
+type Key = Vec<Value>;
+
+/// What the host knows of the plugin's objects in the kernel: own chains
+/// (and the endpoints each DNATs to), own sets, the data of endpoint-map
+/// elements, and how often the kernel refers to each fact of the state.
+#[derive(Debug, Default, Clone)]
+pub struct Model {
+    chains: HashMap<String, Vec<EndpointAddr>>,
+    sets: HashMap<String, SetDecl>,
+    endpoint_data: HashMap<String, HashMap<Key, EndpointAddr>>,
+    refs: HashMap<Ref, u32>,
+}
+
+impl Model {
+    pub fn chain_exists(&self, name: &str) -> bool {
+        self.chains.contains_key(name)
+    }
+
+    pub fn set(&self, name: &str) -> Option<&SetDecl> {
+        self.sets.get(name)
+    }
+
+    pub fn sets(&self) -> impl Iterator<Item = &SetDecl> {
+        self.sets.values()
+    }
+
+    pub fn chains(&self) -> impl Iterator<Item = &String> {
+        self.chains.keys()
+    }
+
+    /// Records what a written transaction did.
+    pub fn commit(&mut self, checked: Checked) {
+        let o = checked.overlay;
+        if checked.full {
+            *self = Model::default();
+        }
+        for (name, chain) in o.chains {
+            match chain {
+                Some(eps) => {
+                    self.chains.insert(name, eps);
+                }
+                None => {
+                    self.chains.remove(&name);
+                }
+            }
+        }
+        for name in &o.flushed_sets {
+            self.endpoint_data.remove(name);
+        }
+        for (name, set) in o.sets {
+            match set {
+                Some(d) => {
+                    self.sets.insert(name, d);
+                }
+                None => {
+                    self.sets.remove(&name);
+                    self.endpoint_data.remove(&name);
+                }
+            }
+        }
+        for ((set, key), e) in o.endpoint_data {
+            let entries = self.endpoint_data.entry(set).or_default();
+            match e {
+                Some(e) => {
+                    entries.insert(key, e);
+                }
+                None => {
+                    entries.remove(&key);
+                }
+            }
+        }
+        for (r, delta) in o.refs {
+            let n = i64::from(self.refs.get(&r).copied().unwrap_or(0)) + delta;
+            if n > 0 {
+                self.refs.insert(r, n as u32);
+            } else {
+                self.refs.remove(&r);
+            }
+        }
+    }
+}
+
+/// A transaction's changes to the model, kept apart until it is written.
+#[derive(Debug, Default)]
+struct Overlay {
+    /// Some: the chain exists with these DNATs; None: deleted.
+    chains: HashMap<String, Option<Vec<EndpointAddr>>>,
+    sets: HashMap<String, Option<SetDecl>>,
+    /// Sets whose kernel elements this transaction flushed.
+    flushed_sets: BTreeSet<String>,
+    endpoint_data: HashMap<(String, Key), Option<EndpointAddr>>,
+    refs: HashMap<Ref, i64>,
+}
+
+/// A transaction that passed, with what it does to the model.
+#[derive(Debug, Default)]
+pub struct Checked {
+    full: bool,
+    overlay: Overlay,
+}
+
+impl Checked {
+    /// Own sets that exist after the transaction (a full sync keeps these).
+    pub fn sets(&self) -> impl Iterator<Item = &SetDecl> {
+        self.overlay.sets.values().flatten()
+    }
+
+    /// Own chains that exist after the transaction, of those it names.
+    pub fn chains(&self) -> impl Iterator<Item = &String> {
+        self.overlay.chains.iter().filter(|(_, c)| c.is_some()).map(|(n, _)| n)
+    }
+}
+
+/// What a transaction is checked against.
+pub struct Context<'a> {
+    pub plugin: &'a str,
+    pub family: IpFamily,
+    pub scope: &'a Scope,
+    pub model: &'a Model,
+    pub full: bool,
+}
+
+/// The model as the transaction has changed it so far.
+struct Pending<'a> {
+    ctx: &'a Context<'a>,
+    o: Overlay,
+}
+
+impl Pending<'_> {
+    fn model(&self) -> Option<&Model> {
+        (!self.ctx.full).then_some(self.ctx.model)
+    }
+
+    fn chain(&self, name: &str) -> Option<Vec<EndpointAddr>> {
+        match self.o.chains.get(name) {
+            Some(c) => c.clone(),
+            None => self.model().and_then(|m| m.chains.get(name).cloned()),
+        }
+    }
+
+    fn chain_exists(&self, name: &str) -> bool {
+        match self.o.chains.get(name) {
+            Some(c) => c.is_some(),
+            None => self.model().is_some_and(|m| m.chains.contains_key(name)),
+        }
+    }
+
+    fn set(&self, s: &SetRef) -> Option<SetDecl> {
+        match s {
+            SetRef::Host(h) => Some(h.declaration()),
+            SetRef::Own(name) => match self.o.sets.get(name) {
+                Some(d) => d.clone(),
+                None => self.model().and_then(|m| m.sets.get(name).cloned()),
+            },
+        }
+    }
+
+    /// The endpoint an element of an endpoint map holds now.
+    fn endpoint_data(&self, set: &str, key: &Key) -> Option<EndpointAddr> {
+        if let Some(e) = self.o.endpoint_data.get(&(set.to_string(), key.clone())) {
+            return *e;
+        }
+        if self.o.flushed_sets.contains(set) {
+            return None;
+        }
+        self.model().and_then(|m| m.endpoint_data.get(set)).and_then(|m| m.get(key)).copied()
+    }
+
+    fn reference(&mut self, r: Ref, delta: i64) {
+        *self.o.refs.entry(r).or_default() += delta;
+    }
+
+    /// Every element of an endpoint map goes (flush or delete).
+    fn empty_endpoint_map(&mut self, set: &str) {
+        let mut gone: Vec<EndpointAddr> = Vec::new();
+        if !self.o.flushed_sets.contains(set)
+            && let Some(entries) = self.model().and_then(|m| m.endpoint_data.get(set))
+        {
+            for (key, e) in entries {
+                if !self.o.endpoint_data.contains_key(&(set.to_string(), key.clone())) {
+                    gone.push(*e);
+                }
+            }
+        }
+        let pending: Vec<(String, Key)> = self.o.endpoint_data.keys().filter(|(s, _)| s == set).cloned().collect();
+        for k in pending {
+            if let Some(Some(e)) = self.o.endpoint_data.remove(&k) {
+                gone.push(e);
+            }
+        }
+        for e in gone {
+            self.reference(Ref::Endpoint(e), -1);
+        }
+        self.o.flushed_sets.insert(set.to_string());
+    }
+
+    /// A chain's rules go (flush or delete).
+    fn empty_chain(&mut self, name: &str) {
+        for e in self.chain(name).unwrap_or_default() {
+            self.reference(Ref::Endpoint(e), -1);
+        }
+    }
+}
+
+fn reject(ctx: &Context, i: usize, op: &Op, reason: impl Into<String>) -> Rejected {
+    Rejected {
+        plugin: ctx.plugin.to_string(),
+        at: format!("operation {}", i + 1),
+        item: shorten(format!("{op:?}")),
+        reason: reason.into(),
+    }
 }
 
 /// Checks a transaction; the first violation refuses it whole.
-pub fn check_nftables(payload: &str, family: IpFamily, ctx: &Context) -> Result<(), Rejected> {
-    let fam = Fam(family);
-    for command in kpx_rules::nftables::command_lines(payload) {
-        let (n, raw, words) = (command.number, command.raw, &command.words);
-        let line = raw.trim();
-        let (verb, object) = (command.verb(), command.object());
-        if !matches!(verb, "add" | "delete" | "flush") || !OBJECTS.contains(&object) {
-            return Err(ctx.reject(n, raw, format!("\"{verb} {object}\" is not an allowed command")));
+pub fn check(ctx: &Context, tx: &Transaction) -> Result<Checked, Rejected> {
+    let mut p = Pending { ctx, o: Overlay::default() };
+    for (i, op) in tx.ops.iter().enumerate() {
+        check_op(&mut p, op).map_err(|why| reject(ctx, i, op, why))?;
+    }
+    check_departed(ctx, &p)?;
+    Ok(Checked { full: ctx.full, overlay: p.o })
+}
+
+fn own_chain(p: &Pending, name: &str) -> Result<(), String> {
+    if let Some(why) = name_problem(name) {
+        return Err(why);
+    }
+    if !p.chain_exists(name) {
+        return Err(format!("chain {name} is not one of the plugin's"));
+    }
+    Ok(())
+}
+
+fn check_op(p: &mut Pending, op: &Op) -> Result<(), String> {
+    match op {
+        Op::AddChain(name) => {
+            if let Some(why) = name_problem(name) {
+                return Err(why);
+            }
+            let eps = p.chain(name).unwrap_or_default();
+            p.o.chains.insert(name.clone(), Some(eps));
         }
-        if words.get(2) != Some(&fam.name()) || words.get(3) != Some(&TABLE) {
-            return Err(ctx.reject(n, raw, format!("every command must name table {} {TABLE}", fam.name())));
+        Op::FlushChain(name) => {
+            own_chain(p, name)?;
+            p.empty_chain(name);
+            p.o.chains.insert(name.clone(), Some(Vec::new()));
         }
-        if object == "table" && verb == "delete" {
-            return Err(ctx.reject(n, raw, "deleting the table is the host's job (--cleanup)"));
+        Op::DeleteChain(name) => {
+            own_chain(p, name)?;
+            p.empty_chain(name);
+            p.o.chains.insert(name.clone(), None);
         }
-        if object == "chain" && line.contains(" policy ") && !line.contains("policy accept") {
-            return Err(ctx.reject(n, raw, "base chains keep policy accept"));
+        Op::AddSet(d) => {
+            if let Some(why) = name_problem(&d.name) {
+                return Err(why);
+            }
+            check_declaration(p.ctx.family, d)?;
+            if let Some(old) = p.set(&SetRef::Own(d.name.clone()))
+                && old != *d
+            {
+                return Err(format!("set {} exists with another declaration; delete it first", d.name));
+            }
+            p.o.sets.insert(d.name.clone(), Some(d.clone()));
         }
-        if object == "rule" {
-            check_rule(ctx, n, raw, words, fam)?;
+        Op::FlushSet(name) | Op::DeleteSet(name) => {
+            if let Some(why) = name_problem(name) {
+                return Err(why);
+            }
+            if p.set(&SetRef::Own(name.clone())).is_none() {
+                return Err(format!("set {name} is not one of the plugin's"));
+            }
+            p.empty_endpoint_map(name);
+            if matches!(op, Op::DeleteSet(_)) {
+                p.o.sets.insert(name.clone(), None);
+            }
         }
-        if object == "element" && verb == "add" {
-            let set = words.get(4).copied().unwrap_or("");
-            if is_endpoint_map(set) {
-                check_endpoint_elements(ctx, n, raw)?;
+        Op::AddRule(rule) => {
+            own_chain(p, &rule.chain)?;
+            check_rule(p, rule)?;
+            if let Verdict::Dnat(ip, port) = rule.verdict {
+                let mut eps = p.chain(&rule.chain).unwrap_or_default();
+                eps.push((ip, port));
+                p.o.chains.insert(rule.chain.clone(), Some(eps));
+                p.reference(Ref::Endpoint((ip, port)), 1);
+            }
+        }
+        Op::AddElements(e) => check_elements(p, e, true)?,
+        Op::DeleteElements(e) => check_elements(p, e, false)?,
+        Op::AddBaseChain(b) => return Err(format!("base chain {} is the host's", b.name)),
+    }
+    Ok(())
+}
+
+fn check_declaration(family: IpFamily, d: &SetDecl) -> Result<(), String> {
+    check_comment(&d.comment)?;
+    if d.key.is_empty() || d.key.len() > 8 {
+        return Err("a set key has 1 to 8 fields".into());
+    }
+    let regs: usize = d.key.iter().map(|k| k.words(family)).sum();
+    if regs > 16 {
+        return Err("a set key fits 16 registers of 32 bits".into());
+    }
+    let cidrs = d.key.iter().filter(|k| **k == KeyType::Cidr).count();
+    if cidrs > 0 && !d.interval {
+        return Err("a cidr key field needs an interval set".into());
+    }
+    if d.interval && d.key.len() < 2 {
+        return Err("an interval set has at least two key fields (kpx writes concatenated ranges only)".into());
+    }
+    if let Some(t) = d.timeout_seconds {
+        if d.key != [KeyType::Address] || d.data.is_some() || d.interval {
+            return Err("an affinity set holds source addresses only".into());
+        }
+        if t == 0 || t > 86400 * 7 {
+            return Err("an affinity timeout is 1 s to 7 days".into());
+        }
+    }
+    Ok(())
+}
+
+/// Lookup keys must fill the set's key types in order.
+fn check_keys(family: IpFamily, keys: &[KeyExpr], decl: &SetDecl) -> Result<(), String> {
+    if key_registers(family, keys) > 16 {
+        return Err("a key fits 16 registers of 32 bits".into());
+    }
+    let fits = keys.len() == decl.key.len()
+        && keys.iter().zip(&decl.key).all(|(k, t)| match (k.key_type(), t) {
+            (KeyType::Address, KeyType::Cidr) => decl.interval,
+            (a, b) => a == *b,
+        });
+    for k in keys {
+        match k {
+            KeyExpr::NumgenRandom(0) | KeyExpr::NumgenIncrement(0) | KeyExpr::Jhash { modulus: 0, .. } => {
+                return Err("a modulus is at least 1".into());
+            }
+            _ => {}
+        }
+    }
+    if !fits {
+        return Err(format!("key {keys:?} does not fit set {} of {:?}", decl.name, decl.key));
+    }
+    Ok(())
+}
+
+fn check_comment(comment: &Option<String>) -> Result<(), String> {
+    match comment
+        .as_deref()
+        .and_then(|c| kpx_rules::ops::comment_problem(c, crate::kernel::nftables::encode::MAX_COMMENT))
+    {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
+fn check_rule(p: &mut Pending, rule: &Rule) -> Result<(), String> {
+    let family = p.ctx.family;
+    check_comment(&rule.comment)?;
+    if rule.matches.len() > MAX_MATCHES || rule.statements.len() > MAX_STATEMENTS {
+        return Err(format!("a rule has at most {MAX_MATCHES} matches and {MAX_STATEMENTS} statements"));
+    }
+    let protocol = rule.matches.iter().any(|m| matches!(m, Match::Protocol { negate: false, .. }));
+    for m in &rule.matches {
+        match m {
+            Match::Address { cidr, .. } => {
+                if !family.matches(&cidr.addr) || cidr.prefix_len > cidr.max_len() {
+                    return Err(format!("{cidr} is not an {family} prefix"));
+                }
+            }
+            Match::InInterface { name, .. } => {
+                if let Some(why) = kpx_rules::ops::iptables::interface_name_problem(name) {
+                    return Err(why);
+                }
+            }
+            Match::CtState { states, .. } => {
+                if states.is_empty() || states.intersects(CtStates::SNAT | CtStates::DNAT) {
+                    return Err("ct state names states (snat and dnat are not states in nftables)".into());
+                }
+            }
+            Match::Lookup { keys, set, .. } => {
+                let decl = p.set(set).ok_or_else(|| format!("set {} does not exist", set.name()))?;
+                check_keys(family, keys, &decl)?;
+            }
+            Match::Protocol { .. } | Match::DestinationPort { .. } | Match::FibLocal { .. } | Match::Mark { .. } => {}
+        }
+    }
+    for s in &rule.statements {
+        match s {
+            Statement::Counter | Statement::MasqueradeMark => {}
+            Statement::AffinityUpdate(set) => match p.set(&SetRef::Own(set.clone())) {
+                Some(d) if d.timeout_seconds.is_some() => {}
+                _ => return Err(format!("{set} is not one of the plugin's affinity sets")),
+            },
+            Statement::MarkXor(_) | Statement::Masquerade { .. } => return Err("that statement is the host's".into()),
+        }
+    }
+    match &rule.verdict {
+        Verdict::Continue | Verdict::Accept | Verdict::Drop | Verdict::Return => Ok(()),
+        Verdict::Reject => {
+            Err("reject is the host's (its endpoint checks); the plugin's chains hang from nat hooks".into())
+        }
+        Verdict::Jump(c) | Verdict::Goto(c) => own_chain(p, c),
+        Verdict::Dnat(ip, port) => {
+            if !protocol {
+                return Err("dnat to a port needs a protocol match".into());
+            }
+            if !family.matches(ip) || !p.ctx.scope.endpoints.contains(&(*ip, *port)) {
+                return Err(format!(
+                    "dnat to {}, which is not an endpoint of the state",
+                    kpx_rules::model::join_host_port(ip, *port)
+                ));
+            }
+            Ok(())
+        }
+        Verdict::DnatMap { keys, map } | Verdict::Vmap { keys, map } => {
+            let SetRef::Own(_) = map else {
+                return Err("maps a rule looks up for a verdict or dnat are the plugin's".into());
+            };
+            let decl = p.set(map).ok_or_else(|| format!("map {} does not exist", map.name()))?;
+            check_keys(family, keys, &decl)?;
+            let want =
+                if matches!(rule.verdict, Verdict::DnatMap { .. }) { DataType::Endpoint } else { DataType::Verdict };
+            if decl.data != Some(want) {
+                return Err(format!("{} is not a map of {want:?}", decl.name));
+            }
+            if want == DataType::Endpoint && !protocol {
+                return Err("dnat to a port needs a protocol match".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String> {
+    let family = p.ctx.family;
+    let decl = p.set(&e.set).ok_or_else(|| format!("set {} does not exist", e.set.name()))?;
+    if decl.timeout_seconds.is_some() {
+        return Err("affinity sets are filled by the kernel only".into());
+    }
+    if matches!(e.set, SetRef::Host(HostSet::NodePortIps)) {
+        return Err("nodeport-ips is filled by the host only".into());
+    }
+    if e.chains.len() > e.words.len() {
+        return Err("more chain names than words".into());
+    }
+    let elements = if add { decode_elements(&decl, family, e) } else { decode_keys(&decl, family, e) }
+        .map_err(|d| d.to_string())?;
+    let scope = p.ctx.scope;
+    for (i, el) in elements.iter().enumerate() {
+        let at = |why: String| format!("element {}: {why}", i + 1);
+        for v in &el.key {
+            if let Value::Address(ip) = v
+                && !family.matches(ip)
+            {
+                return Err(at(format!("{ip} is not an {family} address")));
+            }
+        }
+        let refs = element_refs(&e.set, el, scope).map_err(at)?;
+        if add {
+            check_data(p, &e.set, &decl, el).map_err(at)?;
+        }
+        let delta = if add { 1 } else { -1 };
+        for r in refs {
+            p.reference(r, delta);
+        }
+        if decl.data == Some(DataType::Endpoint) {
+            let name = e.set.name().to_string();
+            let current = p.endpoint_data(&name, &el.key);
+            if add {
+                let Some(Data::Endpoint(ip, port)) = el.data else { return Err(at("endpoint data missing".into())) };
+                if current.is_some() {
+                    return Err(at(format!("{:?} is in {name} already", el.key)));
+                }
+                p.reference(Ref::Endpoint((ip, port)), 1);
+                p.o.endpoint_data.insert((name, el.key.clone()), Some((ip, port)));
+            } else {
+                let Some(old) = current else { return Err(at(format!("{:?} is not in {name}", el.key))) };
+                p.reference(Ref::Endpoint(old), -1);
+                p.o.endpoint_data.insert((name, el.key.clone()), None);
             }
         }
     }
     Ok(())
 }
 
-fn check_rule(ctx: &Context, n: usize, raw: &str, words: &[&str], fam: Fam) -> Result<(), Rejected> {
-    if let Some(bad) = words.iter().find(|w| FORBIDDEN.contains(w)) {
-        return Err(ctx.reject(n, raw, format!("statement {bad:?} is not allowed")));
-    }
-    if words.contains(&"masquerade") && words.contains(&"to") {
-        return Err(ctx.reject(n, raw, "masquerade to a port range is not allowed"));
-    }
-    let Some(at) = words.iter().position(|w| *w == "dnat") else { return Ok(()) };
-    if words.get(at + 1) != Some(&fam.name()) || words.get(at + 2) != Some(&"to") {
-        return Err(ctx.reject(n, raw, format!("dnat must read \"dnat {} to ...\"", fam.name())));
-    }
-    // Through an endpoint map: `... map @<endpoint map>` ends the rule.
-    if let (Some(&"map"), Some(target)) = (words.get(words.len().wrapping_sub(2)), words.last()) {
-        let name = target.trim_start_matches('@');
-        if target.starts_with('@') && is_endpoint_map(name) {
-            return Ok(());
-        }
-        return Err(ctx.reject(n, raw, format!("dnat through {target}, which is not an endpoint map")));
-    }
-    let dest = words.get(at + 3).copied().unwrap_or("");
-    check_endpoint(ctx, n, raw, dest)
-}
-
-fn check_endpoint(ctx: &Context, n: usize, raw: &str, dest: &str) -> Result<(), Rejected> {
-    match kpx_rules::model::split_host_port(dest) {
-        Some(ep) if ctx.endpoints.contains(&ep) => Ok(()),
-        Some(_) => Err(ctx.reject(n, raw, format!("DNAT destination {dest} is not an endpoint of any service"))),
-        None => Err(ctx.reject(n, raw, format!("DNAT destination {dest:?} is not ADDRESS:PORT"))),
-    }
-}
-
-/// `add element ... <map> { key : ip . port, ... }`: every value an endpoint.
-fn check_endpoint_elements(ctx: &Context, n: usize, raw: &str) -> Result<(), Rejected> {
-    let (Some(open), Some(close)) = (raw.find('{'), raw.rfind('}')) else {
-        return Err(ctx.reject(n, raw, "elements must be in braces"));
-    };
-    for element in raw[open + 1..close].split(',') {
-        // " : " separates key and value (IPv6 addresses hold colons).
-        let Some((_, value)) = element.split_once(" : ") else {
-            return Err(ctx.reject(n, raw, format!("endpoint map element {:?} has no value", element.trim())));
-        };
-        let parts: Vec<&str> = value.split(" . ").map(str::trim).collect();
-        let ep = match parts.as_slice() {
-            [ip, port] => ip.parse::<IpAddr>().ok().zip(port.parse::<u16>().ok()),
-            _ => None,
-        };
-        match ep {
-            Some(ep) if ctx.endpoints.contains(&ep) => {}
-            _ => {
-                return Err(ctx.reject(
-                    n,
-                    raw,
-                    format!("endpoint map value {:?} is not an endpoint of any service", value.trim()),
-                ));
+/// The state an element of a host set refers to; an error when it is not
+/// in the state.
+fn element_refs(set: &SetRef, el: &Element, scope: &Scope) -> Result<Vec<Ref>, String> {
+    let SetRef::Host(h) = set else { return Ok(Vec::new()) };
+    let destination = |k: &[Value]| match k {
+        [Value::Address(ip), Value::Protocol(p), Value::Port(port), ..] => {
+            let d = (*ip, *p, *port);
+            if scope.destinations.contains(&d) {
+                Ok(Ref::Destination(d))
+            } else {
+                Err(format!(
+                    "{} {p} is not the address, protocol and port of a Service port of the state",
+                    kpx_rules::model::join_host_port(ip, *port)
+                ))
             }
+        }
+        _ => Err("not a destination".into()),
+    };
+    let node_port = |k: &[Value]| match k {
+        [Value::Protocol(p), Value::Port(port)] if scope.node_ports.contains(&(*p, *port)) => {
+            Ok(Ref::NodePort((*p, *port)))
+        }
+        [Value::Protocol(p), Value::Port(port)] => Err(format!("{p} port {port} is not a node port of the state")),
+        _ => Err("not a node port".into()),
+    };
+    Ok(match h {
+        HostSet::ServiceIps | HostSet::NoEndpointServices | HostSet::FirewallIps | HostSet::FirewallAllow => {
+            vec![destination(&el.key)?]
+        }
+        HostSet::ServiceNodePorts | HostSet::NoEndpointNodePorts => vec![node_port(&el.key)?],
+        HostSet::ClusterIps => match el.key.as_slice() {
+            [Value::Address(ip)] if scope.cluster_ips.contains(ip) => vec![Ref::ClusterIp(*ip)],
+            _ => return Err(format!("{:?} is not a cluster IP of the state", el.key)),
+        },
+        HostSet::Hairpin => match el.key.as_slice() {
+            [Value::Address(a), Value::Address(b)] if a == b && scope.endpoint_ips.contains(a) => {
+                vec![Ref::EndpointIp(*a)]
+            }
+            _ => return Err("a hairpin element is one endpoint address, twice".into()),
+        },
+        HostSet::NodePortIps => return Err("nodeport-ips is filled by the host only".into()),
+    })
+}
+
+fn check_data(p: &Pending, set: &SetRef, decl: &SetDecl, el: &Element) -> Result<(), String> {
+    let host = match set {
+        SetRef::Host(h) => Some(*h),
+        SetRef::Own(_) => None,
+    };
+    match &el.data {
+        None => Ok(()),
+        Some(Data::Endpoint(ip, port)) => {
+            if p.ctx.scope.endpoints.contains(&(*ip, *port)) {
+                Ok(())
+            } else {
+                Err(format!("{} is not an endpoint of the state", kpx_rules::model::join_host_port(ip, *port)))
+            }
+        }
+        Some(Data::Verdict(kind, chain)) => {
+            let to_own = || own_chain(p, chain.as_deref().unwrap_or_default());
+            match (host, kind) {
+                (Some(HostSet::ServiceIps | HostSet::ServiceNodePorts), VerdictKind::Jump | VerdictKind::Goto) => {
+                    to_own()
+                }
+                (Some(HostSet::ServiceIps | HostSet::ServiceNodePorts), _) => {
+                    Err(format!("{} leads to one of the plugin's chains", decl.name))
+                }
+                (Some(_), VerdictKind::Drop | VerdictKind::Reject) => Ok(()),
+                (Some(_), _) => Err(format!("{} holds drop or reject", decl.name)),
+                (None, VerdictKind::Jump | VerdictKind::Goto) => to_own(),
+                (None, VerdictKind::Reject) => {
+                    Err("reject is the host's (its endpoint checks); the plugin's maps are looked up from nat hooks"
+                        .into())
+                }
+                (None, _) => Ok(()),
+            }
+        }
+    }
+}
+
+/// Nothing may still refer to what left the state since the last sync.
+fn check_departed(ctx: &Context, p: &Pending) -> Result<(), Rejected> {
+    let left = |r: Ref| {
+        let before = p.model().and_then(|m| m.refs.get(&r)).copied().unwrap_or(0);
+        i64::from(before) + p.o.refs.get(&r).copied().unwrap_or(0) > 0
+    };
+    let fail = |what: String| Rejected {
+        plugin: ctx.plugin.to_string(),
+        at: "the kernel's objects after this sync".into(),
+        item: what.clone(),
+        reason: format!("{what}, which has left the state, would still be referred to"),
+    };
+    let s = ctx.scope;
+    for d in s.destinations.removed() {
+        if left(Ref::Destination(*d)) {
+            return Err(fail(format!("{} {}", kpx_rules::model::join_host_port(&d.0, d.2), d.1)));
+        }
+    }
+    for n in s.node_ports.removed() {
+        if left(Ref::NodePort(*n)) {
+            return Err(fail(format!("node port {} {}", n.0, n.1)));
+        }
+    }
+    for ip in s.cluster_ips.removed() {
+        if left(Ref::ClusterIp(*ip)) {
+            return Err(fail(format!("cluster IP {ip}")));
+        }
+    }
+    for e in s.endpoints.removed() {
+        if left(Ref::Endpoint(*e)) {
+            return Err(fail(format!("endpoint {}", kpx_rules::model::join_host_port(&e.0, e.1))));
+        }
+    }
+    for ip in s.endpoint_ips.removed() {
+        if left(Ref::EndpointIp(*ip)) {
+            return Err(fail(format!("endpoint address {ip}")));
         }
     }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ctx() -> Context {
-        Context {
-            plugin: "nft".into(),
-            endpoints: [("10.1.0.1".parse().unwrap(), 8080)].into_iter().collect(),
-            existing_chains: Default::default(),
-        }
-    }
-
-    #[test]
-    fn accepts_kpx_transactions() {
-        let ok = "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
-                  flush table ip kube-proxy\n\
-                  add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority dstnat ; }\n\
-                  add rule ip kube-proxy select-internal dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @internal-tcp-2\n\
-                  add rule ip kube-proxy endpoint-X meta l4proto tcp dnat ip to 10.1.0.1:8080\n\
-                  add element ip kube-proxy internal-tcp-2 { 172.30.0.1 . tcp . 80 . 0 : 10.1.0.1 . 8080, 172.30.0.1 . tcp . 80 . 1 : 10.1.0.1 . 8080 }\n\
-                  delete element ip kube-proxy internal-tcp-2 { 172.30.0.1 . tcp . 80 . 0 }\n";
-        check_nftables(ok, IpFamily::V4, &ctx()).unwrap();
-    }
-
-    #[test]
-    fn refuses_foreign_tables_and_destinations() {
-        let cases = [
-            ("add rule ip filter input drop", "must name table"),
-            ("add rule ip6 kube-proxy x drop", "must name table"),
-            ("flush ruleset", "not an allowed command"),
-            ("delete table ip kube-proxy", "host's job"),
-            ("add chain ip kube-proxy in { type filter hook input priority 0 ; policy drop ; }", "policy accept"),
-            ("add rule ip kube-proxy x dnat ip to 192.0.2.66:80", "not an endpoint"),
-            ("add rule ip kube-proxy x dnat ip to ip daddr map @mine", "not an endpoint map"),
-            ("add rule ip kube-proxy x redirect to :8080", "\"redirect\""),
-            (
-                "add element ip kube-proxy internal-tcp-1 { 172.30.0.1 . tcp . 80 . 0 : 192.0.2.66 . 80 }",
-                "not an endpoint",
-            ),
-        ];
-        for (line, reason) in cases {
-            let err = check_nftables(line, IpFamily::V4, &ctx()).expect_err(line);
-            assert!(err.reason.contains(reason), "{line}: {err}");
-        }
-    }
-}
+mod tests;

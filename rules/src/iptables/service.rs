@@ -1,4 +1,5 @@
-//! The rules of one service port: upstream's `syncProxyRules` loop body.
+//! The rules of one service port: upstream's `syncProxyRules` loop body,
+//! as typed rules.
 //!
 //! - nat `KUBE-SERVICES` captures the cluster IP (to the internal policy
 //!   chain), external IPs and load-balancer IPs (to `KUBE-EXT-`, or to
@@ -11,10 +12,12 @@
 //!   Local policy has no local endpoints.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
-use super::Table;
 use crate::hash::{endpoint_chain, service_chain};
-use crate::model::{Endpoint, LocalTraffic, Node, ServicePort, Settings};
+use crate::model::{Cidr, Endpoint, LocalTraffic, Node, ServicePort, Settings};
+use crate::ops::iptables::{AddressMatch, Hook, InterfaceMatch, Match, Rule, Ruleset, Table, Target};
+use crate::ops::probability_one_in;
 
 /// What every service's rules depend on.
 pub struct Context<'a> {
@@ -25,41 +28,39 @@ pub struct Context<'a> {
 }
 
 impl Context<'_> {
-    /// `-s <pod cidr>` / `-i <bridge>`: traffic from a local pod.
-    fn if_local(&self) -> Option<String> {
-        self.local_match().map(|(flag, value)| format!("{flag} {value}"))
-    }
-
-    /// `! -s <pod cidr>` / `! -i <bridge>`: traffic not from a local pod.
-    fn if_not_local(&self) -> Option<String> {
-        self.local_match().map(|(flag, value)| format!("! {flag} {value}"))
-    }
-
-    fn local_match(&self) -> Option<(&'static str, String)> {
+    /// `-s <pod cidr>` / `-i <bridge>`: traffic from a local pod (or, with
+    /// `negate`, not from one).
+    fn local_match(&self, negate: bool) -> Option<Match> {
         match &self.settings.local_traffic {
             LocalTraffic::None => None,
-            LocalTraffic::Cidrs(cidrs) => {
-                cidrs.iter().find(|c| c.family() == self.settings.family).map(|c| ("-s", c.to_string()))
+            LocalTraffic::Cidrs(cidrs) => cidrs
+                .iter()
+                .find(|c| c.family() == self.settings.family)
+                .map(|c| Match::Source(AddressMatch { negate, cidr: *c })),
+            LocalTraffic::BridgeInterface(name) => {
+                Some(Match::InInterface(InterfaceMatch { negate, name: name.clone(), prefix: false }))
             }
-            LocalTraffic::BridgeInterface(name) => Some(("-i", name.clone())),
-            LocalTraffic::InterfaceNamePrefix(prefix) => Some(("-i", format!("{prefix}+"))),
+            LocalTraffic::InterfaceNamePrefix(prefix) => {
+                Some(Match::InInterface(InterfaceMatch { negate, name: prefix.clone(), prefix: true }))
+            }
         }
     }
 
-    /// `-m comment --comment <text>`, left out in large-cluster mode.
-    fn comment(&self, text: &str) -> String {
-        if self.large_cluster { String::new() } else { format!(" -m comment --comment {text}") }
+    /// A comment, left out in large-cluster mode.
+    fn endpoint_comment(&self, text: impl Into<String>) -> Option<Match> {
+        (!self.large_cluster).then(|| Match::Comment(text.into()))
     }
 }
 
-fn quoted(text: &str) -> String {
-    format!("\"{text}\"")
+/// `-p PROTO -d IP --dport PORT` with a comment first, as upstream orders them.
+fn to_destination(svc: &ServicePort, comment: String, ip: IpAddr, port: u16) -> [Match; 4] {
+    [Match::Comment(comment), Match::Protocol(svc.protocol), Match::destination_ip(ip), Match::DestinationPort(port)]
 }
 
 /// Writes one service port's rules; its own chains only when `write_chains`.
 /// Returns the nat chains it owns (when written; else empty and the caller
 /// keeps the previous list).
-pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut Table, nat: &mut Table) -> Vec<String> {
+pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Ruleset) -> Vec<String> {
     let family = ctx.settings.family;
     let Some(view) = svc.view(family) else {
         return Vec::new();
@@ -87,163 +88,181 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
     let lb_chain = if uses_fw { &fw_chain } else { &ext_chain };
     let uses_ext_chain = has_endpoints && externally_accessible;
 
-    let (internal_filter, external_filter) = if !has_endpoints {
-        let c = quoted(&format!("{key} has no endpoints"));
-        (("REJECT", c.clone()), ("REJECT", c))
+    let (filter_target, filter_comment) = if !has_endpoints {
+        (Target::Reject, format!("{key} has no endpoints"))
     } else {
-        let c = quoted(&format!("{key} has no local endpoints"));
-        (("DROP", c.clone()), ("DROP", c))
+        (Target::Drop, format!("{key} has no local endpoints"))
     };
-    let dst = |ip: &dyn std::fmt::Display| format!("-m {proto} -p {proto} -d {ip} --dport {port}");
+    let filtered = |hook: Hook, ip: IpAddr| {
+        Rule::hook(hook).with_all(to_destination(svc, filter_comment.clone(), ip, port)).target(filter_target.clone())
+    };
 
     // Cluster IP.
     if has_internal {
-        nat.rule(&format!(
-            "-A KUBE-SERVICES -m comment --comment {} {} -j {internal_chain}",
-            quoted(&format!("{key} cluster IP")),
-            dst(&cluster_ip)
-        ));
+        out.push(
+            Rule::hook(Hook::NatServices)
+                .with_all(to_destination(svc, format!("{key} cluster IP"), cluster_ip, port))
+                .jump(internal_chain),
+        );
     } else {
-        let (target, comment) = &internal_filter;
-        filter.rule(&format!("-A KUBE-SERVICES -m comment --comment {comment} {} -j {target}", dst(&cluster_ip)));
+        out.push(filtered(Hook::FilterServices, cluster_ip));
     }
     // External IPs.
-    for ip in ext_ips {
+    for &ip in ext_ips {
         if has_endpoints {
-            nat.rule(&format!(
-                "-A KUBE-SERVICES -m comment --comment {} {} -j {ext_chain}",
-                quoted(&format!("{key} external IP")),
-                dst(ip)
-            ));
+            out.push(
+                Rule::hook(Hook::NatServices)
+                    .with_all(to_destination(svc, format!("{key} external IP"), ip, port))
+                    .jump(&ext_chain),
+            );
         }
         if !has_external {
-            let (target, comment) = &external_filter;
-            filter.rule(&format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} {} -j {target}", dst(ip)));
+            out.push(filtered(Hook::FilterExternalServices, ip));
         }
     }
     // Load-balancer IPs.
-    for ip in lb_ips {
+    for &ip in lb_ips {
         if has_endpoints {
-            nat.rule(&format!(
-                "-A KUBE-SERVICES -m comment --comment {} {} -j {lb_chain}",
-                quoted(&format!("{key} loadbalancer IP")),
-                dst(ip)
-            ));
+            out.push(
+                Rule::hook(Hook::NatServices)
+                    .with_all(to_destination(svc, format!("{key} loadbalancer IP"), ip, port))
+                    .jump(lb_chain),
+            );
         }
         if uses_fw {
-            filter.rule(&format!(
-                "-A KUBE-PROXY-FIREWALL -m comment --comment {} {} -j DROP",
-                quoted(&format!("{key} traffic not accepted by {fw_chain}")),
-                dst(ip)
-            ));
+            out.push(
+                Rule::hook(Hook::FilterFirewall)
+                    .with_all(to_destination(svc, format!("{key} traffic not accepted by {fw_chain}"), ip, port))
+                    .target(Target::Drop),
+            );
         }
     }
     if !has_external {
-        for ip in lb_ips {
-            let (target, comment) = &external_filter;
-            filter.rule(&format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} {} -j {target}", dst(ip)));
+        for &ip in lb_ips {
+            out.push(filtered(Hook::FilterExternalServices, ip));
         }
     }
     // Node port.
     if svc.node_port != 0 {
         if has_endpoints {
-            nat.rule(&format!(
-                "-A KUBE-NODEPORTS -m comment --comment {key} -m {proto} -p {proto} --dport {} -j {ext_chain}",
-                svc.node_port
-            ));
+            out.push(
+                Rule::hook(Hook::NatNodePorts)
+                    .with(Match::Comment(key.to_string()))
+                    .with(Match::Protocol(svc.protocol))
+                    .with(Match::DestinationPort(svc.node_port))
+                    .jump(&ext_chain),
+            );
         }
         if !has_external {
-            let (target, comment) = &external_filter;
-            filter.rule(&format!(
-                "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {} -j {target}",
-                svc.node_port
-            ));
+            out.push(
+                Rule::hook(Hook::FilterExternalServices)
+                    .with(Match::Comment(filter_comment.clone()))
+                    .with(Match::DestinationTypeLocal { negate: false })
+                    .with(Match::Protocol(svc.protocol))
+                    .with(Match::DestinationPort(svc.node_port))
+                    .target(filter_target.clone()),
+            );
         }
     }
     // Health-check node port.
     if svc.health_check_node_port != 0 {
-        filter.rule(&format!(
-            "-A KUBE-NODEPORTS -m comment --comment {} -m tcp -p tcp --dport {} -j ACCEPT",
-            quoted(&format!("{key} health check node port")),
-            svc.health_check_node_port
-        ));
+        out.push(
+            Rule::hook(Hook::FilterNodePorts)
+                .with(Match::Comment(format!("{key} health check node port")))
+                .with(Match::Protocol(crate::model::Protocol::Tcp))
+                .with(Match::DestinationPort(svc.health_check_node_port))
+                .target(Target::Accept),
+        );
     }
 
     if !write_chains {
         return Vec::new();
     }
     let mut owned = Vec::new();
+    let nat = |chain: &str| Rule::chain(Table::Nat, chain);
 
     // Internal traffic: masquerade off-cluster sources.
     if has_internal {
-        let args = format!("-m comment --comment {} {}", quoted(&format!("{key} cluster IP")), dst(&cluster_ip));
+        let rule = nat(internal_chain).with_all(to_destination(svc, format!("{key} cluster IP"), cluster_ip, port));
         if ctx.settings.masquerade_all {
-            nat.rule(&format!("-A {internal_chain} {args} -j KUBE-MARK-MASQ"));
-        } else if let Some(not_local) = ctx.if_not_local() {
-            nat.rule(&format!("-A {internal_chain} {args} {not_local} -j KUBE-MARK-MASQ"));
+            out.push(rule.target(Target::MarkForMasquerade));
+        } else if let Some(not_local) = ctx.local_match(true) {
+            out.push(rule.with(not_local).target(Target::MarkForMasquerade));
         }
     }
     // External traffic.
     if uses_ext_chain {
-        nat.chain(&ext_chain);
+        out.declare(Table::Nat, &ext_chain);
         owned.push(ext_chain.clone());
         if !etp_local {
-            nat.rule(&format!(
-                "-A {ext_chain} -m comment --comment {} -j KUBE-MARK-MASQ",
-                quoted(&format!("masquerade traffic for {key} external destinations"))
-            ));
+            out.push(
+                nat(&ext_chain)
+                    .with(Match::comment(format!("masquerade traffic for {key} external destinations")))
+                    .target(Target::MarkForMasquerade),
+            );
         } else {
-            if let Some(local) = ctx.if_local() {
-                nat.rule(&format!(
-                    "-A {ext_chain} -m comment --comment {} {local} -j {svc_chain}",
-                    quoted(&format!("pod traffic for {key} external destinations"))
-                ));
+            if let Some(local) = ctx.local_match(false) {
+                out.push(
+                    nat(&ext_chain)
+                        .with(Match::comment(format!("pod traffic for {key} external destinations")))
+                        .with(local)
+                        .jump(&svc_chain),
+                );
             }
-            nat.rule(&format!(
-                "-A {ext_chain} -m comment --comment {} -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
-                quoted(&format!("masquerade LOCAL traffic for {key} external destinations"))
-            ));
-            nat.rule(&format!(
-                "-A {ext_chain} -m comment --comment {} -m addrtype --src-type LOCAL -j {svc_chain}",
-                quoted(&format!("route LOCAL traffic for {key} external destinations"))
-            ));
+            out.push(
+                nat(&ext_chain)
+                    .with(Match::comment(format!("masquerade LOCAL traffic for {key} external destinations")))
+                    .with(Match::SourceTypeLocal { negate: false })
+                    .target(Target::MarkForMasquerade),
+            );
+            out.push(
+                nat(&ext_chain)
+                    .with(Match::comment(format!("route LOCAL traffic for {key} external destinations")))
+                    .with(Match::SourceTypeLocal { negate: false })
+                    .jump(&svc_chain),
+            );
         }
         if has_external {
-            nat.rule(&format!("-A {ext_chain} -j {external_policy_chain}"));
+            out.push(nat(&ext_chain).jump(external_policy_chain));
         }
     }
     // Load-balancer source ranges.
     if uses_fw {
-        nat.chain(&fw_chain);
+        out.declare(Table::Nat, &fw_chain);
         owned.push(fw_chain.clone());
-        let args = format!("-A {fw_chain} -m comment --comment {}", quoted(&format!("{key} loadbalancer IP")));
+        let comment = || Match::comment(format!("{key} loadbalancer IP"));
         let node_ip = ctx.node.addresses.iter().find(|ip| family.matches(ip));
         let mut allow_from_node = false;
         for cidr in svc.load_balancer_source_ranges.iter().filter(|c| c.family() == family) {
-            nat.rule(&format!("{args} -s {cidr} -j {ext_chain}"));
+            out.push(
+                nat(&fw_chain)
+                    .with(comment())
+                    .with(Match::Source(AddressMatch { negate: false, cidr: *cidr }))
+                    .jump(&ext_chain),
+            );
             allow_from_node |= node_ip.is_some_and(|ip| cidr.contains(ip));
         }
         if allow_from_node {
-            for ip in lb_ips {
-                nat.rule(&format!("{args} -s {ip} -j {ext_chain}"));
+            for &ip in lb_ips {
+                out.push(nat(&fw_chain).with(comment()).with(Match::source_ip(ip)).jump(&ext_chain));
             }
         }
-        nat.rule(&format!(
-            "-A {fw_chain} -m comment --comment {}",
-            quoted(&format!("other traffic to {key} will be dropped by KUBE-PROXY-FIREWALL"))
-        ));
+        out.push(
+            nat(&fw_chain)
+                .with(Match::comment(format!("other traffic to {key} will be dropped by KUBE-PROXY-FIREWALL"))),
+        );
     }
 
     let sep = |ep: &Endpoint| endpoint_chain(key, proto, &ep.host_port());
     if uses_cluster_chain {
-        nat.chain(&svc_chain);
+        out.declare(Table::Nat, &svc_chain);
         owned.push(svc_chain.clone());
-        write_endpoint_choice(ctx, svc, &svc_chain, cluster_eps, &sep, nat);
+        write_endpoint_choice(ctx, svc, &svc_chain, cluster_eps, &sep, out);
     }
     if uses_local_chain {
-        nat.chain(&svl_chain);
+        out.declare(Table::Nat, &svl_chain);
         owned.push(svl_chain.clone());
-        write_endpoint_choice(ctx, svc, &svl_chain, local_eps, &sep, nat);
+        write_endpoint_choice(ctx, svc, &svl_chain, local_eps, &sep, out);
     }
     // Endpoint chains, for every endpoint some policy chain can reach.
     let mut reachable: Vec<&Endpoint> = Vec::new();
@@ -257,15 +276,22 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, filter: &mut 
     }
     for ep in reachable {
         let chain = sep(ep);
-        nat.chain(&chain);
-        let comment = ctx.comment(key);
-        nat.rule(&format!("-A {chain}{comment} -s {} -j KUBE-MARK-MASQ", ep.ip));
-        let affinity =
-            if svc.affinity_timeout_seconds > 0 { format!(" -m recent --name {chain} --set") } else { String::new() };
-        nat.rule(&format!(
-            "-A {chain}{comment}{affinity} -m {proto} -p {proto} -j DNAT --to-destination {}",
-            ep.host_port()
-        ));
+        out.declare(Table::Nat, &chain);
+        let comment = ctx.endpoint_comment(key);
+        out.push(
+            nat(&chain)
+                .with_all(comment.clone())
+                .with(Match::Source(AddressMatch { negate: false, cidr: Cidr::host(ep.ip) }))
+                .target(Target::MarkForMasquerade),
+        );
+        let affinity = (svc.affinity_timeout_seconds > 0).then(|| Match::RecentSet { name: chain.clone() });
+        out.push(
+            nat(&chain)
+                .with_all(comment)
+                .with_all(affinity)
+                .with(Match::Protocol(svc.protocol))
+                .target(Target::Dnat(ep.ip, ep.port)),
+        );
         owned.push(chain);
     }
     owned
@@ -279,30 +305,29 @@ fn write_endpoint_choice(
     chain: &str,
     endpoints: &[&Endpoint],
     sep: &dyn Fn(&Endpoint) -> String,
-    nat: &mut Table,
+    out: &mut Ruleset,
 ) {
     let key = &svc.key;
     if svc.affinity_timeout_seconds > 0 {
         for ep in endpoints {
             let target = sep(ep);
-            let comment = ctx.comment(&quoted(&format!("{key} -> {}", ep.host_port())));
-            nat.rule(&format!(
-                "-A {chain}{comment} -m recent --name {target} --rcheck --seconds {} --reap -j {target}",
-                svc.affinity_timeout_seconds
-            ));
+            out.push(
+                Rule::chain(Table::Nat, chain)
+                    .with_all(ctx.endpoint_comment(format!("{key} -> {}", ep.host_port())))
+                    .with(Match::RecentCheck {
+                        name: target.clone(),
+                        seconds: svc.affinity_timeout_seconds,
+                        reap: true,
+                    })
+                    .jump(&target),
+            );
         }
     }
     let n = endpoints.len();
     for (i, ep) in endpoints.iter().enumerate() {
-        let comment = ctx.comment(&quoted(&format!("{key} -> {}", ep.host_port())));
-        let target = sep(ep);
-        if i + 1 < n {
-            nat.rule(&format!(
-                "-A {chain}{comment} -m statistic --mode random --probability {} -j {target}",
-                super::probability(n - i)
-            ));
-        } else {
-            nat.rule(&format!("-A {chain}{comment} -j {target}"));
-        }
+        let rule =
+            Rule::chain(Table::Nat, chain).with_all(ctx.endpoint_comment(format!("{key} -> {}", ep.host_port())));
+        let rule = if i + 1 < n { rule.with(Match::StatisticRandom(probability_one_in(n - i))) } else { rule };
+        out.push(rule.jump(&sep(ep)));
     }
 }

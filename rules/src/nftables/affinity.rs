@@ -1,49 +1,51 @@
 //! ClientIP affinity needs per-endpoint state, so an affinity Service gets
 //! upstream's own objects: a `service-` (cluster endpoints) and a `local-`
 //! chain, an `endpoint-` chain and an `affinity-` set (dynamic, with the
-//! Service's timeout) per endpoint. The select chains reach them through
-//! the `affinity-<purpose>` verdict maps.
+//! Service's timeout) per endpoint, and a `slots-` map per choice chain
+//! (upstream uses an anonymous verdict map; the contract has named maps
+//! only). The select chains reach them through the `affinity-<purpose>`
+//! maps.
 
 use sha2::{Digest, Sha256};
 
-use super::Fam;
-use crate::model::{Endpoint, ServicePort};
+use super::elements::source_key;
+use crate::model::{Endpoint, IpFamily, ServicePort};
+use crate::ops::nftables::{
+    DataType, ElementWriter, Elements, KeyExpr, KeyType, Match, Op, Rule, SetDecl, SetRef, Statement, Verdict,
+    VerdictKind,
+};
 
-/// A Service's own chains and sets.
+/// A Service's own chains, sets, maps and their contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Objects {
     pub chains: Vec<String>,
-    /// (name, its `add set` command)
-    pub sets: Vec<(String, String)>,
-    pub rules: Vec<String>,
+    pub sets: Vec<SetDecl>,
+    pub rules: Vec<Rule>,
+    /// Elements of its slot maps.
+    pub elements: Vec<Elements>,
 }
 
 impl Objects {
-    /// `add chain` / `add set` commands.
-    pub fn declarations(&self, fam: Fam) -> Vec<String> {
-        let mut out: Vec<String> = self.chains.iter().map(|c| format!("{} {c}", fam.cmd("add", "chain"))).collect();
-        out.extend(self.sets.iter().map(|(_, decl)| decl.clone()));
-        out
+    /// Declarations: chains, then sets and maps.
+    pub fn declarations(&self) -> impl Iterator<Item = Op> + '_ {
+        self.chains.iter().map(|c| Op::AddChain(c.clone())).chain(self.sets.iter().map(|s| Op::AddSet(s.clone())))
     }
 
-    /// `flush chain` commands, so a chain can be rewritten or deleted.
-    pub fn flushes(&self, fam: Fam) -> Vec<String> {
-        self.chains.iter().map(|c| format!("{} {c}", fam.cmd("flush", "chain"))).collect()
+    /// What makes the objects empty, so that they can be rewritten or
+    /// deleted: flushed chains and slot maps.
+    pub fn flushes(&self) -> impl Iterator<Item = Op> + '_ {
+        self.chains
+            .iter()
+            .map(|c| Op::FlushChain(c.clone()))
+            .chain(self.sets.iter().filter(|s| s.timeout_seconds.is_none()).map(|s| Op::FlushSet(s.name.clone())))
     }
 
     /// Deletes what `self` has and `new` lacks (or declares differently);
-    /// chains must have been flushed and their map elements deleted first.
-    pub fn stale_against(&self, new: &Objects, fam: Fam) -> Vec<String> {
-        let mut out = Vec::new();
-        for c in self.chains.iter().filter(|c| !new.chains.contains(c)) {
-            out.push(format!("{} {c}", fam.cmd("delete", "chain")));
-        }
-        for (name, decl) in &self.sets {
-            if !new.sets.iter().any(|(n, d)| n == name && d == decl) {
-                out.push(format!("{} {name}", fam.cmd("delete", "set")));
-            }
-        }
-        out
+    /// the objects must have been flushed and their map elements deleted first.
+    pub fn stale_against<'a>(&'a self, new: &'a Objects) -> impl Iterator<Item = Op> + 'a {
+        let chains = self.chains.iter().filter(|c| !new.chains.contains(c)).map(|c| Op::DeleteChain(c.clone()));
+        let sets = self.sets.iter().filter(|s| !new.sets.contains(s)).map(|s| Op::DeleteSet(s.name.clone()));
+        chains.chain(sets)
     }
 }
 
@@ -53,7 +55,7 @@ pub fn hashed(prefix: &str, name: &str) -> String {
     let mut hash = data_encoding::BASE32.encode(&digest);
     hash.truncate(8);
     let mut out = format!("{prefix}{hash}-{name}");
-    out.truncate(200);
+    out.truncate(crate::ops::nftables::MAX_NAME);
     out
 }
 
@@ -64,58 +66,61 @@ pub struct Chains {
 }
 
 /// The objects of one affinity Service.
-pub fn chains(fam: Fam, svc: &ServicePort, cluster_eps: &[&Endpoint], local_eps: &[&Endpoint]) -> Chains {
+pub fn chains(family: IpFamily, svc: &ServicePort, cluster_eps: &[&Endpoint], local_eps: &[&Endpoint]) -> Chains {
     let base = format!("{}/{}/{}/{}", svc.namespace, svc.name, svc.protocol, svc.port_name);
     let cluster = hashed("service-", &base);
     let local = hashed("local-", &base);
     let endpoint_base = |ep: &Endpoint| format!("{base}__{}/{}", ep.ip, ep.port);
+    let endpoint_chain = |ep: &Endpoint| hashed("endpoint-", &endpoint_base(ep));
+    let affinity_set = |ep: &Endpoint| hashed("affinity-", &endpoint_base(ep));
     let mut o = Objects::default();
-    let family = fam.name();
     let mut endpoints: Vec<&Endpoint> = cluster_eps.iter().chain(local_eps).copied().collect();
     endpoints.sort_by_key(|e| (e.ip, e.port));
     endpoints.dedup_by_key(|e| (e.ip, e.port));
     for ep in &endpoints {
-        let chain = hashed("endpoint-", &endpoint_base(ep));
-        let set = hashed("affinity-", &endpoint_base(ep));
-        o.sets.push((
-            set.clone(),
-            format!(
-                "{} {set} {{ type {} ; flags dynamic,timeout ; timeout {}s ; }}",
-                fam.cmd("add", "set"),
-                fam.addr_type(),
-                svc.affinity_timeout_seconds
-            ),
-        ));
-        o.rules.push(format!("{} {chain} update @{set} {{ {family} saddr }}", fam.cmd("add", "rule")));
-        o.rules.push(format!(
-            "{} {chain} meta l4proto {} dnat {family} to {}",
-            fam.cmd("add", "rule"),
-            svc.protocol,
-            ep.host_port()
-        ));
+        let chain = endpoint_chain(ep);
+        let set = affinity_set(ep);
+        o.sets.push(SetDecl::affinity(&set, svc.affinity_timeout_seconds));
+        o.rules.push(Rule::new(&chain).statement(Statement::AffinityUpdate(set)));
+        o.rules.push(
+            Rule::new(&chain)
+                .with(Match::Protocol { negate: false, protocol: svc.protocol })
+                .verdict(Verdict::Dnat(ep.ip, ep.port)),
+        );
         o.chains.push(chain);
     }
-    for (chain, eps) in [(&cluster, cluster_eps), (&local, local_eps)] {
+    for (chain, slots_prefix, eps) in [(&cluster, "slots-", cluster_eps), (&local, "local-slots-", local_eps)] {
         if eps.is_empty() {
             continue;
         }
         o.chains.push(chain.clone());
         for ep in eps {
-            let set = hashed("affinity-", &endpoint_base(ep));
-            let target = hashed("endpoint-", &endpoint_base(ep));
-            o.rules.push(format!("{} {chain} {family} saddr @{set} goto {target}", fam.cmd("add", "rule")));
+            o.rules.push(
+                Rule::new(chain)
+                    .with(Match::Lookup { keys: source_key(), set: SetRef::Own(affinity_set(ep)), negate: false })
+                    .verdict(Verdict::Goto(endpoint_chain(ep))),
+            );
         }
-        let slots: Vec<String> = eps
-            .iter()
-            .enumerate()
-            .map(|(i, ep)| format!("{i} : goto {}", hashed("endpoint-", &endpoint_base(ep))))
-            .collect();
-        o.rules.push(format!(
-            "{} {chain} numgen random mod {} vmap {{ {} }}",
-            fam.cmd("add", "rule"),
-            eps.len(),
-            slots.join(", ")
-        ));
+        let slots = hashed(slots_prefix, &base);
+        o.sets.push(SetDecl {
+            name: slots.clone(),
+            key: vec![KeyType::Integer],
+            data: Some(DataType::Verdict),
+            interval: false,
+            timeout_seconds: None,
+            comment: None,
+        });
+        let mut writer = ElementWriter::new(family, SetRef::Own(slots.clone()));
+        for (i, ep) in eps.iter().enumerate() {
+            writer.word(i as u32).verdict(VerdictKind::Goto, Some(&endpoint_chain(ep)));
+        }
+        o.elements.push(writer.finish());
+        o.rules.push(
+            Rule::new(chain).verdict(Verdict::Vmap {
+                keys: vec![KeyExpr::NumgenRandom(eps.len() as u32)],
+                map: SetRef::Own(slots),
+            }),
+        );
     }
     Chains { cluster, local, objects: o }
 }

@@ -1,17 +1,91 @@
-//! What one service port contributes: elements of the dispatch maps, the
-//! endpoint maps, the check sets; and, with ClientIP affinity, its own
-//! chains (see affinity.rs). The semantics are upstream's (as in the
-//! iptables generator), expressed as elements instead of chains.
+//! What one service port contributes: elements of the host's dispatch
+//! maps and check sets, and of this backend's endpoint maps; and, with
+//! ClientIP affinity, its own chains (see affinity.rs). The semantics are
+//! upstream's (as in the iptables generator), expressed as elements
+//! instead of chains.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::affinity;
-use super::{Contribution, Element, Fam, Names};
-use crate::model::{Endpoint, Node, Protocol, ServicePort, Settings};
+use crate::model::{IpFamily, Node, Protocol, ServicePort, Settings};
+use crate::ops::nftables::{
+    AddressField, DataType, HostSet, KeyExpr, KeyType, Match, Rule, SetDecl, SetRef, Verdict, VerdictKind,
+    protocol_number, push_address,
+};
+
+/// Text that is cloned often (set and chain names): a reference count.
+pub type Text = Arc<str>;
+
+/// A set an element goes to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Set {
+    Host(HostSet),
+    Own(Text),
+}
+
+impl Set {
+    pub fn to_ref(&self) -> SetRef {
+        match self {
+            Set::Host(h) => SetRef::Host(*h),
+            Set::Own(n) => SetRef::Own(n.to_string()),
+        }
+    }
+}
+
+/// Up to 12 words: a key or data laid out as the contract's element words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Words {
+    len: u8,
+    w: [u32; 12],
+}
+
+impl Words {
+    pub fn new() -> Words {
+        Words { len: 0, w: [0; 12] }
+    }
+
+    pub fn push(mut self, word: u32) -> Words {
+        self.w[self.len as usize] = word;
+        self.len += 1;
+        self
+    }
+
+    pub fn address(self, ip: IpAddr) -> Words {
+        let mut v = Vec::with_capacity(4);
+        push_address(&mut v, ip);
+        v.into_iter().fold(self, Words::push)
+    }
+
+    pub fn as_slice(&self) -> &[u32] {
+        &self.w[..self.len as usize]
+    }
+}
+
+impl Default for Words {
+    fn default() -> Self {
+        Words::new()
+    }
+}
+
+/// An element's data.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemData {
+    Endpoint(Words),
+    Verdict(VerdictKind, Option<Text>),
+}
+
+/// One element of a set or map.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Elem {
+    pub set: Set,
+    pub key: Words,
+    pub data: Option<ElemData>,
+}
 
 /// What an endpoint map is for; each has one select chain and one map per
-/// endpoint count.
+/// protocol and endpoint count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Purpose {
     /// Cluster IP traffic (internal traffic policy).
@@ -54,12 +128,25 @@ impl Purpose {
         format!("affinity-{}", self.name())
     }
 
-    /// The lookup key expression, without the numgen part.
-    pub fn key_expr(self, fam: Fam) -> String {
-        if self.keyed_by_address() {
-            format!("{} daddr . meta l4proto . th dport", fam.name())
-        } else {
-            "meta l4proto . th dport".into()
+    /// The lookup key, without the slot.
+    pub fn key_exprs(self) -> Vec<KeyExpr> {
+        if self.keyed_by_address() { KeyExpr::DESTINATION.to_vec() } else { KeyExpr::NODE_PORT.to_vec() }
+    }
+
+    /// The key types of its maps, without the slot.
+    pub fn key_types(self) -> Vec<KeyType> {
+        self.key_exprs().into_iter().map(KeyExpr::key_type).collect()
+    }
+
+    /// The affinity map's declaration: key -> goto the Service's chain.
+    pub fn affinity_declaration(self) -> SetDecl {
+        SetDecl {
+            name: self.affinity_map(),
+            key: self.key_types(),
+            data: Some(DataType::Verdict),
+            interval: false,
+            timeout_seconds: None,
+            comment: None,
         }
     }
 }
@@ -72,61 +159,58 @@ pub fn count_map((purpose, proto, n): CountMap) -> String {
     format!("{}-{proto}-{n}", purpose.name())
 }
 
-/// One map per protocol: the data half is spelled `<proto> dport`, which
-/// makes nft add an implicit `meta l4proto <proto>` to the rule that uses
-/// it (right for that map only). `th dport` cannot be used: nft 1.0.6
-/// cannot read such a map back ("conflicting protocols specified: ip vs.
-/// th"), which breaks every later transaction on the table.
-pub fn count_map_declaration(fam: Fam, map: CountMap) -> String {
-    let (purpose, proto, n) = map;
-    format!(
-        "{} {} {{ typeof {} . numgen random mod {n} : {} daddr . {proto} dport ; }}",
-        fam.cmd("add", "map"),
-        count_map(map),
-        purpose.key_expr(fam),
-        fam.name()
-    )
+/// key . slot -> endpoint address . port.
+pub fn count_map_declaration(map: CountMap) -> SetDecl {
+    let mut key = map.0.key_types();
+    key.push(KeyType::Integer);
+    SetDecl {
+        name: count_map(map),
+        key,
+        data: Some(DataType::Endpoint),
+        interval: false,
+        timeout_seconds: None,
+        comment: None,
+    }
 }
 
-/// The select-chain rule for one endpoint count: pick slot `numgen random
+/// The select-chain rule for one endpoint map: pick slot `numgen random
 /// mod n`, DNAT to what the map holds for it (a miss falls through).
-pub fn count_rule(fam: Fam, map: CountMap) -> String {
-    let (purpose, _, n) = map;
-    format!(
-        "{} {} dnat {} to {} . numgen random mod {n} map @{}",
-        fam.cmd("add", "rule"),
-        purpose.select_chain(),
-        fam.name(),
-        purpose.key_expr(fam),
-        count_map(map)
-    )
+pub fn count_rule(map: CountMap) -> Rule {
+    let (purpose, proto, n) = map;
+    let mut keys = purpose.key_exprs();
+    keys.push(KeyExpr::NumgenRandom(n as u32));
+    Rule::new(&purpose.select_chain())
+        .with(Match::Protocol { negate: false, protocol: proto })
+        .verdict(Verdict::DnatMap { keys, map: SetRef::Own(count_map(map)) })
 }
 
 pub struct Context<'a> {
     pub settings: &'a Settings,
     pub node: &'a Node,
-    pub names: &'a Names,
 }
 
-/// `ip . port` as map data.
-fn endpoint_value(ep: &Endpoint) -> String {
-    format!("{} . {}", ep.ip, ep.port)
+/// What one service port puts into the table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contribution {
+    pub elements: Vec<Elem>,
+    /// The endpoint maps it needs.
+    pub counts: BTreeSet<CountMap>,
+    /// Its own chains, sets and maps (affinity only).
+    pub objects: affinity::Objects,
 }
 
-pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
-    let fam = Fam(ctx.settings.family);
+fn goto(chain: &str) -> Option<ElemData> {
+    Some(ElemData::Verdict(VerdictKind::Goto, Some(Arc::from(chain))))
+}
+
+pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> Contribution {
     let family = ctx.settings.family;
     let mut c = Contribution::default();
     let Some(view) = svc.view(family) else {
         return c;
     };
-    let el = |set: &str, key: String, value: Option<String>| Element {
-        set: ctx.names.get(set),
-        key: key.into(),
-        value: value.map(Into::into),
-    };
-    let proto = svc.protocol.as_str();
-    let port = svc.port;
+    let proto = protocol_number(svc.protocol);
+    let port = u32::from(svc.port);
     let cluster_ip = view.cluster_ip;
     let (cluster_eps, local_eps) = (&view.cluster_endpoints, &view.local_endpoints);
     let (ext_ips, lb_ips) = (&view.external_ips, &view.load_balancer_ips);
@@ -134,64 +218,67 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
     let (itp_local, etp_local) = (view.internal_local, view.external_local);
     let (internal_eps, external_eps) = (view.internal_endpoints(), view.external_endpoints());
     let (has_internal, has_external) = (view.has_internal(), view.has_external());
-    let filter_verdict = if has_endpoints { "drop" } else { "goto reject-chain" };
-    let tuple = |ip: &IpAddr| format!("{ip} . {proto} . {port}");
+    let filter_verdict =
+        Some(ElemData::Verdict(if has_endpoints { VerdictKind::Drop } else { VerdictKind::Reject }, None));
+    let tuple = |ip: IpAddr| Words::new().address(ip).push(proto).push(port);
+    let host = |set: HostSet, key: Words, data: Option<ElemData>| Elem { set: Set::Host(set), key, data };
     let affinity = svc.affinity_timeout_seconds > 0;
-    let chains = affinity.then(|| affinity::chains(fam, svc, cluster_eps, local_eps));
+    let chains = affinity.then(|| affinity::chains(family, svc, cluster_eps, local_eps));
 
-    c.elements.push(el("cluster-ips", cluster_ip.to_string(), None));
+    c.elements.push(host(HostSet::ClusterIps, Words::new().address(cluster_ip), None));
 
-    // Which endpoint set a capture uses.
     #[derive(Clone, Copy)]
-    enum Set {
+    enum Which {
         Cluster,
         Local,
     }
-    let eps_of = |set: Set| match set {
-        Set::Cluster => cluster_eps,
-        Set::Local => local_eps,
+    let eps_of = |which: Which| match which {
+        Which::Cluster => cluster_eps,
+        Which::Local => local_eps,
     };
-    let endpoints_for = |purpose: Purpose, key: String, set: Set, c: &mut Contribution| {
-        let eps = eps_of(set);
+    let endpoints_for = |purpose: Purpose, key: Words, which: Which, c: &mut Contribution| {
+        let eps = eps_of(which);
         if eps.is_empty() {
             return;
         }
         if let Some(chains) = &chains {
-            let chain = match set {
-                Set::Cluster => &chains.cluster,
-                Set::Local => &chains.local,
+            let chain = match which {
+                Which::Cluster => &chains.cluster,
+                Which::Local => &chains.local,
             };
-            c.elements.push(el(&purpose.affinity_map(), key, Some(format!("goto {chain}"))));
+            c.elements.push(Elem { set: Set::Own(names.get(&purpose.affinity_map())), key, data: goto(chain) });
             return;
         }
         let map = (purpose, svc.protocol, eps.len());
         c.counts.insert(map);
+        let set = Set::Own(names.get(&count_map(map)));
         for (i, ep) in eps.iter().enumerate() {
-            c.elements.push(el(&count_map(map), format!("{key} . {i}"), Some(endpoint_value(ep))));
+            let data = ElemData::Endpoint(Words::new().address(ep.ip).push(u32::from(ep.port)));
+            c.elements.push(Elem { set: set.clone(), key: key.push(i as u32), data: Some(data) });
         }
     };
-    let internal_set = if itp_local { Set::Local } else { Set::Cluster };
-    let external_set = if etp_local { Set::Local } else { Set::Cluster };
+    let internal_set = if itp_local { Which::Local } else { Which::Cluster };
+    let external_set = if etp_local { Which::Local } else { Which::Cluster };
 
     // Cluster IP.
     if has_internal {
-        c.elements.push(el("service-ips", tuple(&cluster_ip), Some("goto cluster-ip".into())));
-        endpoints_for(Purpose::Internal, tuple(&cluster_ip), internal_set, &mut c);
+        c.elements.push(host(HostSet::ServiceIps, tuple(cluster_ip), goto("cluster-ip")));
+        endpoints_for(Purpose::Internal, tuple(cluster_ip), internal_set, &mut c);
     } else {
-        c.elements.push(el("no-endpoint-services", tuple(&cluster_ip), Some(filter_verdict.into())));
+        c.elements.push(host(HostSet::NoEndpointServices, tuple(cluster_ip), filter_verdict.clone()));
     }
     let external_chain = if etp_local { "external-local" } else { "external-cluster" };
     // External IPs and load-balancer IPs.
-    for ip in ext_ips.iter().chain(lb_ips) {
+    for &ip in ext_ips.iter().chain(lb_ips) {
         if has_endpoints {
-            c.elements.push(el("service-ips", tuple(ip), Some(format!("goto {external_chain}"))));
+            c.elements.push(host(HostSet::ServiceIps, tuple(ip), goto(external_chain)));
             endpoints_for(Purpose::External, tuple(ip), external_set, &mut c);
             if etp_local {
-                endpoints_for(Purpose::Shortcut, tuple(ip), Set::Cluster, &mut c);
+                endpoints_for(Purpose::Shortcut, tuple(ip), Which::Cluster, &mut c);
             }
         }
         if !has_external {
-            c.elements.push(el("no-endpoint-services", tuple(ip), Some(filter_verdict.into())));
+            c.elements.push(host(HostSet::NoEndpointServices, tuple(ip), filter_verdict.clone()));
         }
     }
     // Load-balancer source ranges.
@@ -199,29 +286,31 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
     if has_endpoints && !lb_ips.is_empty() && !ranges.is_empty() {
         let node_ip = ctx.node.addresses.iter().find(|ip| family.matches(ip));
         let from_node = ranges.iter().any(|r| node_ip.is_some_and(|ip| r.contains(ip)));
-        for ip in lb_ips {
-            c.elements.push(el("firewall-ips", tuple(ip), None));
+        let cidr = |w: Words, addr: IpAddr, len: u8| w.address(addr).push(u32::from(len));
+        for &ip in lb_ips {
+            c.elements.push(host(HostSet::FirewallIps, tuple(ip), None));
             for r in &ranges {
-                c.elements.push(el("firewall-allow", format!("{} . {r}", tuple(ip)), None));
+                c.elements.push(host(HostSet::FirewallAllow, cidr(tuple(ip), r.network(), r.prefix_len), None));
             }
             if from_node {
-                c.elements.push(el("firewall-allow", format!("{} . {ip}", tuple(ip)), None));
+                let full = if family == IpFamily::V4 { 32 } else { 128 };
+                c.elements.push(host(HostSet::FirewallAllow, cidr(tuple(ip), ip, full), None));
             }
         }
     }
     // Node port.
     if svc.node_port != 0 {
-        let np = format!("{proto} . {}", svc.node_port);
+        let np = Words::new().push(proto).push(u32::from(svc.node_port));
         if has_endpoints {
             let chain = if etp_local { "nodeport-local" } else { "nodeport-cluster" };
-            c.elements.push(el("service-nodeports", np.clone(), Some(format!("goto {chain}"))));
-            endpoints_for(Purpose::NodePortExternal, np.clone(), external_set, &mut c);
+            c.elements.push(host(HostSet::ServiceNodePorts, np, goto(chain)));
+            endpoints_for(Purpose::NodePortExternal, np, external_set, &mut c);
             if etp_local {
-                endpoints_for(Purpose::NodePortShortcut, np.clone(), Set::Cluster, &mut c);
+                endpoints_for(Purpose::NodePortShortcut, np, Which::Cluster, &mut c);
             }
         }
         if !has_external {
-            c.elements.push(el("no-endpoint-nodeports", np, Some(filter_verdict.into())));
+            c.elements.push(host(HostSet::NoEndpointNodePorts, np, filter_verdict));
         }
     }
     // Hairpin: an endpoint reaching itself through the service.
@@ -236,10 +325,15 @@ pub fn contribution(ctx: &Context, svc: &ServicePort) -> Contribution {
         }
     }
     for ip in reachable {
-        c.elements.push(el("hairpin", format!("{ip} . {ip}"), None));
+        c.elements.push(host(HostSet::Hairpin, Words::new().address(ip).address(ip), None));
     }
     if let Some(chains) = chains {
         c.objects = chains.objects;
     }
     c
+}
+
+/// The source-address key of affinity lookups.
+pub fn source_key() -> Vec<KeyExpr> {
+    vec![KeyExpr::Address(AddressField::Source)]
 }

@@ -1,5 +1,6 @@
 use super::*;
-use crate::model::{Endpoint, LocalTraffic, Protocol, TrafficPolicy};
+use crate::model::{Endpoint, LocalTraffic, Protocol, ProxyMode, TrafficPolicy};
+use crate::ops::nftables::{Data, Element, HostSet, SetDecl, SetRef, Value, VerdictKind, decode_elements, decode_keys};
 
 fn ep(ip: &str) -> Endpoint {
     Endpoint::ready(ip.parse().unwrap(), 8080)
@@ -12,13 +13,55 @@ fn svc(name: &str, ip: &str, eps: Vec<Endpoint>) -> ServicePort {
 }
 
 fn proxier() -> NftablesProxier {
-    let mut settings = Settings::new(IpFamily::V4, "nftables");
+    let mut settings = Settings::new(IpFamily::V4, ProxyMode::Nftables);
     settings.local_traffic = LocalTraffic::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
     NftablesProxier::new(settings)
 }
 
-fn text(p: &mut NftablesProxier, full: bool) -> String {
-    p.render(full).unwrap().text().to_string()
+fn tx(p: &mut NftablesProxier, full: bool) -> Transaction {
+    match p.render(full).unwrap() {
+        AnyRuleset::Nftables(t) => t,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Declarations known to a transaction (the host's, its own, and earlier ones).
+fn decl_of(name: &str, known: &[SetDecl]) -> SetDecl {
+    HostSet::from_name(name)
+        .map(HostSet::declaration)
+        .or_else(|| known.iter().find(|d| d.name == name).cloned())
+        .unwrap_or_else(|| panic!("no declaration of {name}"))
+}
+
+fn declared_sets(t: &Transaction) -> Vec<SetDecl> {
+    t.ops.iter().filter_map(|op| if let Op::AddSet(d) = op { Some(d.clone()) } else { None }).collect()
+}
+
+/// (added or deleted, set, elements) in the transaction's order.
+fn element_ops(t: &Transaction, known: &[SetDecl]) -> Vec<(bool, String, Vec<Element>)> {
+    let mut known = known.to_vec();
+    known.extend(declared_sets(t));
+    t.ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddElements(e) | Op::DeleteElements(e) => {
+                let decl = decl_of(e.set.name(), &known);
+                let add = matches!(op, Op::AddElements(_));
+                let decoded =
+                    if add { decode_elements(&decl, IpFamily::V4, e) } else { decode_keys(&decl, IpFamily::V4, e) };
+                Some((add, e.set.name().to_string(), decoded.unwrap()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn added(t: &Transaction, known: &[SetDecl], set: &str) -> Vec<Element> {
+    element_ops(t, known).into_iter().filter(|(add, s, _)| *add && s == set).flat_map(|(_, _, e)| e).collect()
+}
+
+fn ip(s: &str) -> Value {
+    Value::Address(s.parse().unwrap())
 }
 
 /// `n` services with 2 endpoints each.
@@ -40,18 +83,25 @@ fn services(n: usize) -> Vec<ServicePort> {
 
 #[test]
 fn full_render_has_no_chain_per_service() {
+    let chains = |t: &Transaction| t.ops.iter().filter(|op| matches!(op, Op::AddChain(_))).count();
     let mut small = proxier();
     small.reset(Node::default(), Cluster::default(), services(10));
     let mut big = proxier();
     big.reset(Node::default(), Cluster::default(), services(1000));
-    let chains = |t: &str| t.lines().filter(|l| l.starts_with("add chain")).count();
-    let (a, b) = (text(&mut small, true), text(&mut big, true));
+    let (a, b) = (tx(&mut small, true), tx(&mut big, true));
     assert_eq!(chains(&a), chains(&b), "chains grow with services");
-    assert!(a.contains("add map ip kube-proxy internal-tcp-2 { typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . tcp dport ; }"));
-    assert!(a.contains("add rule ip kube-proxy select-internal dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @internal-tcp-2"));
-    assert!(a.contains("172.30.0.1 . tcp . 80 . 0 : 10.1.0.1 . 8080"), "{a}");
-    assert!(a.contains("add element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 : goto cluster-ip"));
-    assert!(a.lines().all(|l| l.contains(" ip kube-proxy")), "every command names family and table");
+    let decls = declared_sets(&a);
+    let map = decls.iter().find(|d| d.name == "internal-tcp-2").expect("an endpoint map per count");
+    assert_eq!(map.data, Some(crate::ops::nftables::DataType::Endpoint));
+    let slots = added(&a, &[], "internal-tcp-2");
+    let key = |slot| vec![ip("172.30.0.1"), Value::Protocol(Protocol::Tcp), Value::Port(80), Value::Integer(slot)];
+    let first = slots.iter().find(|e| e.key == key(0)).unwrap();
+    assert_eq!(first.data, Some(Data::Endpoint("10.1.0.1".parse().unwrap(), 8080)));
+    let dispatch = added(&a, &[], "service-ips");
+    assert!(
+        dispatch.iter().any(|e| e.key[0] == ip("172.30.0.1")
+            && e.data == Some(Data::Verdict(VerdictKind::Goto, Some("cluster-ip".into()))))
+    );
 }
 
 #[test]
@@ -59,24 +109,28 @@ fn one_service_change_is_the_same_transaction_at_any_size() {
     let change = |n: usize| {
         let mut p = proxier();
         p.reset(Node::default(), Cluster::default(), services(n));
-        let _ = text(&mut p, true);
+        let full = tx(&mut p, true);
+        let known = declared_sets(&full);
         let mut s = services(n).remove(5);
         s.endpoints.push(ep("10.9.9.9"));
         s.cluster_endpoints.push(2);
         p.apply(vec![Change::Upsert(s)]);
-        text(&mut p, false)
+        (tx(&mut p, false), known)
     };
-    let (at_100, at_1000) = (change(100), change(1000));
+    let ((at_100, known), (at_1000, _)) = (change(100), change(1000));
     assert_eq!(at_100, at_1000, "the transaction depends on the number of services");
-    assert!(
-        at_100.contains(
-            "delete element ip kube-proxy internal-tcp-2 { 172.30.0.6 . tcp . 80 . 0, 172.30.0.6 . tcp . 80 . 1 }"
-        ),
-        "{at_100}"
-    );
-    assert!(at_100.contains("add map ip kube-proxy internal-tcp-3"), "a new endpoint count brings its map: {at_100}");
-    assert!(at_100.contains("172.30.0.6 . tcp . 80 . 2 : 10.9.9.9 . 8080"));
-    assert!(at_100.lines().count() < 12, "{at_100}");
+    let ops = element_ops(&at_100, &known);
+    let (deleted_from, deleted): (Vec<String>, Vec<Vec<Value>>) = ops
+        .iter()
+        .filter(|(add, _, _)| !add)
+        .flat_map(|(_, s, e)| e.iter().map(move |e| (s.clone(), e.key.clone())))
+        .unzip();
+    assert!(deleted_from.iter().all(|s| s == "internal-tcp-2"), "{ops:?}");
+    assert_eq!(deleted.len(), 2);
+    assert!(declared_sets(&at_100).iter().any(|d| d.name == "internal-tcp-3"), "a new endpoint count brings its map");
+    let slot2 = added(&at_100, &known, "internal-tcp-3");
+    assert!(slot2.iter().any(|e| e.key[3] == Value::Integer(2) && e.data == Some(Data::Endpoint("10.9.9.9".parse().unwrap(), 8080))));
+    assert!(at_100.ops.len() < 8, "{at_100:?}");
 }
 
 #[test]
@@ -86,15 +140,17 @@ fn shared_elements_stay_while_one_user_remains() {
     let a = svc("a", "172.30.0.1", vec![ep("10.1.0.1")]);
     let b = svc("b", "172.30.0.2", vec![ep("10.1.0.1")]);
     p.reset(Node::default(), Cluster::default(), vec![a, b]);
-    let full = text(&mut p, true);
-    assert_eq!(full.matches("10.1.0.1 . 10.1.0.1").count(), 1, "{full}");
+    let full = tx(&mut p, true);
+    let known = declared_sets(&full);
+    assert_eq!(added(&full, &[], "hairpin").len(), 1);
     p.apply(vec![Change::Remove("ns/a:p".into())]);
-    let partial = text(&mut p, false);
-    assert!(!partial.contains("hairpin"), "the shared hairpin element must stay: {partial}");
-    assert!(partial.contains("delete element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 }"), "{partial}");
+    let partial = tx(&mut p, false);
+    let ops = element_ops(&partial, &known);
+    assert!(!ops.iter().any(|(_, s, _)| s == "hairpin"), "the shared hairpin element must stay: {ops:?}");
+    assert!(ops.iter().any(|(add, s, e)| !add && s == "service-ips" && e[0].key[0] == ip("172.30.0.1")));
     p.apply(vec![Change::Remove("ns/b:p".into())]);
-    let partial = text(&mut p, false);
-    assert!(partial.contains("delete element ip kube-proxy hairpin { 10.1.0.1 . 10.1.0.1 }"), "{partial}");
+    let ops = element_ops(&tx(&mut p, false), &known);
+    assert!(ops.iter().any(|(add, s, e)| !add && s == "hairpin" && e[0].key == [ip("10.1.0.1"), ip("10.1.0.1")]));
 }
 
 #[test]
@@ -103,21 +159,23 @@ fn affinity_services_get_their_own_chains() {
     let mut s = svc("sticky", "172.30.0.9", vec![ep("10.1.0.1"), ep("10.1.0.2")]);
     s.affinity_timeout_seconds = 300;
     p.reset(Node::default(), Cluster::default(), vec![s]);
-    let full = text(&mut p, true);
-    assert!(full.contains("flags dynamic,timeout ; timeout 300s"), "{full}");
-    assert!(full.contains("update @affinity-"), "{full}");
-    assert!(full.contains("numgen random mod 2 vmap {"), "{full}");
-    assert!(
-        full.contains("add element ip kube-proxy affinity-internal { 172.30.0.9 . tcp . 80 : goto service-"),
-        "{full}"
-    );
-    assert!(!full.contains("internal-tcp-2"), "affinity endpoints are not in the shared maps");
+    let full = tx(&mut p, true);
+    let decls = declared_sets(&full);
+    assert!(decls.iter().any(|d| d.timeout_seconds == Some(300)), "{decls:?}");
+    assert!(full.ops.iter().any(|op| matches!(op, Op::AddRule(r) if r.statements.iter().any(|s| matches!(s, crate::ops::nftables::Statement::AffinityUpdate(_))))));
+    let aff = added(&full, &[], "affinity-internal");
+    assert!(matches!(&aff[0].data, Some(Data::Verdict(VerdictKind::Goto, Some(c))) if c.starts_with("service-")));
+    assert!(!decls.iter().any(|d| d.name == "internal-tcp-2"), "affinity endpoints are not in the shared maps");
     // Removing it deletes its element before its chains.
     p.apply(vec![Change::Remove("ns/sticky:p".into())]);
-    let partial = text(&mut p, false);
-    let del_el = partial.find("delete element ip kube-proxy affinity-internal").unwrap();
-    let del_chain = partial.find("delete chain").unwrap();
-    assert!(del_el < del_chain, "{partial}");
+    let partial = tx(&mut p, false);
+    let del_el = partial
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::DeleteElements(e) if e.set == SetRef::Own("affinity-internal".into())))
+        .unwrap();
+    let del_chain = partial.ops.iter().position(|op| matches!(op, Op::DeleteChain(_))).unwrap();
+    assert!(del_el < del_chain, "{partial:?}");
 }
 
 #[test]
@@ -129,10 +187,19 @@ fn no_endpoints_reject_and_local_policy_drop() {
     local.node_port = 30004;
     local.external_traffic_policy = TrafficPolicy::Local;
     p.reset(Node::default(), Cluster::default(), vec![none, local]);
-    let full = text(&mut p, true);
-    assert!(full.contains("172.30.0.3 . tcp . 80 : goto reject-chain"), "{full}");
-    assert!(full.contains("tcp . 30003 : goto reject-chain"), "{full}");
-    assert!(full.contains("tcp . 30004 : drop"), "{full}");
-    assert!(full.contains("tcp . 30004 : goto nodeport-local"), "{full}");
-    assert!(full.contains("nodeport-shortcut-tcp-1 { tcp . 30004 . 0 : 10.1.0.4 . 8080"), "{full}");
+    let full = tx(&mut p, true);
+    let reject = Some(Data::Verdict(VerdictKind::Reject, None));
+    let np = |port| vec![Value::Protocol(Protocol::Tcp), Value::Port(port)];
+    assert!(added(&full, &[], "no-endpoint-services").iter().any(|e| e.key[0] == ip("172.30.0.3") && e.data == reject));
+    let no_ep = added(&full, &[], "no-endpoint-nodeports");
+    assert!(no_ep.iter().any(|e| e.key == np(30003) && e.data == reject));
+    assert!(no_ep.iter().any(|e| e.key == np(30004) && e.data == Some(Data::Verdict(VerdictKind::Drop, None))));
+    assert!(
+        added(&full, &[], "service-nodeports")
+            .iter()
+            .any(|e| e.key == np(30004)
+                && e.data == Some(Data::Verdict(VerdictKind::Goto, Some("nodeport-local".into()))))
+    );
+    let shortcut = added(&full, &[], "nodeport-shortcut-tcp-1");
+    assert_eq!(shortcut[0].data, Some(Data::Endpoint("10.1.0.4".parse().unwrap(), 8080)));
 }

@@ -1,62 +1,82 @@
-//! Walking an iptables ruleset: nat PREROUTING (or OUTPUT for the node's
+//! Walking typed iptables rules: nat PREROUTING (or OUTPUT for the node's
 //! own traffic), then filter INPUT / FORWARD / OUTPUT on the rewritten
 //! destination, then nat POSTROUTING for masquerade.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
 
-use super::parse::{Match, ParsedRuleset, Rule, Target, TraceError, parse_rule};
-use super::{Exit, Flow, Node, Packet, Step, Trace, ending};
-use crate::iptables::Jump;
+use super::{Exit, Flow, MAX_DEPTH, Node, Packet, Step, Trace, TraceError, ending, err, interface_matches};
+use crate::ops::CtStates;
+use crate::ops::iptables::{MARK_MASQ_CHAIN, Match, Rule, Table, Target};
 
-/// How deep jumps may nest before the tracer calls it a loop.
-const MAX_DEPTH: usize = 32;
+/// The chains of both tables, with their rules in order. Built-in chains
+/// the rules do not name accept.
+#[derive(Debug, Clone, Default)]
+pub struct Tables {
+    pub chains: BTreeMap<(Table, String), Vec<Rule>>,
+    /// Policies of built-in chains that drop (`:FORWARD DROP`).
+    pub dropping: Vec<(Table, String)>,
+    /// The masquerade mark (hash-mark targets keep it).
+    pub masquerade_mark: u32,
+}
+
+impl Tables {
+    pub fn new(masquerade_mark: u32) -> Tables {
+        Tables { masquerade_mark, ..Default::default() }
+    }
+
+    /// Declares a chain (empty if new).
+    pub fn declare(&mut self, table: Table, chain: &str) {
+        self.chains.entry((table, chain.to_string())).or_default();
+    }
+
+    pub fn push(&mut self, rule: Rule) {
+        self.chains.entry((rule.table, rule.chain.clone())).or_default().push(rule);
+    }
+
+    /// Inserts a rule at the head of its chain (as `iptables -I` does).
+    pub fn insert_first(&mut self, rule: Rule) {
+        self.chains.entry((rule.table, rule.chain.clone())).or_default().insert(0, rule);
+    }
+}
 
 struct Walker<'a> {
-    rules: &'a ParsedRuleset,
+    tables: &'a Tables,
     node: &'a Node,
     packet: &'a Packet,
 }
 
-impl Walker<'_> {
-    fn dst(&self, flow: &Flow) -> (IpAddr, u16) {
-        flow.dnat.unwrap_or((self.packet.dst, self.packet.dport))
-    }
+/// Some(true) matches, Some(false) does not; None: may (the walk forks).
+type Hit = Option<bool>;
 
-    /// Some(true) matches, Some(false) does not, None may (statistic).
-    fn matches(&self, rule: &Rule, flow: &Flow) -> Option<bool> {
-        let (dst, dport) = self.dst(flow);
+impl Walker<'_> {
+    fn matches(&self, rule: &Rule, flow: &Flow) -> Hit {
+        let (dst, dport) = flow.dst(self.packet);
         let p = self.packet;
         let mut maybe = false;
         for m in &rule.matches {
             let hit = match m {
-                Match::Src { neg, cidr } => cidr.contains(&p.src) != *neg,
-                Match::Dst { neg, cidr } => cidr.contains(&dst) != *neg,
-                Match::Protocol { neg, name } => (name == p.protocol.as_str() || name == "all") != *neg,
-                Match::DPort { neg, port } => (*port == dport) != *neg,
-                Match::InInterface { neg, name } => {
-                    let on = match (&p.in_interface, name.strip_suffix('+')) {
-                        (Some(iface), Some(prefix)) => iface.starts_with(prefix),
-                        (Some(iface), None) => iface == name,
-                        (None, _) => false,
-                    };
-                    on != *neg
+                Match::Source(a) => a.cidr.contains(&p.src) != a.negate,
+                Match::Destination(a) => a.cidr.contains(&dst) != a.negate,
+                Match::InInterface(i) => interface_matches(p, &i.name, i.prefix) != i.negate,
+                Match::Protocol(proto) => *proto == p.protocol,
+                Match::DestinationPort(port) => *port == dport,
+                Match::SourceTypeLocal { negate } => self.node.is_local(&p.src) != *negate,
+                Match::DestinationTypeLocal { negate } => self.node.is_local(&dst) != *negate,
+                Match::Conntrack { negate, states } => {
+                    let mut now = CtStates::NEW;
+                    if flow.dnat.is_some() {
+                        now = now | CtStates::DNAT;
+                    }
+                    states.intersects(now) != *negate
                 }
-                Match::SrcType { neg, local } => (self.node.is_local(&p.src) == *local) != *neg,
-                Match::DstType { neg, local } => (self.node.is_local(&dst) == *local) != *neg,
-                Match::Statistic => {
+                Match::Mark { negate, value, mask } => ((flow.mark & mask) == *value) != *negate,
+                Match::HashSlot(slot) => flow.mark & (self.tables.masquerade_mark - 1) == *slot,
+                Match::StatisticRandom(_) | Match::StatisticNth { .. } => {
                     maybe = true;
                     true
                 }
-                Match::RecentCheck => false,
-                Match::Mark { neg, value, mask } => ((flow.mark & mask) == *value) != *neg,
-                Match::CtState { neg, states } => {
-                    let has = |s: &str| match s {
-                        "NEW" => true,
-                        "DNAT" => flow.dnat.is_some(),
-                        _ => false,
-                    };
-                    states.iter().any(|s| has(s)) != *neg
-                }
+                Match::RecentCheck { .. } => false,
+                Match::RecentSet { .. } | Match::Comment(_) => true,
             };
             if !hit {
                 return Some(false);
@@ -65,23 +85,19 @@ impl Walker<'_> {
         if maybe { None } else { Some(true) }
     }
 
-    fn run(&self, table: &str, chain: &str, flow: Flow, depth: usize) -> Result<Vec<(Flow, Exit)>, TraceError> {
+    fn run(&self, table: Table, chain: &str, flow: Flow, depth: usize) -> Result<Vec<(Flow, Exit)>, TraceError> {
         if depth > MAX_DEPTH {
-            return Err(TraceError { line: 0, text: chain.into(), reason: "jumps nest too deep (a loop?)".into() });
+            return Err(err(chain, "jumps nest too deep (a loop?)"));
         }
-        let Some(rules) = self.rules.chain(table, chain) else {
-            return Err(TraceError {
-                line: 0,
-                text: format!("{table} {chain}"),
-                reason: "jump to a chain that does not exist".into(),
-            });
+        let Some(rules) = self.tables.chains.get(&(table, chain.to_string())) else {
+            return Err(err(chain, format!("a jump to a {} chain that does not exist", table.name())));
         };
         self.run_from(table, chain, rules, 0, flow, depth)
     }
 
     fn run_from(
         &self,
-        table: &str,
+        table: Table,
         chain: &str,
         rules: &[Rule],
         start: usize,
@@ -97,92 +113,95 @@ impl Walker<'_> {
                 None => out.extend(self.run_from(table, chain, rules, i + 1, flow.clone(), depth)?),
             }
             let mut flow = flow;
-            flow.path.push(Step { table: table.into(), chain: chain.into(), line: rule.line, text: rule.text.clone() });
+            flow.path.push(Step { table: table.name().into(), chain: chain.into(), index: i });
+            let jump = |to: &str, goto: bool, flow: Flow, out: &mut Vec<(Flow, Exit)>| -> Result<(), TraceError> {
+                for (f, exit) in self.run(table, to, flow, depth + 1)? {
+                    match exit {
+                        Exit::Return if !goto => out.extend(self.run_from(table, chain, rules, i + 1, f, depth)?),
+                        other => out.push((f, other)),
+                    }
+                }
+                Ok(())
+            };
             let exit = match &rule.target {
                 Target::None => None,
                 Target::SetMark { value, mask } => {
                     flow.mark = (flow.mark & !mask) ^ value;
                     None
                 }
+                Target::HashMark(h) => {
+                    // Every slot; the mark is replaced, the masquerade bit kept.
+                    let masq = flow.mark & self.tables.masquerade_mark;
+                    for slot in 0..h.modulus {
+                        let mut f = flow.clone();
+                        f.mark = masq | slot;
+                        out.extend(self.run_from(table, chain, rules, i + 1, f, depth)?);
+                    }
+                    return Ok(out);
+                }
                 Target::Accept => Some(Exit::Accept),
                 Target::Drop => Some(Exit::Drop),
                 Target::Reject => Some(Exit::Reject),
                 Target::Return => Some(Exit::Return),
-                Target::Dnat { ip, port } => {
+                Target::Dnat(ip, port) => {
                     flow.dnat = Some((*ip, *port));
                     Some(Exit::Accept)
                 }
-                Target::Masquerade => {
+                Target::Masquerade { .. } => {
                     flow.masquerade = true;
                     Some(Exit::Accept)
                 }
-                Target::Jump(to) | Target::Goto(to) => {
-                    let goto = matches!(rule.target, Target::Goto(_));
-                    for (f, exit) in self.run(table, to, flow, depth + 1)? {
-                        match exit {
-                            Exit::Return if !goto => out.extend(self.run_from(table, chain, rules, i + 1, f, depth)?),
-                            other => out.push((f, other)),
-                        }
-                    }
+                Target::MarkForMasquerade => {
+                    jump(MARK_MASQ_CHAIN, false, flow, &mut out)?;
+                    return Ok(out);
+                }
+                Target::Jump(to) | Target::HostJump(to) => {
+                    jump(to, false, flow, &mut out)?;
+                    return Ok(out);
+                }
+                Target::Goto(to) => {
+                    jump(to, true, flow, &mut out)?;
                     return Ok(out);
                 }
             };
             match exit {
-                None => {
-                    out.extend(self.run_from(table, chain, rules, i + 1, flow, depth)?);
-                    return Ok(out);
-                }
-                Some(exit) => {
-                    out.push((flow, exit));
-                    return Ok(out);
-                }
+                None => out.extend(self.run_from(table, chain, rules, i + 1, flow, depth)?),
+                Some(exit) => out.push((flow, exit)),
             }
+            return Ok(out);
         }
         // Fell off the end: a built-in chain's policy, else return.
-        let exit = match self.rules.policy(table, chain) {
-            Some("DROP") => Exit::Drop,
-            Some(_) => Exit::Accept,
-            None => Exit::Return,
-        };
-        out.push((flow, exit));
+        out.push((flow, Exit::Return));
         Ok(out)
     }
 
-    /// Runs a built-in chain if the ruleset has it (absent: accept).
-    fn run_builtin(&self, table: &str, chain: &str, flow: Flow) -> Result<Vec<(Flow, Exit)>, TraceError> {
-        if self.rules.chain(table, chain).is_none() {
+    /// Runs a built-in chain if the tables have it (absent: accept).
+    fn run_builtin(&self, table: Table, chain: &str, flow: Flow) -> Result<Vec<(Flow, Exit)>, TraceError> {
+        if !self.tables.chains.contains_key(&(table, chain.to_string())) {
             return Ok(vec![(flow, Exit::Accept)]);
         }
+        let dropping = self.tables.dropping.contains(&(table, chain.to_string()));
         let mut out = self.run(table, chain, flow, 0)?;
         for (_, exit) in &mut out {
             if *exit == Exit::Return {
-                *exit = Exit::Accept;
+                *exit = if dropping { Exit::Drop } else { Exit::Accept };
             }
         }
         Ok(out)
     }
 }
 
-/// Traces one packet. `jumps`: the host's jumps from built-in chains, added
-/// when the ruleset is a plugin's payload without built-in chains.
-pub fn trace_iptables(
-    rules: &ParsedRuleset,
-    jumps: &[Jump],
-    node: &Node,
-    packet: &Packet,
-) -> Result<Trace, TraceError> {
-    let mut rules = rules.clone();
-    add_host_jumps(&mut rules, jumps)?;
-    let walker = Walker { rules: &rules, node, packet };
-    let start = Flow { dnat: None, mark: 0, masquerade: false, path: Vec::new() };
+/// Traces one packet.
+pub fn trace_iptables(tables: &Tables, node: &Node, packet: &Packet) -> Result<Trace, TraceError> {
+    let walker = Walker { tables, node, packet };
     let nat_chain = if packet.from_node { "OUTPUT" } else { "PREROUTING" };
     let mut trace = Trace::default();
-    for (flow, exit) in walker.run_builtin("nat", nat_chain, start)? {
+    for (flow, exit) in walker.run_builtin(Table::Nat, nat_chain, Flow::new())? {
         if exit != Exit::Accept {
             trace.paths.push((ending(exit, &flow), false, flow.path));
             continue;
         }
-        let (dst, _) = walker.dst(&flow);
+        let (dst, _) = flow.dst(packet);
         let filter_chain = if packet.from_node {
             "OUTPUT"
         } else if node.is_local(&dst) {
@@ -190,16 +209,17 @@ pub fn trace_iptables(
         } else {
             "FORWARD"
         };
-        for (flow, exit) in walker.run_builtin("filter", filter_chain, flow)? {
+        for (flow, exit) in walker.run_builtin(Table::Filter, filter_chain, flow)? {
             if exit != Exit::Accept {
                 trace.paths.push((ending(exit, &flow), false, flow.path));
                 continue;
             }
             let delivered_here = !packet.from_node && node.is_local(&dst);
-            let mut outcomes = vec![(flow, Exit::Accept)];
-            if !delivered_here {
-                outcomes = walker.run_builtin("nat", "POSTROUTING", outcomes.remove(0).0)?;
-            }
+            let outcomes = if delivered_here {
+                vec![(flow, Exit::Accept)]
+            } else {
+                walker.run_builtin(Table::Nat, "POSTROUTING", flow)?
+            };
             for (flow, _) in outcomes {
                 trace.paths.push((ending(Exit::Accept, &flow), flow.masquerade, flow.path));
             }
@@ -207,22 +227,4 @@ pub fn trace_iptables(
     }
     trace.finish();
     Ok(trace)
-}
-
-/// Adds each jump whose built-in chain the ruleset does not define, in
-/// the order the host's `iptables -I` leaves them (the last one first).
-fn add_host_jumps(rules: &mut ParsedRuleset, jumps: &[Jump]) -> Result<(), TraceError> {
-    for jump in jumps {
-        let defined = rules.tables.get(jump.table).is_some_and(|t| t.contains_key(jump.from))
-            && rules.policy(jump.table, jump.from).is_some();
-        if defined {
-            continue;
-        }
-        let mut args: Vec<String> = jump.matches.iter().map(|s| s.to_string()).collect();
-        args.extend(["-j".to_string(), jump.to.to_string()]);
-        let text = format!("-A {} {}", jump.from, args.join(" "));
-        let rule = parse_rule(0, &text, &args)?;
-        rules.tables.entry(jump.table.into()).or_default().entry(jump.from.into()).or_default().insert(0, rule);
-    }
-    Ok(())
 }

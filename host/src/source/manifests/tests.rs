@@ -72,9 +72,9 @@ fn poll_reports_changes_and_deletions() {
     let file = dir.join("a.yaml");
     std::fs::write(&file, GOOD).unwrap();
     let mut source = ManifestSource::new(&dir).unwrap();
-    let first = source.poll();
+    let first = source.poll().unwrap();
     assert_eq!(first.len(), 2);
-    assert!(source.poll().is_empty(), "nothing changed");
+    assert!(source.poll().unwrap().is_empty(), "nothing changed");
 
     let edited = GOOD.replace("10.1.0.5", "10.1.0.6");
     // Same length, so make sure the mtime moves.
@@ -82,12 +82,12 @@ fn poll_reports_changes_and_deletions() {
     std::fs::write(&file, &edited).unwrap();
     let filetime = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
     std::fs::File::options().write(true).open(&file).unwrap().set_modified(filetime).unwrap();
-    let events = source.poll();
+    let events = source.poll().unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(matches!(&events[0], Event::Apply(Object::EndpointSlice(_))));
 
     std::fs::remove_file(&file).unwrap();
-    let events = source.poll();
+    let events = source.poll().unwrap();
     assert_eq!(events.len(), 2);
     assert!(events.iter().all(|e| matches!(e, Event::Delete(_))));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -100,7 +100,7 @@ fn an_object_made_invalid_keeps_its_last_good_version() {
     let file = dir.join("a.yaml");
     std::fs::write(&file, GOOD).unwrap();
     let mut source = ManifestSource::new(&dir).unwrap();
-    assert_eq!(source.poll().len(), 2);
+    assert_eq!(source.poll().unwrap().len(), 2);
 
     let bump = |file: &std::path::Path, secs: u64| {
         let t = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
@@ -109,17 +109,17 @@ fn an_object_made_invalid_keeps_its_last_good_version() {
     // The slice gets an invalid address: nothing changes downstream.
     std::fs::write(&file, GOOD.replace("10.1.0.5", "10.1.0.999")).unwrap();
     bump(&file, 1);
-    assert!(source.poll().is_empty(), "the last good slice stays");
+    assert!(source.poll().unwrap().is_empty(), "the last good slice stays");
 
     // The file stops being YAML at all: still nothing deleted.
     std::fs::write(&file, "apiVersion: v1\nkind: [unclosed\n").unwrap();
     bump(&file, 2);
-    assert!(source.poll().is_empty(), "a broken file keeps its objects");
+    assert!(source.poll().unwrap().is_empty(), "a broken file keeps its objects");
 
     // Fixed, with a change: applied.
     std::fs::write(&file, GOOD.replace("10.1.0.5", "10.1.0.7")).unwrap();
     bump(&file, 3);
-    let events = source.poll();
+    let events = source.poll().unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -136,15 +136,42 @@ fn a_duplicate_takes_over_when_the_first_definition_goes() {
     std::fs::write(dir.join("a.yaml"), svc("10.96.0.1")).unwrap();
     std::fs::write(dir.join("b.yaml"), svc("10.96.0.2")).unwrap();
     let mut source = ManifestSource::new(&dir).unwrap();
-    let first = source.poll();
+    let first = source.poll().unwrap();
     assert_eq!(first.len(), 1, "one object, defined twice: {first:?}");
     assert!(format!("{first:?}").contains("10.96.0.1"), "the first file wins");
     // a.yaml goes: b.yaml's definition (unchanged, not re-read) takes over.
     std::fs::remove_file(dir.join("a.yaml")).unwrap();
-    let events = source.poll();
+    let events = source.poll().unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
         matches!(&events[0], Event::Apply(Object::Service(s)) if s.spec.as_ref().unwrap().cluster_ip.as_deref() == Some("10.96.0.2"))
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_listing_that_fails_at_start_is_never_the_empty_state() {
+    let dir = std::env::temp_dir().join(format!("kpx-unlisted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = ManifestSource::new(&dir).unwrap();
+    // The directory goes away (a volume being swapped) before the first poll.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || source.run(tx));
+    let waited = rx.recv_timeout(std::time::Duration::from_millis(800));
+    assert!(waited.is_err(), "nothing, not even Synced, while the manifests cannot be listed: {waited:?}");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("svc.yaml"), GOOD).unwrap();
+    let mut events = Vec::new();
+    while let Ok(e) = rx.recv_timeout(std::time::Duration::from_secs(3)) {
+        let synced = e == Event::Synced;
+        events.push(e);
+        if synced {
+            break;
+        }
+    }
+    assert!(matches!(events.first(), Some(Event::Apply(_))), "{events:?}");
+    assert_eq!(events.last(), Some(&Event::Synced));
+    let _ = std::fs::remove_dir_all(&dir);
 }

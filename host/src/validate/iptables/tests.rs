@@ -1,80 +1,279 @@
 use super::*;
-use std::collections::BTreeMap;
+use kpx_rules::model::{Endpoint, ServicePort};
+use kpx_rules::ops::CtStates;
+use kpx_rules::ops::iptables::{AddressMatch, HashMark, HashTuple, InterfaceMatch};
 
-fn ctx() -> Context {
-    let mut existing = BTreeMap::new();
-    existing.insert("nat".to_string(), ["KUBE-SVC-OLD".to_string()].into_iter().collect());
-    Context {
-        plugin: "test".into(),
-        endpoints: [("10.1.0.5".parse().unwrap(), 8080), ("fd00::5".parse().unwrap(), 80)].into_iter().collect(),
-        existing_chains: existing,
+fn d4() -> Dialect {
+    Dialect { family: IpFamily::V4, masquerade_mark: 0x4000 }
+}
+
+/// A state with Service ns/web: 10.96.0.10:80/tcp, node port 30080,
+/// health-check port 30000, endpoint 10.1.0.5:8080.
+fn scope() -> Scope {
+    let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80)
+        .with_cluster_endpoints(vec![Endpoint::ready("10.1.0.5".parse().unwrap(), 8080)]);
+    p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+    p.node_port = 30080;
+    p.health_check_node_port = 30000;
+    let mut s = Scope::default();
+    s.count(IpFamily::V4, &p, true);
+    s
+}
+
+fn run(rs: &Ruleset, model: &Model, scope: &Scope, full: bool) -> Result<Checked, Rejected> {
+    check(&Context { plugin: "test", dialect: d4(), scope, model, full }, rs)
+}
+
+fn ok(rs: &Ruleset) {
+    if let Err(e) = run(rs, &Model::default(), &scope(), true) {
+        panic!("refused: {e}");
     }
 }
 
-const GOOD: &str = "*filter
-:KUBE-SERVICES - [0:0]
--A KUBE-SERVICES -m comment --comment \"ns/a has no endpoints\" -m tcp -p tcp -d 10.96.0.2 --dport 80 -j REJECT
-COMMIT
-*nat
-:KUBE-SERVICES - [0:0]
-:KUBE-SVC-A - [0:0]
-:KUBE-SEP-A - [0:0]
-:KUBE-SEP-GONE - [0:0]
--A KUBE-SERVICES -m comment --comment \"ns/b cluster IP\" -m tcp -p tcp -d 10.96.0.3 --dport 80 -j KUBE-SVC-A
--A KUBE-SERVICES -d 10.96.0.4 -j KUBE-SVC-OLD
--A KUBE-SVC-A -j KUBE-SEP-A
--A KUBE-SEP-A -m tcp -p tcp -j DNAT --to-destination 10.1.0.5:8080
--X KUBE-SEP-GONE
-COMMIT
-";
-
-#[test]
-fn accepts_kube_proxy_shapes() {
-    check_iptables(GOOD, &ctx()).unwrap();
-    check_iptables(
-        "*nat\n:KUBE-SEP-6 - [0:0]\n-A KUBE-SEP-6 -p tcp -j DNAT --to-destination [fd00::5]:80\nCOMMIT\n",
-        &ctx(),
-    )
-    .unwrap();
+fn refused(rs: &Ruleset, why: &str) {
+    match run(rs, &Model::default(), &scope(), true) {
+        Ok(_) => panic!("accepted: {rs:?}"),
+        Err(e) => assert!(e.reason.contains(why), "refused for another reason: {e}"),
+    }
 }
 
-fn refused(payload: &str) -> Rejected {
-    check_iptables(payload, &ctx()).expect_err("must be refused")
+fn web() -> [Match; 3] {
+    [Match::destination_ip("10.96.0.10".parse().unwrap()), Match::Protocol(Protocol::Tcp), Match::DestinationPort(80)]
+}
+
+/// The web Service's capture and endpoint, as the generator writes them.
+fn good() -> Ruleset {
+    let mut rs = Ruleset::default();
+    rs.declare(Table::Nat, "KUBE-SVC-A");
+    rs.declare(Table::Nat, "KUBE-SEP-A");
+    rs.push(Rule::hook(Hook::NatServices).with_all(web()).jump("KUBE-SVC-A"));
+    rs.push(Rule::chain(Table::Nat, "KUBE-SVC-A").jump("KUBE-SEP-A"));
+    rs.push(
+        Rule::chain(Table::Nat, "KUBE-SEP-A")
+            .with(Match::Protocol(Protocol::Tcp))
+            .target(Target::Dnat("10.1.0.5".parse().unwrap(), 8080)),
+    );
+    rs
+}
+
+fn with(rule: Rule) -> Ruleset {
+    let mut rs = good();
+    rs.push(rule);
+    rs
 }
 
 #[test]
-fn refuses_foreign_chains_tables_and_targets() {
-    let cases = [
-        ("*filter\n:KUBE-X - [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n", 3, "is not a KUBE- chain"),
-        ("*filter\n:INPUT DROP [0:0]\nCOMMIT\n", 2, "is not a KUBE- chain"),
-        ("*raw\nCOMMIT\n", 1, "not one kube-proxy uses"),
-        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j SNAT --to-source 1.2.3.4\nCOMMIT\n", 3, "target \"SNAT\""),
-        ("*nat\n:KUBE-X - [0:0]\n-I KUBE-X -j ACCEPT\nCOMMIT\n", 3, "command -I"),
-        ("*nat\n-A KUBE-SERVICES -j ACCEPT\nCOMMIT\n", 2, "not declared"),
-        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j KUBE-NOWHERE\nCOMMIT\n", 3, "neither exists"),
-        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -m owner --uid-owner 0 -j ACCEPT\nCOMMIT\n", 3, "module \"owner\""),
-        ("*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j ACCEPT\n", 3, "not committed"),
-        ("*nat\n-X KUBE-SVC-OLD\nCOMMIT\n", 2, "declared (flushed)"),
+fn the_generators_shape_passes() {
+    ok(&good());
+    ok(&with(
+        Rule::hook(Hook::NatNodePorts)
+            .with(Match::Protocol(Protocol::Tcp))
+            .with(Match::DestinationPort(30080))
+            .jump("KUBE-SVC-A"),
+    ));
+    ok(&with(
+        Rule::hook(Hook::FilterNodePorts)
+            .with(Match::Protocol(Protocol::Tcp))
+            .with(Match::DestinationPort(30000))
+            .target(Target::Accept),
+    ));
+    ok(&with(
+        Rule::hook(Hook::FilterExternalServices)
+            .with(Match::DestinationTypeLocal { negate: false })
+            .with(Match::Protocol(Protocol::Tcp))
+            .with(Match::DestinationPort(30080))
+            .target(Target::Reject),
+    ));
+    ok(&with(Rule::hook(Hook::FilterServices).with_all(web()).target(Target::Reject)));
+}
+
+#[test]
+fn hook_rules_must_match_a_destination_of_the_state() {
+    // Port 22 of every address: the node's ssh.
+    refused(
+        &with(
+            Rule::hook(Hook::NatServices)
+                .with(Match::Protocol(Protocol::Tcp))
+                .with(Match::DestinationPort(22))
+                .jump("KUBE-SVC-A"),
+        ),
+        "matches one Service",
+    );
+    refused(
+        &with(
+            Rule::hook(Hook::NatNodePorts)
+                .with(Match::Protocol(Protocol::Tcp))
+                .with(Match::DestinationPort(22))
+                .jump("KUBE-SVC-A"),
+        ),
+        "not a node port",
+    );
+    refused(
+        &with(
+            Rule::hook(Hook::FilterNodePorts)
+                .with(Match::Protocol(Protocol::Tcp))
+                .with(Match::DestinationPort(22))
+                .target(Target::Drop),
+        ),
+        "health-check",
+    );
+    // Right address, wrong port; a prefix instead of one address; negated.
+    let other_port = [
+        Match::destination_ip("10.96.0.10".parse().unwrap()),
+        Match::Protocol(Protocol::Tcp),
+        Match::DestinationPort(81),
     ];
-    for (payload, line, reason) in cases {
-        let err = refused(payload);
-        assert_eq!(err.line, line, "{payload}: {err}");
-        assert!(err.reason.contains(reason), "{payload}: {err}");
-        assert!(err.to_string().contains("plugin test"), "{err}");
-    }
+    refused(
+        &with(Rule::hook(Hook::NatServices).with_all(other_port).jump("KUBE-SVC-A")),
+        "not the address, protocol and port",
+    );
+    let wide = Match::Destination(AddressMatch { negate: false, cidr: "10.96.0.0/12".parse().unwrap() });
+    refused(
+        &with(
+            Rule::hook(Hook::FilterServices)
+                .with(wide)
+                .with(Match::Protocol(Protocol::Tcp))
+                .with(Match::DestinationPort(80))
+                .target(Target::Drop),
+        ),
+        "matches one Service",
+    );
+    // Masquerading everything: the host's KUBE-POSTROUTING is not a hook.
+    refused(
+        &with(Rule::chain(Table::Nat, "KUBE-POSTROUTING").target(Target::MarkForMasquerade)),
+        "hooks or in the plugin's own chains",
+    );
 }
 
 #[test]
-fn refuses_dnat_to_non_endpoints() {
-    let err =
-        refused("*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 192.0.2.66:80\nCOMMIT\n");
-    assert!(err.reason.contains("not an endpoint"), "{err}");
-    let err =
-        refused("*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.1.0.5:9999\nCOMMIT\n");
-    assert!(err.reason.contains("not an endpoint"), "{err}");
-    let err =
-        refused("*nat\n:KUBE-SEP-X - [0:0]\n-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.1.0.5-10.1.0.9\nCOMMIT\n");
-    assert!(err.reason.contains("ADDRESS:PORT"), "{err}");
-    let err = refused("*filter\n:KUBE-X - [0:0]\n-A KUBE-X -p tcp -j DNAT --to-destination 10.1.0.5:8080\nCOMMIT\n");
-    assert!(err.reason.contains("outside the nat table"), "{err}");
+fn dnat_goes_to_endpoints_of_the_state_only() {
+    let mut rs = good();
+    rs.rules[2].target = Target::Dnat("192.0.2.66".parse().unwrap(), 80);
+    refused(&rs, "not an endpoint of the state");
+    rs.rules[2].target = Target::Dnat("10.1.0.5".parse().unwrap(), 8081);
+    refused(&rs, "not an endpoint of the state");
+    rs.rules[2] = Rule::chain(Table::Nat, "KUBE-SEP-A").target(Target::Dnat("10.1.0.5".parse().unwrap(), 8080));
+    refused(&rs, "needs a protocol match");
+}
+
+#[test]
+fn host_chains_and_builtins_are_not_the_plugins() {
+    let mut rs = good();
+    rs.declare(Table::Filter, "INPUT");
+    refused(&rs, "starts with one of");
+    let mut rs = good();
+    rs.declare(Table::Nat, "KUBE-MARK-MASQ");
+    refused(&rs, "starts with one of");
+    refused(&with(Rule::chain(Table::Filter, "INPUT").target(Target::Accept)), "hooks or in the plugin's own chains");
+    refused(&with(Rule::hook(Hook::NatServices).with_all(web()).jump("KUBE-POSTROUTING")), "plugin's own chains");
+    refused(
+        &with(Rule::hook(Hook::NatServices).with_all(web()).target(Target::Masquerade { random_fully: true })),
+        "host only",
+    );
+    refused(
+        &with(Rule::hook(Hook::NatServices).with_all(web()).target(Target::SetMark { value: 1, mask: 1 })),
+        "host only",
+    );
+}
+
+#[test]
+fn names_lengths_and_counts_are_bounded() {
+    let mut rs = good();
+    rs.declare(Table::Nat, &format!("KUBE-SEP-{}", "A".repeat(30)));
+    refused(&rs, "at most 28 bytes");
+    let mut rs = good();
+    rs.declare(Table::Nat, "KUBE-SEP-a;b");
+    refused(&rs, "only A-Z and 0-9");
+    let many: Vec<Match> = (0..17).map(|_| Match::Mark { negate: false, value: 1, mask: 1 }).collect();
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").with_all(many)), "at most 16 matches");
+    let two_comments = Rule::chain(Table::Nat, "KUBE-SEP-A").with(Match::comment("a")).with(Match::comment("b"));
+    refused(&with(two_comments), "one comment");
+    let iface = InterfaceMatch { negate: false, name: "eth0\" -j ACCEPT".into(), prefix: false };
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").with(Match::InInterface(iface))), "interface names");
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").with(Match::RecentSet { name: "SSH".into() })), "recent list");
+    let v6 = Match::Source(AddressMatch { negate: false, cidr: "fd00::/8".parse().unwrap() });
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").with(v6)), "not an IPv4 address");
+    let mut rs = good();
+    rs.declare(Table::Nat, "KUBE-SEP-A");
+    refused(&rs, "declared twice");
+}
+
+#[test]
+fn targets_fit_their_table() {
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").target(Target::Reject)), "not allowed in the nat table");
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").target(Target::Drop)), "not allowed in the nat table");
+    refused(
+        &with(Rule::hook(Hook::FilterServices).with_all(web()).target(Target::Accept)),
+        "not allowed in the filter table",
+    );
+    let hash = |modulus| Target::HashMark(HashMark { tuple: HashTuple::Source, modulus, seed: 1 });
+    ok(&with(Rule::chain(Table::Nat, "KUBE-SVC-A").target(hash(0x4000))));
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SVC-A").target(hash(0x4001))), "modulus");
+    refused(
+        &with(Rule::chain(Table::Nat, "KUBE-SVC-A").with(Match::HashSlot(0x4000))),
+        "not below the masquerade mark",
+    );
+    refused(
+        &with(
+            Rule::chain(Table::Nat, "KUBE-SVC-A").with(Match::Conntrack { negate: false, states: CtStates::empty() }),
+        ),
+        "names no state",
+    );
+}
+
+#[test]
+fn rules_go_only_in_chains_this_ruleset_declares() {
+    let s = scope();
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, &s, true).unwrap());
+    // KUBE-SEP-A exists, but appending to it without declaring it would
+    // leave rules the host never saw together.
+    let mut rs = Ruleset::default();
+    rs.push(Rule::chain(Table::Nat, "KUBE-SEP-A").target(Target::Return));
+    let err = run(&rs, &model, &s, false).unwrap_err();
+    assert!(err.reason.contains("declared by the same ruleset"), "{err}");
+    refused(&with(Rule::hook(Hook::NatServices).with_all(web()).jump("KUBE-SVC-NOPE")), "no nat chain of the plugin's");
+}
+
+#[test]
+fn a_full_sync_deletes_every_own_chain_it_does_not_declare() {
+    let mut model = Model::default();
+    model.reset([
+        (Table::Nat, "KUBE-SEP-OLD".to_string()),
+        (Table::Filter, "KUBE-SVC-FILTERED".to_string()),
+        (Table::Nat, "KUBE-SVC-A".to_string()),
+    ]);
+    let checked = run(&good(), &model, &scope(), true).unwrap();
+    assert_eq!(
+        checked.stale,
+        [(Table::Nat, "KUBE-SEP-OLD".to_string()), (Table::Filter, "KUBE-SVC-FILTERED".to_string())]
+    );
+}
+
+#[test]
+fn a_kept_chain_may_not_dnat_to_a_departed_endpoint() {
+    let mut s = scope();
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, &s, true).unwrap());
+    s.forget_removed();
+    // The endpoint is replaced; a partial ruleset keeps the old chains.
+    let port = |ip: &str| {
+        let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80)
+            .with_cluster_endpoints(vec![Endpoint::ready(ip.parse().unwrap(), 8080)]);
+        p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        p.node_port = 30080;
+        p.health_check_node_port = 30000;
+        p
+    };
+    s.count(IpFamily::V4, &port("10.1.0.6"), true);
+    s.count(IpFamily::V4, &port("10.1.0.5"), false);
+    let mut kept = Ruleset::default();
+    kept.push(Rule::hook(Hook::NatServices).with_all(web()).jump("KUBE-SVC-A"));
+    let err = run(&kept, &model, &s, false).unwrap_err();
+    assert!(err.reason.contains("10.1.0.5:8080, which is no longer an endpoint"), "{err}");
+    // Deleting the stale chain (and what uses it) passes.
+    let mut cleaned = Ruleset::default();
+    cleaned.delete(Table::Nat, "KUBE-SVC-A");
+    cleaned.delete(Table::Nat, "KUBE-SEP-A");
+    run(&cleaned, &model, &s, false).unwrap();
 }

@@ -1,27 +1,32 @@
-//! Bindings for kpx:proxier@0.1.0 (wit/since_v0.1.0).
+//! Bindings for kpx:proxier@0.2.0 (wit/since_v0.2.0).
+
+mod ops;
 
 use std::sync::Arc;
 
-use kpx_rules::model::{Change, Cluster, Node, Ruleset, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
+use kpx_rules::ops::Ruleset;
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, ResourceAny};
 
 use crate::runtime::PluginState;
 
 wasmtime::component::bindgen!({
-    path: "../wit/since_v0.1.0",
+    path: "../wit/since_v0.2.0",
     world: "backend-plugin",
 });
 
-kpx_rules::wit_conversions!(crate::runtime::wit::since_v0_1_0::kpx::proxier::types);
+kpx_rules::wit_conversions!(crate::runtime::wit::since_v0_2_0::kpx::proxier::types);
 
 /// The contract version these bindings implement.
-pub const VERSION: &str = "0.1.0";
+pub const VERSION: &str = "0.2.0";
 
 /// Longest log line kept from a plugin; the rest is cut.
 const MAX_LOG_LINE: usize = 4096;
 
 impl self::kpx::proxier::types::Host for PluginState {}
+impl self::kpx::proxier::iptables::Host for PluginState {}
+impl self::kpx::proxier::nftables::Host for PluginState {}
 
 impl self::kpx::proxier::log::Host for PluginState {
     fn log(&mut self, level: self::kpx::proxier::log::Level, mut message: String) {
@@ -93,8 +98,11 @@ impl Instance {
         self.bindings.kpx_proxier_backend().proxier().call_apply(store, self.resource, &changes)
     }
 
+    /// The ruleset, converted to typed rules; `Err` inside for the
+    /// plugin's own error or a value the contract allows but the rule
+    /// model cannot hold (an address of the wrong family, say).
     pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
         let out = self.bindings.kpx_proxier_backend().proxier().call_render(store, self.resource, full)?;
-        Ok(out.map(wit_convert::from_wit_ruleset))
+        Ok(out.and_then(ops::ruleset))
     }
 }

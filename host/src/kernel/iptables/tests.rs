@@ -1,0 +1,164 @@
+//! What iptables mode writes: the generator's rules inside the host's
+//! frame, rendered; checked against lines from upstream kube-proxy's own
+//! tests (pkg/proxy/iptables/proxier_test.go, TestTracePacket).
+
+use kpx_rules::iptables::IptablesProxier;
+use kpx_rules::model::{
+    Backend, Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings,
+};
+use kpx_rules::ops::Ruleset as AnyRuleset;
+use kpx_rules::ops::iptables::{Rule, Ruleset, Table};
+
+use super::frame::frame;
+use super::parse::parse_dump;
+use super::render::payload;
+use super::*;
+
+fn ep(ip: &str, port: u16) -> Endpoint {
+    Endpoint::ready(ip.parse().unwrap(), port)
+}
+
+fn svc(ns: &str, name: &str, port_name: &str, ip: &str, port: u16, eps: Vec<Endpoint>) -> ServicePort {
+    let mut s = ServicePort::new(ns, name, port_name, Protocol::Tcp, port).with_cluster_endpoints(eps);
+    s.cluster_ip = Some(ip.parse().unwrap());
+    s
+}
+
+fn settings() -> Settings {
+    let mut settings = Settings::new(IpFamily::V4, ProxyMode::Iptables);
+    settings.local_traffic = LocalTraffic::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
+    settings.masquerade_random_fully = false;
+    settings
+}
+
+fn render(settings: &Settings, services: Vec<ServicePort>) -> (Ruleset, String) {
+    let mut p = IptablesProxier::new(settings.clone());
+    p.reset(Node::default(), Cluster::default(), services);
+    let AnyRuleset::Iptables(rs) = p.render(true).unwrap() else { panic!("not iptables") };
+    let text = payload(&frame(settings), &rs, &[], dialect(settings));
+    (rs, text)
+}
+
+/// upstream's expected lines (iptables-restore input, as its tests write
+/// them), read as typed rules.
+fn upstream(lines: &[&str]) -> Vec<Rule> {
+    let text = format!("*nat\n{}\nCOMMIT\n", lines.join("\n"));
+    let dump = parse_dump(&text, Dialect { family: IpFamily::V4, masquerade_mark: 0x4000 });
+    let t = &dump.tables[&Table::Nat];
+    let mut out = Vec::new();
+    for lines in t.rules.values() {
+        for l in lines {
+            match l {
+                parse::Line::Rule(r) => out.push(r.clone().canonical()),
+                parse::Line::Foreign { text, reason } => panic!("{text}: {reason}"),
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_generator_writes_upstreams_rules() {
+    let (rs, _) = render(
+        &settings(),
+        vec![svc("ns4", "svc4", "p80", "172.30.0.44", 80, vec![ep("10.180.0.4", 80), ep("10.180.0.5", 80)])],
+    );
+    let svc_chain = "KUBE-SVC-4SW47YFZTEDKD3PK";
+    let sep = "KUBE-SEP-UKSFD7AGPMPPLUHC";
+    for (chain, want) in [
+        (
+            svc_chain,
+            upstream(&[
+                "-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment \"ns4/svc4:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.44 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ",
+                "-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment \"ns4/svc4:p80 -> 10.180.0.4:80\" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-UKSFD7AGPMPPLUHC",
+                "-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment \"ns4/svc4:p80 -> 10.180.0.5:80\" -j KUBE-SEP-C6EBXVWJJZMIWKLZ",
+            ]),
+        ),
+        (
+            sep,
+            upstream(&[
+                "-A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -s 10.180.0.4 -j KUBE-MARK-MASQ",
+                "-A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.4:80",
+            ]),
+        ),
+        (
+            "KUBE-SERVICES",
+            upstream(&[
+                "-A KUBE-SERVICES -m comment --comment \"ns4/svc4:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j KUBE-SVC-4SW47YFZTEDKD3PK",
+            ]),
+        ),
+    ] {
+        let got: Vec<Rule> = rs.rules.iter().filter(|r| r.table == Table::Nat && r.chain == chain).cloned().collect();
+        assert_eq!(got, want, "chain {chain}");
+    }
+    let f = frame(&settings());
+    let host = upstream(&[
+        "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+        "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
+    ]);
+    for rule in host {
+        let mut rule = rule;
+        if let kpx_rules::ops::iptables::Target::Jump(c) = &rule.target {
+            rule.target = kpx_rules::ops::iptables::Target::HostJump(c.clone());
+        }
+        assert!(f.rules.contains(&rule), "the frame lacks {rule:?}");
+    }
+}
+
+#[test]
+fn the_node_port_jump_is_the_last_nat_services_rule() {
+    let (_, text) = render(&settings(), vec![svc("ns", "a", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 80)])]);
+    let nat = text.split("*nat").nth(1).unwrap();
+    let last = nat.lines().rfind(|l| l.starts_with("-A KUBE-SERVICES")).unwrap();
+    assert_eq!(
+        last,
+        "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"
+    );
+    let mut v6 = Settings::new(IpFamily::V6, ProxyMode::Iptables);
+    v6.masquerade_all = true;
+    let (_, text) = render(&v6, vec![svc("ns", "v6", "", "fd00::10", 80, vec![ep("fd00:1::5", 8080)])]);
+    assert!(text.contains("-j DNAT --to-destination [fd00:1::5]:8080"), "{text}");
+    assert!(text.contains("! -d ::1/128 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"), "{text}");
+}
+
+#[test]
+fn masquerade_bit_moves_the_mark() {
+    let mut s = settings();
+    s.masquerade_bit = 10;
+    let (_, text) = render(&s, vec![]);
+    assert!(text.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x400/0x400\n"), "{text}");
+    assert!(text.contains("-m mark ! --mark 0x400/0x400 -j RETURN"));
+    assert!(!text.contains("0x4000"));
+}
+
+#[test]
+fn tcp_be_liberal_keeps_invalid_packets() {
+    let mut s = settings();
+    assert!(render(&s, vec![]).1.contains("-m conntrack --ctstate INVALID -j DROP"));
+    s.conntrack_tcp_be_liberal = true;
+    assert!(!render(&s, vec![]).1.contains("INVALID"));
+}
+
+#[test]
+fn localhost_nodeports_need_the_localnet_firewall_jumps() {
+    let to_firewall = |s: &Settings| {
+        frame(s).jumps.iter().any(|j| j.target == kpx_rules::ops::iptables::Target::HostJump("KUBE-FIREWALL".into()))
+    };
+    let v4 = Settings::new(IpFamily::V4, ProxyMode::Iptables);
+    assert!(to_firewall(&v4));
+    let mut off = v4.clone();
+    off.localhost_nodeports = false;
+    assert!(!to_firewall(&off));
+    assert!(!to_firewall(&Settings::new(IpFamily::V6, ProxyMode::Iptables)));
+}
+
+#[test]
+fn the_payload_reads_back_as_the_same_rules() {
+    let s = settings();
+    let (rs, text) = render(&s, vec![svc("ns4", "svc4", "p80", "172.30.0.44", 80, vec![ep("10.180.0.4", 80)])]);
+    let dump = parse_dump(&text, dialect(&s));
+    for rule in &rs.rules {
+        let got: Vec<&Rule> = dump.rules(rule.table, &rule.chain).collect();
+        assert!(got.contains(&rule), "{rule:?} not read back from\n{text}");
+    }
+}

@@ -1,0 +1,186 @@
+//! What the host writes itself in nftables mode: the base chains and
+//! their hooks, the dispatch chains, the sets and maps they look up, and
+//! every rule that is not about one Service (masquerading, the firewall
+//! and endpoint checks, ServiceCIDR drops). A plugin fills the host's
+//! sets and maps and adds chains of its own that the dispatch maps lead to.
+
+use kpx_rules::model::{Cidr, Cluster, IpFamily, NodePortAddresses, Settings};
+use kpx_rules::ops::CtStates;
+use kpx_rules::ops::nftables::{
+    AddressField, BaseChain, ChainKind, Element, HostSet, KeyExpr, Match, NfHook, Op, Rule, SetRef, Statement, Value,
+    Verdict,
+};
+
+pub use super::encode::REJECT_CHAIN;
+
+/// Base chains: nft accepts `dstnat` / `srcnat` only on some hooks, so
+/// priorities are numeric (dstnat = -100, filter = 0, srcnat = 100).
+pub const BASE_CHAINS: [BaseChain; 8] = [
+    base("filter-prerouting-pre-dnat", ChainKind::Filter, NfHook::Prerouting, -110),
+    base("filter-output-pre-dnat", ChainKind::Filter, NfHook::Output, -110),
+    base("filter-input", ChainKind::Filter, NfHook::Input, 0),
+    base("filter-forward", ChainKind::Filter, NfHook::Forward, 0),
+    base("filter-output", ChainKind::Filter, NfHook::Output, 0),
+    base("nat-prerouting", ChainKind::Nat, NfHook::Prerouting, -100),
+    base("nat-output", ChainKind::Nat, NfHook::Output, -100),
+    base("nat-postrouting", ChainKind::Nat, NfHook::Postrouting, 100),
+];
+
+const fn base(name: &'static str, kind: ChainKind, hook: NfHook, priority: i32) -> BaseChain {
+    BaseChain { name, kind, hook, priority }
+}
+
+/// The host's regular chains.
+pub const CHAINS: [&str; 8] = [
+    "services",
+    "service-endpoints-check",
+    "nodeport-endpoints-check",
+    REJECT_CHAIN,
+    "firewall-check",
+    "cluster-ips-check",
+    "mark-for-masquerade",
+    "masquerading",
+];
+
+/// Whether a chain or set name is the host's.
+pub fn is_host_name(name: &str) -> bool {
+    BASE_CHAINS.iter().any(|b| b.name == name) || CHAINS.contains(&name) || HostSet::from_name(name).is_some()
+}
+
+/// The host's objects for these settings and ServiceCIDRs, as operations.
+pub fn frame(settings: &Settings, cluster: &Cluster) -> Vec<Op> {
+    let mut out: Vec<Op> = BASE_CHAINS.iter().map(|b| Op::AddBaseChain(*b)).collect();
+    out.extend(CHAINS.iter().map(|c| Op::AddChain(c.to_string())));
+    out.extend(HostSet::ALL.iter().map(|s| Op::AddSet(s.declaration())));
+    out.extend(rules(settings, cluster).into_iter().map(Op::AddRule));
+    let only: Vec<Element> = match &settings.nodeport_addresses {
+        NodePortAddresses::All => Vec::new(),
+        NodePortAddresses::Only(cidrs) => cidrs
+            .iter()
+            .filter(|c| c.family() == settings.family)
+            .map(|c| Element { key: vec![Value::Address(c.addr)], data: None })
+            .collect(),
+    };
+    if !only.is_empty() {
+        let mut w = kpx_rules::ops::nftables::ElementWriter::new(settings.family, SetRef::Host(HostSet::NodePortIps));
+        for e in &only {
+            for v in &e.key {
+                w.value(kpx_rules::ops::nftables::KeyType::Address, v);
+            }
+        }
+        out.push(Op::AddElements(w.finish()));
+    }
+    out
+}
+
+fn new_state() -> Match {
+    Match::CtState { negate: false, states: CtStates::NEW }
+}
+
+fn jump(chain: &str, to: &str) -> Rule {
+    Rule::new(chain).verdict(Verdict::Jump(to.to_string()))
+}
+
+/// Packets to node-port addresses: every local address but loopback, or
+/// --nodeport-addresses.
+fn node_port_capture(settings: &Settings) -> Vec<Match> {
+    match settings.nodeport_addresses {
+        NodePortAddresses::All => {
+            let loopback: Cidr = match settings.family {
+                IpFamily::V4 => "127.0.0.0/8",
+                IpFamily::V6 => "::1/128",
+            }
+            .parse()
+            .expect("loopback");
+            vec![
+                Match::FibLocal { field: AddressField::Destination, negate: false },
+                Match::Address { field: AddressField::Destination, negate: true, cidr: loopback },
+            ]
+        }
+        NodePortAddresses::Only(_) => vec![Match::Lookup {
+            keys: vec![KeyExpr::Address(AddressField::Destination)],
+            set: SetRef::Host(HostSet::NodePortIps),
+            negate: false,
+        }],
+    }
+}
+
+fn rules(settings: &Settings, cluster: &Cluster) -> Vec<Rule> {
+    let destination = KeyExpr::DESTINATION.to_vec();
+    let node_port = KeyExpr::NODE_PORT.to_vec();
+    let host = |s: HostSet| SetRef::Host(s);
+    let mut out = vec![
+        jump("filter-prerouting-pre-dnat", "firewall-check").with(new_state()),
+        jump("filter-output-pre-dnat", "firewall-check").with(new_state()),
+        jump("filter-input", "nodeport-endpoints-check").with(new_state()),
+        jump("filter-input", "service-endpoints-check").with(new_state()),
+    ];
+    if !settings.conntrack_tcp_be_liberal {
+        out.push(
+            Rule::new("filter-forward")
+                .with(Match::CtState { negate: false, states: CtStates::INVALID })
+                .verdict(Verdict::Drop),
+        );
+    }
+    out.extend([
+        jump("filter-forward", "service-endpoints-check").with(new_state()),
+        jump("filter-forward", "cluster-ips-check").with(new_state()),
+        jump("filter-output", "service-endpoints-check").with(new_state()),
+        jump("filter-output", "cluster-ips-check").with(new_state()),
+        jump("nat-prerouting", "services"),
+        jump("nat-output", "services"),
+        jump("nat-postrouting", "masquerading"),
+        Rule::new("services").verdict(Verdict::Vmap { keys: destination.clone(), map: host(HostSet::ServiceIps) }),
+    ]);
+    let mut nodeports = Rule::new("services");
+    nodeports.matches = node_port_capture(settings);
+    out.push(nodeports.verdict(Verdict::Vmap { keys: node_port.clone(), map: host(HostSet::ServiceNodePorts) }));
+    out.push(
+        Rule::new("service-endpoints-check")
+            .verdict(Verdict::Vmap { keys: destination.clone(), map: host(HostSet::NoEndpointServices) }),
+    );
+    let mut check = Rule::new("nodeport-endpoints-check");
+    check.matches = node_port_capture(settings);
+    out.push(check.verdict(Verdict::Vmap { keys: node_port, map: host(HostSet::NoEndpointNodePorts) }));
+    out.push(Rule::new(REJECT_CHAIN).verdict(Verdict::Reject));
+    let mut allowed = destination.clone();
+    allowed.push(KeyExpr::Address(AddressField::Source));
+    out.push(
+        Rule::new("firewall-check")
+            .with(Match::Lookup { keys: destination, set: host(HostSet::FirewallIps), negate: false })
+            .with(Match::Lookup { keys: allowed, set: host(HostSet::FirewallAllow), negate: true })
+            .verdict(Verdict::Drop),
+    );
+    out.push(
+        Rule::new("cluster-ips-check")
+            .with(Match::Lookup {
+                keys: vec![KeyExpr::Address(AddressField::Destination)],
+                set: host(HostSet::ClusterIps),
+                negate: false,
+            })
+            .verdict(Verdict::Reject),
+    );
+    // Unallocated addresses of the ServiceCIDRs: dropped.
+    for cidr in cluster.service_cidrs.iter().filter(|c| c.family() == settings.family) {
+        out.push(
+            Rule::new("cluster-ips-check")
+                .with(Match::Address { field: AddressField::Destination, negate: false, cidr: *cidr })
+                .verdict(Verdict::Drop),
+        );
+    }
+    let mark = settings.masquerade_mark();
+    out.extend([
+        Rule::new("mark-for-masquerade").statement(Statement::MasqueradeMark),
+        Rule::new("masquerading")
+            .with(Match::Lookup {
+                keys: vec![KeyExpr::Address(AddressField::Source), KeyExpr::Address(AddressField::Destination)],
+                set: host(HostSet::Hairpin),
+                negate: false,
+            })
+            .verdict(Verdict::Jump("mark-for-masquerade".into())),
+        Rule::new("masquerading").with(Match::Mark { negate: false, value: 0, mask: mark }).verdict(Verdict::Return),
+        Rule::new("masquerading").statement(Statement::MarkXor(mark)),
+        Rule::new("masquerading").statement(Statement::Masquerade { fully_random: settings.masquerade_random_fully }),
+    ]);
+    out
+}

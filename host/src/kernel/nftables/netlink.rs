@@ -1,0 +1,243 @@
+//! The nf_tables netlink socket: one batch per transaction (all or
+//! nothing, as the kernel commits it), and dumps for reading objects
+//! back. Errors are the kernel's own errno, with its extended-ack message
+//! and the operation that failed.
+
+use std::os::fd::AsFd;
+
+use netlink_packet_core::{ErrorBuffer, NetlinkBuffer};
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+
+use super::nla::Writer;
+use super::sys::*;
+
+/// Why netlink failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The socket itself failed (no netfilter netlink?): retried in full.
+    #[error("nf_tables netlink: {0}")]
+    Socket(String),
+    /// The kernel refused an operation; nothing of the batch was applied.
+    #[error("the kernel refused {op}: {}{}", errno_text(*errno), message.as_ref().map(|m| format!(" ({m})")).unwrap_or_default())]
+    Refused { op: String, errno: i32, message: Option<String> },
+    /// A reply kpx cannot read.
+    #[error("nf_tables netlink: unreadable reply: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Refused { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+fn errno_text(errno: i32) -> String {
+    format!("{} (errno {errno})", std::io::Error::from_raw_os_error(errno))
+}
+
+pub const ENOENT: i32 = 2;
+pub const EEXIST: i32 = 17;
+pub const EBUSY: i32 = 16;
+
+/// One nf_tables message: its type, flags and attributes.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub msg_type: u16,
+    pub flags: u16,
+    pub attrs: Writer,
+    /// What it does, for error messages ("add element to service-ips").
+    pub what: String,
+}
+
+const HEADER: usize = 16;
+const NFGENMSG: usize = 4;
+
+fn push_message(buf: &mut Vec<u8>, msg_type: u16, flags: u16, seq: u32, family: u8, res_id: u16, attrs: &[u8]) {
+    let len = (HEADER + NFGENMSG + attrs.len()) as u32;
+    buf.extend_from_slice(&len.to_ne_bytes());
+    buf.extend_from_slice(&msg_type.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    buf.push(family);
+    buf.push(0);
+    buf.extend_from_slice(&res_id.to_be_bytes());
+    buf.extend_from_slice(attrs);
+}
+
+/// One reply message: (type, flags, seq, payload after the netlink header).
+type Reply = (u16, u16, u32, Vec<u8>);
+
+pub struct Netlink {
+    socket: Socket,
+    seq: u32,
+    sndbuf: usize,
+}
+
+impl Netlink {
+    pub fn open() -> Result<Netlink, Error> {
+        let err = |what: &str, e: std::io::Error| Error::Socket(format!("{what}: {e}"));
+        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(|e| err("socket", e))?;
+        socket.bind_auto().map_err(|e| err("bind", e))?;
+        socket.set_ext_ack(true).map_err(|e| err("extended acks", e))?;
+        // Errors carry the failed request's header only, not all of it.
+        socket.set_cap_ack(true).map_err(|e| err("capped acks", e))?;
+        // Replies to a failed batch can be many; as root, make room.
+        let _ = nix::sys::socket::setsockopt(&socket.as_fd(), nix::sys::socket::sockopt::RcvBufForce, &(8 << 20));
+        Ok(Netlink { socket, seq: std::process::id().wrapping_mul(1000), sndbuf: 0 })
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Sends `messages` as one batch; the kernel applies all or none.
+    pub fn transact(&mut self, family: u8, messages: &[Message]) -> Result<(), Error> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let size: usize =
+            messages.iter().map(|m| HEADER + NFGENMSG + m.attrs.buf.len()).sum::<usize>() + 2 * (HEADER + NFGENMSG);
+        let mut buf = Vec::with_capacity(size);
+        let begin = self.next_seq();
+        push_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, begin, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        let first = self.seq.wrapping_add(1);
+        for (i, m) in messages.iter().enumerate() {
+            let seq = self.next_seq();
+            let ack = if i + 1 == messages.len() { NLM_F_ACK } else { 0 };
+            let msg_type = (NFNL_SUBSYS_NFTABLES << 8) | m.msg_type;
+            push_message(&mut buf, msg_type, NLM_F_REQUEST | m.flags | ack, seq, family, 0, &m.attrs.buf);
+        }
+        let last = self.seq;
+        let end = self.next_seq();
+        push_message(&mut buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        self.ensure_sndbuf(buf.len())?;
+        let sent = self.socket.send(&buf, 0).map_err(|e| Error::Socket(format!("send: {e}")))?;
+        if sent != buf.len() {
+            return Err(Error::Socket(format!("sent {sent} of {} bytes", buf.len())));
+        }
+        // The kernel answers every failed message, then acks the last one.
+        let mut failure: Option<Error> = None;
+        loop {
+            for (msg_type, flags, seq, payload) in self.recv()? {
+                if msg_type != NLMSG_ERROR {
+                    continue;
+                }
+                let (code, message) = parse_error(&payload, flags)?;
+                let index = seq.wrapping_sub(first) as usize;
+                if code != 0 && failure.is_none() {
+                    let op = messages.get(index).map(|m| m.what.clone()).unwrap_or_else(|| format!("message {seq}"));
+                    failure = Some(Error::Refused { op, errno: -code, message });
+                }
+                if seq == last {
+                    return match failure {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    };
+                }
+            }
+        }
+    }
+
+    fn ensure_sndbuf(&mut self, len: usize) -> Result<(), Error> {
+        let want = len + (64 << 10);
+        if want <= self.sndbuf {
+            return Ok(());
+        }
+        // The kernel takes a batch in one send, up to the socket's buffer.
+        nix::sys::socket::setsockopt(&self.socket.as_fd(), nix::sys::socket::sockopt::SndBufForce, &want)
+            .or_else(|_| nix::sys::socket::setsockopt(&self.socket.as_fd(), nix::sys::socket::sockopt::SndBuf, &want))
+            .map_err(|e| Error::Socket(format!("send buffer of {want} bytes: {e}")))?;
+        self.sndbuf = want;
+        Ok(())
+    }
+
+    fn recv(&mut self) -> Result<Vec<Reply>, Error> {
+        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
+        let n = self.socket.recv(&mut buf, 0).map_err(|e| Error::Socket(format!("receive: {e}")))?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + HEADER <= n.min(buf.len()) {
+            let msg = NetlinkBuffer::new_checked(&buf[at..]).map_err(|e| Error::Protocol(e.to_string()))?;
+            let len = msg.length() as usize;
+            if len < HEADER {
+                break;
+            }
+            out.push((msg.message_type(), msg.flags(), msg.sequence_number(), msg.payload().to_vec()));
+            at += (len + 3) & !3;
+        }
+        Ok(out)
+    }
+
+    /// Dumps objects of one kind (`GETTABLE`, `GETCHAIN`, ...): each reply's
+    /// attributes, after the nfgenmsg header. Retried when the ruleset
+    /// changed during the dump.
+    pub fn dump(&mut self, msg_type: u16, family: u8, attrs: &Writer) -> Result<Vec<Vec<u8>>, Error> {
+        'attempt: for _ in 0..5 {
+            let seq = self.next_seq();
+            let mut buf = Vec::new();
+            let t = (NFNL_SUBSYS_NFTABLES << 8) | msg_type;
+            push_message(&mut buf, t, NLM_F_REQUEST | NLM_F_DUMP | NLM_F_ACK, seq, family, 0, &attrs.buf);
+            self.socket.send(&buf, 0).map_err(|e| Error::Socket(format!("send: {e}")))?;
+            let mut out = Vec::new();
+            loop {
+                for (t, flags, s, payload) in self.recv()? {
+                    if s != seq {
+                        continue;
+                    }
+                    if flags & NLM_F_DUMP_INTR != 0 {
+                        // Drain the rest of this dump, then start again.
+                        self.drain(seq)?;
+                        continue 'attempt;
+                    }
+                    match t {
+                        NLMSG_DONE => return Ok(out),
+                        NLMSG_ERROR => {
+                            let (code, message) = parse_error(&payload, flags)?;
+                            if code != 0 {
+                                return Err(Error::Refused { op: "a dump".into(), errno: -code, message });
+                            }
+                        }
+                        _ if payload.len() >= NFGENMSG => out.push(payload[NFGENMSG..].to_vec()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Err(Error::Protocol("the ruleset kept changing during five dumps".into()))
+    }
+
+    fn drain(&mut self, seq: u32) -> Result<(), Error> {
+        loop {
+            for (t, _, s, _) in self.recv()? {
+                if s == seq && (t == NLMSG_DONE || t == NLMSG_ERROR) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The reply carries extended-ack attributes after the request's header.
+const NLM_F_ACK_TLVS: u16 = 0x200;
+/// Extended-ack attribute: the kernel's message.
+const NLMSGERR_ATTR_MSG: u16 = 1;
+
+/// An NLMSG_ERROR payload: (code, extended-ack message). The socket caps
+/// acks, so the failed request's header (16 bytes) precedes the TLVs.
+fn parse_error(payload: &[u8], flags: u16) -> Result<(i32, Option<String>), Error> {
+    let err = ErrorBuffer::new_checked(payload).map_err(|e| Error::Protocol(e.to_string()))?;
+    let code = err.code().map_or(0, |c| c.get());
+    let inner = err.payload();
+    let message = (flags & NLM_F_ACK_TLVS != 0 && inner.len() > HEADER)
+        .then(|| super::nla::attrs(&inner[HEADER..]).ok())
+        .flatten()
+        .and_then(|attrs| super::nla::find(&attrs, NLMSGERR_ATTR_MSG))
+        .and_then(|a| a.string().ok())
+        .filter(|s| !s.is_empty());
+    Ok((code, message))
+}

@@ -1,0 +1,239 @@
+use super::*;
+use kpx_rules::model::{Endpoint, ServicePort};
+use kpx_rules::ops::nftables::{DataType, ElementWriter, KeyExpr, Op, Rule, SetDecl, SetRef, VerdictKind};
+
+/// Service ns/web: 10.96.0.10:80/tcp, node port 30080, endpoint 10.1.0.5:8080.
+fn port(ep: &str) -> ServicePort {
+    let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80)
+        .with_cluster_endpoints(vec![Endpoint::ready(ep.parse().unwrap(), 8080)]);
+    p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+    p.node_port = 30080;
+    p
+}
+
+fn scope() -> Scope {
+    let mut s = Scope::default();
+    s.count(IpFamily::V4, &port("10.1.0.5"), true);
+    s
+}
+
+fn run(tx: &Transaction, model: &Model, scope: &Scope, full: bool) -> Result<Checked, Rejected> {
+    check(&Context { plugin: "test", family: IpFamily::V4, scope, model, full }, tx)
+}
+
+fn v4() -> IpFamily {
+    IpFamily::V4
+}
+
+fn endpoint_map() -> SetDecl {
+    SetDecl {
+        name: "internal-tcp-1".into(),
+        key: vec![KeyType::Address, KeyType::Protocol, KeyType::Port, KeyType::Integer],
+        data: Some(DataType::Endpoint),
+        interval: false,
+        timeout_seconds: None,
+        comment: None,
+    }
+}
+
+fn service_ips(ip: &str, port: u32, verdict: VerdictKind, chain: Option<&str>) -> Op {
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::ServiceIps));
+    w.address(ip.parse().unwrap()).protocol(Protocol::Tcp).word(port).verdict(verdict, chain);
+    Op::AddElements(w.finish())
+}
+
+fn endpoint_element(ep: &str) -> Op {
+    let mut w = ElementWriter::new(v4(), SetRef::Own("internal-tcp-1".into()));
+    w.address("10.96.0.10".parse().unwrap())
+        .protocol(Protocol::Tcp)
+        .word(80)
+        .word(0)
+        .endpoint(ep.parse().unwrap(), 8080);
+    Op::AddElements(w.finish())
+}
+
+/// The shape kpx's nftables backend writes for the web Service.
+fn good() -> Transaction {
+    let mut keys = KeyExpr::DESTINATION.to_vec();
+    keys.push(KeyExpr::NumgenRandom(1));
+    Transaction {
+        ops: vec![
+            Op::AddChain("cluster-ip".into()),
+            Op::AddSet(endpoint_map()),
+            Op::AddRule(
+                Rule::new("cluster-ip")
+                    .with(Match::Protocol { negate: false, protocol: Protocol::Tcp })
+                    .verdict(Verdict::DnatMap { keys, map: SetRef::Own("internal-tcp-1".into()) }),
+            ),
+            service_ips("10.96.0.10", 80, VerdictKind::Goto, Some("cluster-ip")),
+            endpoint_element("10.1.0.5"),
+        ],
+    }
+}
+
+fn with(op: Op) -> Transaction {
+    let mut t = good();
+    t.push(op);
+    t
+}
+
+fn ok(tx: &Transaction) {
+    if let Err(e) = run(tx, &Model::default(), &scope(), true) {
+        panic!("refused: {e}");
+    }
+}
+
+fn refused(tx: &Transaction, why: &str) {
+    match run(tx, &Model::default(), &scope(), true) {
+        Ok(_) => panic!("accepted: {tx:?}"),
+        Err(e) => assert!(e.reason.contains(why), "refused for another reason: {e}"),
+    }
+}
+
+#[test]
+fn the_backends_shape_passes() {
+    ok(&good());
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::ServiceNodePorts));
+    w.protocol(Protocol::Tcp).word(30080).verdict(VerdictKind::Goto, Some("cluster-ip"));
+    ok(&with(Op::AddElements(w.finish())));
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::Hairpin));
+    w.address("10.1.0.5".parse().unwrap()).address("10.1.0.5".parse().unwrap());
+    ok(&with(Op::AddElements(w.finish())));
+}
+
+#[test]
+fn dispatch_elements_must_be_destinations_of_the_state() {
+    // The node's ssh port sent to the plugin's chain.
+    refused(
+        &with(service_ips("192.168.0.2", 22, VerdictKind::Goto, Some("cluster-ip"))),
+        "not the address, protocol and port",
+    );
+    refused(
+        &with(service_ips("10.96.0.10", 81, VerdictKind::Goto, Some("cluster-ip"))),
+        "not the address, protocol and port",
+    );
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::ServiceNodePorts));
+    w.protocol(Protocol::Tcp).word(22).verdict(VerdictKind::Goto, Some("cluster-ip"));
+    refused(&with(Op::AddElements(w.finish())), "not a node port");
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::ClusterIps));
+    w.address("192.168.0.2".parse().unwrap());
+    refused(&with(Op::AddElements(w.finish())), "not a cluster IP");
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::Hairpin));
+    w.address("10.1.0.5".parse().unwrap()).address("192.168.0.2".parse().unwrap());
+    refused(&with(Op::AddElements(w.finish())), "one endpoint address, twice");
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::NodePortIps));
+    w.address("192.168.0.2".parse().unwrap());
+    refused(&with(Op::AddElements(w.finish())), "host only");
+}
+
+#[test]
+fn dispatch_verdicts_lead_to_the_plugins_chains() {
+    refused(&with(service_ips("10.96.0.10", 80, VerdictKind::Accept, None)), "leads to one of the plugin's chains");
+    refused(&with(service_ips("10.96.0.10", 80, VerdictKind::Goto, Some("masquerading"))), "is the host's");
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::NoEndpointServices));
+    w.address("10.96.0.10".parse().unwrap())
+        .protocol(Protocol::Tcp)
+        .word(80)
+        .verdict(VerdictKind::Jump, Some("cluster-ip"));
+    refused(&with(Op::AddElements(w.finish())), "holds drop or reject");
+}
+
+#[test]
+fn dnat_goes_to_endpoints_of_the_state_only() {
+    refused(&with(endpoint_element("192.0.2.66")), "not an endpoint of the state");
+    let rule = Rule::new("cluster-ip")
+        .with(Match::Protocol { negate: false, protocol: Protocol::Tcp })
+        .verdict(Verdict::Dnat("192.0.2.66".parse().unwrap(), 80));
+    refused(&with(Op::AddRule(rule)), "not an endpoint of the state");
+    let no_proto = Rule::new("cluster-ip").verdict(Verdict::Dnat("10.1.0.5".parse().unwrap(), 8080));
+    refused(&with(Op::AddRule(no_proto)), "needs a protocol match");
+}
+
+#[test]
+fn host_objects_are_not_the_plugins() {
+    refused(&with(Op::AddChain("nat-prerouting".into())), "is the host's");
+    refused(&with(Op::AddRule(Rule::new("filter-input").verdict(Verdict::Drop))), "is the host's");
+    refused(&with(Op::AddRule(Rule::new("cluster-ip").verdict(Verdict::Jump("masquerading".into())))), "is the host's");
+    refused(&with(Op::AddChain("kube-proxy".into())), "is the host's");
+    let mut decl = endpoint_map();
+    decl.name = "service-ips".into();
+    refused(&with(Op::AddSet(decl)), "is the host's");
+    refused(&with(Op::DeleteSet("service-ips".into())), "is the host's");
+    refused(
+        &with(Op::AddRule(Rule::new("cluster-ip").statement(Statement::Masquerade { fully_random: true }))),
+        "the host's",
+    );
+    refused(&with(Op::AddRule(Rule::new("cluster-ip").statement(Statement::MarkXor(0x4000)))), "the host's");
+}
+
+#[test]
+fn names_keys_and_sets_are_checked() {
+    refused(&with(Op::AddChain(format!("c{}", "a".repeat(300)))), "names have 1 to");
+    refused(&with(Op::AddChain("x;flush ruleset".into())), "names start with a letter");
+    refused(&with(Op::AddRule(Rule::new("cluster-ip").comment("a\"b").verdict(Verdict::Accept))), "comment");
+    let bad_key = Rule::new("cluster-ip").with(Match::Lookup {
+        keys: vec![KeyExpr::Protocol],
+        set: SetRef::Host(HostSet::ServiceIps),
+        negate: false,
+    });
+    refused(&with(Op::AddRule(bad_key)), "does not fit");
+    let mut decl = endpoint_map();
+    decl.name = "other".into();
+    decl.key = vec![KeyType::Cidr];
+    refused(&with(Op::AddSet(decl)), "interval");
+    // Elements into a set that does not exist, or the kernel's affinity set.
+    let mut w = ElementWriter::new(v4(), SetRef::Own("nope".into()));
+    w.word(1);
+    refused(&with(Op::AddElements(w.finish())), "does not exist");
+    let mut t = with(Op::AddSet(SetDecl::affinity("sticky", 10)));
+    let mut w = ElementWriter::new(v4(), SetRef::Own("sticky".into()));
+    w.address("10.0.0.1".parse().unwrap());
+    t.push(Op::AddElements(w.finish()));
+    refused(&t, "filled by the kernel only");
+    refused(
+        &with(Op::AddRule(Rule::new("cluster-ip").statement(Statement::AffinityUpdate("internal-tcp-1".into())))),
+        "affinity sets",
+    );
+    refused(&with(Op::AddRule(Rule::new("cluster-ip").verdict(Verdict::Reject))), "reject is the host's");
+}
+
+#[test]
+fn nothing_kept_may_point_at_what_left_the_state() {
+    let mut s = scope();
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, &s, true).unwrap());
+    s.forget_removed();
+    // The endpoint is replaced by another; the old element is kept.
+    s.count(IpFamily::V4, &port("10.1.0.6"), true);
+    s.count(IpFamily::V4, &port("10.1.0.5"), false);
+    let nothing = Transaction::default();
+    let err = run(&nothing, &model, &s, false).unwrap_err();
+    assert!(err.reason.contains("10.1.0.5:8080, which has left the state"), "{err}");
+    // Replacing the element passes.
+    let mut w = ElementWriter::new(v4(), SetRef::Own("internal-tcp-1".into()));
+    w.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80).word(0);
+    let replace = Transaction { ops: vec![Op::DeleteElements(w.finish()), endpoint_element("10.1.0.6")] };
+    model.commit(run(&replace, &model, &s, false).unwrap());
+    s.forget_removed();
+    // The Service goes: its dispatch element must go in the same sync.
+    s.count(IpFamily::V4, &port("10.1.0.6"), false);
+    let mut w = ElementWriter::new(v4(), SetRef::Own("internal-tcp-1".into()));
+    w.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80).word(0);
+    let half = Transaction { ops: vec![Op::DeleteElements(w.finish())] };
+    let err = run(&half, &model, &s, false).unwrap_err();
+    assert!(err.reason.contains("10.96.0.10:80 tcp, which has left the state"), "{err}");
+}
+
+#[test]
+fn an_element_added_twice_or_deleted_when_absent_is_refused() {
+    let mut s = scope();
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, &s, true).unwrap());
+    s.forget_removed();
+    let again = Transaction { ops: vec![endpoint_element("10.1.0.5")] };
+    assert!(run(&again, &model, &s, false).unwrap_err().reason.contains("already"));
+    let mut w = ElementWriter::new(v4(), SetRef::Own("internal-tcp-1".into()));
+    w.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80).word(7);
+    let absent = Transaction { ops: vec![Op::DeleteElements(w.finish())] };
+    assert!(run(&absent, &model, &s, false).unwrap_err().reason.contains("is not in"));
+}
