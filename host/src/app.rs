@@ -102,6 +102,11 @@ pub fn run(config: Config) -> Result<(), Error> {
         .expect("spawn the manifest source thread");
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
+    Err(source_stopped(thread))
+}
+
+/// The sync loop ends only when the source's thread has: why it did.
+fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
     let why = match thread.join() {
         Ok(()) => "it ended".to_string(),
         Err(panic) => {
@@ -111,7 +116,7 @@ pub fn run(config: Config) -> Result<(), Error> {
             }
         }
     };
-    Err(Error::SourceStopped(why))
+    Error::SourceStopped(why)
 }
 
 /// `--cleanup`: removes kube-proxy's iptables chains and jumps (both
@@ -130,4 +135,28 @@ pub fn cleanup() -> Result<(), crate::kernel::Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_that_stops_is_an_error_that_says_why() {
+        let (tx, rx) = std::sync::mpsc::channel::<crate::source::Event>();
+        let thread = std::thread::spawn(move || {
+            let _tx = tx;
+            panic!("manifest parser blew up");
+        });
+        // The sync loop returns when the source's sender is gone.
+        sync::run(
+            State::new("n"),
+            rx,
+            Vec::new(),
+            Periods { min: Default::default(), max: std::time::Duration::from_secs(1) },
+        );
+        let err = source_stopped(thread);
+        assert!(matches!(err, Error::SourceStopped(_)));
+        assert_eq!(err.to_string(), "the object source stopped: it panicked: manifest parser blew up");
+    }
 }

@@ -8,5 +8,7 @@ mod conformance_kernel;
 mod golden;
 mod kernel_iptables;
 mod kernel_nftables;
+mod restart;
+mod roundtrip;
 mod sandbox;
 mod support;

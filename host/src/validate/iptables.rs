@@ -221,6 +221,9 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                 if a.cidr.prefix_len > a.cidr.max_len() {
                     return Err(format!("prefix length {} is longer than {}", a.cidr.prefix_len, a.cidr.max_len()));
                 }
+                if a.negate && a.cidr.prefix_len == 0 {
+                    return Err("a negated /0 matches no packet (and iptables refuses it)".into());
+                }
                 seen[if matches!(m, Match::Source(_)) { 0 } else { 1 }] += 1;
             }
             Match::InInterface(i) => {

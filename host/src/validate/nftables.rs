@@ -518,7 +518,9 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
                 return Err(at(format!("{ip} is not an {family} address")));
             }
         }
-        let refs = element_refs(&e.set, el, scope).map_err(at)?;
+        // What an element refers to must be in the state when it is added;
+        // a deleted one may refer to what just left.
+        let refs = element_refs(&e.set, el, add.then_some(scope)).map_err(at)?;
         if add {
             check_data(p, &e.set, &decl, el).map_err(at)?;
         }
@@ -546,14 +548,15 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
     Ok(())
 }
 
-/// The state an element of a host set refers to; an error when it is not
-/// in the state.
-fn element_refs(set: &SetRef, el: &Element, scope: &Scope) -> Result<Vec<Ref>, String> {
+/// The state an element of a host set refers to; with `scope`, an error
+/// when that is not in the state.
+fn element_refs(set: &SetRef, el: &Element, scope: Option<&Scope>) -> Result<Vec<Ref>, String> {
     let SetRef::Host(h) = set else { return Ok(Vec::new()) };
+    let in_scope = |check: &dyn Fn(&Scope) -> bool| scope.is_none_or(check);
     let destination = |k: &[Value]| match k {
         [Value::Address(ip), Value::Protocol(p), Value::Port(port), ..] => {
             let d = (*ip, *p, *port);
-            if scope.destinations.contains(&d) {
+            if in_scope(&|s| s.destinations.contains(&d)) {
                 Ok(Ref::Destination(d))
             } else {
                 Err(format!(
@@ -565,7 +568,7 @@ fn element_refs(set: &SetRef, el: &Element, scope: &Scope) -> Result<Vec<Ref>, S
         _ => Err("not a destination".into()),
     };
     let node_port = |k: &[Value]| match k {
-        [Value::Protocol(p), Value::Port(port)] if scope.node_ports.contains(&(*p, *port)) => {
+        [Value::Protocol(p), Value::Port(port)] if in_scope(&|s| s.node_ports.contains(&(*p, *port))) => {
             Ok(Ref::NodePort((*p, *port)))
         }
         [Value::Protocol(p), Value::Port(port)] => Err(format!("{p} port {port} is not a node port of the state")),
@@ -577,11 +580,11 @@ fn element_refs(set: &SetRef, el: &Element, scope: &Scope) -> Result<Vec<Ref>, S
         }
         HostSet::ServiceNodePorts | HostSet::NoEndpointNodePorts => vec![node_port(&el.key)?],
         HostSet::ClusterIps => match el.key.as_slice() {
-            [Value::Address(ip)] if scope.cluster_ips.contains(ip) => vec![Ref::ClusterIp(*ip)],
+            [Value::Address(ip)] if in_scope(&|s| s.cluster_ips.contains(ip)) => vec![Ref::ClusterIp(*ip)],
             _ => return Err(format!("{:?} is not a cluster IP of the state", el.key)),
         },
         HostSet::Hairpin => match el.key.as_slice() {
-            [Value::Address(a), Value::Address(b)] if a == b && scope.endpoint_ips.contains(a) => {
+            [Value::Address(a), Value::Address(b)] if a == b && in_scope(&|s| s.endpoint_ips.contains(a)) => {
                 vec![Ref::EndpointIp(*a)]
             }
             _ => return Err("a hairpin element is one endpoint address, twice".into()),

@@ -290,10 +290,12 @@ impl Rule {
         self.target(Target::Jump(chain.to_string()))
     }
 
-    /// The same rule with its matches in iptables-save's order (header
-    /// matches first, the rest as given): the form the kernel gives back.
-    /// Rules built with [`Rule::with`] are already canonical.
+    /// The same rule as the kernel gives it back: matches in iptables-save's
+    /// order (header matches first, the rest as given), and without address
+    /// matches on /0, which match everything and which iptables drops.
     pub fn canonical(mut self) -> Rule {
+        self.matches
+            .retain(|m| !matches!(m, Match::Source(a) | Match::Destination(a) if !a.negate && a.cidr.prefix_len == 0));
         self.matches.sort_by_key(Match::header_rank);
         self
     }
