@@ -106,26 +106,54 @@ pub struct PluginState {
     limits: StoreLimits,
     /// Log lines the plugin may still write during the current call.
     log_budget: u32,
+    /// Whether the current call already said that it drops log lines.
+    log_dropping: bool,
 }
 
 /// Log lines a plugin may write per call; the rest are dropped.
 const LOG_LINES_PER_CALL: u32 = 200;
 
 impl PluginState {
+    /// Whether one more log line may be written in this call.
     fn take_log_budget(&mut self) -> bool {
-        match self.log_budget {
-            0 => false,
-            1 => {
-                self.log_budget = 0;
-                tracing::warn!(plugin = %self.plugin, "plugin logs too much; dropping its log lines until the next call");
-                false
-            }
-            _ => {
-                self.log_budget -= 1;
-                true
-            }
+        if self.log_budget > 0 {
+            self.log_budget -= 1;
+            return true;
+        }
+        if !self.log_dropping {
+            self.log_dropping = true;
+            tracing::warn!(plugin = %self.plugin, "plugin logs too much; dropping its log lines until the next call");
+        }
+        false
+    }
+
+    /// A new call: the budget is full again.
+    fn refill_log_budget(&mut self) {
+        self.log_budget = LOG_LINES_PER_CALL;
+        self.log_dropping = false;
+    }
+}
+
+/// Longest log line kept from a plugin; the rest is cut.
+const MAX_LOG_LINE: usize = 4096;
+
+/// A plugin's log message as the host logs it: cut to [`MAX_LOG_LINE`]
+/// bytes, control characters escaped (a plugin cannot start a line of its
+/// own in kpx's log).
+fn log_line(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MAX_LOG_LINE) + 3);
+    for c in message.chars() {
+        if out.len() >= MAX_LOG_LINE {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
         }
     }
+    out
 }
 
 /// The engine and linker every plugin shares.
@@ -207,8 +235,10 @@ impl BackendPlugin {
             .memories(2)
             .trap_on_grow_failure(true)
             .build();
-        let mut store =
-            Store::new(&self.engine, PluginState { plugin: self.name.clone(), limits, log_budget: LOG_LINES_PER_CALL });
+        let mut store = Store::new(
+            &self.engine,
+            PluginState { plugin: self.name.clone(), limits, log_budget: LOG_LINES_PER_CALL, log_dropping: false },
+        );
         store.limiter(|s| &mut s.limits);
         let mut instance = BackendInstance {
             plugin: self.name.clone(),
@@ -243,7 +273,7 @@ impl BackendInstance {
         // What the host may allocate copying one call's data out of the
         // plugin (the result, a log line): checked before each copy.
         self.store.set_hostcall_fuel(usize::try_from(self.limits.max_output_bytes).unwrap_or(usize::MAX));
-        self.store.data_mut().log_budget = LOG_LINES_PER_CALL;
+        self.store.data_mut().refill_log_budget();
     }
 
     /// Classifies a call's outcome, counting errors.
@@ -266,7 +296,7 @@ impl BackendInstance {
                 Some(trap) => trap.to_string(),
                 None => e.root_cause().to_string().lines().next().unwrap_or("unknown error").to_string(),
             };
-            let err = Error::Trapped { plugin: self.plugin.to_string(), call, message };
+            let err = Error::Trapped { plugin: self.plugin.to_string(), call, message: log_line(&message) };
             tracing::error!(plugin = %self.plugin, "{err}");
             err
         })
@@ -306,7 +336,7 @@ impl BackendInstance {
         let result = bindings.render(&mut self.store, full);
         self.check("render", result)?.map_err(|message| {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            Error::Failed { plugin: self.plugin.to_string(), call: "render", message }
+            Error::Failed { plugin: self.plugin.to_string(), call: "render", message: log_line(&message) }
         })
     }
 

@@ -24,16 +24,32 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// Cuts an item's text for a log line.
-fn shorten(mut text: String) -> String {
+/// An item's or reason's text for a log line: control characters escaped
+/// (a plugin's text cannot start a line of its own in kpx's log), cut to
+/// 400 bytes.
+fn shorten(text: String) -> String {
     const MAX: usize = 400;
-    if text.len() > MAX {
-        let mut cut = MAX;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
+    let mut out = String::with_capacity(text.len().min(MAX) + 3);
+    for c in text.chars() {
+        if out.len() >= MAX {
+            out.push_str("...");
+            break;
         }
-        text.truncate(cut);
-        text.push_str("...");
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
     }
-    text
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn text_from_a_plugin_stays_on_one_line() {
+        let s = super::shorten(format!("a\nb\r\u{1b}[31m{}", "x".repeat(1000)));
+        assert!(s.starts_with("a\\nb\\r\\u{1b}[31m") && !s.contains('\n') && !s.contains('\u{1b}'), "{s}");
+        assert!(s.len() <= 410 && s.ends_with("..."));
+    }
 }

@@ -110,3 +110,38 @@ fn a_fresh_instance_after_a_trap_works() {
     );
     assert_eq!(plugin.stats().instances.load(Ordering::Relaxed), 2);
 }
+
+#[test]
+fn a_plugin_importing_anything_else_is_not_loaded() {
+    // The same component, its one import renamed to a WASI interface
+    // (every occurrence, so that the binary stays valid).
+    let bytes = builtin::get("iptables").unwrap();
+    let (from, to): (&[u8], &[u8]) = (b"kpx:proxier/log@0.2.0", b"wasi:cli/stdout@0.2.0");
+    let mut wasi = bytes.to_vec();
+    let mut n = 0;
+    while let Some(at) = wasi.windows(from.len()).position(|w| w == from) {
+        wasi[at..at + to.len()].copy_from_slice(to);
+        n += 1;
+    }
+    assert!(n > 0, "the log import is named in the component");
+    let err = runtime(Limits::default()).load_backend("wasi", &wasi).err().expect("a WASI import is refused");
+    assert!(matches!(err, Error::Load { .. }), "{err}");
+    assert!(err.to_string().contains("wasi:cli/stdout@0.2.0"), "the message names the import: {err}");
+}
+
+#[test]
+fn log_lines_are_budgeted_per_call_cut_and_kept_on_one_line() {
+    let mut state = PluginState {
+        plugin: Arc::from("t"),
+        limits: StoreLimitsBuilder::new().build(),
+        log_budget: LOG_LINES_PER_CALL,
+        log_dropping: false,
+    };
+    let kept = (0..LOG_LINES_PER_CALL + 50).filter(|_| state.take_log_budget()).count();
+    assert_eq!(kept, LOG_LINES_PER_CALL as usize);
+    state.refill_log_budget();
+    assert!(state.take_log_budget(), "a new call has a new budget");
+    let line = log_line(&format!("ok\n2026-01-01 ERROR kpx: forged\u{1b}[2J{}", "x".repeat(10_000)));
+    assert!(!line.contains('\n') && !line.contains('\u{1b}') && line.contains("ok\\n2026"), "{line}");
+    assert!(line.len() <= MAX_LOG_LINE + 3 && line.ends_with("..."));
+}

@@ -111,7 +111,7 @@ pub struct Context<'a> {
 
 impl Context<'_> {
     fn reject(&self, at: String, item: String, reason: impl Into<String>) -> Rejected {
-        Rejected { plugin: self.plugin.to_string(), at, item: shorten(item), reason: reason.into() }
+        Rejected { plugin: self.plugin.to_string(), at, item: shorten(item), reason: shorten(reason.into()) }
     }
 
     fn family(&self) -> IpFamily {

@@ -271,7 +271,7 @@ fn reject(ctx: &Context, i: usize, op: &Op, reason: impl Into<String>) -> Reject
         plugin: ctx.plugin.to_string(),
         at: format!("operation {}", i + 1),
         item: shorten(format!("{op:?}")),
-        reason: reason.into(),
+        reason: shorten(reason.into()),
     }
 }
 

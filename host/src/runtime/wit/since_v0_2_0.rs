@@ -21,27 +21,17 @@ kpx_rules::wit_conversions!(crate::runtime::wit::since_v0_2_0::kpx::proxier::typ
 /// The contract version these bindings implement.
 pub const VERSION: &str = "0.2.0";
 
-/// Longest log line kept from a plugin; the rest is cut.
-const MAX_LOG_LINE: usize = 4096;
-
 impl self::kpx::proxier::types::Host for PluginState {}
 impl self::kpx::proxier::iptables::Host for PluginState {}
 impl self::kpx::proxier::nftables::Host for PluginState {}
 
 impl self::kpx::proxier::log::Host for PluginState {
-    fn log(&mut self, level: self::kpx::proxier::log::Level, mut message: String) {
+    fn log(&mut self, level: self::kpx::proxier::log::Level, message: String) {
         use self::kpx::proxier::log::Level;
         if !self.take_log_budget() {
             return;
         }
-        if message.len() > MAX_LOG_LINE {
-            let mut cut = MAX_LOG_LINE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push_str("...");
-        }
+        let message = super::super::log_line(&message);
         let plugin = &*self.plugin;
         match level {
             Level::Error => tracing::error!(plugin, "{message}"),
