@@ -130,20 +130,80 @@ fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Result<T, 
     serde_yaml::from_value(value).map_err(|e| e.to_string())
 }
 
+/// The API server's rules for a name (apimachinery's validation).
+#[derive(Debug, Clone, Copy)]
+enum NameRule {
+    /// DNS-1035 label: Service names.
+    Dns1035Label,
+    /// DNS-1123 label: namespaces, port names.
+    Dns1123Label,
+    /// DNS-1123 subdomain: EndpointSlice, Node and ServiceCIDR names.
+    Dns1123Subdomain,
+}
+
+/// Why `name` breaks `rule`, if it does. The names end up in rule
+/// comments and object names, so kpx holds them to what the API server
+/// accepts rather than to what a file may contain.
+fn name_problem(name: &str, rule: NameRule) -> Option<String> {
+    let label = |l: &str, first_letter: bool| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && l.starts_with(|c: char| if first_letter { c.is_ascii_lowercase() } else { c.is_ascii_alphanumeric() })
+            && l.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    let ok = match rule {
+        NameRule::Dns1035Label => label(name, true),
+        NameRule::Dns1123Label => label(name, false),
+        NameRule::Dns1123Subdomain => name.len() <= 253 && name.split('.').all(|l| label(l, false)),
+    };
+    (!ok).then(|| {
+        let what = match rule {
+            NameRule::Dns1035Label => {
+                "a DNS-1035 label (at most 63 characters: a-z, 0-9 and '-', starting with a letter, ending with a letter or digit)"
+            }
+            NameRule::Dns1123Label => {
+                "a DNS-1123 label (at most 63 characters: a-z, 0-9 and '-', starting and ending with a letter or digit)"
+            }
+            NameRule::Dns1123Subdomain => {
+                "a DNS-1123 subdomain (at most 253 characters: dot-separated labels of a-z, 0-9 and '-')"
+            }
+        };
+        format!("{name:?} is not {what}")
+    })
+}
+
 fn check_name(
     meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     namespaced: bool,
+    rule: NameRule,
 ) -> Result<(), String> {
-    if meta.name.as_deref().unwrap_or("").is_empty() {
+    let name = meta.name.as_deref().unwrap_or("");
+    if name.is_empty() {
         return Err("metadata.name is required".into());
+    }
+    if let Some(why) = name_problem(name, rule) {
+        return Err(format!("metadata.name: {why}"));
     }
     if namespaced && meta.namespace.as_deref().unwrap_or("").is_empty() {
         meta.namespace = Some("default".into());
+    }
+    if let Some(why) =
+        meta.namespace.as_deref().filter(|_| namespaced).and_then(|ns| name_problem(ns, NameRule::Dns1123Label))
+    {
+        return Err(format!("metadata.namespace: {why}"));
     }
     if !namespaced {
         meta.namespace = None;
     }
     Ok(())
+}
+
+fn check_port_name(what: &str, name: Option<&str>) -> Result<(), String> {
+    match name.filter(|n| !n.is_empty()).and_then(|n| name_problem(n, NameRule::Dns1123Label)) {
+        Some(why) => Err(format!("{what}: {why}")),
+        None => Ok(()),
+    }
 }
 
 fn check_port(what: &str, port: i32, allow_zero: bool) -> Result<(), String> {
@@ -162,7 +222,7 @@ fn check_protocol(what: &str, protocol: Option<&str>) -> Result<(), String> {
 }
 
 fn check_service(mut svc: Service) -> Result<Service, String> {
-    check_name(&mut svc.metadata, true)?;
+    check_name(&mut svc.metadata, true, NameRule::Dns1035Label)?;
     let spec = svc.spec.as_ref().ok_or("spec is required")?;
     let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
     for ip in ips {
@@ -179,6 +239,7 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
         check_port(&format!("spec.ports[{i}].port"), p.port, false)?;
         check_port(&format!("spec.ports[{i}].nodePort"), p.node_port.unwrap_or(0), true)?;
         check_protocol(&format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
+        check_port_name(&format!("spec.ports[{i}].name"), p.name.as_deref())?;
         let name = p.name.clone().unwrap_or_default();
         if ports.len() > 1 && name.is_empty() {
             return Err(format!("spec.ports[{i}].name is required when a Service has several ports"));
@@ -191,7 +252,7 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
 }
 
 fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
-    check_name(&mut slice.metadata, true)?;
+    check_name(&mut slice.metadata, true, NameRule::Dns1123Subdomain)?;
     let has_service =
         slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).is_some_and(|s| !s.is_empty());
     if !has_service {
@@ -225,17 +286,18 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
             check_port(&format!("ports[{i}].port"), port, false)?;
         }
         check_protocol(&format!("ports[{i}].protocol"), p.protocol.as_deref())?;
+        check_port_name(&format!("ports[{i}].name"), p.name.as_deref())?;
     }
     Ok(slice)
 }
 
 fn check_node(mut node: Node) -> Result<Node, String> {
-    check_name(&mut node.metadata, false)?;
+    check_name(&mut node.metadata, false, NameRule::Dns1123Subdomain)?;
     Ok(node)
 }
 
 fn check_service_cidr(mut cidr: ServiceCIDR) -> Result<ServiceCIDR, String> {
-    check_name(&mut cidr.metadata, false)?;
+    check_name(&mut cidr.metadata, false, NameRule::Dns1123Subdomain)?;
     for (i, c) in cidr.spec.iter().flat_map(|s| s.cidrs.iter().flatten()).enumerate() {
         c.parse::<kpx_rules::model::Cidr>().map_err(|e| format!("spec.cidrs[{i}]: {e}"))?;
     }

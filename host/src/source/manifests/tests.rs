@@ -175,3 +175,57 @@ fn a_listing_that_fails_at_start_is_never_the_empty_state() {
     assert_eq!(events.last(), Some(&Event::Synced));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn names_follow_the_api_servers_rules() {
+    // Names end up in rule comments and object names: a name the API
+    // server would refuse is refused here too, by object, and the others
+    // still count.
+    let text = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: "web\" -j ACCEPT", namespace: shop}
+spec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: "Shop;x"}
+spec: {clusterIP: 10.96.0.12, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: 9lives}
+spec: {clusterIP: 10.96.0.13, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: multi}
+spec: {clusterIP: 10.96.0.14, ports: [{name: "HTTP\n", port: 80}, {name: dns, port: 53}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc.v1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [10.1.0.5]}]
+ports: [{name: "a b", port: 8080}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-1.example.com}
+"#;
+    let (objects, errors) = parse_documents(text);
+    let refs: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(refs, ["Node node-1.example.com"], "{errors:?}");
+    let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    let expect = [
+        "metadata.name: \"web\\\" -j ACCEPT\" is not a DNS-1035 label",
+        "metadata.namespace: \"Shop;x\" is not a DNS-1123 label",
+        "metadata.name: \"9lives\" is not a DNS-1035 label",
+        "spec.ports[0].name: \"HTTP\\n\" is not a DNS-1123 label",
+        "ports[0].name: \"a b\" is not a DNS-1123 label",
+    ];
+    assert_eq!(messages.len(), expect.len(), "{messages:?}");
+    for (m, e) in messages.iter().zip(expect) {
+        assert!(m.contains(e), "{m:?} should say {e:?}");
+    }
+}
