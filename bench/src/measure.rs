@@ -35,6 +35,21 @@ use crate::cluster;
 const NODE: &str = "bench-node";
 const PROBE: &str = "10.111.255.10:80";
 
+/// Runs of each in-process stage; the median is reported (this machine's
+/// run-to-run noise is larger than most differences worth seeing).
+const REPS: usize = 5;
+
+/// The daemon's default cap on what one sync writes.
+const MAX_BYTES: usize = kpx::kernel::DEFAULT_MAX_BYTES;
+
+/// The run with the median time, and that time.
+fn median<T>(mut runs: Vec<(Duration, T)>) -> (Duration, T) {
+    runs.sort_by_key(|(d, _)| *d);
+    let mid = runs.len() / 2;
+    let (d, t) = runs.swap_remove(mid);
+    (d, t)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -57,6 +72,27 @@ pub struct Stages {
 }
 
 impl Stages {
+    /// Each stage's median over several runs.
+    fn median(runs: &[Stages]) -> Stages {
+        let m = |f: fn(&Stages) -> Duration| {
+            let mut v: Vec<Duration> = runs.iter().map(f).collect();
+            v.sort();
+            v[v.len() / 2]
+        };
+        let mut bytes: Vec<usize> = runs.iter().map(|s| s.bytes).collect();
+        bytes.sort();
+        Stages {
+            source: m(|s| s.source),
+            host: m(|s| s.host),
+            plugin: m(|s| s.plugin),
+            native: m(|s| s.native),
+            validate: m(|s| s.validate),
+            render: m(|s| s.render),
+            kernel: m(|s| s.kernel),
+            bytes: bytes[bytes.len() / 2],
+        }
+    }
+
     /// kpx's own share: everything but the kernel.
     pub fn own(&self) -> Duration {
         self.host + self.plugin + self.validate + self.render
@@ -227,7 +263,7 @@ fn validate(
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Models {
     iptables: kpx::validate::iptables::Model,
     nftables: kpx::validate::nftables::Model,
@@ -256,11 +292,11 @@ fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: boo
             if full {
                 out.push(add_table());
                 out.extend(
-                    messages(settings.family, mark, &nft_frame(settings, &Cluster::default()), &decls)
+                    messages(settings.family, mark, &nft_frame(settings, &Cluster::default()), &decls, MAX_BYTES)
                         .map_err(anyhow::Error::msg)?,
                 );
             }
-            out.extend(messages(settings.family, mark, &tx.ops, &decls).map_err(anyhow::Error::msg)?);
+            out.extend(messages(settings.family, mark, &tx.ops, &decls, MAX_BYTES).map_err(anyhow::Error::msg)?);
             Written::Nftables(out)
         }
     };
@@ -321,45 +357,65 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     let objects_count: usize = ports.iter().map(|p| 1 + p.endpoints.len()).sum();
 
     // Plugin (WASM): the whole state across the boundary, a full render,
-    // its typed output copied into the host.
+    // its typed output copied into the host; a fresh instance each time,
+    // as at the daemon's start.
     let runtime = Runtime::new(Limits::default(), Some(dir.join("plugin-cache")))?;
     let plugin = runtime.load_backend(mode, builtin::get(mode).context("no built-in plugin")?)?;
-    let mut instance = plugin.instantiate(&settings)?;
-    let t = Instant::now();
-    instance.reset(&node, &Cluster::default(), &ports)?;
-    let ruleset = instance.render(true, objects_count)?;
-    let plugin_full = t.elapsed();
+    let mut runs = Vec::new();
+    for _ in 0..REPS {
+        let mut instance = plugin.instantiate(&settings)?;
+        let t = Instant::now();
+        instance.reset(&node, &Cluster::default(), &ports)?;
+        let ruleset = instance.render(true, objects_count)?;
+        runs.push((t.elapsed(), (instance, ruleset)));
+    }
+    let (plugin_full, (mut instance, ruleset)) = median(runs);
 
     // The same generator, compiled natively.
-    let mut native = Native::new(proxy_mode, settings.clone());
-    let input = ports.clone();
-    let t = Instant::now();
-    native.backend().reset(node.clone(), Cluster::default(), input);
-    let native_ruleset = native.backend().render(true).map_err(anyhow::Error::msg)?;
-    let native_full = t.elapsed();
+    let mut runs = Vec::new();
+    for _ in 0..REPS {
+        let mut native = Native::new(proxy_mode, settings.clone());
+        let input = ports.clone();
+        let t = Instant::now();
+        native.backend().reset(node.clone(), Cluster::default(), input);
+        let native_ruleset = native.backend().render(true).map_err(anyhow::Error::msg)?;
+        runs.push((t.elapsed(), (native, native_ruleset)));
+    }
+    let (native_full, (mut native, native_ruleset)) = median(runs);
     if native_ruleset != ruleset {
         bail!("the WASM and native renders differ");
     }
 
-    let mut models = Models::default();
-    let validate_full = validate(&settings, &ruleset, &scope, &mut models, true)?;
-    let (written, render_full) = render(&settings, &ruleset, &mut models, true)?;
+    let mut runs = Vec::new();
+    for _ in 0..REPS {
+        let mut models = Models::default();
+        let took = validate(&settings, &ruleset, &scope, &mut models, true)?;
+        runs.push((took, models));
+    }
+    let (validate_full, mut models) = median(runs);
+    let mut runs = Vec::new();
+    for _ in 0..REPS {
+        let mut m = models.clone();
+        let (written, took) = render(&settings, &ruleset, &mut m, true)?;
+        runs.push((took, (written, m)));
+    }
+    let (render_full, (written, rendered_models)) = median(runs);
+    models = rendered_models;
     let bytes_full = written.bytes();
     let chains = match &ruleset {
         Ruleset::Iptables(rs) => rs.chains.len() + ipt_frame(&settings).chains.len(),
         Ruleset::Nftables(tx) => {
-            tx.ops.iter().filter(|o| matches!(o, kpx_rules::ops::nftables::Op::AddChain(_))).count()
-                + nft_frame(&settings, &Cluster::default())
-                    .iter()
-                    .filter(|o| {
-                        !matches!(
-                            o,
-                            kpx_rules::ops::nftables::Op::AddRule(_)
-                                | kpx_rules::ops::nftables::Op::AddSet(_)
-                                | kpx_rules::ops::nftables::Op::AddElements(_)
-                        )
-                    })
-                    .count()
+            let own = tx.ops.iter().filter(|o| matches!(o, kpx_rules::ops::nftables::Op::AddChain(_))).count();
+            let host = nft_frame(&settings, &Cluster::default())
+                .iter()
+                .filter(|o| {
+                    matches!(
+                        o,
+                        kpx_rules::ops::nftables::Op::AddChain(_) | kpx_rules::ops::nftables::Op::AddBaseChain(_)
+                    )
+                })
+                .count();
+            own + host
         }
     };
     let ns = Netns::new(&format!("{mode}-{services}"))?;
@@ -376,49 +432,56 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     };
 
     // One endpoint added to one Service: seen by the state, to programmed.
-    let i = services / 2;
-    let slice = format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: bench, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{}",
-        (0..=endpoints).map(|j| format!("- addresses: [{}]\n", cluster::endpoint_ip(i, j))).collect::<String>()
-    );
-    let (mut slice_objects, _) = parse_documents(&slice);
-    scope.forget_removed();
-    let t = Instant::now();
-    state.apply(Event::Apply(slice_objects.remove(0)));
-    let changed = state.take_changes();
-    let new_ports: Vec<ServicePort> =
-        changed.services.keys().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
-    for p in &new_ports {
-        if let Some(old) = ports.iter().find(|o| o.key == p.key) {
-            scope.count(IpFamily::V4, old, false);
+    // Done for REPS different Services, one after the other; each stage's
+    // median is reported.
+    let mut partials = Vec::new();
+    for rep in 0..REPS {
+        let i = services / 2 + rep;
+        let slice = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: bench, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{}",
+            (0..=endpoints).map(|j| format!("- addresses: [{}]\n", cluster::endpoint_ip(i, j))).collect::<String>()
+        );
+        let (mut slice_objects, _) = parse_documents(&slice);
+        scope.forget_removed();
+        let t = Instant::now();
+        state.apply(Event::Apply(slice_objects.remove(0)));
+        let changed = state.take_changes();
+        let new_ports: Vec<ServicePort> =
+            changed.services.keys().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+        for p in &new_ports {
+            if let Some(old) = ports.iter().find(|o| o.key == p.key) {
+                scope.count(IpFamily::V4, old, false);
+            }
+            scope.count(IpFamily::V4, p, true);
         }
-        scope.count(IpFamily::V4, p, true);
+        let changes: Vec<Change> = new_ports.into_iter().map(Change::Upsert).collect();
+        let host_partial = t.elapsed();
+        let t = Instant::now();
+        instance.apply(&changes)?;
+        let partial_ruleset = instance.render(false, objects_count)?;
+        let plugin_partial = t.elapsed();
+        let t = Instant::now();
+        native.backend().apply(changes.clone());
+        let native_partial_ruleset = native.backend().render(false);
+        let native_partial = t.elapsed();
+        drop(native_partial_ruleset);
+        let validate_partial = validate(&settings, &partial_ruleset, &scope, &mut models, false)?;
+        let (written, render_partial) = render(&settings, &partial_ruleset, &mut models, false)?;
+        let bytes_partial = written.bytes();
+        let kernel_partial = apply(&ns, written)?;
+        partials.push(Stages {
+            source: Duration::ZERO,
+            host: host_partial,
+            plugin: plugin_partial,
+            native: native_partial,
+            validate: validate_partial,
+            render: render_partial,
+            kernel: kernel_partial,
+            bytes: bytes_partial,
+        });
     }
-    let changes: Vec<Change> = new_ports.into_iter().map(Change::Upsert).collect();
-    let host_partial = t.elapsed();
-    let t = Instant::now();
-    instance.apply(&changes)?;
-    let partial_ruleset = instance.render(false, objects_count)?;
-    let plugin_partial = t.elapsed();
-    let t = Instant::now();
-    native.backend().apply(changes.clone());
-    let _ = native.backend().render(false);
-    let native_partial = t.elapsed();
-    let validate_partial = validate(&settings, &partial_ruleset, &scope, &mut models, false)?;
-    let (written, render_partial) = render(&settings, &partial_ruleset, &mut models, false)?;
-    let bytes_partial = written.bytes();
-    let kernel_partial = apply(&ns, written)?;
     drop(ns);
-    let partial = Stages {
-        source: Duration::ZERO,
-        host: host_partial,
-        plugin: plugin_partial,
-        native: native_partial,
-        validate: validate_partial,
-        render: render_partial,
-        kernel: kernel_partial,
-        bytes: bytes_partial,
-    };
+    let partial = Stages::median(&partials);
 
     // The daemon itself: peak memory and the time to its first full sync.
     let (rss_mib, daemon_sync) = match daemon(args, mode, &text, dir, &format!("{mode}-{services}")) {
@@ -594,7 +657,7 @@ impl Report {
                 r.daemon_sync.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or("-".into()),
             ));
         }
-        out.push_str("(all times in ms; \"source\" = YAML parsing of the manifests; \"plugin\" = the WASM render with its typed output copied into the host; \"kpx own\" = host (state and change tracking) + plugin + validation + render (iptables-restore text or netlink messages); \"kernel\" = the daemon's write of it into an empty namespace: iptables-restore, or one nf_tables netlink batch; \"written\" = payload or netlink bytes)\n");
+        out.push_str("(all times in ms; plugin, native, validation and render of a full sync and every stage of the one-endpoint change are medians of 5 runs, the rest one run; \"source\" = YAML parsing of the manifests; \"plugin\" = the WASM render with its typed output copied into the host; \"kpx own\" = host (state and change tracking) + plugin + validation + render (iptables-restore text or netlink messages); \"kernel\" = the daemon's write of it into an empty namespace: iptables-restore, or one nf_tables netlink batch; \"written\" = payload or netlink bytes)\n");
         if !self.latency.is_empty() {
             out.push_str(
                 "\nfirst-packet latency (TCP connect to the last Service, through the node: 500 new connections):\n",

@@ -88,7 +88,8 @@ pub fn run(config: Config) -> Result<(), Error> {
                 config.clone(),
                 family,
                 plugin.clone(),
-                dataplane(config.mode, family),
+                dataplane(config.mode, family)
+                    .with_max_bytes(usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX)),
                 Sysctl::default(),
                 Box::new(SystemExec::default()),
             )

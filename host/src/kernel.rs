@@ -12,6 +12,9 @@ pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};
 
+/// What a sync may write at most, unless set from the plugin output cap.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+
 /// Why a kernel write or read failed. Every variant leaves what the kernel
 /// held as it was (iptables-restore and nf_tables batches are atomic); the
 /// sync is retried in full with backoff.
@@ -96,6 +99,14 @@ pub enum Dataplane {
 }
 
 impl Dataplane {
+    /// The most bytes one sync may write to the kernel.
+    pub fn with_max_bytes(self, max_bytes: usize) -> Dataplane {
+        match self {
+            Dataplane::Iptables(d) => Dataplane::Iptables(d.with_max_bytes(max_bytes)),
+            Dataplane::Nftables(d) => Dataplane::Nftables(d.with_max_bytes(max_bytes)),
+        }
+    }
+
     /// Checks a plugin's ruleset, writes it with the host's own objects,
     /// and remembers what was written.
     pub fn sync(

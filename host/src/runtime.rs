@@ -137,13 +137,18 @@ impl PluginState {
 /// Longest log line kept from a plugin; the rest is cut.
 const MAX_LOG_LINE: usize = 4096;
 
-/// A plugin's log message as the host logs it: cut to [`MAX_LOG_LINE`]
-/// bytes, control characters escaped (a plugin cannot start a line of its
-/// own in kpx's log).
+/// A plugin's log message as the host logs it.
 fn log_line(message: &str) -> String {
-    let mut out = String::with_capacity(message.len().min(MAX_LOG_LINE) + 3);
-    for c in message.chars() {
-        if out.len() >= MAX_LOG_LINE {
+    one_line(message, MAX_LOG_LINE)
+}
+
+/// Text from a plugin, fit for kpx's log: cut to about `max` bytes (`...`
+/// marks a cut), control characters escaped, so that a plugin cannot start
+/// a line of its own.
+pub fn one_line(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max) + 3);
+    for c in text.chars() {
+        if out.len() >= max {
             out.push_str("...");
             break;
         }

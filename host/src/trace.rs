@@ -203,6 +203,7 @@ pub fn nft_text(rule: &nft::Rule) -> String {
             }
             Match::FibLocal { field, negate } => format!("fib {field:?} type {}local", not(*negate)),
             Match::CtState { negate, states } => format!("ct state {}{states}", not(*negate)),
+            Match::CtDnat { negate } => format!("ct status {}dnat", not(*negate)),
             Match::Mark { negate, value, mask } => format!("meta mark & {mask:#x} {}== {value:#x}", not(*negate)),
             Match::Lookup { keys, set, negate } => format!("{} {}@{}", keys_text(keys), not(*negate), set.name()),
         })

@@ -24,28 +24,45 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// An item's or reason's text for a log line: control characters escaped
-/// (a plugin's text cannot start a line of its own in kpx's log), cut to
-/// 400 bytes.
+/// Most bytes of an item or reason in a refusal.
+const MAX_ITEM: usize = 400;
+
+/// An item's or reason's text for a log line: at most 400 bytes, on one
+/// line ([`crate::runtime::one_line`]).
 fn shorten(text: String) -> String {
-    const MAX: usize = 400;
-    let mut out = String::with_capacity(text.len().min(MAX) + 3);
-    for c in text.chars() {
-        if out.len() >= MAX {
-            out.push_str("...");
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::runtime::one_line(&text, MAX_ITEM)
 }
 
+/// [`shorten`] of a value's `Debug` form, formatting no more of it than is
+/// shown (an operation may hold millions of words).
+fn shorten_debug(value: &impl std::fmt::Debug) -> String {
+    struct Head(String);
+    impl std::fmt::Write for Head {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = (MAX_ITEM + 1).saturating_sub(self.0.len());
+            let mut take = s.len().min(room);
+            while !s.is_char_boundary(take) {
+                take -= 1;
+            }
+            self.0.push_str(&s[..take]);
+            if take < s.len() { Err(std::fmt::Error) } else { Ok(()) }
+        }
+    }
+    let mut head = Head(String::new());
+    let _ = std::fmt::write(&mut head, format_args!("{value:?}"));
+    shorten(head.0)
+}
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_huge_item_is_formatted_no_further_than_shown() {
+        let words: Vec<u32> = (0..5_000_000).collect();
+        let t = std::time::Instant::now();
+        let s = super::shorten_debug(&words);
+        assert!(s.starts_with("[0, 1, 2") && s.ends_with("...") && s.len() <= 410, "{s}");
+        assert!(t.elapsed() < std::time::Duration::from_millis(100), "formatting took {:?}", t.elapsed());
+    }
+
     #[test]
     fn text_from_a_plugin_stays_on_one_line() {
         let s = super::shorten(format!("a\nb\r\u{1b}[31m{}", "x".repeat(1000)));

@@ -18,7 +18,13 @@ fn hash16(parts: &[&str]) -> String {
 /// A per-service chain: `prefix` + hash of the service port name and
 /// lower-case protocol (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`).
 pub fn service_chain(prefix: &str, service_port_name: &str, protocol: &str) -> String {
-    format!("{prefix}{}", hash16(&[service_port_name, protocol]))
+    format!("{prefix}{}", service_hash(service_port_name, protocol))
+}
+
+/// The hash every per-service chain name ends with: the four prefixes
+/// share it, so it is computed once per service port.
+pub fn service_hash(service_port_name: &str, protocol: &str) -> String {
+    hash16(&[service_port_name, protocol])
 }
 
 /// The `KUBE-SEP-` chain of one endpoint (`endpoint` is `ip:port`, or

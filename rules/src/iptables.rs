@@ -6,9 +6,9 @@
 
 mod service;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::model::{Backend, Change, Cluster, Node, ServicePort, Settings};
+use crate::model::{Backend, Change, Cluster, Node, Protocol, ServicePort, Settings};
 use crate::ops::Ruleset as AnyRuleset;
 use crate::ops::iptables::{Ruleset, Table};
 use crate::service_set::ServiceSet;
@@ -26,6 +26,12 @@ pub struct IptablesProxier {
     rendered: BTreeMap<String, Vec<String>>,
     /// Large-cluster mode at the last render; a flip rewrites everything.
     large_cluster: Option<bool>,
+    /// Each service port's chain-name hash (of its key and protocol), kept
+    /// while the port exists: partial renders rewrite every port's
+    /// KUBE-SERVICES rules and need not hash them again.
+    hashes: HashMap<String, (Protocol, String)>,
+    /// `probabilities[n]` = `probability_one_in(n)`, grown as needed.
+    probabilities: Vec<u32>,
 }
 
 impl IptablesProxier {
@@ -38,38 +44,64 @@ impl IptablesProxier {
     }
 
     fn render_ruleset(&mut self, full: bool) -> Ruleset {
-        let total: usize = self.services.values().map(|s| s.endpoints.len()).sum();
+        let mut total = 0;
+        let mut most = 1;
+        for s in self.services.values() {
+            total += s.endpoints.len();
+            most = most.max(s.endpoints.len());
+        }
         let large_cluster = total > LARGE_CLUSTER_ENDPOINTS;
         let full = full || self.large_cluster != Some(large_cluster);
         self.large_cluster = Some(large_cluster);
         let changed = self.services.take_changed();
+        while self.probabilities.len() <= most {
+            self.probabilities.push(crate::ops::probability_one_in(self.probabilities.len()));
+        }
 
         let mut out = Ruleset::default();
-        let ctx = service::Context { settings: &self.settings, node: &self.node, large_cluster };
-        let mut rendered = BTreeMap::new();
-        for (key, svc) in self.services.iter() {
-            let write = full || changed.contains(key);
-            let chains = service::write(&ctx, svc, write, &mut out);
-            let chains = if write { chains } else { self.rendered.get(key).cloned().unwrap_or_default() };
-            if !chains.is_empty() {
-                rendered.insert(key.clone(), chains);
-            }
+        let ctx = service::Context {
+            settings: &self.settings,
+            node: &self.node,
+            large_cluster,
+            probabilities: &self.probabilities,
+        };
+        if full {
+            self.rendered.clear();
+            self.hashes.retain(|key, _| self.services.contains(key));
         }
-        // Chains a service no longer owns: flush and delete them. On a full
-        // render the host deletes every own chain not declared anyway.
-        if !full {
-            let empty = Vec::new();
-            for (key, old) in &self.rendered {
-                if !changed.contains(key) {
-                    continue;
+        for (key, svc) in self.services.iter() {
+            let hash = match self.hashes.get(key) {
+                Some((proto, hash)) if *proto == svc.protocol => hash,
+                _ => {
+                    let hash = crate::hash::service_hash(key, svc.protocol.as_str());
+                    &self.hashes.entry(key.clone()).insert_entry((svc.protocol, hash)).into_mut().1
                 }
-                let current: BTreeSet<&String> = rendered.get(key).unwrap_or(&empty).iter().collect();
-                for chain in old.iter().filter(|c| !current.contains(c)) {
+            };
+            let write = full || changed.contains(key);
+            let chains = service::write(&ctx, svc, hash, write, &mut out);
+            if !write {
+                continue;
+            }
+            // Chains the service no longer owns: flush and delete them (on
+            // a full render the host deletes every own chain not declared).
+            let previous =
+                if chains.is_empty() { self.rendered.remove(key) } else { self.rendered.insert(key.clone(), chains) };
+            if let Some(previous) = previous.filter(|_| !full) {
+                let current: BTreeSet<&String> = self.rendered.get(key).into_iter().flatten().collect();
+                for chain in previous.iter().filter(|c| !current.contains(c)) {
                     out.delete(Table::Nat, chain);
                 }
             }
         }
-        self.rendered = rendered;
+        // Services that left: their chains go.
+        for key in changed.iter().filter(|k| !self.services.contains(k)) {
+            self.hashes.remove(key);
+            if let Some(previous) = self.rendered.remove(key).filter(|_| !full) {
+                for chain in &previous {
+                    out.delete(Table::Nat, chain);
+                }
+            }
+        }
         out
     }
 }
@@ -82,6 +114,8 @@ impl Backend for IptablesProxier {
             services: ServiceSet::default(),
             rendered: BTreeMap::new(),
             large_cluster: None,
+            hashes: HashMap::new(),
+            probabilities: Vec::new(),
         }
     }
 

@@ -219,6 +219,9 @@ fn nft_match(m: nft::Match) -> Result<wnft::Match> {
             wnft::Match::CtState(wnft::CtStateMatch { negate, states: ct_states(states) })
         }
         nft::Match::Mark { negate, value, mask } => wnft::Match::Mark(wnft::MarkMatch { negate, value, mask }),
+        host @ nft::Match::CtDnat { .. } => {
+            return Err(format!("{host:?} is written by the host only; the contract has no such match"));
+        }
         nft::Match::Lookup { keys, set, negate } => wnft::Match::Lookup(wnft::Lookup {
             keys: keys.into_iter().map(key_expr).collect(),
             set: set_ref(set)?,

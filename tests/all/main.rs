@@ -6,6 +6,7 @@ mod cases;
 mod conformance;
 mod conformance_kernel;
 mod golden;
+mod hairpin;
 mod kernel_iptables;
 mod kernel_nftables;
 mod restart;

@@ -254,14 +254,21 @@ fn arb_states() -> impl Strategy<Value = CtStates> {
 }
 
 /// A rule a plugin may write in an own nat chain: one of each header
-/// match at most, module matches in any order.
-fn arb_ipt_rule(v4: bool) -> impl Strategy<Value = R> {
-    let name = "[a-z][a-z0-9]{0,10}";
+/// match at most, module matches in any order. `wide`: every value the
+/// contract can carry, edge values included (the validator decides).
+fn arb_ipt_rule(v4: bool, wide: bool) -> impl Strategy<Value = R> {
+    let name = if wide { "[ -~]{0,17}" } else { "[a-z][a-z0-9]{0,10}" };
+    let (low_port, low_seconds, low_every, top_modulus): (u16, u32, u32, u32) =
+        if wide { (0, 0, 0, u32::MAX) } else { (1, 1, 1, 0x4000) };
+    let top_seconds = if wide { u32::MAX } else { i32::MAX as u32 };
     (
         proptest::option::of((any::<bool>(), arb_cidr(v4))),
         proptest::option::of((any::<bool>(), arb_cidr(v4))),
         proptest::option::of((any::<bool>(), name, any::<bool>())),
-        proptest::option::of((arb_protocol(), proptest::option::of(1u16..))),
+        proptest::option::of((
+            arb_protocol(),
+            proptest::option::of(prop_oneof![Just(low_port), Just(u16::MAX), low_port..=u16::MAX]),
+        )),
         proptest::collection::vec(
             prop_oneof![
                 any::<bool>().prop_map(|n| M::SourceTypeLocal { negate: n }),
@@ -272,15 +279,12 @@ fn arb_ipt_rule(v4: bool) -> impl Strategy<Value = R> {
                     value: value & mask,
                     mask
                 }),
-                (0u32..=(1 << 31)).prop_map(M::StatisticRandom),
-                (1u32..100)
-                    .prop_flat_map(|every| (Just(every), 0..every))
+                (0u32..=(1 << 31) + u32::from(wide)).prop_map(M::StatisticRandom),
+                (low_every..100)
+                    .prop_flat_map(move |every: u32| (Just(every), 0..every.max(1) + u32::from(wide)))
                     .prop_map(|(every, packet)| M::StatisticNth { every, packet }),
-                (1u32..100_000, any::<bool>()).prop_map(|(seconds, reap)| M::RecentCheck {
-                    name: "KUBE-SEP-P".into(),
-                    seconds,
-                    reap
-                }),
+                (prop_oneof![Just(low_seconds), Just(top_seconds), low_seconds..100_000], any::<bool>())
+                    .prop_map(|(seconds, reap)| M::RecentCheck { name: "KUBE-SEP-P".into(), seconds, reap }),
                 "[ -!#-\\[\\]-~]{0,40}".prop_map(M::Comment),
             ],
             0..4,
@@ -292,7 +296,7 @@ fn arb_ipt_rule(v4: bool) -> impl Strategy<Value = R> {
             Just(T::MarkForMasquerade),
             Just(T::Jump("KUBE-SEP-P".into())),
             Just(T::Goto("KUBE-SEP-P".into())),
-            (any::<u32>(), 1u32..=0x4000).prop_map(|(seed, modulus)| T::HashMark(HashMark {
+            (any::<u32>(), (1 - u32::from(wide))..=top_modulus).prop_map(|(seed, modulus)| T::HashMark(HashMark {
                 tuple: HashTuple::Source,
                 modulus,
                 seed
@@ -334,8 +338,8 @@ proptest! {
 
     #[test]
     fn random_iptables_rules_read_back_from_the_kernel(
-        v4 in proptest::collection::vec(arb_ipt_rule(true), 1..12),
-        v6 in proptest::collection::vec(arb_ipt_rule(false), 1..12),
+        v4 in proptest::collection::vec(arb_ipt_rule(true, false), 1..12),
+        v6 in proptest::collection::vec(arb_ipt_rule(false, false), 1..12),
     ) {
         let Some((_lab, ns)) = lab("random_iptables_rules_read_back_from_the_kernel") else { return Ok(()) };
         for (family, rules) in [(IpFamily::V4, v4), (IpFamily::V6, v6)] {
@@ -344,6 +348,42 @@ proptest! {
             rs.declare(Table::Nat, "KUBE-SEP-P");
             rs.rules = rules;
             iptables_roundtrip(&ns, family, &rs).map_err(TestCaseError::fail)?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() * 2, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// What the validator accepts, iptables-restore accepts: iptables-restore
+    /// commits table by table, so a value the kernel refuses after the
+    /// validator passed it would leave the first table written (the red
+    /// team's `recent --seconds 0`).
+    #[test]
+    fn what_the_validator_accepts_iptables_restore_accepts(
+        v4 in proptest::collection::vec(arb_ipt_rule(true, true), 1..8),
+        v6 in proptest::collection::vec(arb_ipt_rule(false, true), 1..8),
+    ) {
+        let Some((_lab, ns)) = lab("what_the_validator_accepts_iptables_restore_accepts") else { return Ok(()) };
+        for (family, rules) in [(IpFamily::V4, v4), (IpFamily::V6, v6)] {
+            for rule in rules {
+                let mut rs = ipt::Ruleset::default();
+                rs.declare(Table::Nat, "KUBE-SVC-P");
+                rs.declare(Table::Nat, "KUBE-SEP-P");
+                rs.rules = vec![rule];
+                let s = settings(family, ProxyMode::Iptables);
+                let (scope, model) = (kpx::validate::Scope::default(), kpx::validate::iptables::Model::default());
+                let ctx = kpx::validate::iptables::Context {
+                    plugin: "proptest",
+                    dialect: dialect(&s),
+                    scope: &scope,
+                    model: &model,
+                    full: true,
+                };
+                if kpx::validate::iptables::check(&ctx, &rs).is_ok() {
+                    iptables_roundtrip(&ns, family, &rs).map_err(TestCaseError::fail)?;
+                }
+            }
         }
     }
 }
@@ -378,7 +418,7 @@ fn nftables_write_and_read(ns: &Ns, s: &Settings, tx: &nft::Transaction) -> Resu
     let (family, mark) = (s.family, s.masquerade_mark());
     let lookup = |r: &SetRef| decls.get(r.name()).cloned();
     let mut batch = vec![encode::add_table()];
-    batch.extend(messages(family, mark, &ops, &lookup)?);
+    batch.extend(messages(family, mark, &ops, &lookup, usize::MAX)?);
     let name = ns.name.clone();
     let decls2 = decls.clone();
     let read = ns
@@ -531,6 +571,8 @@ fn every_nftables_variant(family: IpFamily) -> nft::Transaction {
                 states: CtStates::INVALID | CtStates::UNTRACKED | CtStates::RELATED,
             })
             .verdict(Verdict::Return),
+        // Host only, but written by the same encoder: read back the same.
+        rule("a").with(nft::Match::CtDnat { negate: false }).with(nft::Match::CtDnat { negate: true }),
         rule("a").with(nft::Match::Mark { negate: false, value: 0x10, mask: 0xf0 }).with(nft::Match::Mark {
             negate: true,
             value: 1,

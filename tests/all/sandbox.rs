@@ -45,7 +45,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("hostile-reject", "Reject is not allowed in the nat table", "reject is the host's"),
     (
         "hostile-affinity",
-        "recent list \"SSH\" is not one of the plugin's",
+        "recent list \"SSH\" is not named like one of the plugin's",
         "affinity-internal is not one of the plugin's affinity sets",
     ),
 ];

@@ -171,11 +171,18 @@ impl IptablesKernel {
 pub struct IptablesDataplane {
     kernel: IptablesKernel,
     model: Model,
+    max_bytes: usize,
 }
 
 impl IptablesDataplane {
     pub fn new(kernel: IptablesKernel) -> IptablesDataplane {
-        IptablesDataplane { kernel, model: Model::default() }
+        IptablesDataplane { kernel, model: Model::default(), max_bytes: super::DEFAULT_MAX_BYTES }
+    }
+
+    /// The most bytes a sync may write (the plugin output cap).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> IptablesDataplane {
+        self.max_bytes = max_bytes;
+        self
     }
 
     pub fn kernel(&self) -> &IptablesKernel {
@@ -207,6 +214,17 @@ impl IptablesDataplane {
         let checked: Checked = check(&ctx, ruleset)?;
         let frame = frame::frame(settings);
         let text = payload(&frame, ruleset, &checked.stale, d);
+        if text.len() > self.max_bytes {
+            return Err(SyncError::Rejected(Rejected {
+                plugin: plugin.to_string(),
+                at: "rendering".into(),
+                item: String::new(),
+                reason: format!(
+                    "the iptables-restore payload would take more than the limit of {} bytes",
+                    self.max_bytes
+                ),
+            }));
+        }
         if let Some((n, line)) = text.lines().enumerate().find(|(_, l)| l.len() > MAX_LINE) {
             return Err(SyncError::Rejected(Rejected {
                 plugin: plugin.to_string(),

@@ -247,7 +247,13 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                 return Err(format!("--every {every} --packet {packet}: the packet must be below every"));
             }
             Match::RecentCheck { name, .. } | Match::RecentSet { name } if own_chain_name_problem(name).is_some() => {
-                return Err(format!("recent list {name:?} is not one of the plugin's own chain names"));
+                return Err(format!("recent list {name:?} is not named like one of the plugin's own chains"));
+            }
+            Match::RecentCheck { seconds, .. } if *seconds == 0 || *seconds > i32::MAX as u32 => {
+                return Err(format!(
+                    "recent --seconds {seconds}: 1 to {} (iptables refuses 0 and prints larger ones as negative)",
+                    i32::MAX
+                ));
             }
             Match::Comment(text) => {
                 if let Some(why) = kpx_rules::ops::comment_problem(text, crate::kernel::iptables::render::MAX_COMMENT) {

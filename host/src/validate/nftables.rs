@@ -18,17 +18,17 @@
 //! - nothing kept from an earlier sync may point at a destination or
 //!   endpoint that has left the state.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use kpx_rules::model::{IpFamily, Protocol};
 use kpx_rules::ops::CtStates;
 use kpx_rules::ops::nftables::{
     Data, DataType, Element, Elements, HostSet, KeyExpr, KeyType, MAX_NAME, Match, Op, Rule, SetDecl, SetRef,
-    Statement, Transaction, Value, Verdict, VerdictKind, decode_elements, decode_keys,
+    Statement, Transaction, Value, Verdict, VerdictKind, each_element,
 };
 
-use super::{Destination, EndpointAddr, Rejected, Scope, shorten};
+use super::{Destination, EndpointAddr, Rejected, Scope, shorten, shorten_debug};
 use crate::kernel::nftables::encode::key_registers;
 use crate::kernel::nftables::frame::is_host_name;
 
@@ -62,7 +62,56 @@ enum Ref {
     Endpoint(EndpointAddr),
 }
 
-type Key = Vec<Value>;
+/// An element's key, as its canonical words (decoding refuses every other
+/// spelling of a value), kept inline up to four words (an IPv4 endpoint
+/// map's key): endpoint maps are the largest objects the host tracks.
+#[derive(Debug, Clone)]
+enum Key {
+    Inline(u8, [u32; 4]),
+    Heap(Box<[u32]>),
+}
+
+impl Key {
+    fn words(&self) -> &[u32] {
+        match self {
+            Key::Inline(n, w) => &w[..usize::from(*n)],
+            Key::Heap(w) => w,
+        }
+    }
+}
+
+impl From<&[u32]> for Key {
+    fn from(words: &[u32]) -> Key {
+        match words.len() {
+            n @ 0..=4 => {
+                let mut w = [0; 4];
+                w[..n].copy_from_slice(words);
+                Key::Inline(n as u8, w)
+            }
+            _ => Key::Heap(words.into()),
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.words() == other.words()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.words().hash(state)
+    }
+}
+
+impl std::borrow::Borrow<[u32]> for Key {
+    fn borrow(&self) -> &[u32] {
+        self.words()
+    }
+}
 
 /// What the host knows of the plugin's objects in the kernel: own chains
 /// (and the endpoints each DNATs to), own sets, the data of endpoint-map
@@ -71,7 +120,9 @@ type Key = Vec<Value>;
 pub struct Model {
     chains: HashMap<String, Vec<EndpointAddr>>,
     sets: HashMap<String, SetDecl>,
-    endpoint_data: HashMap<String, HashMap<Key, EndpointAddr>>,
+    /// Endpoint maps' elements (values are never None here: the type is
+    /// the overlay's, so that a new map's elements move in whole).
+    endpoint_data: HashMap<String, HashMap<Key, Option<EndpointAddr>>>,
     refs: HashMap<Ref, u32>,
 }
 
@@ -108,8 +159,32 @@ impl Model {
                 }
             }
         }
-        for name in &o.flushed_sets {
-            self.endpoint_data.remove(name);
+        for (name, mut map) in o.endpoint_data {
+            if map.flushed {
+                self.endpoint_data.remove(&name);
+            }
+            if map.entries.is_empty() {
+                continue;
+            }
+            match self.endpoint_data.get_mut(&name) {
+                Some(entries) => {
+                    for (key, e) in map.entries {
+                        match e {
+                            Some(_) => {
+                                entries.insert(key, e);
+                            }
+                            None => {
+                                entries.remove(&key);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    // A new (or flushed) map: its elements move in whole.
+                    map.entries.retain(|_, e| e.is_some());
+                    self.endpoint_data.insert(name, map.entries);
+                }
+            }
         }
         for (name, set) in o.sets {
             match set {
@@ -119,17 +194,6 @@ impl Model {
                 None => {
                     self.sets.remove(&name);
                     self.endpoint_data.remove(&name);
-                }
-            }
-        }
-        for ((set, key), e) in o.endpoint_data {
-            let entries = self.endpoint_data.entry(set).or_default();
-            match e {
-                Some(e) => {
-                    entries.insert(key, e);
-                }
-                None => {
-                    entries.remove(&key);
                 }
             }
         }
@@ -150,10 +214,18 @@ struct Overlay {
     /// Some: the chain exists with these DNATs; None: deleted.
     chains: HashMap<String, Option<Vec<EndpointAddr>>>,
     sets: HashMap<String, Option<SetDecl>>,
-    /// Sets whose kernel elements this transaction flushed.
-    flushed_sets: BTreeSet<String>,
-    endpoint_data: HashMap<(String, Key), Option<EndpointAddr>>,
+    /// Endpoint maps this transaction changes.
+    endpoint_data: HashMap<String, MapOverlay>,
     refs: HashMap<Ref, i64>,
+}
+
+/// One endpoint map's elements as a transaction leaves them.
+#[derive(Debug, Default)]
+struct MapOverlay {
+    /// The kernel's elements were flushed (or the map deleted) first.
+    flushed: bool,
+    /// Some: the element now holds this endpoint; None: deleted.
+    entries: HashMap<Key, Option<EndpointAddr>>,
 }
 
 /// A transaction that passed, with what it does to the model.
@@ -202,6 +274,12 @@ impl Pending<'_> {
         }
     }
 
+    /// A chain's entry in the overlay, copied from the model the first time.
+    fn chain_mut(&mut self, name: &str) -> &mut Option<Vec<EndpointAddr>> {
+        let model = (!self.ctx.full).then_some(self.ctx.model);
+        self.o.chains.entry(name.to_string()).or_insert_with(|| model.and_then(|m| m.chains.get(name).cloned()))
+    }
+
     fn chain_exists(&self, name: &str) -> bool {
         match self.o.chains.get(name) {
             Some(c) => c.is_some(),
@@ -220,42 +298,38 @@ impl Pending<'_> {
     }
 
     /// The endpoint an element of an endpoint map holds now.
-    fn endpoint_data(&self, set: &str, key: &Key) -> Option<EndpointAddr> {
-        if let Some(e) = self.o.endpoint_data.get(&(set.to_string(), key.clone())) {
-            return *e;
+    fn endpoint_data(&self, set: &str, key: &[u32]) -> Option<EndpointAddr> {
+        if let Some(map) = self.o.endpoint_data.get(set) {
+            if let Some(e) = map.entries.get(key) {
+                return *e;
+            }
+            if map.flushed {
+                return None;
+            }
         }
-        if self.o.flushed_sets.contains(set) {
-            return None;
-        }
-        self.model().and_then(|m| m.endpoint_data.get(set)).and_then(|m| m.get(key)).copied()
+        self.model().and_then(|m| m.endpoint_data.get(set)).and_then(|m| m.get(key)).copied().flatten()
     }
 
     fn reference(&mut self, r: Ref, delta: i64) {
         *self.o.refs.entry(r).or_default() += delta;
     }
 
-    /// Every element of an endpoint map goes (flush or delete).
+    /// Every element of an endpoint map goes (flush or delete): the cost
+    /// is that map's size, once.
     fn empty_endpoint_map(&mut self, set: &str) {
+        let model = (!self.ctx.full).then_some(self.ctx.model);
+        let map = self.o.endpoint_data.entry(set.to_string()).or_default();
         let mut gone: Vec<EndpointAddr> = Vec::new();
-        if !self.o.flushed_sets.contains(set)
-            && let Some(entries) = self.model().and_then(|m| m.endpoint_data.get(set))
+        if !map.flushed
+            && let Some(entries) = model.and_then(|m| m.endpoint_data.get(set))
         {
-            for (key, e) in entries {
-                if !self.o.endpoint_data.contains_key(&(set.to_string(), key.clone())) {
-                    gone.push(*e);
-                }
-            }
+            gone.extend(entries.iter().filter(|(key, _)| !map.entries.contains_key(*key)).filter_map(|(_, e)| *e));
         }
-        let pending: Vec<(String, Key)> = self.o.endpoint_data.keys().filter(|(s, _)| s == set).cloned().collect();
-        for k in pending {
-            if let Some(Some(e)) = self.o.endpoint_data.remove(&k) {
-                gone.push(e);
-            }
-        }
+        gone.extend(map.entries.drain().filter_map(|(_, e)| e));
+        map.flushed = true;
         for e in gone {
             self.reference(Ref::Endpoint(e), -1);
         }
-        self.o.flushed_sets.insert(set.to_string());
     }
 
     /// A chain's rules go (flush or delete).
@@ -270,7 +344,7 @@ fn reject(ctx: &Context, i: usize, op: &Op, reason: impl Into<String>) -> Reject
     Rejected {
         plugin: ctx.plugin.to_string(),
         at: format!("operation {}", i + 1),
-        item: shorten(format!("{op:?}")),
+        item: shorten_debug(op),
         reason: shorten(reason.into()),
     }
 }
@@ -342,9 +416,9 @@ fn check_op(p: &mut Pending, op: &Op) -> Result<(), String> {
             own_chain(p, &rule.chain)?;
             check_rule(p, rule)?;
             if let Verdict::Dnat(ip, port) = rule.verdict {
-                let mut eps = p.chain(&rule.chain).unwrap_or_default();
-                eps.push((ip, port));
-                p.o.chains.insert(rule.chain.clone(), Some(eps));
+                if let Some(eps) = p.chain_mut(&rule.chain) {
+                    eps.push((ip, port));
+                }
                 p.reference(Ref::Endpoint((ip, port)), 1);
             }
         }
@@ -445,6 +519,7 @@ fn check_rule(p: &mut Pending, rule: &Rule) -> Result<(), String> {
                 check_keys(family, keys, &decl)?;
             }
             Match::Protocol { .. } | Match::DestinationPort { .. } | Match::FibLocal { .. } | Match::Mark { .. } => {}
+            Match::CtDnat { .. } => return Err("that match is the host's".into()),
         }
     }
     for s in &rule.statements {
@@ -506,11 +581,16 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
     if e.chains.len() > e.words.len() {
         return Err("more chain names than words".into());
     }
-    let elements = if add { decode_elements(&decl, family, e) } else { decode_keys(&decl, family, e) }
-        .map_err(|d| d.to_string())?;
     let scope = p.ctx.scope;
-    for (i, el) in elements.iter().enumerate() {
+    let name = e.set.name();
+    let elements = each_element(&decl, family, e, add).map_err(|d| d.to_string())?;
+    if decl.data == Some(DataType::Endpoint) {
+        p.o.endpoint_data.entry(name.to_string()).or_default().entries.reserve(elements.size_hint().0);
+    }
+    // One element at a time: nothing is materialised for the whole list.
+    for (i, decoded) in elements.enumerate() {
         let at = |why: String| format!("element {}: {why}", i + 1);
+        let (el, key) = decoded.map_err(|d| d.to_string())?;
         for v in &el.key {
             if let Value::Address(ip) = v
                 && !family.matches(ip)
@@ -520,29 +600,29 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
         }
         // What an element refers to must be in the state when it is added;
         // a deleted one may refer to what just left.
-        let refs = element_refs(&e.set, el, add.then_some(scope)).map_err(at)?;
+        let refs = element_refs(&e.set, &el, add.then_some(scope)).map_err(at)?;
         if add {
-            check_data(p, &e.set, &decl, el).map_err(at)?;
+            check_data(p, &e.set, &decl, &el).map_err(at)?;
         }
         let delta = if add { 1 } else { -1 };
         for r in refs {
             p.reference(r, delta);
         }
         if decl.data == Some(DataType::Endpoint) {
-            let name = e.set.name().to_string();
-            let current = p.endpoint_data(&name, &el.key);
-            if add {
+            let current = p.endpoint_data(name, key);
+            let change = if add {
                 let Some(Data::Endpoint(ip, port)) = el.data else { return Err(at("endpoint data missing".into())) };
                 if current.is_some() {
                     return Err(at(format!("{:?} is in {name} already", el.key)));
                 }
                 p.reference(Ref::Endpoint((ip, port)), 1);
-                p.o.endpoint_data.insert((name, el.key.clone()), Some((ip, port)));
+                Some((ip, port))
             } else {
                 let Some(old) = current else { return Err(at(format!("{:?} is not in {name}", el.key))) };
                 p.reference(Ref::Endpoint(old), -1);
-                p.o.endpoint_data.insert((name, el.key.clone()), None);
-            }
+                None
+            };
+            p.o.endpoint_data.entry(name.to_string()).or_default().entries.insert(key.into(), change);
         }
     }
     Ok(())

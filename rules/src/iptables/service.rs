@@ -11,13 +11,12 @@
 //! - filter REJECTs when there are no endpoints at all, and DROPs when a
 //!   Local policy has no local endpoints.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, btree_map};
 use std::net::IpAddr;
 
-use crate::hash::{endpoint_chain, service_chain};
+use crate::hash::endpoint_chain;
 use crate::model::{Cidr, Endpoint, LocalTraffic, Node, ServicePort, Settings};
 use crate::ops::iptables::{AddressMatch, Hook, InterfaceMatch, Match, Rule, Ruleset, Table, Target};
-use crate::ops::probability_one_in;
 
 /// What every service's rules depend on.
 pub struct Context<'a> {
@@ -25,6 +24,9 @@ pub struct Context<'a> {
     pub node: &'a Node,
     /// Above 1000 endpoints: per-endpoint rules carry no comment.
     pub large_cluster: bool,
+    /// `probabilities[n]`: [`crate::ops::probability_one_in`]`(n)`, for
+    /// every endpoint count of the render (its float formatting is slow).
+    pub probabilities: &'a [u32],
 }
 
 impl Context<'_> {
@@ -46,9 +48,9 @@ impl Context<'_> {
         }
     }
 
-    /// A comment, left out in large-cluster mode.
-    fn endpoint_comment(&self, text: impl Into<String>) -> Option<Match> {
-        (!self.large_cluster).then(|| Match::Comment(text.into()))
+    /// A comment, left out (and not formatted) in large-cluster mode.
+    fn endpoint_comment(&self, text: impl FnOnce() -> String) -> Option<Match> {
+        (!self.large_cluster).then(|| Match::Comment(text()))
     }
 }
 
@@ -58,9 +60,10 @@ fn to_destination(svc: &ServicePort, comment: String, ip: IpAddr, port: u16) -> 
 }
 
 /// Writes one service port's rules; its own chains only when `write_chains`.
+/// `hash` is [`crate::hash::service_hash`] of its key and protocol.
 /// Returns the nat chains it owns (when written; else empty and the caller
 /// keeps the previous list).
-pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Ruleset) -> Vec<String> {
+pub fn write(ctx: &Context, svc: &ServicePort, hash: &str, write_chains: bool, out: &mut Ruleset) -> Vec<String> {
     let family = ctx.settings.family;
     let Some(view) = svc.view(family) else {
         return Vec::new();
@@ -75,10 +78,11 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Rul
     let (itp_local, etp_local) = (view.internal_local, view.external_local);
     let (has_internal, has_external) = (view.has_internal(), view.has_external());
 
-    let svc_chain = service_chain("KUBE-SVC-", key, proto);
-    let svl_chain = service_chain("KUBE-SVL-", key, proto);
-    let ext_chain = service_chain("KUBE-EXT-", key, proto);
-    let fw_chain = service_chain("KUBE-FW-", key, proto);
+    let named = |prefix: &str| [prefix, hash].concat();
+    let svc_chain = named("KUBE-SVC-");
+    let svl_chain = named("KUBE-SVL-");
+    let ext_chain = named("KUBE-EXT-");
+    let fw_chain = named("KUBE-FW-");
 
     let uses_cluster_chain = !cluster_eps.is_empty() && (!itp_local || (externally_accessible && !etp_local));
     let uses_local_chain = !local_eps.is_empty() && (itp_local || etp_local);
@@ -88,13 +92,11 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Rul
     let lb_chain = if uses_fw { &fw_chain } else { &ext_chain };
     let uses_ext_chain = has_endpoints && externally_accessible;
 
-    let (filter_target, filter_comment) = if !has_endpoints {
-        (Target::Reject, format!("{key} has no endpoints"))
-    } else {
-        (Target::Drop, format!("{key} has no local endpoints"))
-    };
+    let (filter_target, filter_comment) =
+        if !has_endpoints { (Target::Reject, "has no endpoints") } else { (Target::Drop, "has no local endpoints") };
+    let filter_comment = || format!("{key} {filter_comment}");
     let filtered = |hook: Hook, ip: IpAddr| {
-        Rule::hook(hook).with_all(to_destination(svc, filter_comment.clone(), ip, port)).target(filter_target.clone())
+        Rule::hook(hook).with_all(to_destination(svc, filter_comment(), ip, port)).target(filter_target.clone())
     };
 
     // Cluster IP.
@@ -156,7 +158,7 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Rul
         if !has_external {
             out.push(
                 Rule::hook(Hook::FilterExternalServices)
-                    .with(Match::Comment(filter_comment.clone()))
+                    .with(Match::Comment(filter_comment()))
                     .with(Match::DestinationTypeLocal { negate: false })
                     .with(Match::Protocol(svc.protocol))
                     .with(Match::DestinationPort(svc.node_port))
@@ -253,7 +255,19 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Rul
         );
     }
 
-    let sep = |ep: &Endpoint| endpoint_chain(key, proto, &ep.host_port());
+    // Endpoint chains, for every endpoint some policy chain can reach,
+    // each name hashed once.
+    let reach_cluster = if uses_cluster_chain { cluster_eps.as_slice() } else { &[] };
+    let reach_local = if uses_local_chain { local_eps.as_slice() } else { &[] };
+    let mut reachable: Vec<&Endpoint> = Vec::with_capacity(reach_cluster.len() + reach_local.len());
+    let mut names: BTreeMap<(IpAddr, u16), String> = BTreeMap::new();
+    for ep in reach_cluster.iter().chain(reach_local) {
+        if let btree_map::Entry::Vacant(slot) = names.entry((ep.ip, ep.port)) {
+            slot.insert(endpoint_chain(key, proto, &ep.host_port()));
+            reachable.push(ep);
+        }
+    }
+    let sep = |ep: &Endpoint| -> &str { names.get(&(ep.ip, ep.port)).map_or("", String::as_str) };
     if uses_cluster_chain {
         out.declare(Table::Nat, &svc_chain);
         owned.push(svc_chain.clone());
@@ -264,20 +278,10 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Rul
         owned.push(svl_chain.clone());
         write_endpoint_choice(ctx, svc, &svl_chain, local_eps, &sep, out);
     }
-    // Endpoint chains, for every endpoint some policy chain can reach.
-    let mut reachable: Vec<&Endpoint> = Vec::new();
-    let mut seen = BTreeSet::new();
-    let reach_cluster = if uses_cluster_chain { cluster_eps.as_slice() } else { &[] };
-    let reach_local = if uses_local_chain { local_eps.as_slice() } else { &[] };
-    for ep in reach_cluster.iter().chain(reach_local) {
-        if seen.insert((ep.ip, ep.port)) {
-            reachable.push(ep);
-        }
-    }
     for ep in reachable {
-        let chain = sep(ep);
+        let chain = sep(ep).to_string();
         out.declare(Table::Nat, &chain);
-        let comment = ctx.endpoint_comment(key);
+        let comment = ctx.endpoint_comment(|| key.to_string());
         out.push(
             nat(&chain)
                 .with_all(comment.clone())
@@ -299,12 +303,12 @@ pub fn write(ctx: &Context, svc: &ServicePort, write_chains: bool, out: &mut Rul
 
 /// upstream's `writeServiceToEndpointRules`: affinity checks, then the
 /// statistic rules with p = 1/(n-i).
-fn write_endpoint_choice(
+fn write_endpoint_choice<'e>(
     ctx: &Context,
     svc: &ServicePort,
     chain: &str,
     endpoints: &[&Endpoint],
-    sep: &dyn Fn(&Endpoint) -> String,
+    sep: &dyn Fn(&Endpoint) -> &'e str,
     out: &mut Ruleset,
 ) {
     let key = &svc.key;
@@ -313,21 +317,21 @@ fn write_endpoint_choice(
             let target = sep(ep);
             out.push(
                 Rule::chain(Table::Nat, chain)
-                    .with_all(ctx.endpoint_comment(format!("{key} -> {}", ep.host_port())))
+                    .with_all(ctx.endpoint_comment(|| format!("{key} -> {}", ep.host_port())))
                     .with(Match::RecentCheck {
-                        name: target.clone(),
+                        name: target.to_string(),
                         seconds: svc.affinity_timeout_seconds,
                         reap: true,
                     })
-                    .jump(&target),
+                    .jump(target),
             );
         }
     }
     let n = endpoints.len();
     for (i, ep) in endpoints.iter().enumerate() {
         let rule =
-            Rule::chain(Table::Nat, chain).with_all(ctx.endpoint_comment(format!("{key} -> {}", ep.host_port())));
-        let rule = if i + 1 < n { rule.with(Match::StatisticRandom(probability_one_in(n - i))) } else { rule };
-        out.push(rule.jump(&sep(ep)));
+            Rule::chain(Table::Nat, chain).with_all(ctx.endpoint_comment(|| format!("{key} -> {}", ep.host_port())));
+        let rule = if i + 1 < n { rule.with(Match::StatisticRandom(ctx.probabilities[n - i])) } else { rule };
+        out.push(rule.jump(sep(ep)));
     }
 }

@@ -450,16 +450,28 @@ pub fn decode_keys(decl: &SetDecl, family: IpFamily, elements: &Elements) -> Res
 }
 
 fn decode(decl: &SetDecl, family: IpFamily, elements: &Elements, with_data: bool) -> Result<Vec<Element>, DecodeError> {
+    each_element(decl, family, elements, with_data)?.map(|r| r.map(|(element, _)| element)).collect()
+}
+
+/// Decodes elements one at a time (nothing is materialised for the whole
+/// list), each with the words of its key: the key's canonical form, as
+/// decoding refuses every value with another spelling.
+pub fn each_element<'a>(
+    decl: &'a SetDecl,
+    family: IpFamily,
+    elements: &'a Elements,
+    with_data: bool,
+) -> Result<impl Iterator<Item = Result<(Element, &'a [u32]), DecodeError>> + 'a, DecodeError> {
     let data_type = if with_data { decl.data } else { None };
-    let stride = decl.key.iter().map(|k| k.words(family)).sum::<usize>() + data_type.map_or(0, |d| d.words(family));
+    let key_words = decl.key.iter().map(|k| k.words(family)).sum::<usize>();
+    let stride = key_words + data_type.map_or(0, |d| d.words(family));
     if stride == 0 || !elements.words.len().is_multiple_of(stride) {
         return Err(DecodeError {
             element: elements.words.len() / stride.max(1),
             reason: format!("{} words are not a whole number of {stride}-word elements", elements.words.len()),
         });
     }
-    let mut out = Vec::with_capacity(elements.words.len() / stride);
-    for (i, chunk) in elements.words.chunks_exact(stride).enumerate() {
+    Ok(elements.words.chunks_exact(stride).enumerate().map(move |(i, chunk)| {
         let err = |reason| DecodeError { element: i, reason };
         let mut at = 0;
         let mut key = Vec::with_capacity(decl.key.len());
@@ -472,9 +484,8 @@ fn decode(decl: &SetDecl, family: IpFamily, elements: &Elements, with_data: bool
             Some(d) => Some(decode_data(&chunk[at..], family, d, &elements.chains).map_err(err)?),
             None => None,
         };
-        out.push(Element { key, data });
-    }
-    Ok(out)
+        Ok((Element { key, data }, &chunk[..key_words]))
+    }))
 }
 
 /// Builds the words of elements for one set.
@@ -587,14 +598,47 @@ impl KeyExpr {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Match {
-    Address { field: AddressField, negate: bool, cidr: Cidr },
-    Protocol { negate: bool, protocol: Protocol },
-    DestinationPort { negate: bool, port: u16 },
-    InInterface { negate: bool, name: String, prefix: bool },
-    FibLocal { field: AddressField, negate: bool },
-    CtState { negate: bool, states: CtStates },
-    Mark { negate: bool, value: u32, mask: u32 },
-    Lookup { keys: Vec<KeyExpr>, set: SetRef, negate: bool },
+    Address {
+        field: AddressField,
+        negate: bool,
+        cidr: Cidr,
+    },
+    Protocol {
+        negate: bool,
+        protocol: Protocol,
+    },
+    DestinationPort {
+        negate: bool,
+        port: u16,
+    },
+    InInterface {
+        negate: bool,
+        name: String,
+        prefix: bool,
+    },
+    FibLocal {
+        field: AddressField,
+        negate: bool,
+    },
+    CtState {
+        negate: bool,
+        states: CtStates,
+    },
+    /// Host only: `ct status dnat`, the connection's destination was
+    /// rewritten (by a Service's DNAT).
+    CtDnat {
+        negate: bool,
+    },
+    Mark {
+        negate: bool,
+        value: u32,
+        mask: u32,
+    },
+    Lookup {
+        keys: Vec<KeyExpr>,
+        set: SetRef,
+        negate: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

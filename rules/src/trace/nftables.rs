@@ -212,6 +212,8 @@ impl Walker<'_> {
                 self.node.is_local(&ip) != *negate
             }
             Match::CtState { negate, states } => states.contains(CtStates::NEW) != *negate,
+            // The connection was DNATed: the walk rewrote its destination.
+            Match::CtDnat { negate } => flow.dnat.is_some() != *negate,
             Match::Mark { negate, value, mask } => ((flow.mark & mask) == *value) != *negate,
             Match::Lookup { keys, set, negate } => {
                 let s = self.set(set)?;

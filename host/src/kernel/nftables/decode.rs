@@ -226,6 +226,7 @@ enum Reg {
         flags: u32,
     },
     CtState,
+    CtStatus,
     Numgen {
         modulus: u32,
         random: bool,
@@ -385,6 +386,11 @@ impl Reader {
                 // `!= 0`: in one of the states.
                 Match::CtState { negate: !negate, states }
             }
+            Reg::Masked(inner, mask, _)
+                if *inner == Reg::CtStatus && data == [0, 0, 0, 0] && mask == IPS_DST_NAT.to_ne_bytes() =>
+            {
+                Match::CtDnat { negate: !negate }
+            }
             other => return Err(format!("a comparison kpx does not write: {other:?}")),
         };
         self.rule.matches.push(m);
@@ -451,10 +457,12 @@ impl Reader {
                 self.load(u(NFTA_FIB_DREG)?, Reg::Fib { flags: u(NFTA_FIB_FLAGS)? });
             }
             "ct" => {
-                if u(NFTA_CT_KEY)? != NFT_CT_STATE {
-                    return Err("a ct key kpx does not write".into());
-                }
-                self.load(u(NFTA_CT_DREG)?, Reg::CtState);
+                let reg = match u(NFTA_CT_KEY)? {
+                    NFT_CT_STATE => Reg::CtState,
+                    NFT_CT_STATUS => Reg::CtStatus,
+                    _ => return Err("a ct key kpx does not write".into()),
+                };
+                self.load(u(NFTA_CT_DREG)?, reg);
             }
             "numgen" => {
                 if find(a, NFTA_NG_OFFSET).map(|o| o.u32_be()).transpose()?.unwrap_or(0) != 0 {

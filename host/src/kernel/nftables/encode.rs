@@ -228,7 +228,14 @@ fn verdict_data(w: &mut Writer, kind: VerdictKind, chain: Option<&str>) {
 }
 
 /// Element messages for one set, each under the 64 KiB attribute limit.
-pub fn elements(set: &str, interval: bool, elements: &[Element], add: bool) -> Vec<Message> {
+/// Messages adding (or deleting) elements, each under 64 KiB; elements are
+/// encoded one at a time as they come.
+pub fn elements<E: std::borrow::Borrow<Element>>(
+    set: &str,
+    interval: bool,
+    elements: impl IntoIterator<Item = E>,
+    add: bool,
+) -> Vec<Message> {
     let mut out = Vec::new();
     let mut batch = Writer::new();
     let mut count = 0;
@@ -250,6 +257,7 @@ pub fn elements(set: &str, interval: bool, elements: &[Element], add: bool) -> V
         *count = 0;
     };
     for e in elements {
+        let e: &Element = e.borrow();
         let mut key = Vec::new();
         let mut end = Vec::new();
         for v in &e.key {
@@ -408,8 +416,10 @@ impl Exprs {
                     reg += 1;
                 }
                 KeyExpr::Jhash { field, modulus, seed } => {
-                    // The hashed address goes to the top registers, out of the key's way.
-                    let scratch = NFT_REG32_00 + NFT_REG32_COUNT - 4;
+                    // The hashed address is loaded where the hash goes: the
+                    // registers from here on hold nothing yet (fields are
+                    // loaded in order), and the hash leaves one word.
+                    let scratch = reg;
                     self.address(scratch, field);
                     let len = self.address_offset(field).1;
                     self.expr("hash", |w| {
@@ -541,6 +551,13 @@ pub fn add_rule(family: IpFamily, masquerade_mark: u32, rule: &Rule) -> Result<M
                 // In any of the states: the masked bits are not all zero.
                 e.cmp(reg, !*negate, &0u32.to_ne_bytes());
             }
+            Match::CtDnat { negate } => {
+                e.expr("ct", |w| {
+                    w.u32_be(NFTA_CT_KEY, NFT_CT_STATUS).u32_be(NFTA_CT_DREG, reg);
+                });
+                e.bitwise(reg, &IPS_DST_NAT.to_ne_bytes(), &0u32.to_ne_bytes());
+                e.cmp(reg, !*negate, &0u32.to_ne_bytes());
+            }
             Match::Mark { negate, value, mask } => {
                 e.meta(reg, NFT_META_MARK);
                 if *mask != u32::MAX {
@@ -633,16 +650,36 @@ pub fn add_rule(family: IpFamily, masquerade_mark: u32, rule: &Rule) -> Result<M
 
 /// Registers a lookup key takes (the validator keeps keys within 16).
 pub fn key_registers(family: IpFamily, keys: &[KeyExpr]) -> u32 {
-    keys.iter()
-        .map(|k| match k {
-            KeyExpr::Address(_) => {
-                if family == IpFamily::V4 {
-                    1
-                } else {
-                    4
-                }
-            }
-            _ => 1,
-        })
-        .sum()
+    let address = if family == IpFamily::V4 { 1 } else { 4 };
+    let (mut at, mut peak) = (0, 0);
+    for k in keys {
+        let (width, used) = match k {
+            KeyExpr::Address(_) => (address, address),
+            // The hashed address is loaded at the hash's place first.
+            KeyExpr::Jhash { .. } => (1, address),
+            _ => (1, 1),
+        };
+        peak = peak.max(at + used);
+        at += width;
+    }
+    peak
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jhash_counts_the_registers_its_input_takes() {
+        use AddressField::{Destination as D, Source as S};
+        let jhash = KeyExpr::Jhash { field: S, modulus: 4, seed: 1 };
+        let a = KeyExpr::Address;
+        // The red team's key: its protocol sat in register 12, where the
+        // hashed address used to be loaded. Now the hash's input needs 13..17.
+        let clobbering = [a(D), a(S), a(D), KeyExpr::Protocol, jhash];
+        assert_eq!(key_registers(IpFamily::V6, &clobbering), 17, "over 16: the validator refuses it");
+        assert_eq!(key_registers(IpFamily::V6, &[a(D), a(S), jhash]), 12);
+        assert_eq!(key_registers(IpFamily::V6, &[jhash, KeyExpr::Protocol]), 4);
+        assert_eq!(key_registers(IpFamily::V4, &[a(D), KeyExpr::Protocol, KeyExpr::DestinationPort, jhash]), 4);
+    }
 }

@@ -171,7 +171,11 @@ fn rules(settings: &Settings, cluster: &Cluster) -> Vec<Rule> {
     let mark = settings.masquerade_mark();
     out.extend([
         Rule::new("mark-for-masquerade").statement(Statement::MasqueradeMark),
+        // Hairpin: an endpoint reaching itself through a Service. Only
+        // DNATed connections: an endpoint on a node address talking to
+        // itself on any other port is not Service traffic.
         Rule::new("masquerading")
+            .with(Match::CtDnat { negate: false })
             .with(Match::Lookup {
                 keys: vec![KeyExpr::Address(AddressField::Source), KeyExpr::Address(AddressField::Destination)],
                 set: host(HostSet::Hairpin),

@@ -187,6 +187,9 @@ pub const RTN_LOCAL: u32 = 2;
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
 pub const NFT_CT_STATE: u32 = 0;
+pub const NFT_CT_STATUS: u32 = 2;
+/// IPS_DST_NAT (linux/netfilter/nf_conntrack_common.h).
+pub const IPS_DST_NAT: u32 = 1 << 5;
 pub const NF_CT_STATE_INVALID: u32 = 1;
 pub const NF_CT_STATE_ESTABLISHED: u32 = 2;
 pub const NF_CT_STATE_RELATED: u32 = 4;

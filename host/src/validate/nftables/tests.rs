@@ -237,3 +237,67 @@ fn an_element_added_twice_or_deleted_when_absent_is_refused() {
     let absent = Transaction { ops: vec![Op::DeleteElements(w.finish())] };
     assert!(run(&absent, &model, &s, false).unwrap_err().reason.contains("is not in"));
 }
+
+/// The check's time for `tx(n)` and `tx(4n)`: 4x the work may take about
+/// 4x the time, never the 16x of a quadratic check (the red team's
+/// finding: DNAT rules in one chain and flushes after many elements were
+/// quadratic, a stall a plugin could ask for on every sync).
+fn grows_linearly(what: &str, n: usize, tx: impl Fn(usize) -> Transaction) {
+    let time = |n: usize| {
+        let tx = tx(n);
+        let t = std::time::Instant::now();
+        run(&tx, &Model::default(), &scope(), true).expect("accepted");
+        t.elapsed()
+    };
+    let _warm = time(n / 4);
+    let (small, large) = (time(n), time(4 * n));
+    let ratio = large.as_secs_f64() / small.as_secs_f64().max(1e-6);
+    eprintln!("{what}: {n} -> {small:?}, {} -> {large:?} (x{ratio:.1})", 4 * n);
+    assert!(ratio < 9.0, "{what}: 4x the work took x{ratio:.1} the time ({small:?} -> {large:?})");
+}
+
+#[test]
+fn dnat_rules_in_one_chain_are_checked_in_linear_time() {
+    grows_linearly("dnat rules in one chain", 10_000, |n| {
+        let mut tx = Transaction::default();
+        tx.push(Op::AddChain("c".into()));
+        let rule = Rule::new("c")
+            .with(Match::Protocol { negate: false, protocol: Protocol::Tcp })
+            .verdict(Verdict::Dnat("10.1.0.5".parse().unwrap(), 8080));
+        for _ in 0..n {
+            tx.push(Op::AddRule(rule.clone()));
+        }
+        tx
+    });
+}
+
+#[test]
+fn flushes_after_many_elements_are_checked_in_linear_time() {
+    grows_linearly("set flushes after elements", 1_000, |m| {
+        let map = SetDecl { name: "m".into(), key: vec![KeyType::Integer], ..endpoint_map() };
+        let small = SetDecl { name: "s".into(), data: None, ..map.clone() };
+        let mut tx = Transaction::default();
+        tx.push(Op::AddSet(map));
+        tx.push(Op::AddSet(small));
+        let mut w = ElementWriter::new(v4(), SetRef::Own("m".into()));
+        for i in 0..(20 * m) as u32 {
+            w.word(i).endpoint("10.1.0.5".parse().unwrap(), 8080);
+        }
+        tx.push(Op::AddElements(w.finish()));
+        for _ in 0..m {
+            tx.push(Op::FlushSet("s".into()));
+        }
+        tx
+    });
+}
+
+#[test]
+fn a_refused_huge_operation_is_named_in_a_few_hundred_bytes() {
+    let mut w = ElementWriter::new(v4(), SetRef::Host(HostSet::ClusterIps));
+    for i in 0..4_000_000u32 {
+        w.word(0x0a60_0000 + (i % 1000));
+    }
+    // (Its memory: tests/memory.)
+    let err = run(&with(Op::AddElements(w.finish())), &Model::default(), &scope(), true).unwrap_err();
+    assert!(err.item.len() <= 410 && err.to_string().contains("not a cluster IP"), "{err}");
+}
