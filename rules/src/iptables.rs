@@ -6,7 +6,9 @@
 
 mod service;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 use crate::model::{Backend, Change, Cluster, Node, Protocol, ServicePort, Settings};
 use crate::ops::Ruleset as AnyRuleset;
@@ -29,7 +31,7 @@ pub struct IptablesProxier {
     /// Each service port's chain-name hash (of its key and protocol), kept
     /// while the port exists: partial renders rewrite every port's
     /// KUBE-SERVICES rules and need not hash them again.
-    hashes: HashMap<String, (Protocol, String)>,
+    hashes: FxHashMap<String, (Protocol, String)>,
     /// `probabilities[n]` = `probability_one_in(n)`, grown as needed.
     probabilities: Vec<u32>,
 }
@@ -114,7 +116,7 @@ impl Backend for IptablesProxier {
             services: ServiceSet::default(),
             rendered: BTreeMap::new(),
             large_cluster: None,
-            hashes: HashMap::new(),
+            hashes: FxHashMap::default(),
             probabilities: Vec::new(),
         }
     }

@@ -16,7 +16,11 @@ mod elements;
 mod layout;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+// FxHash: the registry is this generator's hottest structure, and SipHash
+// costs several times more in WebAssembly (its keys come from the host).
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use crate::model::{Backend, Change, Cluster, IpFamily, Node, ServicePort, Settings};
@@ -30,7 +34,7 @@ pub use layout::CHAINS;
 
 /// Set and chain names, shared: each name is allocated once.
 #[derive(Debug, Default)]
-pub struct Names(RefCell<HashSet<Text>>);
+pub struct Names(RefCell<FxHashSet<Text>>);
 
 impl Names {
     pub fn get(&self, name: &str) -> Text {
@@ -48,7 +52,7 @@ use elements::Contribution;
 
 /// (set, key) → the services contributing it, sorted by key, with their
 /// data; the first one's element is in the kernel.
-type Registry = HashMap<(Set, Words), Contributors>;
+type Registry = FxHashMap<(Set, Words), Contributors>;
 type Contributors = Vec<(Text, Option<ElemData>)>;
 
 fn contribute(registry: &mut Registry, e: &Elem, service: &Text) {
@@ -252,7 +256,7 @@ impl Backend for NftablesProxier {
             node: Node::default(),
             services: ServiceSet::default(),
             contributed: BTreeMap::new(),
-            registry: HashMap::new(),
+            registry: FxHashMap::default(),
             counts: BTreeSet::new(),
             layout_changed: true,
             names: Names::default(),

@@ -131,20 +131,21 @@ fn ipt_target(t: ipt::Target) -> Result<wipt::Target> {
 
 fn iptables(r: ipt::Ruleset) -> Result<wipt::Ruleset> {
     let mut rules = Vec::with_capacity(r.rules.len());
+    let mut matches = Vec::with_capacity(r.rules.iter().map(|x| x.matches.len()).sum());
     for rule in r.rules {
         let chain = match ipt::Hook::of(rule.table, &rule.chain) {
             Some(h) => wipt::ChainRef::Hook(hook(h)),
             None => wipt::ChainRef::Own(own_chain((rule.table, rule.chain))),
         };
-        rules.push(wipt::Rule {
-            chain,
-            matches: rule.matches.into_iter().map(ipt_match).collect(),
-            target: ipt_target(rule.target)?,
-        });
+        let match_count = u8::try_from(rule.matches.len())
+            .map_err(|_| format!("a rule has {} matches; the contract carries at most 255", rule.matches.len()))?;
+        matches.extend(rule.matches.into_iter().map(ipt_match));
+        rules.push(wipt::Rule { chain, match_count, target: ipt_target(rule.target)? });
     }
     Ok(wipt::Ruleset {
         chains: r.chains.into_iter().map(own_chain).collect(),
         rules,
+        matches,
         delete_chains: r.delete_chains.into_iter().map(own_chain).collect(),
     })
 }

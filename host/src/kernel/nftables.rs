@@ -389,8 +389,10 @@ mod tests {
             assert_eq!(out.len(), 1, "every chain is kept: only the rules are flushed");
             took
         };
+        // The best of three: other tests share the machine.
+        let best = |n: usize| (0..3).map(|_| time(n)).min().unwrap_or_default();
         let _warm = time(2_000);
-        let (small, large) = (time(10_000), time(40_000));
+        let (small, large) = (best(10_000), best(40_000));
         let ratio = large.as_secs_f64() / small.as_secs_f64().max(1e-6);
         eprintln!("reconcile: 10000 chains {small:?}, 40000 chains {large:?} (x{ratio:.1})");
         assert!(ratio < 9.0, "4x the chains took x{ratio:.1} the time");

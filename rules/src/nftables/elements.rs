@@ -19,10 +19,30 @@ use crate::ops::nftables::{
 pub type Text = Arc<str>;
 
 /// A set an element goes to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Eq, PartialOrd, Ord)]
 pub enum Set {
     Host(HostSet),
     Own(Text),
+}
+
+impl std::hash::Hash for Set {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Set::Host(h) => h.hash(state),
+            Set::Own(n) => n.hash(state),
+        }
+    }
+}
+
+impl PartialEq for Set {
+    fn eq(&self, other: &Set) -> bool {
+        match (self, other) {
+            (Set::Host(a), Set::Host(b)) => a == b,
+            // Names are interned ([`super::Names`]): mostly the same pointer.
+            (Set::Own(a), Set::Own(b)) => Text::ptr_eq(a, b) || a == b,
+            _ => false,
+        }
+    }
 }
 
 impl Set {

@@ -493,7 +493,7 @@ pub fn each_element<'a>(
 pub struct ElementWriter {
     family: IpFamily,
     elements: Elements,
-    chain_index: std::collections::HashMap<String, u32>,
+    chain_index: rustc_hash::FxHashMap<String, u32>,
 }
 
 impl ElementWriter {

@@ -249,8 +249,10 @@ fn grows_linearly(what: &str, n: usize, tx: impl Fn(usize) -> Transaction) {
         run(&tx, &Model::default(), &scope(), true).expect("accepted");
         t.elapsed()
     };
+    // The best of three: other tests share the machine.
+    let best = |n: usize| (0..3).map(|_| time(n)).min().unwrap_or_default();
     let _warm = time(n / 4);
-    let (small, large) = (time(n), time(4 * n));
+    let (small, large) = (best(n), best(4 * n));
     let ratio = large.as_secs_f64() / small.as_secs_f64().max(1e-6);
     eprintln!("{what}: {n} -> {small:?}, {} -> {large:?} (x{ratio:.1})", 4 * n);
     assert!(ratio < 9.0, "{what}: 4x the work took x{ratio:.1} the time ({small:?} -> {large:?})");

@@ -14,7 +14,7 @@ use super::wit_convert::from_wit_ip;
 
 pub fn ruleset(r: wb::Ruleset) -> Result<ops::Ruleset, String> {
     Ok(match r {
-        wb::Ruleset::Iptables(r) => ops::Ruleset::Iptables(iptables(r)),
+        wb::Ruleset::Iptables(r) => ops::Ruleset::Iptables(iptables(r)?),
         wb::Ruleset::Nftables(t) => ops::Ruleset::Nftables(nftables(t)),
     })
 }
@@ -115,7 +115,12 @@ fn ipt_target(t: wipt::Target) -> ipt::Target {
     }
 }
 
-fn iptables(r: wipt::Ruleset) -> ipt::Ruleset {
+fn iptables(r: wipt::Ruleset) -> Result<ipt::Ruleset, String> {
+    let counted: usize = r.rules.iter().map(|rule| usize::from(rule.match_count)).sum();
+    if counted != r.matches.len() {
+        return Err(format!("the rules count {counted} matches, the ruleset holds {}", r.matches.len()));
+    }
+    let mut matches = r.matches.into_iter();
     let rules = r
         .rules
         .into_iter()
@@ -127,17 +132,17 @@ fn iptables(r: wipt::Ruleset) -> ipt::Ruleset {
             ipt::Rule {
                 table,
                 chain,
-                matches: rule.matches.into_iter().map(ipt_match).collect(),
+                matches: matches.by_ref().take(usize::from(rule.match_count)).map(ipt_match).collect(),
                 target: ipt_target(rule.target),
             }
             .canonical()
         })
         .collect();
-    ipt::Ruleset {
+    Ok(ipt::Ruleset {
         chains: r.chains.into_iter().map(own_chain).collect(),
         rules,
         delete_chains: r.delete_chains.into_iter().map(own_chain).collect(),
-    }
+    })
 }
 
 fn host_set(h: wnft::HostSet) -> nft::HostSet {
