@@ -104,10 +104,15 @@ impl fmt::Display for CtStates {
 /// printable ASCII, `"` and `\` become `_`, and at most `max` bytes are
 /// kept. Every comment the host writes goes through this.
 pub fn sanitize_comment(text: &str, max: usize) -> String {
-    let mut out: String =
-        text.chars().map(|c| if (' '..='~').contains(&c) && c != '"' && c != '\\' { c } else { '_' }).collect();
-    out.truncate(max);
+    let mut out = String::with_capacity(text.len().min(max));
+    push_sanitized_comment(&mut out, text, max);
     out
+}
+
+/// [`sanitize_comment`], appended to `out`.
+pub fn push_sanitized_comment(out: &mut String, text: &str, max: usize) {
+    // Every character written is one byte: at most `max` characters.
+    out.extend(text.chars().take(max).map(|c| if (' '..='~').contains(&c) && c != '"' && c != '\\' { c } else { '_' }));
 }
 
 /// Why a comment is refused, if it is: comments are printable ASCII

@@ -17,7 +17,7 @@
 //! - a chain kept from an earlier sync must not DNAT to an endpoint that
 //!   has left the state.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use kpx_rules::model::{IpFamily, Protocol};
 use kpx_rules::ops::iptables::{
@@ -33,11 +33,62 @@ pub const MAX_MATCHES: usize = 16;
 
 type ChainId = (Table, String);
 
+/// Own chains by table and name, looked up by `&str`: checking a rule
+/// allocates no key. SipHash, as the names are the plugin's to choose.
+#[derive(Debug, Clone)]
+struct ChainMap<V>([HashMap<String, V>; 2]);
+
+impl<V> Default for ChainMap<V> {
+    fn default() -> Self {
+        ChainMap([HashMap::new(), HashMap::new()])
+    }
+}
+
+impl<V> ChainMap<V> {
+    fn slot(table: Table) -> usize {
+        match table {
+            Table::Nat => 0,
+            Table::Filter => 1,
+        }
+    }
+
+    fn get_mut(&mut self, table: Table, name: &str) -> Option<&mut V> {
+        self.0[Self::slot(table)].get_mut(name)
+    }
+
+    fn contains(&self, table: Table, name: &str) -> bool {
+        self.0[Self::slot(table)].contains_key(name)
+    }
+
+    fn insert(&mut self, (table, name): ChainId, v: V) -> Option<V> {
+        self.0[Self::slot(table)].insert(name, v)
+    }
+
+    fn remove(&mut self, table: Table, name: &str) -> Option<V> {
+        self.0[Self::slot(table)].remove(name)
+    }
+
+    fn clear(&mut self) {
+        self.0.iter_mut().for_each(HashMap::clear);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Table, &String, &V)> {
+        [Table::Nat, Table::Filter].into_iter().flat_map(|t| self.0[Self::slot(t)].iter().map(move |(n, v)| (t, n, v)))
+    }
+
+    fn into_iter(self) -> impl Iterator<Item = (ChainId, V)> {
+        let [nat, filter] = self.0;
+        nat.into_iter()
+            .map(|(n, v)| ((Table::Nat, n), v))
+            .chain(filter.into_iter().map(|(n, v)| ((Table::Filter, n), v)))
+    }
+}
+
 /// What the host knows of the plugin's own chains in the kernel: their
 /// names and the endpoints each DNATs to.
 #[derive(Debug, Default, Clone)]
 pub struct Model {
-    chains: BTreeMap<ChainId, Vec<EndpointAddr>>,
+    chains: ChainMap<Vec<EndpointAddr>>,
     by_endpoint: HashMap<EndpointAddr, BTreeSet<ChainId>>,
 }
 
@@ -45,23 +96,30 @@ impl Model {
     /// Own chains the kernel holds (read back at a full sync): their
     /// contents are unknown, so a full sync rewrites or deletes each.
     pub fn reset(&mut self, chains: impl IntoIterator<Item = ChainId>) {
-        self.chains = chains.into_iter().map(|c| (c, Vec::new())).collect();
+        self.chains.clear();
+        for c in chains {
+            self.chains.insert(c, Vec::new());
+        }
         self.by_endpoint.clear();
     }
 
-    pub fn contains(&self, chain: &ChainId) -> bool {
-        self.chains.contains_key(chain)
+    pub fn contains(&self, (table, name): &ChainId) -> bool {
+        self.chains.contains(*table, name)
     }
 
-    pub fn chains(&self) -> impl Iterator<Item = &ChainId> {
-        self.chains.keys()
+    /// The own chains, in order.
+    pub fn chains(&self) -> Vec<ChainId> {
+        let mut all: Vec<ChainId> = self.chains.iter().map(|(t, n, _)| (t, n.clone())).collect();
+        all.sort();
+        all
     }
 
-    fn forget(&mut self, chain: &ChainId) {
-        if let Some(eps) = self.chains.remove(chain) {
+    fn forget(&mut self, (table, name): &ChainId) {
+        if let Some(eps) = self.chains.remove(*table, name) {
+            let chain = (*table, name.clone());
             for e in eps {
                 if let Some(set) = self.by_endpoint.get_mut(&e) {
-                    set.remove(chain);
+                    set.remove(&chain);
                     if set.is_empty() {
                         self.by_endpoint.remove(&e);
                     }
@@ -75,11 +133,15 @@ impl Model {
         if checked.full {
             self.chains.clear();
             self.by_endpoint.clear();
+        } else {
+            for chain in checked.deleted.iter() {
+                self.forget(chain);
+            }
+            for (t, name, _) in checked.declared.iter() {
+                self.forget(&(t, name.clone()));
+            }
         }
-        for chain in checked.deleted.iter().chain(checked.declared.keys()) {
-            self.forget(chain);
-        }
-        for (chain, eps) in checked.declared {
+        for (chain, eps) in checked.declared.into_iter() {
             for e in &eps {
                 self.by_endpoint.entry(*e).or_default().insert(chain.clone());
             }
@@ -93,7 +155,7 @@ impl Model {
 pub struct Checked {
     full: bool,
     /// Declared chains and the endpoints each DNATs to.
-    declared: BTreeMap<ChainId, Vec<EndpointAddr>>,
+    declared: ChainMap<Vec<EndpointAddr>>,
     deleted: Vec<ChainId>,
     /// Own chains the kernel holds that a full ruleset leaves out.
     pub stale: Vec<ChainId>,
@@ -122,7 +184,7 @@ impl Context<'_> {
 /// Checks a ruleset; the first violation refuses it whole.
 pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
-    let mut declared: BTreeMap<ChainId, Vec<EndpointAddr>> = BTreeMap::new();
+    let mut declared: ChainMap<Vec<EndpointAddr>> = ChainMap::default();
     for (i, chain) in rs.chains.iter().enumerate() {
         if let Some(why) = own_chain_name_problem(&chain.1) {
             return Err(ctx.reject(format!("chain {}", i + 1), chain_item(chain), why));
@@ -137,7 +199,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         if let Some(why) = own_chain_name_problem(&chain.1) {
             return Err(ctx.reject(at, chain_item(chain), why));
         }
-        if declared.contains_key(chain) {
+        if declared.contains(chain.0, &chain.1) {
             return Err(ctx.reject(at, chain_item(chain), "declared and deleted by the same ruleset"));
         }
         if !ctx.model.contains(chain) {
@@ -146,16 +208,18 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         deleted.insert(chain.clone());
     }
     // Own chains that exist once this ruleset is written.
-    let exists = |c: &ChainId| declared.contains_key(c) || (!ctx.full && ctx.model.contains(c) && !deleted.contains(c));
-    let mut refs: BTreeMap<ChainId, Vec<EndpointAddr>> = BTreeMap::new();
+    let exists = |table: Table, name: &str| {
+        declared.contains(table, name)
+            || (!ctx.full && ctx.model.chains.contains(table, name) && !deleted.contains(&(table, name.to_string())))
+    };
+    let mut dnats = Vec::new();
     for (i, rule) in rs.rules.iter().enumerate() {
         let fail = |why: String| {
             let item = rule_lines(rule, ctx.dialect).join(" / ");
             ctx.reject(format!("rule {}", i + 1), item, why)
         };
         let hook = Hook::of(rule.table, &rule.chain);
-        let id = (rule.table, rule.chain.clone());
-        if hook.is_none() && !declared.contains_key(&id) {
+        if hook.is_none() && !declared.contains(rule.table, &rule.chain) {
             return Err(fail(if own_chain_name_problem(&rule.chain).is_some() {
                 "rules go in the host's hooks or in the plugin's own chains".into()
             } else {
@@ -168,12 +232,12 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         }
         check_target(ctx, rule, hook, &exists).map_err(&fail)?;
         if let Target::Dnat(ip, port) = rule.target {
-            refs.entry(id).or_default().push((ip, port));
+            dnats.push((rule.table, rule.chain.as_str(), (ip, port)));
         }
     }
-    for (chain, eps) in refs {
-        if let Some(list) = declared.get_mut(&chain) {
-            *list = eps;
+    for (table, chain, endpoint) in dnats {
+        if let Some(list) = declared.get_mut(table, chain) {
+            list.push(endpoint);
         }
     }
     // Chains kept from an earlier sync must not DNAT to departed endpoints.
@@ -185,7 +249,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
                 .get(e)
                 .into_iter()
                 .flatten()
-                .find(|c| !declared.contains_key(*c) && !deleted.contains(*c));
+                .find(|c| !declared.contains(c.0, &c.1) && !deleted.contains(*c));
             if let Some(chain) = kept {
                 return Err(ctx.reject(
                     "kept chain".into(),
@@ -199,7 +263,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         }
     }
     let stale = if ctx.full {
-        ctx.model.chains().filter(|c| !declared.contains_key(*c)).cloned().collect()
+        ctx.model.chains().into_iter().filter(|c| !declared.contains(c.0, &c.1)).collect()
     } else {
         Vec::new()
     };
@@ -282,7 +346,7 @@ fn check_target(
     ctx: &Context,
     rule: &Rule,
     hook: Option<Hook>,
-    exists: &dyn Fn(&ChainId) -> bool,
+    exists: &dyn Fn(Table, &str) -> bool,
 ) -> Result<(), String> {
     let nat = rule.table == Table::Nat;
     let filter_hook = |h: Hook| hook == Some(h);
@@ -292,7 +356,7 @@ fn check_target(
             if own_chain_name_problem(chain).is_some() {
                 return Err(format!("a jump goes to one of the plugin's own chains, not {chain:?}"));
             }
-            if !exists(&(rule.table, chain.clone())) {
+            if !exists(rule.table, chain) {
                 return Err(format!("jump to {chain}, which no {} chain of the plugin's is", rule.table.name()));
             }
             Ok(())
