@@ -70,7 +70,11 @@ impl NftablesKernel {
 
     fn dump(&mut self, msg_type: u16, attrs: Writer) -> Result<Vec<Vec<u8>>> {
         let family = self.proto();
-        Ok(self.socket()?.dump(msg_type, family, &attrs)?)
+        let result = self.socket()?.dump(msg_type, family, &attrs);
+        if let Err(netlink::Error::Socket(_)) = &result {
+            self.netlink = None;
+        }
+        Ok(result?)
     }
 
     fn table_filter(kind: u16) -> Writer {

@@ -38,6 +38,10 @@ fn errno_text(errno: i32) -> String {
     format!("{} (errno {errno})", std::io::Error::from_raw_os_error(errno))
 }
 
+/// How long the kernel may take to answer a batch or a dump's next part
+/// (a batch of 300k elements is answered in well under a second).
+pub const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub const ENOENT: i32 = 2;
 pub const EEXIST: i32 = 17;
 pub const EBUSY: i32 = 16;
@@ -87,6 +91,10 @@ impl Netlink {
         socket.set_cap_ack(true).map_err(|e| err("capped acks", e))?;
         // Replies to a failed batch can be many; as root, make room.
         let _ = nix::sys::socket::setsockopt(&socket.as_fd(), nix::sys::socket::sockopt::RcvBufForce, &(8 << 20));
+        // A reply that never comes must not stall the sync thread.
+        let timeout = nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0);
+        nix::sys::socket::setsockopt(&socket.as_fd(), nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
+            .map_err(|e| err("receive timeout", e.into()))?;
         Ok(Netlink { socket, seq: std::process::id().wrapping_mul(1000), sndbuf: 0 })
     }
 
@@ -97,6 +105,12 @@ impl Netlink {
 
     /// Sends `messages` as one batch; the kernel applies all or none.
     pub fn transact(&mut self, family: u8, messages: &[Message]) -> Result<(), Error> {
+        self.transact_to(NFNL_SUBSYS_NFTABLES, family, messages)
+    }
+
+    /// [`Netlink::transact`] for a netfilter subsystem (tests name one
+    /// the kernel does not have).
+    fn transact_to(&mut self, subsystem: u16, family: u8, messages: &[Message]) -> Result<(), Error> {
         if messages.is_empty() {
             return Ok(());
         }
@@ -104,7 +118,7 @@ impl Netlink {
             messages.iter().map(|m| HEADER + NFGENMSG + m.attrs.buf.len()).sum::<usize>() + 2 * (HEADER + NFGENMSG);
         let mut buf = Vec::with_capacity(size);
         let begin = self.next_seq();
-        push_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, begin, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        push_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, begin, 0, subsystem, &[]);
         let first = self.seq.wrapping_add(1);
         for (i, m) in messages.iter().enumerate() {
             let seq = self.next_seq();
@@ -114,20 +128,28 @@ impl Netlink {
         }
         let last = self.seq;
         let end = self.next_seq();
-        push_message(&mut buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        push_message(&mut buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, subsystem, &[]);
         self.ensure_sndbuf(buf.len())?;
         let sent = self.socket.send(&buf, 0).map_err(|e| Error::Socket(format!("send: {e}")))?;
         if sent != buf.len() {
             return Err(Error::Socket(format!("sent {sent} of {} bytes", buf.len())));
         }
-        // The kernel answers every failed message, then acks the last one.
+        // The kernel answers every failed message, then acks the last one;
+        // a batch it refuses as a whole (unknown subsystem, stale
+        // generation, no memory for its replies) gets one error, addressed
+        // to the batch's begin or end, and no ack of the last message.
         let mut failure: Option<Error> = None;
         loop {
             for (msg_type, flags, seq, payload) in self.recv()? {
-                if msg_type != NLMSG_ERROR {
+                // Replies to earlier batches (their sequence numbers come
+                // before this one's) are not this batch's.
+                if msg_type != NLMSG_ERROR || seq.wrapping_sub(begin) > end.wrapping_sub(begin) {
                     continue;
                 }
                 let (code, message) = parse_error(&payload, flags)?;
+                if (seq == begin || seq == end) && code != 0 {
+                    return Err(Error::Refused { op: "the batch".into(), errno: -code, message });
+                }
                 let index = seq.wrapping_sub(first) as usize;
                 if code != 0 && failure.is_none() {
                     let op = messages.get(index).map(|m| m.what.clone()).unwrap_or_else(|| format!("message {seq}"));
@@ -158,7 +180,12 @@ impl Netlink {
 
     fn recv(&mut self) -> Result<Vec<Reply>, Error> {
         let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
-        let n = self.socket.recv(&mut buf, 0).map_err(|e| Error::Socket(format!("receive: {e}")))?;
+        let n = self.socket.recv(&mut buf, 0).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                Error::Socket(format!("no reply from the kernel within {} s", REPLY_TIMEOUT.as_secs()))
+            }
+            _ => Error::Socket(format!("receive: {e}")),
+        })?;
         let mut out = Vec::new();
         let mut at = 0;
         while at + HEADER <= n.min(buf.len()) {
@@ -240,4 +267,41 @@ fn parse_error(payload: &[u8], flags: u16) -> Result<(i32, Option<String>), Erro
         .and_then(|a| a.string().ok())
         .filter(|s| !s.is_empty());
     Ok((code, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch the kernel refuses as a whole is answered once, at its
+    /// begin message, and never at its last: the wait ends there, with
+    /// the kernel's errno (it used to wait for the last message forever).
+    #[test]
+    fn a_batch_refused_whole_ends_the_wait() {
+        let mut lab = match kpx_netlab::Lab::new() {
+            Ok(lab) => lab,
+            Err(kpx_netlab::Error::Unavailable(why)) => return eprintln!("skipped: {why}"),
+            Err(e) => panic!("{e}"),
+        };
+        let ns = lab.add("nl").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = ns.enter(move || {
+            std::thread::spawn(move || {
+                let mut nl = Netlink::open().unwrap();
+                let mut attrs = Writer::new();
+                attrs.str(NFTA_TABLE_NAME, "kpx-never");
+                let add = Message { msg_type: NFT_MSG_NEWTABLE, flags: NLM_F_CREATE, attrs, what: "add table".into() };
+                // No netfilter subsystem has id 99.
+                let _ = tx.send(nl.transact_to(99, 2, &[add]));
+            });
+        });
+        let result = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the batch is answered within 10 s");
+        match result {
+            Err(Error::Refused { op, errno, .. }) => {
+                assert_eq!(op, "the batch");
+                assert!(errno > 0, "{errno}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
