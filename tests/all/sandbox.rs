@@ -48,6 +48,10 @@ const CASES: &[(&str, &str, &str)] = &[
         "recent list \"SSH\" is not named like one of the plugin's",
         "affinity-internal is not one of the plugin's affinity sets",
     ),
+    // iptables-restore commits table by table, so kpx refuses loops itself;
+    // nf_tables refuses a reachable loop in the transaction it applies
+    // whole (no nftables case: "" skips it).
+    ("hostile-jumploop", "the plugin's chains jump in a loop", ""),
 ];
 
 /// The node's rules as the mode's tool prints them (no counters, no handles).
@@ -97,6 +101,9 @@ fn run(mode: &str) {
 
     for (i, (name, in_iptables, in_nftables)) in CASES.iter().enumerate() {
         let symptom = if mode == "iptables" { in_iptables } else { in_nftables };
+        if symptom.is_empty() {
+            continue;
+        }
         let file = manifests.join(format!("{name}.yaml"));
         let before = kpx.log().matches(symptom).count();
         write_manifest(&file, &hostile_service(name, &format!("10.96.1.{}", i + 1)));

@@ -84,11 +84,20 @@ impl<V> ChainMap<V> {
     }
 }
 
+/// What one own chain does that outlives the sync that wrote it.
+#[derive(Debug, Default, Clone)]
+struct Facts {
+    /// Endpoints it DNATs to.
+    endpoints: Vec<EndpointAddr>,
+    /// Own chains of its table it jumps or goes to.
+    jumps: Vec<String>,
+}
+
 /// What the host knows of the plugin's own chains in the kernel: their
-/// names and the endpoints each DNATs to.
+/// names, the endpoints each DNATs to and the chains each jumps to.
 #[derive(Debug, Default, Clone)]
 pub struct Model {
-    chains: ChainMap<Vec<EndpointAddr>>,
+    chains: ChainMap<Facts>,
     by_endpoint: HashMap<EndpointAddr, BTreeSet<ChainId>>,
 }
 
@@ -98,7 +107,7 @@ impl Model {
     pub fn reset(&mut self, chains: impl IntoIterator<Item = ChainId>) {
         self.chains.clear();
         for c in chains {
-            self.chains.insert(c, Vec::new());
+            self.chains.insert(c, Facts::default());
         }
         self.by_endpoint.clear();
     }
@@ -115,9 +124,9 @@ impl Model {
     }
 
     fn forget(&mut self, (table, name): &ChainId) {
-        if let Some(eps) = self.chains.remove(*table, name) {
+        if let Some(facts) = self.chains.remove(*table, name) {
             let chain = (*table, name.clone());
-            for e in eps {
+            for e in facts.endpoints {
                 if let Some(set) = self.by_endpoint.get_mut(&e) {
                     set.remove(&chain);
                     if set.is_empty() {
@@ -141,11 +150,11 @@ impl Model {
                 self.forget(&(t, name.clone()));
             }
         }
-        for (chain, eps) in checked.declared.into_iter() {
-            for e in &eps {
+        for (chain, facts) in checked.declared.into_iter() {
+            for e in &facts.endpoints {
                 self.by_endpoint.entry(*e).or_default().insert(chain.clone());
             }
-            self.chains.insert(chain, eps);
+            self.chains.insert(chain, facts);
         }
     }
 }
@@ -154,8 +163,8 @@ impl Model {
 #[derive(Debug, Default)]
 pub struct Checked {
     full: bool,
-    /// Declared chains and the endpoints each DNATs to.
-    declared: ChainMap<Vec<EndpointAddr>>,
+    /// Declared chains, the endpoints each DNATs to and its jumps.
+    declared: ChainMap<Facts>,
     deleted: Vec<ChainId>,
     /// Own chains the kernel holds that a full ruleset leaves out.
     pub stale: Vec<ChainId>,
@@ -184,12 +193,12 @@ impl Context<'_> {
 /// Checks a ruleset; the first violation refuses it whole.
 pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
-    let mut declared: ChainMap<Vec<EndpointAddr>> = ChainMap::default();
+    let mut declared: ChainMap<Facts> = ChainMap::default();
     for (i, chain) in rs.chains.iter().enumerate() {
         if let Some(why) = own_chain_name_problem(&chain.1) {
             return Err(ctx.reject(format!("chain {}", i + 1), chain_item(chain), why));
         }
-        if declared.insert(chain.clone(), Vec::new()).is_some() {
+        if declared.insert(chain.clone(), Facts::default()).is_some() {
             return Err(ctx.reject(format!("chain {}", i + 1), chain_item(chain), "declared twice"));
         }
     }
@@ -212,7 +221,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         declared.contains(table, name)
             || (!ctx.full && ctx.model.chains.contains(table, name) && !deleted.contains(&(table, name.to_string())))
     };
-    let mut dnats = Vec::new();
+    let mut facts = Vec::new();
     for (i, rule) in rs.rules.iter().enumerate() {
         let fail = |why: String| {
             let item = rule_lines(rule, ctx.dialect).join(" / ");
@@ -231,14 +240,42 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
             check_scope(ctx.scope, hook, rule).map_err(&fail)?;
         }
         check_target(ctx, rule, hook, &exists).map_err(&fail)?;
-        if let Target::Dnat(ip, port) = rule.target {
-            dnats.push((rule.table, rule.chain.as_str(), (ip, port)));
+        match &rule.target {
+            Target::Dnat(ip, port) => facts.push((rule.table, rule.chain.as_str(), Ok((*ip, *port)))),
+            Target::Jump(to) | Target::Goto(to) if hook.is_none() => {
+                facts.push((rule.table, rule.chain.as_str(), Err(to.as_str())))
+            }
+            _ => {}
         }
     }
-    for (table, chain, endpoint) in dnats {
-        if let Some(list) = declared.get_mut(table, chain) {
-            list.push(endpoint);
+    for (table, chain, fact) in facts {
+        if let Some(f) = declared.get_mut(table, chain) {
+            match fact {
+                Ok(endpoint) => f.endpoints.push(endpoint),
+                Err(to) => f.jumps.push(to.to_string()),
+            }
         }
+    }
+    // iptables-restore commits each table on its own: a jump loop or the
+    // deletion of a chain that a kept one still jumps to fails in the
+    // kernel after the other table was written. Both are refused here.
+    if !ctx.full {
+        for (table, name, f) in ctx.model.chains.iter() {
+            let chain = (table, name.clone());
+            if declared.contains(table, name) || deleted.contains(&chain) {
+                continue;
+            }
+            if let Some(to) = f.jumps.iter().find(|to| deleted.contains(&(table, (*to).clone()))) {
+                return Err(ctx.reject(
+                    "kept chain".into(),
+                    chain_item(&chain),
+                    format!("kept from an earlier sync, it jumps to {to}, which this ruleset deletes"),
+                ));
+            }
+        }
+    }
+    if let Some(cycle) = jump_loop(&declared, if ctx.full { None } else { Some(&ctx.model.chains) }) {
+        return Err(ctx.reject("jumps".into(), cycle.join(" -> "), "the plugin's chains jump in a loop"));
     }
     // Chains kept from an earlier sync must not DNAT to departed endpoints.
     if !ctx.full {
@@ -268,6 +305,52 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         Vec::new()
     };
     Ok(Checked { full: ctx.full, declared, deleted: deleted.into_iter().collect(), stale })
+}
+
+/// A loop among the own chains that exist after a sync (declared ones
+/// with this ruleset's jumps; on a partial sync, kept ones with the jumps
+/// they were written with), as `table chain` names, if there is one.
+fn jump_loop(declared: &ChainMap<Facts>, kept: Option<&ChainMap<Facts>>) -> Option<Vec<String>> {
+    let jumps = |t: Table, name: &str| -> Option<&[String]> {
+        match declared.0[ChainMap::<Facts>::slot(t)].get(name) {
+            Some(f) => Some(&f.jumps),
+            None => kept.and_then(|k| k.0[ChainMap::<Facts>::slot(t)].get(name)).map(|f| f.jumps.as_slice()),
+        }
+    };
+    // Depth-first, iteratively: 1 = on the current path, 2 = done.
+    let mut state: [HashMap<&str, u8>; 2] = [HashMap::new(), HashMap::new()];
+    for (table, start, _) in declared.iter() {
+        let slot = ChainMap::<Facts>::slot(table);
+        if state[slot].contains_key(start.as_str()) {
+            continue;
+        }
+        let mut path: Vec<(&str, usize)> = vec![(start.as_str(), 0)];
+        state[slot].insert(start.as_str(), 1);
+        while let Some(&mut (node, ref mut next)) = path.last_mut() {
+            let out = jumps(table, node).unwrap_or(&[]);
+            if let Some(to) = out.get(*next) {
+                *next += 1;
+                match state[slot].get(to.as_str()) {
+                    Some(1) => {
+                        let from = path.iter().position(|(n, _)| *n == to.as_str()).unwrap_or(0);
+                        let mut cycle: Vec<String> =
+                            path[from..].iter().map(|(n, _)| format!("{} {n}", table.name())).collect();
+                        cycle.push(format!("{} {to}", table.name()));
+                        return Some(cycle);
+                    }
+                    Some(_) => {}
+                    None => {
+                        state[slot].insert(to.as_str(), 1);
+                        path.push((to.as_str(), 0));
+                    }
+                }
+            } else {
+                state[slot].insert(node, 2);
+                path.pop();
+            }
+        }
+    }
+    None
 }
 
 fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {

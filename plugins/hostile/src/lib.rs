@@ -19,6 +19,8 @@
 //! | `interface` | matches an interface name outside the host's alphabet               |
 //! | `reject`    | REJECT where the packet path is nat                                  |
 //! | `affinity`  | fills a set the kernel updates, or updates a set that is no affinity set |
+//! | `jumploop`  | two own chains that jump to each other (iptables: nf_tables refuses a
+//! |             | reachable loop in the transaction it applies whole)                    |
 //!
 //! Never embedded in kpx; the tests load it with `--backend-plugin`.
 #![forbid(unsafe_code)]
@@ -148,6 +150,12 @@ impl Hostile {
         if self.asks("affinity") {
             rs.declare(Table::Nat, "KUBE-SEP-AFF");
             rs.push(nat("KUBE-SEP-AFF").with(Match::RecentSet { name: "SSH".into() }));
+        }
+        if self.asks("jumploop") {
+            rs.declare(Table::Nat, "KUBE-SVC-LOOPA");
+            rs.declare(Table::Nat, "KUBE-SVC-LOOPB");
+            rs.push(nat("KUBE-SVC-LOOPA").jump("KUBE-SVC-LOOPB"));
+            rs.push(nat("KUBE-SVC-LOOPB").jump("KUBE-SVC-LOOPA"));
         }
     }
 

@@ -277,3 +277,52 @@ fn a_kept_chain_may_not_dnat_to_a_departed_endpoint() {
     cleaned.delete(Table::Nat, "KUBE-SEP-A");
     run(&cleaned, &model, &s, false).unwrap();
 }
+
+/// iptables-restore commits each table on its own: a loop the kernel
+/// refuses in nat would land after filter was written.
+#[test]
+fn jump_loops_are_refused_before_anything_is_written() {
+    let mut rs = good();
+    rs.declare(Table::Nat, "KUBE-SVC-B");
+    rs.push(Rule::chain(Table::Nat, "KUBE-SVC-A").jump("KUBE-SVC-B"));
+    rs.push(Rule::chain(Table::Nat, "KUBE-SVC-B").target(Target::Goto("KUBE-SVC-A".into())));
+    let err = run(&rs, &Model::default(), &scope(), true).unwrap_err();
+    assert!(err.reason.contains("jump in a loop"), "{err}");
+    assert!(err.item.contains("nat KUBE-SVC-A -> nat KUBE-SVC-B -> nat KUBE-SVC-A"), "{err}");
+    // A chain that jumps to itself.
+    refused(&with(Rule::chain(Table::Nat, "KUBE-SEP-A").jump("KUBE-SEP-A")), "jump in a loop");
+    // The same names in two tables are two chains: no loop.
+    let mut two = good();
+    two.declare(Table::Filter, "KUBE-SVC-A");
+    two.declare(Table::Filter, "KUBE-SEP-A");
+    two.push(Rule::chain(Table::Filter, "KUBE-SEP-A").jump("KUBE-SVC-A"));
+    ok(&two);
+}
+
+#[test]
+fn a_partial_sync_cannot_close_a_loop_through_a_kept_chain() {
+    let s = scope();
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, &s, true).unwrap());
+    // KUBE-SVC-A (kept) jumps to KUBE-SEP-A; redeclared, KUBE-SEP-A jumps back.
+    let mut rs = Ruleset::default();
+    rs.declare(Table::Nat, "KUBE-SEP-A");
+    rs.push(Rule::chain(Table::Nat, "KUBE-SEP-A").jump("KUBE-SVC-A"));
+    let err = run(&rs, &model, &s, false).unwrap_err();
+    assert!(err.reason.contains("jump in a loop"), "{err}");
+}
+
+#[test]
+fn a_partial_sync_cannot_delete_a_chain_a_kept_chain_jumps_to() {
+    let s = scope();
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, &s, true).unwrap());
+    let mut rs = Ruleset::default();
+    rs.delete(Table::Nat, "KUBE-SEP-A");
+    let err = run(&rs, &model, &s, false).unwrap_err();
+    assert!(err.reason.contains("jumps to KUBE-SEP-A, which this ruleset deletes"), "{err}");
+    // Deleting both, or rewriting the one that jumps, is fine.
+    rs.delete(Table::Nat, "KUBE-SVC-A");
+    rs.push(Rule::hook(Hook::NatServices).with_all(web()).target(Target::Return));
+    run(&rs, &model, &s, false).unwrap();
+}
