@@ -254,7 +254,9 @@ impl State {
     /// What changed since the last call; resets the record.
     pub fn take_changes(&mut self) -> Changes {
         let mut changes = std::mem::take(&mut self.changes);
-        for (name, change) in changes.services.iter_mut().filter(|(_, c)| !c.previous.is_empty()) {
+        // Every Service's current endpoints, also where it had none before
+        // (a first endpoint is a change the conntrack cleanup acts on).
+        for (name, change) in changes.services.iter_mut() {
             change.current = self.endpoints_map(name);
         }
         changes

@@ -124,7 +124,12 @@ pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyPr
                 }
             }
         }
-        changes = Changes::default();
+        // A failed pass keeps its changes (with their earliest `previous`)
+        // for the retry; the families that synced apply them again, which
+        // changes nothing.
+        if ok {
+            changes = Changes::default();
+        }
         schedule.done(Instant::now(), ok, full);
     }
 }

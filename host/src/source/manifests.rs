@@ -70,7 +70,10 @@ impl ManifestSource {
                 }
                 match std::fs::metadata(&path) {
                     Ok(m) if m.is_dir() => dirs.push(path),
-                    Ok(_) if is_manifest(&path) => out.push(path),
+                    // A manifest that cannot be looked at now (a dangling
+                    // link while a ConfigMap volume swaps its files) is
+                    // listed: poll keeps its last good objects.
+                    _ if is_manifest(&path) => out.push(path),
                     _ => {}
                 }
             }
@@ -93,8 +96,13 @@ impl ManifestSource {
             keep
         });
         for path in files {
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
+            let meta = match std::fs::metadata(&path) {
+                Ok(meta) => meta,
+                Err(e) => {
+                    tracing::error!(file = %path.display(), error = %e, "cannot read manifest file; keeping its last good objects");
+                    self.complete &= self.files.contains_key(&path);
+                    continue;
+                }
             };
             let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
             if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {

@@ -89,6 +89,7 @@ fn changes_carry_each_ports_previous_and_current_endpoints() {
     let mut state = state_from(YAML);
     let initial = state.take_changes();
     assert!(initial.services[&name("shop", "web")].previous.is_empty(), "nothing was programmed before the list");
+    assert_eq!(initial.services[&name("shop", "web")].current["shop/web:http"].1.len(), 2, "its first endpoints");
     let ep = |ip: &str| (ip.parse::<std::net::IpAddr>().unwrap(), 8080u16);
     state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "a".into() }));
     // A second change in the same batch keeps the first `previous`.

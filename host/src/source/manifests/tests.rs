@@ -229,3 +229,26 @@ metadata: {name: node-1.example.com}
         assert!(m.contains(e), "{m:?} should say {e:?}");
     }
 }
+
+/// A ConfigMap volume swaps its files through symbolic links: for a moment
+/// a manifest's link can point nowhere. Its objects stay, and a source
+/// that never read it is not complete.
+#[test]
+fn a_dangling_manifest_link_keeps_its_objects() {
+    let dir = std::env::temp_dir().join(format!("kpx-dangling-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("data/web.txt"), GOOD).unwrap();
+    std::os::unix::fs::symlink("data/web.txt", dir.join("web.yaml")).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    assert_eq!(source.poll().unwrap().len(), 2);
+    assert!(source.is_complete());
+    std::fs::remove_file(dir.join("data/web.txt")).unwrap();
+    assert_eq!(source.poll().unwrap(), [], "a dangling link deletes nothing");
+    assert!(source.is_complete(), "its last good objects stand in");
+    // A source that never read the file cannot report a complete state.
+    let mut fresh = ManifestSource::new(&dir).unwrap();
+    let _ = fresh.poll().unwrap();
+    assert!(!fresh.is_complete());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
