@@ -58,6 +58,29 @@ fn nftables_traffic_trace_and_cleanup() {
         .unwrap();
     assert!(explained.contains("verdict: REJECT"), "{explained}");
 
+    // A ServiceCIDR that arrives while kpx runs reaches the kernel (its
+    // unallocated addresses are dropped), and its removal lifts the drop.
+    let cidr = manifests.join("service-cidr.yaml");
+    write_manifest(
+        &cidr,
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16]}\n",
+    );
+    let drops = || {
+        let chain = lab.node.exec(&["nft", "list", "chain", "ip", "kube-proxy", "cluster-ips-check"]).unwrap();
+        chain.contains("ip daddr 10.96.0.0/16 drop")
+    };
+    let until = |want: bool| {
+        let t0 = Instant::now();
+        while drops() != want && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drops() == want
+    };
+    assert!(until(true), "the ServiceCIDR never reached the kernel:\n{}", kpx.log());
+    assert!(request(&lab, Proto::Tcp, WEB).server().is_some(), "allocated addresses still answer");
+    std::fs::remove_file(&cidr).unwrap();
+    assert!(until(false), "the ServiceCIDR's drop stayed after it was deleted:\n{}", kpx.log());
+
     // --cleanup: the kube-proxy tables go, nothing else does.
     drop(kpx);
     lab.node.exec(&[KPX, "--cleanup"]).expect("kpx --cleanup");
