@@ -176,8 +176,18 @@ pub fn add_set(family: IpFamily, d: &SetDecl, id: u32) -> Message {
             });
         });
     }
+    let mut userdata = Vec::new();
+    if d.key == [KeyType::Integer] {
+        // An integer key is a register in host byte order (numgen, jhash,
+        // mark); nft prints it as a number only when told so.
+        userdata.extend([NFTNL_UDATA_SET_KEYBYTEORDER, 4]);
+        userdata.extend(BYTEORDER_HOST_ENDIAN.to_ne_bytes());
+    }
     if let Some(c) = &d.comment {
-        w.bytes(NFTA_SET_USERDATA, &udata(NFTNL_UDATA_SET_COMMENT, &sanitize_comment(c, MAX_COMMENT)));
+        userdata.extend(udata(NFTNL_UDATA_SET_COMMENT, &sanitize_comment(c, MAX_COMMENT)));
+    }
+    if !userdata.is_empty() {
+        w.bytes(NFTA_SET_USERDATA, &userdata);
     }
     let kind = if d.data.is_some() { "map" } else { "set" };
     message(NFT_MSG_NEWSET, NLM_F_CREATE, format!("add {kind} {}", d.name), w)

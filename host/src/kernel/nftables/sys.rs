@@ -225,3 +225,6 @@ pub const TYPE_BITS: u32 = 6;
 pub const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
 pub const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 pub const NFTNL_UDATA_SET_COMMENT: u8 = 7;
+pub const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
+/// nft's `enum byteorder`: BYTEORDER_HOST_ENDIAN.
+pub const BYTEORDER_HOST_ENDIAN: u32 = 1;
