@@ -335,7 +335,10 @@ fn jump_loop(declared: &ChainMap<Facts>, kept: Option<&ChainMap<Facts>>) -> Opti
                         let from = path.iter().position(|(n, _)| *n == to.as_str()).unwrap_or(0);
                         let mut cycle: Vec<String> =
                             path[from..].iter().map(|(n, _)| format!("{} {n}", table.name())).collect();
-                        cycle.push(format!("{} {to}", table.name()));
+                        // The same loop reads the same whatever the maps' order.
+                        let first = (0..cycle.len()).min_by_key(|i| &cycle[*i]).unwrap_or(0);
+                        cycle.rotate_left(first);
+                        cycle.push(cycle[0].clone());
                         return Some(cycle);
                     }
                     Some(_) => {}
