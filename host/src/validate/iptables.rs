@@ -217,9 +217,13 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         deleted.insert(chain.clone());
     }
     // Own chains that exist once this ruleset is written.
+    let mut gone: ChainMap<()> = ChainMap::default();
+    for chain in &deleted {
+        gone.insert(chain.clone(), ());
+    }
     let exists = |table: Table, name: &str| {
         declared.contains(table, name)
-            || (!ctx.full && ctx.model.chains.contains(table, name) && !deleted.contains(&(table, name.to_string())))
+            || (!ctx.full && ctx.model.chains.contains(table, name) && !gone.contains(table, name))
     };
     let mut facts = Vec::new();
     for (i, rule) in rs.rules.iter().enumerate() {
@@ -259,16 +263,15 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     // iptables-restore commits each table on its own: a jump loop or the
     // deletion of a chain that a kept one still jumps to fails in the
     // kernel after the other table was written. Both are refused here.
-    if !ctx.full {
+    if !ctx.full && !deleted.is_empty() {
         for (table, name, f) in ctx.model.chains.iter() {
-            let chain = (table, name.clone());
-            if declared.contains(table, name) || deleted.contains(&chain) {
+            if declared.contains(table, name) || gone.contains(table, name) {
                 continue;
             }
-            if let Some(to) = f.jumps.iter().find(|to| deleted.contains(&(table, (*to).clone()))) {
+            if let Some(to) = f.jumps.iter().find(|to| gone.contains(table, to)) {
                 return Err(ctx.reject(
                     "kept chain".into(),
-                    chain_item(&chain),
+                    chain_item(&(table, name.clone())),
                     format!("kept from an earlier sync, it jumps to {to}, which this ruleset deletes"),
                 ));
             }
