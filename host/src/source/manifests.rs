@@ -99,8 +99,7 @@ impl ManifestSource {
             let meta = match std::fs::metadata(&path) {
                 Ok(meta) => meta,
                 Err(e) => {
-                    tracing::error!(file = %path.display(), error = %e, "cannot read manifest file; keeping its last good objects");
-                    self.complete &= self.files.contains_key(&path);
+                    self.unreadable(&path, &e);
                     continue;
                 }
             };
@@ -111,8 +110,7 @@ impl ManifestSource {
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,
                 Err(e) => {
-                    tracing::error!(file = %path.display(), error = %e, "cannot read manifest file; keeping its last good objects");
-                    self.complete &= self.files.contains_key(&path);
+                    self.unreadable(&path, &e);
                     continue;
                 }
             };
@@ -129,6 +127,13 @@ impl ManifestSource {
             return Ok(Vec::new());
         }
         Ok(self.diff())
+    }
+
+    /// A listed file that cannot be read now keeps its last good objects;
+    /// one never read leaves the poll incomplete.
+    fn unreadable(&mut self, path: &Path, e: &std::io::Error) {
+        tracing::error!(file = %path.display(), error = %e, "cannot read manifest file; keeping its last good objects");
+        self.complete &= self.files.contains_key(path);
     }
 
     /// Whether the last poll read everything it listed.

@@ -116,13 +116,6 @@ impl Model {
         self.chains.contains(*table, name)
     }
 
-    /// The own chains, in order.
-    pub fn chains(&self) -> Vec<ChainId> {
-        let mut all: Vec<ChainId> = self.chains.iter().map(|(t, n, _)| (t, n.clone())).collect();
-        all.sort();
-        all
-    }
-
     fn forget(&mut self, (table, name): &ChainId) {
         if let Some(facts) = self.chains.remove(*table, name) {
             let chain = (*table, name.clone());
@@ -202,7 +195,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
             return Err(ctx.reject(format!("chain {}", i + 1), chain_item(chain), "declared twice"));
         }
     }
-    let mut deleted = BTreeSet::new();
+    let (mut deleted, mut gone) = (Vec::new(), ChainMap::<()>::default());
     for (i, chain) in rs.delete_chains.iter().enumerate() {
         let at = format!("deleted chain {}", i + 1);
         if let Some(why) = own_chain_name_problem(&chain.1) {
@@ -214,18 +207,15 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
         if !ctx.model.contains(chain) {
             return Err(ctx.reject(at, chain_item(chain), "no such chain"));
         }
-        deleted.insert(chain.clone());
+        if gone.insert(chain.clone(), ()).is_none() {
+            deleted.push(chain.clone());
+        }
     }
     // Own chains that exist once this ruleset is written.
-    let mut gone: ChainMap<()> = ChainMap::default();
-    for chain in &deleted {
-        gone.insert(chain.clone(), ());
-    }
     let exists = |table: Table, name: &str| {
         declared.contains(table, name)
             || (!ctx.full && ctx.model.chains.contains(table, name) && !gone.contains(table, name))
     };
-    let mut facts = Vec::new();
     for (i, rule) in rs.rules.iter().enumerate() {
         let fail = |why: String| {
             let item = rule_lines(rule, ctx.dialect).join(" / ");
@@ -244,20 +234,15 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
             check_scope(ctx.scope, hook, rule).map_err(&fail)?;
         }
         check_target(ctx, rule, hook, &exists).map_err(&fail)?;
-        match &rule.target {
-            Target::Dnat(ip, port) => facts.push((rule.table, rule.chain.as_str(), Ok((*ip, *port)))),
-            Target::Jump(to) | Target::Goto(to) if hook.is_none() => {
-                facts.push((rule.table, rule.chain.as_str(), Err(to.as_str())))
-            }
-            _ => {}
-        }
     }
-    for (table, chain, fact) in facts {
-        if let Some(f) = declared.get_mut(table, chain) {
-            match fact {
-                Ok(endpoint) => f.endpoints.push(endpoint),
-                Err(to) => f.jumps.push(to.to_string()),
-            }
+    // What each declared chain does that outlives this sync (the checks
+    // above hold `declared` borrowed, so this is a pass of its own).
+    for rule in &rs.rules {
+        let Some(f) = declared.get_mut(rule.table, &rule.chain) else { continue };
+        match &rule.target {
+            Target::Dnat(ip, port) => f.endpoints.push((*ip, *port)),
+            Target::Jump(to) | Target::Goto(to) => f.jumps.push(to.clone()),
+            _ => {}
         }
     }
     // iptables-restore commits each table on its own: a jump loop or the
@@ -289,7 +274,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
                 .get(e)
                 .into_iter()
                 .flatten()
-                .find(|c| !declared.contains(c.0, &c.1) && !deleted.contains(*c));
+                .find(|c| !declared.contains(c.0, &c.1) && !gone.contains(c.0, &c.1));
             if let Some(chain) = kept {
                 return Err(ctx.reject(
                     "kept chain".into(),
@@ -302,12 +287,13 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
             }
         }
     }
-    let stale = if ctx.full {
-        ctx.model.chains().into_iter().filter(|c| !declared.contains(c.0, &c.1)).collect()
+    let mut stale: Vec<ChainId> = if ctx.full {
+        ctx.model.chains.iter().filter(|(t, n, _)| !declared.contains(*t, n)).map(|(t, n, _)| (t, n.clone())).collect()
     } else {
         Vec::new()
     };
-    Ok(Checked { full: ctx.full, declared, deleted: deleted.into_iter().collect(), stale })
+    stale.sort();
+    Ok(Checked { full: ctx.full, declared, deleted, stale })
 }
 
 /// A loop among the own chains that exist after a sync (declared ones

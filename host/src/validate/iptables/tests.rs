@@ -56,6 +56,13 @@ fn good() -> Ruleset {
     rs
 }
 
+/// The model once the good ruleset was written by a full sync.
+fn after_full_sync(s: &Scope) -> Model {
+    let mut model = Model::default();
+    model.commit(run(&good(), &model, s, true).unwrap());
+    model
+}
+
 fn with(rule: Rule) -> Ruleset {
     let mut rs = good();
     rs.push(rule);
@@ -224,8 +231,7 @@ fn targets_fit_their_table() {
 #[test]
 fn rules_go_only_in_chains_this_ruleset_declares() {
     let s = scope();
-    let mut model = Model::default();
-    model.commit(run(&good(), &model, &s, true).unwrap());
+    let model = after_full_sync(&s);
     // KUBE-SEP-A exists, but appending to it without declaring it would
     // leave rules the host never saw together.
     let mut rs = Ruleset::default();
@@ -253,8 +259,7 @@ fn a_full_sync_deletes_every_own_chain_it_does_not_declare() {
 #[test]
 fn a_kept_chain_may_not_dnat_to_a_departed_endpoint() {
     let mut s = scope();
-    let mut model = Model::default();
-    model.commit(run(&good(), &model, &s, true).unwrap());
+    let model = after_full_sync(&s);
     s.forget_removed();
     // The endpoint is replaced; a partial ruleset keeps the old chains.
     let port = |ip: &str| {
@@ -302,8 +307,7 @@ fn jump_loops_are_refused_before_anything_is_written() {
 #[test]
 fn a_partial_sync_cannot_close_a_loop_through_a_kept_chain() {
     let s = scope();
-    let mut model = Model::default();
-    model.commit(run(&good(), &model, &s, true).unwrap());
+    let model = after_full_sync(&s);
     // KUBE-SVC-A (kept) jumps to KUBE-SEP-A; redeclared, KUBE-SEP-A jumps back.
     let mut rs = Ruleset::default();
     rs.declare(Table::Nat, "KUBE-SEP-A");
@@ -315,8 +319,7 @@ fn a_partial_sync_cannot_close_a_loop_through_a_kept_chain() {
 #[test]
 fn a_partial_sync_cannot_delete_a_chain_a_kept_chain_jumps_to() {
     let s = scope();
-    let mut model = Model::default();
-    model.commit(run(&good(), &model, &s, true).unwrap());
+    let model = after_full_sync(&s);
     let mut rs = Ruleset::default();
     rs.delete(Table::Nat, "KUBE-SEP-A");
     let err = run(&rs, &model, &s, false).unwrap_err();
