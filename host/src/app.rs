@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
 
-use crate::config::Config;
+use crate::config::{Config, Source};
 use crate::kernel::iptables::{IptablesDataplane, IptablesKernel};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
@@ -30,6 +30,12 @@ pub enum Error {
     /// The manifests cannot be read at start; kpx exits.
     #[error(transparent)]
     Source(#[from] crate::source::manifests::Error),
+    /// No API client can be configured; kpx exits.
+    #[error(transparent)]
+    Api(#[from] crate::source::api::Error),
+    /// The API source's runtime cannot start.
+    #[error("cannot start the API source's runtime: {0}")]
+    Runtime(std::io::Error),
     /// The object source stopped (its thread ended or panicked): kpx exits
     /// non-zero so that its supervisor restarts it; the kernel keeps the
     /// last rules written.
@@ -95,12 +101,22 @@ pub fn run(config: Config) -> Result<(), Error> {
             )
         })
         .collect();
-    let source = ManifestSource::new(&config.manifests)?;
     let (tx, rx) = std::sync::mpsc::channel();
-    let thread = std::thread::Builder::new()
-        .name("manifests".into())
-        .spawn(move || source.run(tx))
-        .expect("spawn the manifest source thread");
+    let thread = match &config.source {
+        Source::Manifests(path) => {
+            let source = ManifestSource::new(path)?;
+            std::thread::Builder::new().name("manifests".into()).spawn(move || source.run(tx))
+        }
+        Source::Api(api) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+            let client = runtime.block_on(crate::source::api::client(api))?;
+            let (node, resync) = (config.node_name.clone(), api.resync);
+            std::thread::Builder::new()
+                .name("api".into())
+                .spawn(move || runtime.block_on(crate::source::api::run(client, node, resync, tx)))
+        }
+    }
+    .expect("spawn the source thread");
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
     Err(source_stopped(thread))

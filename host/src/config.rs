@@ -68,10 +68,35 @@ pub struct Flags {
     #[arg(long = "proxy-mode", default_value = "iptables")]
     pub proxy_mode: String,
 
-    /// A YAML or JSON file, or a directory of them, holding v1 Service,
-    /// discovery.k8s.io/v1 EndpointSlice and v1 Node objects; watched for changes.
+    /// kpx: read objects from a YAML or JSON file, or a directory of them
+    /// (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Node, networking.k8s.io/v1
+    /// ServiceCIDR), watched for changes, instead of the Kubernetes API.
     #[arg(long)]
     pub manifests: Option<PathBuf>,
+
+    /// Path to kubeconfig file with authorization information (the master location can be overridden by --master).
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+
+    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+    #[arg(long, default_value = "")]
+    pub master: String,
+
+    /// QPS to use while talking with the Kubernetes API server.
+    #[arg(long = "kube-api-qps", default_value_t = 5.0)]
+    pub kube_api_qps: f32,
+
+    /// Burst to use while talking with the Kubernetes API server.
+    #[arg(long = "kube-api-burst", default_value_t = 10, allow_negative_numbers = true)]
+    pub kube_api_burst: i32,
+
+    /// Content type of requests sent to the API server.
+    #[arg(long = "kube-api-content-type", default_value = "application/vnd.kubernetes.protobuf")]
+    pub kube_api_content_type: String,
+
+    /// How often configuration from the API server is refreshed. Must be greater than 0.
+    #[arg(long = "config-sync-period", default_value = "15m0s", allow_hyphen_values = true)]
+    pub config_sync_period: String,
 
     /// If non-empty, will be used as the name of the Node that kpx is running on.
     #[arg(long = "hostname-override", default_value = "")]
@@ -182,7 +207,7 @@ pub struct Flags {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub mode: ProxyMode,
-    pub manifests: PathBuf,
+    pub source: Source,
     pub node_name: String,
     pub cluster_cidrs: Vec<Cidr>,
     pub detect_local_mode: DetectLocalMode,
@@ -201,6 +226,30 @@ pub struct Config {
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
+}
+
+/// Where kpx reads Kubernetes objects from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// --manifests.
+    Manifests(PathBuf),
+    /// The Kubernetes API.
+    Api(ApiConfig),
+}
+
+/// How to reach the Kubernetes API server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiConfig {
+    /// --kubeconfig; None: --master alone, or the in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+    /// --master.
+    pub master: Option<String>,
+    /// Requests per second (0: unlimited) and burst.
+    pub qps: f32,
+    pub burst: u32,
+    /// --config-sync-period: how often the source re-reads the whole state
+    /// from its cache (the informers' resync).
+    pub resync: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,6 +296,54 @@ fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error 
 }
 
 impl Flags {
+    /// --manifests, or the API server as --kubeconfig / --master / the
+    /// in-cluster configuration name it.
+    fn source(&self) -> Result<Source> {
+        if let Some(path) = &self.manifests {
+            for (flag, value) in [("kubeconfig", &self.kubeconfig), ("master", &self.master)] {
+                if !value.is_empty() {
+                    return Err(invalid(flag, value, "kpx reads either --manifests or the API server, not both"));
+                }
+            }
+            return Ok(Source::Manifests(path.clone()));
+        }
+        match self.kube_api_content_type.as_str() {
+            "application/json" | "application/vnd.kubernetes.protobuf" => {}
+            other => {
+                return Err(invalid(
+                    "kube-api-content-type",
+                    other,
+                    "application/json or application/vnd.kubernetes.protobuf (kpx's client speaks JSON either way)",
+                ));
+            }
+        }
+        if self.kube_api_qps.is_nan() {
+            return Err(invalid("kube-api-qps", "NaN", "a number"));
+        }
+        // As client-go: 0 means the defaults (5 QPS, burst 10); a negative
+        // QPS turns the limit off.
+        let qps = if self.kube_api_qps == 0.0 { 5.0 } else { self.kube_api_qps.max(0.0) };
+        let burst = match self.kube_api_burst {
+            0 => 10,
+            b if b < 0 => {
+                return Err(invalid("kube-api-burst", &b.to_string(), "must not be negative"));
+            }
+            b => b as u32,
+        };
+        let resync = parse_duration(&self.config_sync_period)
+            .map_err(|e| invalid("config-sync-period", &self.config_sync_period, e))?;
+        if resync.is_zero() {
+            return Err(invalid("config-sync-period", &self.config_sync_period, "must be greater than 0"));
+        }
+        Ok(Source::Api(ApiConfig {
+            kubeconfig: (!self.kubeconfig.is_empty()).then(|| PathBuf::from(&self.kubeconfig)),
+            master: (!self.master.is_empty()).then(|| self.master.clone()),
+            qps,
+            burst,
+            resync,
+        }))
+    }
+
     pub fn validate(self) -> Result<Config> {
         let mode: ProxyMode = self
             .proxy_mode
@@ -361,15 +458,10 @@ impl Flags {
         if self.plugin_memory_limit_mib < 16 {
             return Err(invalid("plugin-memory-limit-mib", &self.plugin_memory_limit_mib.to_string(), "at least 16"));
         }
+        let source = self.source()?;
         Ok(Config {
             mode,
-            manifests: match (self.manifests, self.cleanup) {
-                (Some(path), _) => path,
-                (None, true) => PathBuf::new(),
-                (None, false) => {
-                    return Err(invalid("manifests", "", "required: a file or directory of Kubernetes objects"));
-                }
-            },
+            source,
             node_name,
             cluster_cidrs,
             detect_local_mode,

@@ -1,6 +1,7 @@
 //! Where Kubernetes objects come from. Every source emits the same
 //! watcher-style [`Event`]s, so the state cannot tell them apart.
 
+pub mod api;
 pub mod manifests;
 
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! Real-kernel tests need root and network namespaces; where the machine
 //! lacks them they print `SKIPPED: <reason>` and return.
 
+mod api_source;
 mod cases;
 mod conformance;
 mod conformance_kernel;

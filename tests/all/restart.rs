@@ -4,10 +4,6 @@
 //! restart reaches the kernel (an endpoint removed stops receiving). In
 //! nftables mode also from an older kpx's layout and a half-written table.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kpx_netlab::node::NodeLab;
@@ -15,58 +11,6 @@ use kpx_netlab::node::NodeLab;
 use crate::support::*;
 
 const WEB: &str = "10.96.0.10:80";
-
-/// One connection's outcome: when, and who answered (None: it failed).
-/// When a connection started, its source port, and who answered.
-type Outcome = (Instant, u16, Option<String>);
-
-/// A client opening new TCP connections to the Service until stopped.
-struct ClientLoop {
-    stop: Arc<AtomicBool>,
-    outcomes: Arc<Mutex<Vec<Outcome>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ClientLoop {
-    fn start(lab: &NodeLab) -> ClientLoop {
-        let stop = Arc::new(AtomicBool::new(false));
-        let outcomes = Arc::new(Mutex::new(Vec::new()));
-        let (s, o, ns) = (stop.clone(), outcomes.clone(), lab.client.clone());
-        let thread = std::thread::spawn(move || {
-            let _ = ns.enter(move || {
-                let to: SocketAddr = WEB.parse().unwrap();
-                while !s.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    let mut port = 0;
-                    let answer = TcpStream::connect_timeout(&to, Duration::from_secs(1)).ok().and_then(|mut c| {
-                        port = c.local_addr().map_or(0, |a| a.port());
-                        c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-                        let _ = c.write_all(b"hi\n");
-                        let mut buf = [0u8; 128];
-                        let n = c.read(&mut buf).ok()?;
-                        String::from_utf8_lossy(&buf[..n]).split_whitespace().next().map(str::to_string)
-                    });
-                    o.lock().unwrap().push((t, port, answer));
-                    std::thread::sleep(Duration::from_millis(4));
-                }
-            });
-        });
-        ClientLoop { stop, outcomes, thread: Some(thread) }
-    }
-
-    fn outcomes(&self) -> Vec<Outcome> {
-        self.outcomes.lock().unwrap().clone()
-    }
-}
-
-impl Drop for ClientLoop {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 fn synced(kpx: &mut kpx_netlab::node::Kpx, n: usize) -> bool {
     kpx.wait_for_log("synced rules family=IPv4", n, Duration::from_secs(20))
@@ -84,7 +28,7 @@ fn run(mode: &str, before_start: impl FnOnce(&NodeLab), after: impl FnOnce(&Node
     let mut first = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx-1.log")).expect("start kpx");
     assert!(synced(&mut first, 1), "{mode}: no first sync:\n{}", first.log());
     assert!(first.log().contains("full=true"), "{}", first.log());
-    let client = ClientLoop::start(&lab);
+    let client = ClientLoop::start(&lab, WEB);
     std::thread::sleep(Duration::from_millis(500));
     // SIGKILL: no cleanup; the rules stay and keep serving.
     drop(first);

@@ -1,8 +1,13 @@
 //! Helpers shared by the integration tests.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 
 use kpx_netlab::node::NodeLab;
 use kpx_netlab::{Reply, tcp_request, udp_request};
@@ -131,4 +136,56 @@ pub fn servers_seen(lab: &NodeLab, proto: Proto, to: &str, n: usize) -> std::col
 pub fn kernel_rules(lab: &NodeLab) -> String {
     let dump = lab.node.exec(&["iptables-save"]).expect("iptables-save");
     dump.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect()
+}
+
+/// One connection's outcome: when, and who answered (None: it failed).
+/// When a connection started, its source port, and who answered.
+pub type Outcome = (Instant, u16, Option<String>);
+
+/// A client opening new TCP connections to the Service until stopped.
+pub struct ClientLoop {
+    stop: Arc<AtomicBool>,
+    outcomes: Arc<Mutex<Vec<Outcome>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ClientLoop {
+    pub fn start(lab: &NodeLab, to: &str) -> ClientLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let (s, o, ns) = (stop.clone(), outcomes.clone(), lab.client.clone());
+        let to: SocketAddr = to.parse().expect("IP:PORT");
+        let thread = std::thread::spawn(move || {
+            let _ = ns.enter(move || {
+                while !s.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let mut port = 0;
+                    let answer = TcpStream::connect_timeout(&to, Duration::from_secs(1)).ok().and_then(|mut c| {
+                        port = c.local_addr().map_or(0, |a| a.port());
+                        c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+                        let _ = c.write_all(b"hi\n");
+                        let mut buf = [0u8; 128];
+                        let n = c.read(&mut buf).ok()?;
+                        String::from_utf8_lossy(&buf[..n]).split_whitespace().next().map(str::to_string)
+                    });
+                    o.lock().unwrap().push((t, port, answer));
+                    std::thread::sleep(Duration::from_millis(4));
+                }
+            });
+        });
+        ClientLoop { stop, outcomes, thread: Some(thread) }
+    }
+
+    pub fn outcomes(&self) -> Vec<Outcome> {
+        self.outcomes.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ClientLoop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

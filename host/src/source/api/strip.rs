@@ -1,0 +1,137 @@
+//! Objects as they arrive, cut to the fields kpx reads, so that tens of
+//! thousands of them cost what the proxy needs and no more (managed
+//! fields, owner references, Node images and conditions, endpoint target
+//! references, …). The manifest source keeps objects whole: they are
+//! written for kpx.
+
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// Annotations kpx reads (the rest are dropped).
+const ANNOTATION_PREFIX: &str = "kpx.dev/";
+
+fn meta(m: ObjectMeta, keep_labels: bool) -> ObjectMeta {
+    let annotations = m
+        .annotations
+        .map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|a| !a.is_empty());
+    ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        labels: if keep_labels { m.labels } else { None },
+        annotations,
+        deletion_timestamp: m.deletion_timestamp,
+        ..Default::default()
+    }
+}
+
+pub fn service(s: Service) -> Service {
+    let spec = s.spec.map(|mut spec| {
+        // The pod selector is the endpoint controller's business.
+        spec.selector = None;
+        spec
+    });
+    let status = s.status.map(|mut st| {
+        st.conditions = None;
+        st
+    });
+    Service { metadata: meta(s.metadata, true), spec, status }
+}
+
+pub fn endpoint_slice(s: EndpointSlice) -> EndpointSlice {
+    let endpoints = s
+        .endpoints
+        .into_iter()
+        .map(|mut e| {
+            e.target_ref = None;
+            e.deprecated_topology = None;
+            e
+        })
+        .collect();
+    EndpointSlice { metadata: meta(s.metadata, true), address_type: s.address_type, endpoints, ports: s.ports }
+}
+
+pub fn node(n: Node) -> Node {
+    let spec = n.spec.map(|s| NodeSpec {
+        pod_cidr: s.pod_cidr,
+        pod_cidrs: s.pod_cidrs,
+        taints: s.taints,
+        ..Default::default()
+    });
+    let status = n.status.map(|s| NodeStatus { addresses: s.addresses, ..Default::default() });
+    Node { metadata: meta(n.metadata, true), spec, status }
+}
+
+pub fn service_cidr(c: ServiceCIDR) -> ServiceCIDR {
+    ServiceCIDR { metadata: meta(c.metadata, false), spec: c.spec, status: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_keeps_what_the_proxy_reads() {
+        let json = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n", "resourceVersion": "9", "labels": {"topology.kubernetes.io/zone": "a"},
+                         "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kpx.dev/x": "y"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"podCIDR": "10.0.0.0/24", "podCIDRs": ["10.0.0.0/24"], "providerID": "aws:///x",
+                     "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}],
+                       "images": [{"names": ["a"], "sizeBytes": 1}], "conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        let n = node(serde_json::from_value(json).unwrap());
+        let back = serde_json::to_value(&n).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "resourceVersion": "9", "labels": {"topology.kubernetes.io/zone": "a"},
+                             "annotations": {"kpx.dev/x": "y"}},
+                "spec": {"podCIDR": "10.0.0.0/24", "podCIDRs": ["10.0.0.0/24"],
+                         "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}]}
+            })
+        );
+    }
+
+    #[test]
+    fn slices_and_services_lose_what_the_proxy_never_reads() {
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "s", "namespace": "ns", "labels": {"kubernetes.io/service-name": "web"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "u"}]},
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "nodeName": "n", "zone": "a",
+                           "targetRef": {"kind": "Pod", "name": "p"}}],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
+        }))
+        .unwrap();
+        let s = endpoint_slice(slice);
+        assert!(s.metadata.owner_references.is_none());
+        assert!(s.endpoints[0].target_ref.is_none());
+        assert_eq!(s.endpoints[0].node_name.as_deref(), Some("n"));
+        assert_eq!(s.endpoints[0].zone.as_deref(), Some("a"));
+        assert_eq!(s.metadata.labels.unwrap()["kubernetes.io/service-name"], "web");
+
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "ns", "annotations": {"kpx.dev/scheduler": "maglev", "kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+            "spec": {"clusterIP": "10.96.0.1", "selector": {"app": "web"}, "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        let svc = service(svc);
+        assert_eq!(svc.metadata.annotations.unwrap().len(), 1);
+        let spec = svc.spec.unwrap();
+        assert!(spec.selector.is_none());
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.1"));
+    }
+}
