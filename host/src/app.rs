@@ -12,6 +12,9 @@ use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
 use crate::runtime::{self, BackendPlugin, Runtime};
+use crate::serve::health::ProxyHealth;
+use crate::serve::service_health::Bind;
+use crate::serve::{Endpoints, Telemetry};
 use crate::source::manifests::ManifestSource;
 use crate::state::State;
 use crate::sync::{self, FamilyProxier, Periods};
@@ -33,6 +36,9 @@ pub enum Error {
     /// No API client can be configured; kpx exits.
     #[error(transparent)]
     Api(#[from] crate::source::api::Error),
+    /// A server cannot start; kpx exits.
+    #[error(transparent)]
+    Serve(#[from] crate::serve::Error),
     /// The API source's runtime cannot start.
     #[error("cannot start the API source's runtime: {0}")]
     Runtime(std::io::Error),
@@ -117,9 +123,32 @@ pub fn run(config: Config) -> Result<(), Error> {
         }
     }
     .expect("spawn the source thread");
+    let families: Vec<IpFamily> = proxiers.iter().map(FamilyProxier::family).collect();
+    // upstream: a change not programmed within twice the sync period is unhealthy.
+    let health = ProxyHealth::new(2 * config.sync_period, families);
+    let telemetry = Arc::new(Telemetry::new(health, config.mode.as_str(), config.configz().to_string()));
+    let service_health = if config.nodeport_addresses.match_all() {
+        Bind::All
+    } else {
+        Bind::Addresses(nodeport_listen_addresses(&config))
+    };
+    crate::serve::start(
+        telemetry.clone(),
+        Endpoints { healthz: config.healthz_bind_address, metrics: config.metrics_bind_address, service_health },
+    )?;
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
-    sync::run(State::new(config.node_name.clone()), rx, proxiers, periods);
+    sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry);
     Err(source_stopped(thread))
+}
+
+/// The node's addresses that --nodeport-addresses selects (health-check
+/// node ports listen there, as upstream's do).
+fn nodeport_listen_addresses(config: &Config) -> Vec<std::net::IpAddr> {
+    let local = crate::kernel::interfaces::local_addresses(&SystemExec::default()).unwrap_or_else(|e| {
+        tracing::error!("cannot read the node's addresses for health-check node ports: {e}");
+        Vec::new()
+    });
+    local.into_iter().filter(|ip| config.nodeport_addresses.cidrs.iter().any(|c| c.contains(ip))).collect()
 }
 
 /// The sync loop ends only when the source's thread has: why it did.
@@ -166,11 +195,14 @@ mod tests {
             panic!("manifest parser blew up");
         });
         // The sync loop returns when the source's sender is gone.
+        let telemetry =
+            Telemetry::new(ProxyHealth::new(std::time::Duration::from_secs(2), Vec::new()), "iptables", "{}".into());
         sync::run(
             State::new("n"),
             rx,
             Vec::new(),
             Periods { min: Default::default(), max: std::time::Duration::from_secs(1) },
+            &telemetry,
         );
         let err = source_stopped(thread);
         assert!(matches!(err, Error::SourceStopped(_)));

@@ -3,7 +3,7 @@
 
 mod duration;
 
-pub use duration::parse_duration;
+pub use duration::{format_duration, parse_duration};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -97,6 +97,22 @@ pub struct Flags {
     /// How often configuration from the API server is refreshed. Must be greater than 0.
     #[arg(long = "config-sync-period", default_value = "15m0s", allow_hyphen_values = true)]
     pub config_sync_period: String,
+
+    /// The IP address with port for the health check server to serve on (set to '0.0.0.0:10256' for all IPv4 interfaces and '[::]:10256' for all IPv6 interfaces). Set empty to disable.
+    #[arg(long = "healthz-bind-address", default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+
+    /// The IP address with port for the metrics server to serve on (set to '0.0.0.0:10249' for all IPv4 interfaces and '[::]:10249' for all IPv6 interfaces). Set empty to disable.
+    #[arg(long = "metrics-bind-address", default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+
+    /// Deprecated (kube-proxy v1.12-v1.16): the port of the health check server; 0 disables it. Use --healthz-bind-address.
+    #[arg(long = "healthz-port", allow_negative_numbers = true)]
+    pub healthz_port: Option<i32>,
+
+    /// Deprecated (kube-proxy v1.12-v1.16): the port of the metrics server; 0 disables it. Use --metrics-bind-address.
+    #[arg(long = "metrics-port", allow_negative_numbers = true)]
+    pub metrics_port: Option<i32>,
 
     /// If non-empty, will be used as the name of the Node that kpx is running on.
     #[arg(long = "hostname-override", default_value = "")]
@@ -208,6 +224,10 @@ pub struct Flags {
 pub struct Config {
     pub mode: ProxyMode,
     pub source: Source,
+    /// --healthz-bind-address (None: disabled).
+    pub healthz_bind_address: Option<std::net::SocketAddr>,
+    /// --metrics-bind-address (None: disabled).
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
     pub node_name: String,
     pub cluster_cidrs: Vec<Cidr>,
     pub detect_local_mode: DetectLocalMode,
@@ -293,6 +313,100 @@ impl NodePortAddresses {
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error {
     Error::InvalidFlag { flag, value: value.to_string(), reason: reason.into() }
+}
+
+impl Config {
+    /// `/configz`: the configuration in effect, under upstream's
+    /// `KubeProxyConfiguration` field names.
+    pub fn configz(&self) -> serde_json::Value {
+        let d = |d: Duration| format_duration(d);
+        let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+        let (detect_local_mode, bridge, prefix) = match &self.detect_local_mode {
+            DetectLocalMode::None => ("", "", ""),
+            DetectLocalMode::ClusterCidr => ("ClusterCIDR", "", ""),
+            DetectLocalMode::NodeCidr => ("NodeCIDR", "", ""),
+            DetectLocalMode::BridgeInterface(b) => ("BridgeInterface", b.as_str(), ""),
+            DetectLocalMode::InterfaceNamePrefix(p) => ("InterfaceNamePrefix", "", p.as_str()),
+        };
+        let mut node_port_addresses: Vec<String> =
+            self.nodeport_addresses.cidrs.iter().map(|c| c.to_string()).collect();
+        if self.nodeport_addresses.primary {
+            node_port_addresses.push("primary".into());
+        }
+        let client = match &self.source {
+            Source::Api(api) => serde_json::json!({
+                "kubeconfig": api.kubeconfig.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                "qps": api.qps, "burst": api.burst, "contentType": "application/json",
+            }),
+            Source::Manifests(_) => serde_json::json!({}),
+        };
+        serde_json::json!({"kubeproxy.config.k8s.io": {
+            "kind": "KubeProxyConfiguration",
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "mode": self.mode.as_str(),
+            "hostnameOverride": self.node_name,
+            "bindAddress": self.bind_address.map(|a| a.to_string()).unwrap_or_else(|| "0.0.0.0".into()),
+            "healthzBindAddress": addr(self.healthz_bind_address),
+            "metricsBindAddress": addr(self.metrics_bind_address),
+            "clusterCIDR": self.cluster_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
+            "detectLocalMode": detect_local_mode,
+            "detectLocal": {"bridgeInterface": bridge, "interfaceNamePrefix": prefix},
+            "nodePortAddresses": node_port_addresses,
+            "clientConnection": client,
+            "configSyncPeriod": match &self.source { Source::Api(api) => d(api.resync), Source::Manifests(_) => String::new() },
+            "syncPeriod": d(self.sync_period),
+            "minSyncPeriod": d(self.min_sync_period),
+            "iptables": {
+                "masqueradeAll": self.masquerade_all,
+                "masqueradeBit": self.masquerade_bit,
+                "localhostNodePorts": self.localhost_nodeports,
+                "syncPeriod": d(self.sync_period),
+                "minSyncPeriod": d(self.min_sync_period),
+            },
+            "conntrack": {
+                "maxPerCore": self.conntrack.max_per_core,
+                "min": self.conntrack.min,
+                "tcpEstablishedTimeout": d(self.conntrack.tcp_established),
+                "tcpCloseWaitTimeout": d(self.conntrack.tcp_close_wait),
+                "tcpBeLiberal": self.conntrack_tcp_be_liberal,
+                "udpTimeout": d(self.conntrack.udp),
+                "udpStreamTimeout": d(self.conntrack.udp_stream),
+            },
+        }})
+    }
+}
+
+/// A server's `IP:PORT` (`[IPv6]:PORT`; an IP alone takes the default
+/// port; empty disables it), with the port the deprecated `--*-port` flag
+/// sets (0 disables).
+fn server_address(
+    flag: &'static str,
+    value: &str,
+    default_port: u16,
+    (port_flag, port): (&'static str, Option<i32>),
+) -> Result<Option<std::net::SocketAddr>> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let mut addr = match value.parse::<std::net::SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => match value.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+            Ok(ip) => std::net::SocketAddr::new(ip, default_port),
+            Err(_) => {
+                return Err(invalid(flag, value, "an IP:PORT ([IPv6]:PORT for IPv6), an IP, or empty to disable"));
+            }
+        },
+    };
+    if let Some(port) = port {
+        tracing::warn!("--{port_flag} is deprecated (kube-proxy replaced it with --{flag}); using it");
+        match u16::try_from(port) {
+            Ok(0) => return Ok(None),
+            Ok(p) => addr.set_port(p),
+            Err(_) => return Err(invalid(port_flag, &port.to_string(), "a port in 0..65535 (0 disables)")),
+        }
+    }
+    Ok(Some(addr))
 }
 
 impl Flags {
@@ -459,9 +573,23 @@ impl Flags {
             return Err(invalid("plugin-memory-limit-mib", &self.plugin_memory_limit_mib.to_string(), "at least 16"));
         }
         let source = self.source()?;
+        let healthz_bind_address = server_address(
+            "healthz-bind-address",
+            &self.healthz_bind_address,
+            10256,
+            ("healthz-port", self.healthz_port),
+        )?;
+        let metrics_bind_address = server_address(
+            "metrics-bind-address",
+            &self.metrics_bind_address,
+            10249,
+            ("metrics-port", self.metrics_port),
+        )?;
         Ok(Config {
             mode,
             source,
+            healthz_bind_address,
+            metrics_bind_address,
             node_name,
             cluster_cidrs,
             detect_local_mode,

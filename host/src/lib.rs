@@ -6,6 +6,7 @@ pub mod app;
 pub mod config;
 pub mod kernel;
 pub mod runtime;
+pub mod serve;
 pub mod settings;
 pub mod source;
 pub mod state;

@@ -298,6 +298,36 @@ impl State {
         model::Cluster { service_cidrs }
     }
 
+    /// The Node object, once seen.
+    pub fn node_object(&self) -> Option<&Node> {
+        self.node.as_deref()
+    }
+
+    /// Each Service with `externalTrafficPolicy: Local` and a health-check
+    /// node port: that port and its ready endpoints on this node (distinct
+    /// addresses, as upstream's `LocalReadyEndpoints` counts them).
+    pub fn health_checks(&self) -> BTreeMap<ServiceName, (u16, usize)> {
+        let mut out = BTreeMap::new();
+        for (name, svc) in &self.services {
+            let Some(spec) = &svc.spec else { continue };
+            let port = spec.health_check_node_port.unwrap_or(0);
+            if spec.external_traffic_policy.as_deref() != Some("Local") || !(1..=65535).contains(&port) {
+                continue;
+            }
+            let mut local: BTreeSet<&str> = BTreeSet::new();
+            for slice in self.slices.get(name).into_iter().flat_map(|s| s.values()) {
+                for ep in &slice.endpoints {
+                    let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                    if ready && ep.node_name.as_deref() == Some(self.node_name.as_str()) {
+                        local.extend(ep.addresses.first().map(String::as_str));
+                    }
+                }
+            }
+            out.insert(name.clone(), (port as u16, local.len()));
+        }
+        out
+    }
+
     /// This node as one family sees it.
     pub fn node(&self, family: IpFamily) -> model::Node {
         services::node_model(self.node.as_deref(), &self.node_name, family)

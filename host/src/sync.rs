@@ -10,7 +10,13 @@ pub use family::FamilyProxier;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::source::Event;
+use kpx_rules::model::ProxyMode;
+
+use crate::kernel::SyncError;
+use crate::serve::Telemetry;
+use crate::serve::health::Stamp;
+use crate::serve::metrics::PluginLabel;
+use crate::source::{Event, Kind, Object};
 use crate::state::{Changes, State};
 
 /// upstream's `proxyutil.FullSyncPeriod`.
@@ -82,10 +88,83 @@ impl Schedule {
     }
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Counts what the sources report since the last good sync, as upstream's
+/// change trackers do.
+#[derive(Default)]
+struct Pending {
+    services: i64,
+    endpoints: i64,
+}
+
+impl Pending {
+    fn note(&mut self, event: &Event, telemetry: &Telemetry) {
+        let kind = match event {
+            Event::Apply(Object::Service(_)) => Kind::Service,
+            Event::Apply(Object::EndpointSlice(_)) => Kind::EndpointSlice,
+            Event::Delete(r) => r.kind,
+            _ => return,
+        };
+        let m = &telemetry.metrics;
+        match kind {
+            Kind::Service => {
+                m.service_changes_total.inc();
+                self.services += 1;
+                m.service_changes_pending.set(self.services);
+            }
+            Kind::EndpointSlice => {
+                m.endpoint_changes_total.inc();
+                self.endpoints += 1;
+                m.endpoint_changes_pending.set(self.endpoints);
+            }
+            _ => {}
+        }
+    }
+
+    fn clear(&mut self, telemetry: &Telemetry) {
+        *self = Pending::default();
+        telemetry.metrics.service_changes_pending.set(0);
+        telemetry.metrics.endpoint_changes_pending.set(0);
+    }
+}
+
+/// A failed sync, counted as upstream (and kpx) count them.
+fn count_failure(telemetry: &Telemetry, proxier: &FamilyProxier, e: &family::Error) {
+    let m = &telemetry.metrics;
+    let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
+    match e {
+        family::Error::Plugin(p) if p.needs_fresh_instance() => {
+            m.plugin_traps.get_or_create(&plugin).inc();
+        }
+        family::Error::Plugin(_) => {}
+        family::Error::Sync { source: SyncError::Kernel(_), .. } => match proxier.mode() {
+            ProxyMode::Iptables => {
+                m.iptables_restore_failures.inc();
+            }
+            ProxyMode::Nftables => {
+                m.nftables_sync_failures.inc();
+            }
+        },
+        family::Error::Sync { source: SyncError::Rejected(_) | SyncError::WrongMode { .. }, .. } => {
+            m.plugin_refusals.get_or_create(&plugin).inc();
+        }
+    };
+}
+
 /// Runs until the source's sender is dropped (the source stopped).
-pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyProxier>, periods: Periods) {
+pub fn run(
+    mut state: State,
+    events: Receiver<Event>,
+    mut proxiers: Vec<FamilyProxier>,
+    periods: Periods,
+    telemetry: &Telemetry,
+) {
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
+    let mut pending = Pending::default();
     loop {
         let received = if state.is_synced() {
             let now = Instant::now();
@@ -95,10 +174,23 @@ pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyPr
         };
         match received {
             Ok(event) => {
-                schedule.pending |= state.apply(event);
-                while let Ok(event) = events.try_recv() {
-                    schedule.pending |= state.apply(event);
+                let (mut changed, mut node) = (false, false);
+                for event in std::iter::once(event).chain(std::iter::from_fn(|| events.try_recv().ok())) {
+                    pending.note(&event, telemetry);
+                    node |= matches!(&event, Event::Apply(Object::Node(_)));
+                    changed |= state.apply(event);
                 }
+                if changed {
+                    let now = Stamp::now();
+                    for proxier in &proxiers {
+                        telemetry.health.queued(proxier.family(), now);
+                    }
+                    telemetry.metrics.last_queued_timestamp.set(unix_now());
+                }
+                if node && let Some(n) = state.node_object() {
+                    telemetry.health.sync_node(n);
+                }
+                schedule.pending |= changed;
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => return,
@@ -108,18 +200,35 @@ pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyPr
         changes.merge(state.take_changes());
         let full = schedule.wants_full(start);
         let mut ok = true;
+        let m = &telemetry.metrics;
         for proxier in &mut proxiers {
-            match proxier.sync(&state, &changes, full) {
-                Ok(report) => tracing::info!(
-                    family = %proxier.family(),
-                    full = report.full,
-                    changes = report.changes,
-                    bytes = report.bytes,
-                    elapsed_ms = start.elapsed().as_millis() as u64,
-                    "synced rules"
-                ),
+            let t = Instant::now();
+            let result = proxier.sync(&state, &changes, full);
+            let took = t.elapsed().as_secs_f64();
+            m.sync_duration.observe(took);
+            match &result {
+                Ok(r) if r.full => m.full_sync_duration.observe(took),
+                Ok(_) => m.partial_sync_duration.observe(took),
+                Err(_) => {}
+            }
+            match result {
+                Ok(report) => {
+                    telemetry.health.updated(proxier.family(), Stamp::now());
+                    m.last_sync_timestamp.set(unix_now());
+                    m.plugin_render_duration.observe(report.plugin.as_secs_f64());
+                    m.validation_duration.observe(report.write.as_secs_f64());
+                    tracing::info!(
+                        family = %proxier.family(),
+                        full = report.full,
+                        changes = report.changes,
+                        bytes = report.bytes,
+                        elapsed_ms = start.elapsed().as_millis() as u64,
+                        "synced rules"
+                    )
+                }
                 Err(e) => {
                     ok = false;
+                    count_failure(telemetry, proxier, &e);
                     tracing::error!(family = %proxier.family(), "sync failed, keeping the last good rules: {e}");
                 }
             }
@@ -129,6 +238,8 @@ pub fn run(mut state: State, events: Receiver<Event>, mut proxiers: Vec<FamilyPr
         // changes nothing.
         if ok {
             changes = Changes::default();
+            pending.clear(telemetry);
+            telemetry.set_checks(state.health_checks());
         }
         schedule.done(Instant::now(), ok, full);
     }

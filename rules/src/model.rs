@@ -29,7 +29,7 @@ impl fmt::Display for Protocol {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IpFamily {
     V4,
     V6,

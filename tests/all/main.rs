@@ -13,4 +13,5 @@ mod kernel_nftables;
 mod restart;
 mod roundtrip;
 mod sandbox;
+mod servers;
 mod support;

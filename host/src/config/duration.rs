@@ -40,9 +40,61 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(total))
 }
 
+/// Go's `time.Duration.String()`: "0s", "150ms", "1.5s", "30s", "15m0s",
+/// "24h0m0s".
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".into();
+    }
+    let frac = |value: u128, unit: u128| -> String {
+        let (whole, rest) = (value / unit, value % unit);
+        if rest == 0 {
+            return whole.to_string();
+        }
+        let digits = unit.to_string().len() - 1;
+        let text = format!("{whole}.{rest:0digits$}");
+        text.trim_end_matches('0').to_string()
+    };
+    if nanos < 1_000 {
+        return format!("{nanos}ns");
+    }
+    if nanos < 1_000_000 {
+        return format!("{}µs", frac(nanos, 1_000));
+    }
+    if nanos < 1_000_000_000 {
+        return format!("{}ms", frac(nanos, 1_000_000));
+    }
+    let secs = frac(nanos % 60_000_000_000, 1_000_000_000);
+    let minutes = nanos / 60_000_000_000;
+    match (minutes / 60, minutes % 60) {
+        (0, 0) => format!("{secs}s"),
+        (0, m) => format!("{m}m{secs}s"),
+        (h, m) => format!("{h}h{m}m{secs}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_as_go_does() {
+        for (d, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_millis(150), "150ms"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_secs(900), "15m0s"),
+            (Duration::from_secs(86_400), "24h0m0s"),
+            (Duration::from_secs(3_725), "1h2m5s"),
+        ] {
+            assert_eq!(format_duration(d), text);
+            if d > Duration::ZERO {
+                assert_eq!(parse_duration(text).unwrap(), d);
+            }
+        }
+    }
 
     #[test]
     fn parses_go_durations() {

@@ -34,6 +34,10 @@ pub struct Report {
     pub full: bool,
     pub changes: usize,
     pub bytes: usize,
+    /// Time in the plugin (apply and render).
+    pub plugin: std::time::Duration,
+    /// Time the host took to check, render and write the ruleset.
+    pub write: std::time::Duration,
 }
 
 pub struct FamilyProxier {
@@ -84,6 +88,14 @@ impl FamilyProxier {
             dataplane,
             need_full: true,
         }
+    }
+
+    pub fn plugin_name(&self) -> &str {
+        self.plugin.name()
+    }
+
+    pub fn mode(&self) -> ProxyMode {
+        self.config.mode
     }
 
     pub fn family(&self) -> IpFamily {
@@ -174,6 +186,7 @@ impl FamilyProxier {
 
     fn program(&mut self, n_changes: usize, changes: &[Change], full: bool) -> Result<Report, Error> {
         let mut full = full;
+        let t = std::time::Instant::now();
         if self.instance.is_none() {
             let mut instance = self.plugin.instantiate(&self.settings)?;
             let services: Vec<ServicePort> = self.sent.ports.values().cloned().collect();
@@ -185,16 +198,18 @@ impl FamilyProxier {
         }
         let objects = self.sent.objects;
         let ruleset = self.call(|i| i.render(full, objects))?;
+        let plugin = t.elapsed();
         if full {
             self.ensure_sysctls();
         }
+        let t = std::time::Instant::now();
         let written = self
             .dataplane
             .sync(self.plugin.name(), &self.settings, &self.cluster, &ruleset, full, &self.sent.scope)
             .map_err(|source| Error::Sync { family: self.family, source })?;
         self.sent.scope.forget_removed();
         self.need_full = false;
-        Ok(Report { full, changes: n_changes, bytes: written.bytes })
+        Ok(Report { full, changes: n_changes, bytes: written.bytes, plugin, write: t.elapsed() })
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.

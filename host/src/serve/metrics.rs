@@ -1,0 +1,237 @@
+//! `/metrics`: upstream's `kubeproxy_*` metrics (names, types, labels and
+//! buckets as kube-proxy registers them) and kpx's `kpx_plugin_*`, with
+//! the Prometheus project's Rust client.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    pub traffic_policy: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabel {
+    pub plugin: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn sync_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, 15)
+}
+
+/// upstream's network programming buckets: 0.25 s to 5 min.
+fn programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.0, 0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    b
+}
+
+/// Every metric kpx exports; cheap to update from the sync thread.
+pub struct Metrics {
+    registry: Registry,
+    pub sync_duration: Histogram,
+    pub full_sync_duration: Histogram,
+    pub partial_sync_duration: Histogram,
+    pub last_sync_timestamp: FloatGauge,
+    pub last_queued_timestamp: FloatGauge,
+    pub network_programming: Histogram,
+    pub endpoint_changes_total: Counter,
+    pub endpoint_changes_pending: Gauge,
+    pub service_changes_total: Counter,
+    pub service_changes_pending: Gauge,
+    pub iptables_restore_failures: Counter,
+    pub nftables_sync_failures: Counter,
+    pub iptables_total: Family<TableLabel, Gauge>,
+    pub no_local_endpoints: Family<PolicyLabel, Gauge>,
+    pub healthz: Family<CodeLabel, Counter>,
+    pub livez: Family<CodeLabel, Counter>,
+    pub plugin_calls: Family<PluginLabel, Counter>,
+    pub plugin_traps: Family<PluginLabel, Counter>,
+    pub plugin_refusals: Family<PluginLabel, Counter>,
+    pub plugin_fuel: Family<PluginLabel, Counter>,
+    pub plugin_render_duration: Histogram,
+    pub validation_duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::default();
+        // The client appends `_total` to counters.
+        let m = Metrics {
+            sync_duration: Histogram::new(sync_buckets()),
+            full_sync_duration: Histogram::new(sync_buckets()),
+            partial_sync_duration: Histogram::new(sync_buckets()),
+            last_sync_timestamp: FloatGauge::default(),
+            last_queued_timestamp: FloatGauge::default(),
+            network_programming: Histogram::new(programming_buckets()),
+            endpoint_changes_total: Counter::default(),
+            endpoint_changes_pending: Gauge::default(),
+            service_changes_total: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            iptables_restore_failures: Counter::default(),
+            nftables_sync_failures: Counter::default(),
+            iptables_total: Family::default(),
+            no_local_endpoints: Family::default(),
+            healthz: Family::default(),
+            livez: Family::default(),
+            plugin_calls: Family::default(),
+            plugin_traps: Family::default(),
+            plugin_refusals: Family::default(),
+            plugin_fuel: Family::default(),
+            plugin_render_duration: Histogram::new(sync_buckets()),
+            validation_duration: Histogram::new(sync_buckets()),
+            registry: Registry::default(),
+        };
+        r.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            m.sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            m.full_sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            m.partial_sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            m.last_sync_timestamp.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            m.last_queued_timestamp.clone(),
+        );
+        r.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            m.network_programming.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            m.endpoint_changes_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            m.service_changes_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            m.service_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            m.iptables_restore_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures",
+            m.nftables_sync_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            m.iptables_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            m.no_local_endpoints.clone(),
+        );
+        r.register("kubeproxy_proxy_healthz", "Cumulative proxy healthz HTTP status", m.healthz.clone());
+        r.register("kubeproxy_proxy_livez", "Cumulative proxy livez HTTP status", m.livez.clone());
+        r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
+        r.register("kpx_plugin_traps", "Plugin calls that trapped (the instance is replaced)", m.plugin_traps.clone());
+        r.register("kpx_plugin_refusals", "Rulesets of a plugin the host refused", m.plugin_refusals.clone());
+        r.register(
+            "kpx_plugin_fuel_used",
+            "Fuel (about one unit per WebAssembly instruction) plugin calls used",
+            m.plugin_fuel.clone(),
+        );
+        r.register(
+            "kpx_plugin_render_duration_seconds",
+            "Time in the plugin per sync (apply and render)",
+            m.plugin_render_duration.clone(),
+        );
+        r.register(
+            "kpx_validation_duration_seconds",
+            "Time the host spent checking and writing a plugin's ruleset per sync",
+            m.validation_duration.clone(),
+        );
+        Metrics { registry: r, ..m }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encoding to a String");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_types_as_upstream() {
+        let m = Metrics::new();
+        m.endpoint_changes_total.inc();
+        m.healthz.get_or_create(&CodeLabel { code: "200".into() }).inc();
+        m.sync_duration.observe(0.003);
+        m.iptables_total.get_or_create(&TableLabel { table: "nat".into() }).set(7);
+        let text = m.encode();
+        for line in [
+            "# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count 1",
+            "# TYPE kubeproxy_sync_proxy_rules_endpoint_changes counter",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
+            "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+            "kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} 7",
+            "# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+    }
+}

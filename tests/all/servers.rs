@@ -1,0 +1,170 @@
+//! kpx's HTTP endpoints, scraped from a real kpx reading the list/watch
+//! server: `/healthz` and `/livez` (not ready until the initial lists are
+//! in; the node's deletion taint), `/metrics` values after real syncs,
+//! `/proxyMode`, `/configz`, and a Service's health-check node port as a
+//! cloud load balancer probes it.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use kpx_listwatch::{ENDPOINT_SLICES, ListWatch, NODES, SERVICES};
+use kpx_netlab::Ns;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// GET over HTTP/1.0 from inside `ns`: (status, body).
+fn get(ns: &Ns, addr: &str, path: &str) -> Option<(u16, String)> {
+    let (addr, request) = (addr.to_string(), format!("GET {path} HTTP/1.0\r\nHost: kpx\r\n\r\n"));
+    ns.enter(move || -> Option<(u16, String)> {
+        let mut s = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(request.as_bytes()).ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        Some((status, body))
+    })
+    .ok()
+    .flatten()
+}
+
+/// Polls until `get` answers with `status`.
+fn wait_status(ns: &Ns, addr: &str, path: &str, status: u16) -> (u16, String) {
+    let t0 = Instant::now();
+    loop {
+        let got = get(ns, addr, path);
+        match got {
+            Some((s, body)) if s == status => return (s, body),
+            other if t0.elapsed() > Duration::from_secs(20) => {
+                panic!("{addr}{path}: wanted {status}, last answer {other:?}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// A metric's value in the exposition (the first sample of that name and labels).
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+}
+
+fn slice_on(node: &str, ip: &str) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "lb-1", "namespace": "test", "labels": {"kubernetes.io/service-name": "lb"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}, "nodeName": node}]
+    })
+}
+
+fn servers_answer(mode: &str) {
+    let Some(lab) = lab_or_skip(1, &format!("servers_answer_with_real_values ({mode})")) else {
+        return;
+    };
+    let (dir, _) = run_dirs(&format!("servers-{mode}"));
+    let be1 = lab.backends[0].ip.clone();
+    lab.node.ip(&["link", "set", "lo", "up"]).unwrap();
+    let listener = lab.node.enter(|| std::net::TcpListener::bind("127.0.0.1:0")).unwrap().unwrap();
+    let server = ListWatch::start(listener).unwrap();
+    server.apply(NODES, json!({"metadata": {"name": "node"}})).unwrap();
+    server
+        .apply(
+            SERVICES,
+            json!({
+                "metadata": {"name": "lb", "namespace": "test"},
+                "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20", "externalTrafficPolicy": "Local",
+                         "healthCheckNodePort": 31000,
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080, "protocol": "TCP"}]}
+            }),
+        )
+        .unwrap();
+    server.apply(ENDPOINT_SLICES, slice_on("node", &be1)).unwrap();
+    // The initial lists are slow: kpx is alive but not ready meanwhile.
+    server.set_delay(Duration::from_secs(3));
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let args: Vec<String> = [
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--hostname-override",
+        "node",
+        "--cluster-cidr",
+        kpx_netlab::node::CLUSTER_CIDR,
+        "--plugin-cache-dir",
+        &plugin_cache(),
+        "--proxy-mode",
+        mode,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).unwrap();
+    let health = "127.0.0.1:10256";
+    let (code, body) = wait_status(&lab.node, health, "/livez", 200);
+    let before = get(&lab.node, health, "/healthz").expect("/healthz answers");
+    assert_eq!(before.0, 503, "{mode}: ready before the initial lists: {before:?}");
+    assert!(body.starts_with("{\"lastUpdated\": \"") && body.contains("\",\"currentTime\": \""), "{code} {body}");
+    server.set_delay(Duration::ZERO);
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{mode}:\n{}", kpx.log());
+    let (_, body) = wait_status(&lab.node, health, "/healthz", 200);
+    assert!(body.ends_with("\"nodeEligible\": true}"), "{body}");
+
+    // The health-check node port, probed from outside the node.
+    let probe = format!("{}:31000", kpx_netlab::node::NODE_IP);
+    let (_, body) = wait_status(&lab.client, &probe, "/", 200);
+    assert_eq!(
+        body,
+        "{\n\t\"service\": {\n\t\t\"namespace\": \"test\",\n\t\t\"name\": \"lb\"\n\t},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}"
+    );
+    // The endpoint moves to another node: this node has none left.
+    server.apply(ENDPOINT_SLICES, slice_on("other", &be1)).unwrap();
+    let (_, body) = wait_status(&lab.client, &probe, "/", 503);
+    assert!(body.contains("\"localEndpoints\": 0,"), "{body}");
+
+    // Metrics after real syncs.
+    let metrics = "127.0.0.1:10249";
+    let (_, text) = wait_status(&lab.node, metrics, "/metrics", 200);
+    let last = sample(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds").expect("last sync timestamp");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(now - last < 60.0 && last <= now + 1.0, "{mode}: last sync {last}, now {now}");
+    let syncs = sample(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count").expect("sync count");
+    assert!(syncs >= 2.0, "{mode}: {syncs} syncs counted");
+    assert!(sample(&text, "kubeproxy_sync_full_proxy_rules_duration_seconds_count").unwrap_or(0.0) >= 1.0);
+    let endpoint_changes =
+        sample(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total").expect("endpoint changes");
+    assert!(endpoint_changes >= 2.0, "{mode}: {endpoint_changes} endpoint changes (two slices were written)");
+    assert_eq!(sample(&text, "kubeproxy_sync_proxy_rules_service_changes_total"), Some(1.0), "{mode}:\n{text}");
+    assert!(sample(&text, "kubeproxy_proxy_healthz_total{code=\"503\"}").unwrap_or(0.0) >= 1.0, "{text}");
+    assert!(sample(&text, "kubeproxy_proxy_healthz_total{code=\"200\"}").unwrap_or(0.0) >= 1.0, "{text}");
+    assert_eq!(get(&lab.node, metrics, "/proxyMode").map(|(_, b)| b), Some(mode.to_string()));
+    let (_, configz) = wait_status(&lab.node, metrics, "/configz", 200);
+    let configz: Value = serde_json::from_str(&configz).expect("configz is JSON");
+    assert_eq!(configz["kubeproxy.config.k8s.io"]["mode"], mode);
+    assert_eq!(configz["kubeproxy.config.k8s.io"]["healthzBindAddress"], "0.0.0.0:10256");
+
+    // The autoscaler taints the node for deletion: /healthz fails, /livez not.
+    server
+        .apply(
+            NODES,
+            json!({"metadata": {"name": "node"},
+                   "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}),
+        )
+        .unwrap();
+    let (_, body) = wait_status(&lab.node, health, "/healthz", 503);
+    assert!(body.ends_with("\"nodeEligible\": false}"), "{body}");
+    assert_eq!(get(&lab.node, health, "/livez").map(|(s, _)| s), Some(200));
+    assert!(kpx.is_running(), "{}", kpx.log());
+}
+
+#[test]
+fn servers_answer_with_real_values_iptables() {
+    servers_answer("iptables");
+}
+
+#[test]
+fn servers_answer_with_real_values_nftables() {
+    servers_answer("nftables");
+}
