@@ -36,6 +36,9 @@ pub enum Error {
     /// No API client can be configured; kpx exits.
     #[error(transparent)]
     Api(#[from] crate::source::api::Error),
+    /// --write-config-to cannot be written.
+    #[error("cannot write --write-config-to {path}: {source}")]
+    WriteConfig { path: String, source: std::io::Error },
     /// A server cannot start; kpx exits.
     #[error(transparent)]
     Serve(#[from] crate::serve::Error),
@@ -87,9 +90,31 @@ pub fn dataplane(mode: ProxyMode, family: IpFamily) -> Dataplane {
     }
 }
 
+/// `--init-only`: the setup that needs full root privileges (conntrack
+/// sysctls), then exit.
+pub fn init(config: &Config) {
+    crate::kernel::conntrack::apply(&config.conntrack, config.conntrack_tcp_be_liberal, &Sysctl::default());
+}
+
+/// `--write-config-to`: the configuration in effect, as a
+/// KubeProxyConfiguration YAML file.
+pub fn write_config(config: &Config, path: &Path) -> Result<(), Error> {
+    let body = config.configz()["kubeproxy.config.k8s.io"].clone();
+    let text = serde_yaml::to_string(&body).expect("a JSON value is YAML");
+    std::fs::write(path, text).map_err(|source| Error::WriteConfig { path: path.display().to_string(), source })
+}
+
+/// `--oom-score-adj`, written to the process as upstream does.
+fn set_oom_score_adj(value: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        tracing::warn!("cannot set oom_score_adj to {value}: {e}");
+    }
+}
+
 /// Runs kpx until the source stops, which is an error.
 pub fn run(config: Config) -> Result<(), Error> {
-    crate::kernel::conntrack::apply(&config.conntrack, config.conntrack_tcp_be_liberal, &Sysctl::default());
+    set_oom_score_adj(config.extra.oom_score_adj);
+    init(&config);
     let plugin = Arc::new(load_backend(&config)?);
     let config = Arc::new(config);
     tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
@@ -134,7 +159,12 @@ pub fn run(config: Config) -> Result<(), Error> {
     };
     crate::serve::start(
         telemetry.clone(),
-        Endpoints { healthz: config.healthz_bind_address, metrics: config.metrics_bind_address, service_health },
+        Endpoints {
+            healthz: config.healthz_bind_address,
+            metrics: config.metrics_bind_address,
+            service_health,
+            hard_fail: config.extra.bind_address_hard_fail,
+        },
     )?;
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry);

@@ -2,6 +2,8 @@
 //! a [`Config`]. Bad values are refused with the flag's name.
 
 mod duration;
+pub mod file;
+mod gates;
 
 pub use duration::{format_duration, parse_duration};
 
@@ -27,7 +29,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// kpx: a Kubernetes service proxy whose proxy modes are sandboxed WebAssembly components.
 /// The command line: kube-proxy's flags, or a kpx subcommand.
 #[derive(Debug, Parser)]
-#[command(name = "kpx", version = crate::VERSION_TEXT, args_conflicts_with_subcommands = true)]
+#[command(name = "kpx", disable_version_flag = true, args_conflicts_with_subcommands = true, args_override_self = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -61,9 +63,13 @@ pub struct TraceArgs {
     pub masquerade_bit: u8,
 }
 
-#[derive(Debug, Parser)]
-#[command(name = "kpx", version = crate::VERSION_TEXT)]
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kpx", disable_version_flag = true, args_override_self = true)]
 pub struct Flags {
+    /// --version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version (kpx reports its own).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub version: Option<String>,
+
     /// Which proxy mode to use: 'iptables' (default) or 'nftables'.
     #[arg(long = "proxy-mode", default_value = "iptables")]
     pub proxy_mode: String,
@@ -139,11 +145,11 @@ pub struct Flags {
     pub nodeport_addresses: Vec<String>,
 
     /// If false, kpx disables the legacy behaviour of allowing NodePort services to be accessed via localhost (iptables mode, IPv4 only).
-    #[arg(long = "iptables-localhost-nodeports", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long = "iptables-localhost-nodeports", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub iptables_localhost_nodeports: bool,
 
     /// Enable liberal TCP conntrack (nf_conntrack_tcp_be_liberal = 1); packets in INVALID state are then not dropped.
-    #[arg(long = "conntrack-tcp-be-liberal", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long = "conntrack-tcp-be-liberal", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
 
     /// Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore --conntrack-min).
@@ -171,7 +177,7 @@ pub struct Flags {
     pub conntrack_udp_timeout_stream: String,
 
     /// If true, remove the rules kpx (or kube-proxy) created, and exit.
-    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub cleanup: bool,
 
     /// Overrides kpx's idea of the node's primary IP (0.0.0.0 or :: leaves it to the Node object).
@@ -179,7 +185,7 @@ pub struct Flags {
     pub bind_address: String,
 
     /// SNAT all traffic sent via Service cluster IPs.
-    #[arg(long = "masquerade-all", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long = "masquerade-all", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub masquerade_all: bool,
 
     /// The bit of the fwmark space to mark packets requiring SNAT with. Must be within [0, 31].
@@ -214,6 +220,133 @@ pub struct Flags {
     #[arg(long = "plugin-max-output-mib", default_value_t = 256)]
     pub plugin_max_output_mib: u64,
 
+    /// The path to the configuration file (a KubeProxyConfiguration).
+    #[arg(long, default_value = "")]
+    pub config: String,
+
+    /// If set, write the default configuration values to this file and exit.
+    #[arg(long = "write-config-to", default_value = "")]
+    pub write_config_to: String,
+
+    /// If true, perform any initialization steps that must run with full root privileges, and then exit.
+    #[arg(long = "init-only", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub init_only: bool,
+
+    /// A set of key=value pairs that describe feature gates for alpha/experimental features.
+    #[arg(long = "feature-gates", default_value = "")]
+    pub feature_gates: String,
+
+    /// The oom-score-adj value for the kpx process. Values must be within the range [-1000, 1000].
+    #[arg(long = "oom-score-adj", default_value_t = -999, allow_negative_numbers = true)]
+    pub oom_score_adj: i32,
+
+    /// If true kpx will treat failure to bind to a port as fatal and exit.
+    #[arg(long = "bind-address-hard-fail", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub bind_address_hard_fail: bool,
+
+    /// If true enables profiling via web interface on /debug/pprof handler (Go's; kpx has none: only false is accepted).
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub profiling: bool,
+
+    /// The previous version for which you want to show hidden metrics (kpx hides none).
+    #[arg(long = "show-hidden-metrics-for-version", default_value = "")]
+    pub show_hidden_metrics_for_version: String,
+
+    /// The ipvs scheduler type when proxy mode is ipvs.
+    #[arg(long = "ipvs-scheduler", default_value = "")]
+    pub ipvs_scheduler: String,
+
+    /// The maximum interval of how often ipvs rules are refreshed. Must be greater than 0.
+    #[arg(long = "ipvs-sync-period", default_value = "30s", allow_hyphen_values = true)]
+    pub ipvs_sync_period: String,
+
+    /// The minimum interval of how often the ipvs rules can be refreshed as endpoints and services change.
+    #[arg(long = "ipvs-min-sync-period", default_value = "1s", allow_hyphen_values = true)]
+    pub ipvs_min_sync_period: String,
+
+    /// A comma-separated list of CIDRs which the ipvs proxier should not touch when cleaning up IPVS rules.
+    #[arg(long = "ipvs-exclude-cidrs", default_value = "", value_delimiter = ',')]
+    pub ipvs_exclude_cidrs: Vec<String>,
+
+    /// Enable strict ARP by setting arp_ignore to 1 and arp_announce to 2.
+    #[arg(long = "ipvs-strict-arp", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub ipvs_strict_arp: bool,
+
+    /// The timeout for idle IPVS TCP connections, 0 to leave as-is.
+    #[arg(long = "ipvs-tcp-timeout", default_value = "0s", allow_hyphen_values = true)]
+    pub ipvs_tcp_timeout: String,
+
+    /// The timeout for IPVS TCP connections after receiving a FIN packet, 0 to leave as-is.
+    #[arg(long = "ipvs-tcpfin-timeout", default_value = "0s", allow_hyphen_values = true)]
+    pub ipvs_tcpfin_timeout: String,
+
+    /// The timeout for IPVS UDP packets, 0 to leave as-is.
+    #[arg(long = "ipvs-udp-timeout", default_value = "0s", allow_hyphen_values = true)]
+    pub ipvs_udp_timeout: String,
+
+    /// Deprecated (kube-proxy v1.12): if true, clean up IPVS rules before running.
+    #[arg(long = "cleanup-ipvs", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub cleanup_ipvs: Option<bool>,
+
+    /// Range of host ports (beginPort-endPort, single port or beginPort+offset, inclusive) that may be consumed to proxy service traffic (userspace mode).
+    #[arg(long = "proxy-port-range", default_value = "")]
+    pub proxy_port_range: String,
+
+    /// How long an idle UDP connection will be kept open (userspace mode).
+    #[arg(long = "udp-timeout", default_value = "250ms", allow_hyphen_values = true)]
+    pub udp_timeout: String,
+
+    /// Removed from kube-proxy (v1.12-v1.16 documented it): the Azure container registry configuration; no effect.
+    #[arg(long = "azure-container-registry-config", default_value = "")]
+    pub azure_container_registry_config: String,
+
+    /// klog: log to standard error instead of files.
+    #[arg(long = "logtostderr", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub logtostderr: bool,
+
+    /// klog: log to standard error as well as files (no effect when -logtostderr=true).
+    #[arg(long = "alsologtostderr", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub alsologtostderr: bool,
+
+    /// klog: if non-empty, use this log file (no effect when -logtostderr=true).
+    #[arg(long = "log-file", default_value = "")]
+    pub log_file: String,
+
+    /// klog: if non-empty, write log files in this directory (no effect when -logtostderr=true).
+    #[arg(long = "log-dir", default_value = "")]
+    pub log_dir: String,
+
+    /// klog: comma-separated list of pattern=N settings for file-filtered logging (kpx: module=N, e.g. sync=4).
+    #[arg(long, default_value = "")]
+    pub vmodule: String,
+
+    /// Sets the log format: text or json.
+    #[arg(long = "logging-format", default_value = "text")]
+    pub logging_format: String,
+
+    /// klog's formatting and flushing flags, accepted for compatibility;
+    /// kpx's log lines have their own format and are not buffered.
+    #[arg(long = "add-dir-header", hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub add_dir_header: Option<bool>,
+    #[arg(long = "skip-headers", hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub skip_headers: Option<bool>,
+    #[arg(long = "skip-log-headers", hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub skip_log_headers: Option<bool>,
+    #[arg(long = "one-output", hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub one_output: Option<bool>,
+    #[arg(long = "log-text-split-stream", hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub log_text_split_stream: Option<bool>,
+    #[arg(long = "stderrthreshold", hide = true)]
+    pub stderrthreshold: Option<String>,
+    #[arg(long = "log-backtrace-at", hide = true)]
+    pub log_backtrace_at: Option<String>,
+    #[arg(long = "log-file-max-size", hide = true)]
+    pub log_file_max_size: Option<u64>,
+    #[arg(long = "log-flush-frequency", hide = true)]
+    pub log_flush_frequency: Option<String>,
+    #[arg(long = "log-text-info-buffer-size", hide = true)]
+    pub log_text_info_buffer_size: Option<String>,
+
     /// Number for the log level verbosity (0-10).
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     pub verbosity: u8,
@@ -224,6 +357,7 @@ pub struct Flags {
 pub struct Config {
     pub mode: ProxyMode,
     pub source: Source,
+    pub extra: Extra,
     /// --healthz-bind-address (None: disabled).
     pub healthz_bind_address: Option<std::net::SocketAddr>,
     /// --metrics-bind-address (None: disabled).
@@ -246,6 +380,20 @@ pub struct Config {
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
+}
+
+/// What the compatibility flags set (see `Flags::check_compatibility_flags`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Extra {
+    /// Written to /proc/self/oom_score_adj at start.
+    pub oom_score_adj: i32,
+    pub feature_gates: std::collections::BTreeMap<String, bool>,
+    /// A server that cannot bind ends kpx (else it is logged and skipped).
+    pub bind_address_hard_fail: bool,
+    /// Set the kernel up (conntrack sysctls) and exit.
+    pub init_only: bool,
+    /// Write the configuration in effect here and exit.
+    pub write_config_to: Option<PathBuf>,
 }
 
 /// Where kpx reads Kubernetes objects from.
@@ -311,6 +459,125 @@ impl NodePortAddresses {
     }
 }
 
+/// Go's `strconv.ParseBool`, which Kubernetes' boolean flags use.
+pub fn go_bool(text: &str) -> std::result::Result<bool, String> {
+    match text {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        other => Err(format!("{other:?} is not a boolean (1, t, T, true, TRUE, True, 0, f, F, false, FALSE, False)")),
+    }
+}
+
+/// As Kubernetes components normalize flag names: `_` and `-` are the
+/// same in a long flag's name (`--log_file` is `--log-file`).
+pub fn normalize_args<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut rest = false;
+    for arg in args {
+        let text = match arg.to_str() {
+            Some(t) if !rest && t.starts_with("--") && t.len() > 2 => t,
+            _ => {
+                out.push(arg);
+                continue;
+            }
+        };
+        let (name, value) = match text.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (text, None),
+        };
+        let mut fixed = name.replace('_', "-");
+        if let Some(v) = value {
+            fixed.push('=');
+            fixed.push_str(v);
+        }
+        out.push(fixed.into());
+        if text == "--" {
+            rest = true;
+        }
+    }
+    out
+}
+
+impl Cli {
+    /// Parses a command line as Kubernetes components do (see
+    /// [`normalize_args`], [`go_bool`]; a repeated flag's last value
+    /// wins), and reads --config: the file's values replace the flags',
+    /// except the flags [`Flags::copy_arg`] copies (upstream: logging and
+    /// --hostname-override; and kpx's own); any other flag given with
+    /// --config is ignored with a warning, as upstream ignores it.
+    pub fn from_args<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> std::result::Result<Cli, CliError> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().try_get_matches_from(normalize_args(args))?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if cli.command.is_some() || cli.flags.config.is_empty() {
+            return Ok(cli);
+        }
+        let path = cli.flags.config.clone();
+        let text = std::fs::read_to_string(&path).map_err(|source| file::Error::Read { path: path.clone(), source })?;
+        let parsed = file::parse(&path, &text)?;
+        let mut flags = Flags::defaults();
+        parsed.apply(&mut flags);
+        let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        let mut ignored = Vec::new();
+        for id in Flags::command().get_arguments().map(|a| a.get_id().to_string()) {
+            if !given(&id) {
+                continue;
+            }
+            if !flags.copy_arg(&cli.flags, &id) {
+                ignored.push(format!("--{}", id.replace('_', "-")));
+            }
+        }
+        if !ignored.is_empty() {
+            tracing::warn!("ignoring {} because --config is given (as kube-proxy does)", ignored.join(", "));
+        }
+        cli.flags = flags;
+        Ok(cli)
+    }
+}
+
+/// A command line that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error(transparent)]
+    File(#[from] file::Error),
+}
+
+impl Flags {
+    /// Every flag at its default.
+    pub fn defaults() -> Flags {
+        Flags::parse_from(["kpx"])
+    }
+
+    /// Copies one flag's value (by its clap id) from `other` if it is one
+    /// that --config does not override; false for the others.
+    fn copy_arg(&mut self, other: &Flags, id: &str) -> bool {
+        match id {
+            "hostname_override" => self.hostname_override = other.hostname_override.clone(),
+            "verbosity" => self.verbosity = other.verbosity,
+            "vmodule" => self.vmodule = other.vmodule.clone(),
+            "logtostderr" => self.logtostderr = other.logtostderr,
+            "alsologtostderr" => self.alsologtostderr = other.alsologtostderr,
+            "log_file" => self.log_file = other.log_file.clone(),
+            "log_dir" => self.log_dir = other.log_dir.clone(),
+            "logging_format" => self.logging_format = other.logging_format.clone(),
+            "manifests" => self.manifests = other.manifests.clone(),
+            "backend_plugin" => self.backend_plugin = other.backend_plugin.clone(),
+            "plugin_cache_dir" => self.plugin_cache_dir = other.plugin_cache_dir.clone(),
+            "plugin_memory_limit_mib" => self.plugin_memory_limit_mib = other.plugin_memory_limit_mib,
+            "plugin_fuel" => self.plugin_fuel = other.plugin_fuel,
+            "plugin_max_output_mib" => self.plugin_max_output_mib = other.plugin_max_output_mib,
+            "config" => self.config = other.config.clone(),
+            "cleanup" => self.cleanup = other.cleanup,
+            "write_config_to" => self.write_config_to = other.write_config_to.clone(),
+            "init_only" => self.init_only = other.init_only,
+            _ => return false,
+        }
+        true
+    }
+}
+
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error {
     Error::InvalidFlag { flag, value: value.to_string(), reason: reason.into() }
 }
@@ -373,6 +640,17 @@ impl Config {
                 "udpStreamTimeout": d(self.conntrack.udp_stream),
             },
         }})
+    }
+}
+
+/// `beginPort-endPort`, `port` or `beginPort+offset` (upstream's PortRange).
+fn port_range_ok(text: &str) -> bool {
+    let port = |s: &str| s.trim().parse::<u16>().is_ok();
+    match (text.split_once('-'), text.split_once('+')) {
+        (Some((a, b)), None) => port(a) && port(b) && a.trim().parse::<u16>().ok() <= b.trim().parse::<u16>().ok(),
+        (None, Some((a, b))) => port(a) && port(b),
+        (None, None) => port(text),
+        _ => false,
     }
 }
 
@@ -458,11 +736,110 @@ impl Flags {
         }))
     }
 
+    /// The flags kpx accepts for compatibility: validated, and either in
+    /// effect (oom-score-adj, feature gates, logging, the hard-fail bind),
+    /// kept for the mode they belong to (ipvs, userspace: upstream ignores
+    /// them in other modes too), or without effect with a warning saying so.
+    fn check_compatibility_flags(&self) -> Result<Extra> {
+        if !(-1000..=1000).contains(&self.oom_score_adj) {
+            return Err(invalid("oom-score-adj", &self.oom_score_adj.to_string(), "must be within [-1000, 1000]"));
+        }
+        if self.profiling {
+            return Err(invalid("profiling", "true", "kpx has no Go profiler (/debug/pprof); profile it with perf"));
+        }
+        let feature_gates =
+            gates::parse(&self.feature_gates).map_err(|e| invalid("feature-gates", &self.feature_gates, e))?;
+        for (flag, value) in [
+            ("ipvs-sync-period", &self.ipvs_sync_period),
+            ("ipvs-min-sync-period", &self.ipvs_min_sync_period),
+            ("ipvs-tcp-timeout", &self.ipvs_tcp_timeout),
+            ("ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout),
+            ("ipvs-udp-timeout", &self.ipvs_udp_timeout),
+            ("udp-timeout", &self.udp_timeout),
+        ] {
+            parse_duration(value).map_err(|e| invalid(flag, value, e))?;
+        }
+        if parse_duration(&self.ipvs_sync_period).is_ok_and(|d| d.is_zero()) {
+            return Err(invalid("ipvs-sync-period", &self.ipvs_sync_period, "must be greater than 0"));
+        }
+        for c in self.ipvs_exclude_cidrs.iter().filter(|c| !c.is_empty()) {
+            c.parse::<Cidr>().map_err(|e| invalid("ipvs-exclude-cidrs", c, e.to_string()))?;
+        }
+        if !self.proxy_port_range.is_empty() && !port_range_ok(&self.proxy_port_range) {
+            return Err(invalid(
+                "proxy-port-range",
+                &self.proxy_port_range,
+                "beginPort-endPort, a single port, or beginPort+offset",
+            ));
+        }
+        match self.logging_format.as_str() {
+            "text" | "json" => {}
+            other => return Err(invalid("logging-format", other, "text or json")),
+        }
+        if !self.azure_container_registry_config.is_empty() {
+            tracing::warn!(
+                "--azure-container-registry-config has no effect (kube-proxy never read it, and removed it)"
+            );
+        }
+        if self.cleanup_ipvs.is_some() {
+            tracing::warn!(
+                "--cleanup-ipvs is deprecated (kube-proxy removed it); kpx programs no IPVS rules, so there are none of its own to clean"
+            );
+        }
+        if !self.show_hidden_metrics_for_version.is_empty() {
+            tracing::info!("--show-hidden-metrics-for-version: kpx hides no metrics");
+        }
+        let cosmetic = [
+            ("add-dir-header", self.add_dir_header.is_some()),
+            ("skip-headers", self.skip_headers.is_some()),
+            ("skip-log-headers", self.skip_log_headers.is_some()),
+            ("one-output", self.one_output.is_some()),
+            ("log-text-split-stream", self.log_text_split_stream.is_some()),
+            ("stderrthreshold", self.stderrthreshold.is_some()),
+            ("log-backtrace-at", self.log_backtrace_at.is_some()),
+            ("log-file-max-size", self.log_file_max_size.is_some()),
+            ("log-flush-frequency", self.log_flush_frequency.is_some()),
+            ("log-text-info-buffer-size", self.log_text_info_buffer_size.is_some()),
+        ];
+        for (flag, given) in cosmetic {
+            if given {
+                tracing::info!(
+                    "--{flag} (klog) is accepted for compatibility; kpx's log format and flushing are its own"
+                );
+            }
+        }
+        Ok(Extra {
+            oom_score_adj: self.oom_score_adj,
+            feature_gates,
+            bind_address_hard_fail: self.bind_address_hard_fail,
+            init_only: self.init_only,
+            write_config_to: (!self.write_config_to.is_empty()).then(|| PathBuf::from(&self.write_config_to)),
+        })
+    }
+
     pub fn validate(self) -> Result<Config> {
-        let mode: ProxyMode = self
-            .proxy_mode
-            .parse()
-            .map_err(|_| invalid("proxy-mode", &self.proxy_mode, "this kpx supports: iptables, nftables"))?;
+        let mode: ProxyMode = match self.proxy_mode.as_str() {
+            // upstream: empty means the platform's default.
+            "" => ProxyMode::Iptables,
+            "ipvs" => {
+                return Err(invalid(
+                    "proxy-mode",
+                    "ipvs",
+                    "ipvs mode is not in this kpx yet (it arrives with the scheduler and IPVS issue); use iptables or nftables",
+                ));
+            }
+            "userspace" => {
+                return Err(invalid(
+                    "proxy-mode",
+                    "userspace",
+                    "the userspace mode is not in this kpx yet; use iptables or nftables",
+                ));
+            }
+            "kernelspace" => return Err(invalid("proxy-mode", "kernelspace", "Windows only")),
+            other => {
+                other.parse().map_err(|_| invalid("proxy-mode", other, "this kpx supports: iptables, nftables"))?
+            }
+        };
         let node_name = if self.hostname_override.trim().is_empty() {
             std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()
         } else {
@@ -585,9 +962,11 @@ impl Flags {
             10249,
             ("metrics-port", self.metrics_port),
         )?;
+        let extra = self.check_compatibility_flags()?;
         Ok(Config {
             mode,
             source,
+            extra,
             healthz_bind_address,
             metrics_bind_address,
             node_name,
@@ -628,6 +1007,271 @@ fn check_interface_name(flag: &'static str, name: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cli(args: &[&str]) -> std::result::Result<Cli, CliError> {
+        Cli::from_args(std::iter::once("kpx").chain(args.iter().copied()).map(std::ffi::OsString::from))
+    }
+
+    /// Every flag in the seed documents (kube-proxy v1.12, v1.16, v1.33),
+    /// with a value it takes. None may be an unknown argument.
+    const SEED_FLAGS: &[&str] = &[
+        "--add_dir_header=true",
+        "--alsologtostderr=false",
+        "--azure-container-registry-config=",
+        "--bind-address=0.0.0.0",
+        "--bind-address-hard-fail=false",
+        "--cleanup=false",
+        "--cleanup-ipvs=true",
+        "--cluster-cidr=10.244.0.0/16",
+        "--config-sync-period=15m0s",
+        "--conntrack-max-per-core=32768",
+        "--conntrack-min=131072",
+        "--conntrack-tcp-be-liberal=false",
+        "--conntrack-tcp-timeout-close-wait=1h0m0s",
+        "--conntrack-tcp-timeout-established=24h0m0s",
+        "--conntrack-udp-timeout=0s",
+        "--conntrack-udp-timeout-stream=0s",
+        "--detect-local-mode=ClusterCIDR",
+        "--feature-gates=AllAlpha=false",
+        "--healthz-bind-address=0.0.0.0:10256",
+        "--healthz-port=10256",
+        "--hostname-override=node-a",
+        "--init-only=false",
+        "--iptables-localhost-nodeports=true",
+        "--iptables-masquerade-bit=14",
+        "--iptables-min-sync-period=1s",
+        "--iptables-sync-period=30s",
+        "--ipvs-exclude-cidrs=10.0.0.0/8",
+        "--ipvs-min-sync-period=1s",
+        "--ipvs-scheduler=rr",
+        "--ipvs-strict-arp=false",
+        "--ipvs-sync-period=30s",
+        "--ipvs-tcp-timeout=0s",
+        "--ipvs-tcpfin-timeout=0s",
+        "--ipvs-udp-timeout=0s",
+        "--kube-api-burst=10",
+        "--kube-api-content-type=application/vnd.kubernetes.protobuf",
+        "--kube-api-qps=5",
+        "--kubeconfig=/k",
+        "--log-flush-frequency=5s",
+        "--log-text-info-buffer-size=0",
+        "--log-text-split-stream=false",
+        "--log_backtrace_at=:0",
+        "--log_dir=",
+        "--log_file=",
+        "--log_file_max_size=1800",
+        "--logging-format=text",
+        "--logtostderr=true",
+        "--masquerade-all=false",
+        "--master=",
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--metrics-port=10249",
+        "--nodeport-addresses=",
+        "--one_output=false",
+        "--oom-score-adj=-999",
+        "--pod-bridge-interface=",
+        "--pod-interface-name-prefix=",
+        "--profiling=false",
+        "--proxy-mode=iptables",
+        "--proxy-port-range=",
+        "--show-hidden-metrics-for-version=",
+        "--skip_headers=false",
+        "--skip_log_headers=false",
+        "--stderrthreshold=2",
+        "--udp-timeout=250ms",
+        "--v=2",
+        "--vmodule=",
+        "--write-config-to=",
+    ];
+
+    #[test]
+    fn every_seed_flag_is_known() {
+        for flag in SEED_FLAGS {
+            let parsed = cli(&[flag]);
+            assert!(parsed.is_ok(), "{flag}: {}", parsed.err().unwrap());
+        }
+        let all = cli(SEED_FLAGS).unwrap();
+        let c = all.flags.validate().unwrap();
+        assert_eq!(c.mode, ProxyMode::Iptables);
+        assert_eq!(c.extra.oom_score_adj, -999);
+    }
+
+    #[test]
+    fn parses_as_kubernetes_components_do() {
+        // --flag=value and --flag value; `_` as `-`; the last one wins.
+        let f = cli(&["--hostname_override=a", "--proxy-mode", "iptables", "--proxy_mode=nftables"]).unwrap().flags;
+        assert_eq!((f.hostname_override.as_str(), f.proxy_mode.as_str()), ("a", "nftables"));
+        // Go booleans; a bare boolean flag is true.
+        for (arg, want) in [
+            ("--masquerade-all", true),
+            ("--masquerade-all=TRUE", true),
+            ("--masquerade-all=t", true),
+            ("--masquerade-all=1", true),
+            ("--masquerade-all=False", false),
+            ("--masquerade-all=0", false),
+        ] {
+            assert_eq!(cli(&[arg]).unwrap().flags.masquerade_all, want, "{arg}");
+        }
+        assert!(cli(&["--masquerade-all=yes"]).is_err());
+        // klog's -v both ways.
+        assert_eq!(cli(&["-v", "4"]).unwrap().flags.verbosity, 4);
+        assert_eq!(cli(&["--v=5"]).unwrap().flags.verbosity, 5);
+        // An unknown flag is an error.
+        assert!(cli(&["--no-such-flag=1"]).is_err());
+    }
+
+    #[test]
+    fn modes_and_flags_without_effect_say_why() {
+        let err = |args: &[&str]| {
+            let mut all = vec!["--manifests=/x", "--hostname-override=n"];
+            all.extend_from_slice(args);
+            cli(&all).unwrap().flags.validate().unwrap_err().to_string()
+        };
+        assert!(err(&["--proxy-mode=ipvs"]).contains("ipvs mode is not in this kpx yet"));
+        assert!(err(&["--proxy-mode=kernelspace"]).contains("Windows only"));
+        assert!(err(&["--profiling"]).contains("no Go profiler"));
+        assert!(err(&["--feature-gates=Bogus=true"]).contains("unrecognized feature gate: Bogus"));
+        assert!(err(&["--oom-score-adj=1001"]).contains("oom-score-adj"));
+        assert!(err(&["--ipvs-sync-period=0s"]).contains("ipvs-sync-period"));
+        assert!(err(&["--proxy-port-range=9-1"]).contains("proxy-port-range"));
+        assert!(err(&["--healthz-bind-address=nowhere"]).contains("healthz-bind-address"));
+        let ok = |args: &[&str]| {
+            let mut all = vec!["--manifests=/x", "--hostname-override=n"];
+            all.extend_from_slice(args);
+            cli(&all).unwrap().flags.validate().unwrap()
+        };
+        assert_eq!(ok(&["--healthz-port=0"]).healthz_bind_address, None, "0 disables, as v1.12 documents");
+        assert_eq!(ok(&["--metrics-port=9000"]).metrics_bind_address, Some("127.0.0.1:9000".parse().unwrap()));
+        assert_eq!(ok(&["--healthz-bind-address="]).healthz_bind_address, None);
+        assert_eq!(ok(&["--proxy-mode="]).mode, ProxyMode::Iptables, "empty: the platform default");
+    }
+
+    /// kubeadm's ConfigMap `config.conf` (v1.33), as `kubeadm init` writes it.
+    const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+    #[test]
+    fn a_kubeadm_config_file_runs_unchanged() {
+        let dir = std::env::temp_dir().join(format!("kpx-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.conf");
+        std::fs::write(&path, KUBEADM_CONFIG).unwrap();
+        let path = path.to_str().unwrap().to_string();
+        // kubeadm's DaemonSet passes --config and --hostname-override; a
+        // flag the file covers is ignored, as upstream ignores it.
+        let parsed =
+            cli(&[&format!("--config={path}"), "--hostname-override=node-7", "--masquerade-all", "--v=4"]).unwrap();
+        let c = parsed.flags.validate().unwrap();
+        assert_eq!(c.mode, ProxyMode::Iptables);
+        assert_eq!(c.node_name, "node-7");
+        assert_eq!(c.cluster_cidrs, vec!["10.244.0.0/16".parse().unwrap()]);
+        assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
+        assert!(!c.masquerade_all, "--masquerade-all is ignored with --config");
+        assert_eq!(c.verbosity, 4, "logging flags still apply");
+        assert_eq!((c.sync_period, c.min_sync_period), (Duration::from_secs(30), Duration::from_secs(1)));
+        assert_eq!(c.masquerade_bit, 14);
+        assert!(c.localhost_nodeports);
+        assert_eq!(c.conntrack.max_per_core, 32768);
+        assert_eq!(c.conntrack.tcp_established, Duration::from_secs(86400));
+        assert_eq!(c.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(c.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(c.extra.oom_score_adj, -999);
+        match &c.source {
+            Source::Api(api) => {
+                assert_eq!(
+                    api.kubeconfig.as_deref(),
+                    Some(std::path::Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
+                );
+                assert_eq!((api.qps, api.burst, api.resync), (5.0, 10, Duration::from_secs(900)));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Values in the file are used; an unknown field is refused by name.
+        let tuned = KUBEADM_CONFIG.replace("mode: \"\"", "mode: nftables").replace(
+            "  masqueradeBit: null\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nnodePortAddresses",
+            "  masqueradeBit: 9\n  minSyncPeriod: 2s\n  syncPeriod: 1m\nnodePortAddresses",
+        );
+        assert_ne!(tuned.matches("masqueradeBit: 9").count(), 0, "the test edits the nftables section");
+        std::fs::write(&path, &tuned).unwrap();
+        let c = cli(&[&format!("--config={path}")]).unwrap().flags.validate().unwrap();
+        assert_eq!(c.mode, ProxyMode::Nftables);
+        assert_eq!(
+            (c.masquerade_bit, c.min_sync_period, c.sync_period),
+            (9, Duration::from_secs(2), Duration::from_secs(60))
+        );
+        std::fs::write(&path, KUBEADM_CONFIG.replace("portRange", "portRnage")).unwrap();
+        let e = cli(&[&format!("--config={path}")]).expect_err("refused").to_string();
+        assert!(e.contains("portRnage"), "{e}");
+        std::fs::write(&path, KUBEADM_CONFIG.replace("v1alpha1", "v9")).unwrap();
+        assert!(cli(&[&format!("--config={path}")]).err().unwrap().to_string().contains("apiVersion"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn flags(args: &[&str]) -> Flags {
         let mut all = vec!["kpx", "--manifests", "/x", "--hostname-override", "node-a"];

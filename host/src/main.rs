@@ -1,26 +1,115 @@
-use clap::Parser;
-use kpx::config::{Cli, Command};
+use kpx::config::{Cli, CliError, Command, Flags};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+
+/// klog's verbosity as tracing levels.
+fn level(v: u8) -> &'static str {
+    match v {
+        0 => "warn",
+        1..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    }
+}
+
+/// The log filter: -v, refined by --vmodule's `module=N` (a module of kpx:
+/// `sync=4` is `kpx::sync` at debug), or by KPX_LOG when set.
+fn filter(flags: &Flags) -> EnvFilter {
+    if let Ok(f) = EnvFilter::try_from_env("KPX_LOG") {
+        return f;
+    }
+    let mut directives = vec![level(flags.verbosity).to_string()];
+    for pair in flags.vmodule.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=').map(|(m, n)| (m.trim().trim_end_matches(".go"), n.trim().parse::<u8>())) {
+            Some((module, Ok(n)))
+                if !module.is_empty() && module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') =>
+            {
+                let target = if module.starts_with("kpx") { module.to_string() } else { format!("kpx::{module}") };
+                directives.push(format!("{target}={}", level(n)));
+            }
+            _ => eprintln!(
+                "kpx: --vmodule {pair:?} ignored: kpx takes module=N with a module of kpx (glob patterns do not map)"
+            ),
+        }
+    }
+    EnvFilter::new(directives.join(","))
+}
+
+/// klog's destinations: stderr (--logtostderr, the default), or a file
+/// (--log-file, or kpx.log in --log-dir), or both (--alsologtostderr).
+fn writer(flags: &Flags) -> anyhow::Result<BoxMakeWriter> {
+    let path = match (flags.log_file.as_str(), flags.log_dir.as_str()) {
+        ("", "") => None,
+        ("", dir) => Some(std::path::Path::new(dir).join("kpx.log")),
+        (file, _) => Some(std::path::PathBuf::from(file)),
+    };
+    let file = match (&path, flags.logtostderr) {
+        (Some(p), false) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| anyhow::anyhow!("cannot open the log file {}: {e}", p.display()))?,
+        ),
+        _ => None,
+    };
+    Ok(match file {
+        None => BoxMakeWriter::new(std::io::stderr),
+        Some(f) if flags.alsologtostderr => BoxMakeWriter::new(std::sync::Mutex::new(f).and(std::io::stderr)),
+        Some(f) => BoxMakeWriter::new(std::sync::Mutex::new(f)),
+    })
+}
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = match Cli::from_args(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(CliError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("kpx: {e}");
+            std::process::exit(1);
+        }
+    };
     if let Some(Command::Trace(args)) = &cli.command {
         print!("{}", kpx::trace::run(args, &kpx::kernel::SystemExec::default())?);
         return Ok(());
     }
     let flags = cli.flags;
-    let level = match flags.verbosity {
-        0 => "warn",
-        1..=2 => "info",
-        3..=4 => "debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_env("KPX_LOG").unwrap_or_else(|_| EnvFilter::new(level));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    match flags.version.as_deref().map(|v| (v, kpx::config::go_bool(v))) {
+        Some((_, Ok(true))) => {
+            println!("kpx {}", kpx::VERSION_TEXT);
+            return Ok(());
+        }
+        Some(("raw", _)) => {
+            println!(
+                "kpx {}\nplugin contract: kpx:proxier 0.2.0\nplatform: {}/{}",
+                kpx::VERSION_TEXT,
+                std::env::consts::OS,
+                std::env::consts::ARCH
+            );
+            return Ok(());
+        }
+        _ => {}
+    }
+    let ansi = flags.logtostderr
+        && std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter(&flags)).with_writer(writer(&flags)?);
+    if flags.logging_format == "json" {
+        builder.json().init();
+    } else {
+        builder.with_ansi(ansi).init();
+    }
     let config = flags.validate()?;
+    if let Some(path) = &config.extra.write_config_to {
+        kpx::app::write_config(&config, path)?;
+        return Ok(());
+    }
     if config.cleanup {
         kpx::app::cleanup()?;
+        return Ok(());
+    }
+    if config.extra.init_only {
+        kpx::app::init(&config);
         return Ok(());
     }
     kpx::app::run(config)?;

@@ -99,6 +99,9 @@ pub struct Endpoints {
     pub healthz: Option<SocketAddr>,
     pub metrics: Option<SocketAddr>,
     pub service_health: Bind,
+    /// --bind-address-hard-fail: a server that cannot bind ends kpx;
+    /// otherwise it is logged and that server is left out.
+    pub hard_fail: bool,
 }
 
 fn listen(flag: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
@@ -110,8 +113,17 @@ fn listen(flag: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener,
 /// Opens the listeners (an address in use is an error naming its flag)
 /// and serves them on a thread of their own for as long as kpx runs.
 pub fn start(telemetry: Arc<Telemetry>, endpoints: Endpoints) -> Result<(), Error> {
-    let healthz = endpoints.healthz.map(|a| listen("healthz-bind-address", a)).transpose()?;
-    let metrics = endpoints.metrics.map(|a| listen("metrics-bind-address", a)).transpose()?;
+    let open = |flag: &'static str, addr: Option<SocketAddr>| -> Result<Option<std::net::TcpListener>, Error> {
+        match addr.map(|a| listen(flag, a)).transpose() {
+            Err(e) if !endpoints.hard_fail => {
+                tracing::error!("{e} (serving without it; --bind-address-hard-fail makes this fatal)");
+                Ok(None)
+            }
+            other => other,
+        }
+    };
+    let healthz = open("healthz-bind-address", endpoints.healthz)?;
+    let metrics = open("metrics-bind-address", endpoints.metrics)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
     let checks = telemetry.checks.subscribe();
     std::thread::Builder::new()

@@ -205,6 +205,8 @@ fn follows_the_api_through_faults(mode: &str) {
     let log = kpx.log();
     assert!(!log.contains("sync failed"), "{mode}: a sync failed:\n{log}");
     assert!(kpx.is_running(), "{mode}: kpx exited:\n{log}");
+    // deploy/'s ClusterRole grants exactly what this run asked for.
+    crate::deploy::check_cluster_role(&server.requests());
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod api_source;
 mod cases;
 mod conformance;
 mod conformance_kernel;
+mod deploy;
 mod golden;
 mod hairpin;
 mod kernel_iptables;

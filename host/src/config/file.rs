@@ -1,0 +1,286 @@
+//! `--config FILE`: a `KubeProxyConfiguration`
+//! (`kubeproxy.config.k8s.io/v1alpha1`), YAML or JSON, with upstream's
+//! field names. It is read into the same flag values the command line
+//! sets, so one validation serves both. Fields left empty, zero or null
+//! take upstream's defaults, as its defaulting does. An unknown field is
+//! refused by name, as upstream's strict decoding does.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::Flags;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeProxyConfiguration {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    pub feature_gates: Option<BTreeMap<String, bool>>,
+    pub bind_address: Option<String>,
+    pub healthz_bind_address: Option<String>,
+    pub metrics_bind_address: Option<String>,
+    pub bind_address_hard_fail: Option<bool>,
+    pub enable_profiling: Option<bool>,
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
+    pub hostname_override: Option<String>,
+    pub client_connection: Option<ClientConnection>,
+    pub iptables: Option<Iptables>,
+    pub ipvs: Option<Ipvs>,
+    pub nftables: Option<Nftables>,
+    pub winkernel: Option<serde_yaml::Value>,
+    pub windows_run_as_service: Option<bool>,
+    pub oom_score_adj: Option<i32>,
+    pub mode: Option<String>,
+    pub port_range: Option<String>,
+    /// Older versions (userspace mode).
+    pub udp_idle_timeout: Option<String>,
+    /// Older versions (a cgroup for the process); no effect.
+    pub resource_container: Option<String>,
+    pub conntrack: Option<Conntrack>,
+    pub config_sync_period: Option<String>,
+    pub node_port_addresses: Option<Vec<String>>,
+    pub show_hidden_metrics_for_version: Option<String>,
+    pub detect_local_mode: Option<String>,
+    pub detect_local: Option<DetectLocal>,
+    pub logging: Option<Logging>,
+    /// Newer versions: the mode-independent sync periods.
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientConnection {
+    pub kubeconfig: Option<String>,
+    pub accept_content_types: Option<String>,
+    pub content_type: Option<String>,
+    pub qps: Option<f32>,
+    pub burst: Option<i32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Iptables {
+    pub masquerade_bit: Option<i32>,
+    pub masquerade_all: Option<bool>,
+    pub localhost_node_ports: Option<bool>,
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ipvs {
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+    pub scheduler: Option<String>,
+    #[serde(rename = "excludeCIDRs")]
+    pub exclude_cidrs: Option<Vec<String>>,
+    #[serde(rename = "strictARP")]
+    pub strict_arp: Option<bool>,
+    pub tcp_timeout: Option<String>,
+    pub tcp_fin_timeout: Option<String>,
+    pub udp_timeout: Option<String>,
+    /// Older versions.
+    pub masquerade_all: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Nftables {
+    pub masquerade_bit: Option<i32>,
+    pub masquerade_all: Option<bool>,
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Conntrack {
+    /// Older versions: an absolute maximum.
+    pub max: Option<i32>,
+    pub max_per_core: Option<i32>,
+    pub min: Option<i32>,
+    pub tcp_established_timeout: Option<String>,
+    pub tcp_close_wait_timeout: Option<String>,
+    pub tcp_be_liberal: Option<bool>,
+    pub udp_timeout: Option<String>,
+    pub udp_stream_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DetectLocal {
+    pub bridge_interface: Option<String>,
+    pub interface_name_prefix: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Logging {
+    pub format: Option<String>,
+    pub flush_frequency: Option<serde_yaml::Value>,
+    pub verbosity: Option<u8>,
+    pub vmodule: Option<serde_yaml::Value>,
+    pub options: Option<serde_yaml::Value>,
+}
+
+/// Why a configuration file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read --config {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("--config {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+const API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
+
+/// Parses a configuration file's text.
+pub fn parse(path: &str, text: &str) -> Result<KubeProxyConfiguration, Error> {
+    let invalid = |message: String| Error::Invalid { path: path.to_string(), message };
+    let config: KubeProxyConfiguration = serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    match config.api_version.as_deref() {
+        Some(v) if API_VERSIONS.contains(&v) => {}
+        other => {
+            return Err(invalid(format!(
+                "apiVersion {:?}: kpx reads {}",
+                other.unwrap_or(""),
+                API_VERSIONS.join(" or ")
+            )));
+        }
+    }
+    if config.kind.as_deref() != Some("KubeProxyConfiguration") {
+        return Err(invalid(format!(
+            "kind {:?}: expected KubeProxyConfiguration",
+            config.kind.as_deref().unwrap_or("")
+        )));
+    }
+    Ok(config)
+}
+
+/// Sets `value` when the file gives a non-empty one (empty means default).
+fn set_str(to: &mut String, value: &Option<String>) {
+    if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+        *to = v.to_string();
+    }
+}
+
+/// Durations: a zero one means the default, as upstream's defaulting does.
+fn set_duration(to: &mut String, value: &Option<String>) {
+    if let Some(v) = value.as_deref().filter(|v| !v.is_empty() && super::parse_duration(v) != Ok(Default::default())) {
+        *to = v.to_string();
+    }
+}
+
+impl KubeProxyConfiguration {
+    /// The flag values this configuration stands for, on top of `flags`
+    /// (the defaults).
+    pub fn apply(&self, flags: &mut Flags) {
+        if let Some(gates) = &self.feature_gates {
+            flags.feature_gates = gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        }
+        set_str(&mut flags.bind_address, &self.bind_address);
+        set_str(&mut flags.healthz_bind_address, &self.healthz_bind_address);
+        set_str(&mut flags.metrics_bind_address, &self.metrics_bind_address);
+        if let Some(v) = self.bind_address_hard_fail {
+            flags.bind_address_hard_fail = v;
+        }
+        if let Some(v) = self.enable_profiling {
+            flags.profiling = v;
+        }
+        set_str(&mut flags.cluster_cidr, &self.cluster_cidr);
+        set_str(&mut flags.hostname_override, &self.hostname_override);
+        if let Some(c) = &self.client_connection {
+            set_str(&mut flags.kubeconfig, &c.kubeconfig);
+            set_str(&mut flags.kube_api_content_type, &c.content_type);
+            if let Some(q) = c.qps.filter(|q| *q != 0.0) {
+                flags.kube_api_qps = q;
+            }
+            if let Some(b) = c.burst.filter(|b| *b != 0) {
+                flags.kube_api_burst = b;
+            }
+        }
+        set_str(&mut flags.proxy_mode, &self.mode);
+        if let Some(i) = &self.iptables {
+            if let Some(b) = i.masquerade_bit {
+                flags.iptables_masquerade_bit = b;
+            }
+            if let Some(v) = i.masquerade_all {
+                flags.masquerade_all |= v;
+            }
+            if let Some(v) = i.localhost_node_ports {
+                flags.iptables_localhost_nodeports = v;
+            }
+            set_duration(&mut flags.iptables_sync_period, &i.sync_period);
+            set_duration(&mut flags.iptables_min_sync_period, &i.min_sync_period);
+        }
+        // nftables mode reads its own section (upstream: in nftables mode).
+        if let Some(n) = &self.nftables
+            && self.mode.as_deref() == Some("nftables")
+        {
+            if let Some(b) = n.masquerade_bit {
+                flags.iptables_masquerade_bit = b;
+            }
+            if let Some(v) = n.masquerade_all {
+                flags.masquerade_all |= v;
+            }
+            set_duration(&mut flags.iptables_sync_period, &n.sync_period);
+            set_duration(&mut flags.iptables_min_sync_period, &n.min_sync_period);
+        }
+        set_duration(&mut flags.iptables_sync_period, &self.sync_period);
+        set_duration(&mut flags.iptables_min_sync_period, &self.min_sync_period);
+        if let Some(i) = &self.ipvs {
+            set_duration(&mut flags.ipvs_sync_period, &i.sync_period);
+            set_duration(&mut flags.ipvs_min_sync_period, &i.min_sync_period);
+            set_str(&mut flags.ipvs_scheduler, &i.scheduler);
+            if let Some(c) = &i.exclude_cidrs {
+                flags.ipvs_exclude_cidrs = c.clone();
+            }
+            if let Some(v) = i.strict_arp {
+                flags.ipvs_strict_arp = v;
+            }
+            set_duration(&mut flags.ipvs_tcp_timeout, &i.tcp_timeout);
+            set_duration(&mut flags.ipvs_tcpfin_timeout, &i.tcp_fin_timeout);
+            set_duration(&mut flags.ipvs_udp_timeout, &i.udp_timeout);
+        }
+        if let Some(v) = self.oom_score_adj {
+            flags.oom_score_adj = v;
+        }
+        set_str(&mut flags.proxy_port_range, &self.port_range);
+        set_duration(&mut flags.udp_timeout, &self.udp_idle_timeout);
+        if let Some(c) = &self.conntrack {
+            if let Some(v) = c.max_per_core {
+                flags.conntrack_max_per_core = v;
+            }
+            if let Some(v) = c.min {
+                flags.conntrack_min = v;
+            }
+            set_duration(&mut flags.conntrack_tcp_timeout_established, &c.tcp_established_timeout);
+            set_duration(&mut flags.conntrack_tcp_timeout_close_wait, &c.tcp_close_wait_timeout);
+            if let Some(v) = c.tcp_be_liberal {
+                flags.conntrack_tcp_be_liberal = v;
+            }
+            set_duration(&mut flags.conntrack_udp_timeout, &c.udp_timeout);
+            set_duration(&mut flags.conntrack_udp_timeout_stream, &c.udp_stream_timeout);
+        }
+        set_duration(&mut flags.config_sync_period, &self.config_sync_period);
+        if let Some(a) = &self.node_port_addresses {
+            flags.nodeport_addresses = a.clone();
+        }
+        set_str(&mut flags.show_hidden_metrics_for_version, &self.show_hidden_metrics_for_version);
+        set_str(&mut flags.detect_local_mode, &self.detect_local_mode);
+        if let Some(d) = &self.detect_local {
+            set_str(&mut flags.pod_bridge_interface, &d.bridge_interface);
+            set_str(&mut flags.pod_interface_name_prefix, &d.interface_name_prefix);
+        }
+        if let Some(l) = &self.logging {
+            if let Some(v) = l.verbosity.filter(|v| *v > 0) {
+                flags.verbosity = v;
+            }
+            set_str(&mut flags.logging_format, &l.format);
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! `--feature-gates`: Kubernetes feature gates kube-proxy's releases
+//! know. A gate kpx's behaviour depends on is honoured; the others are
+//! accepted (their features are always on in kpx, or do not concern a
+//! Linux service proxy); an unknown gate is refused, as upstream refuses it.
+
+use std::collections::BTreeMap;
+
+/// (gate, what kpx does with it).
+pub const KNOWN: &[(&str, &str)] = &[
+    ("AllAlpha", "accepted; kpx has no alpha features behind gates"),
+    ("AllBeta", "accepted; kpx has no beta features behind gates"),
+    ("MultiCIDRServiceAllocator", "accepted; ServiceCIDRs are always read"),
+    ("ServiceTrafficDistribution", "accepted; trafficDistribution is always honoured"),
+    ("TopologyAwareHints", "accepted; hints are always honoured"),
+    ("NFTablesProxyMode", "accepted; --proxy-mode nftables is always available"),
+    ("KubeProxyDrainingTerminatingNodes", "accepted; always on"),
+    ("LoadBalancerIPMode", "accepted; ipMode Proxy is always honoured"),
+    ("ProxyTerminatingEndpoints", "accepted; always on"),
+    ("EndpointSliceTerminatingCondition", "accepted; always on"),
+    ("ServiceInternalTrafficPolicy", "accepted; always on"),
+    ("MixedProtocolLBService", "accepted; always on"),
+    ("IPv6DualStack", "accepted; always on"),
+    ("EndpointSliceProxying", "accepted; always on"),
+    ("SCTPSupport", "accepted; always on"),
+    ("ServiceLBNodePortControl", "accepted; always on"),
+    ("MinimizeIPTablesRestore", "accepted; always on"),
+    ("IPTablesOwnershipCleanup", "accepted; always on"),
+    ("WinDSR", "accepted; Windows only"),
+    ("WinOverlay", "accepted; Windows only"),
+    ("ContextualLogging", "accepted; no effect"),
+    ("LoggingAlphaOptions", "accepted; no effect"),
+    ("LoggingBetaOptions", "accepted; no effect"),
+];
+
+/// Parses `key=bool,…`; an unknown gate or a bad value is an error.
+pub fn parse(text: &str) -> Result<BTreeMap<String, bool>, String> {
+    let mut out = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').ok_or_else(|| format!("missing bool value for {pair}"))?;
+        let (key, value) = (key.trim(), value.trim());
+        if !KNOWN.iter().any(|(k, _)| *k == key) {
+            return Err(format!("unrecognized feature gate: {key}"));
+        }
+        let enabled = super::go_bool(value).map_err(|e| format!("invalid value of {key}={value}: {e}"))?;
+        out.insert(key.to_string(), enabled);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_gates_and_go_bools() {
+        let g = parse("MultiCIDRServiceAllocator=true, AllAlpha=F").unwrap();
+        assert!(g["MultiCIDRServiceAllocator"]);
+        assert!(!g["AllAlpha"]);
+        assert_eq!(parse("").unwrap().len(), 0);
+        assert_eq!(parse("NoSuchGate=true").unwrap_err(), "unrecognized feature gate: NoSuchGate");
+        assert!(parse("AllAlpha").is_err());
+        assert!(parse("AllAlpha=yes").is_err());
+    }
+}
