@@ -141,22 +141,21 @@ pub fn run(config: Config) -> Result<(), Error> {
         Source::Api(api) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
             let client = runtime.block_on(crate::source::api::client(api))?;
-            let (node, resync) = (config.node_name.clone(), api.resync);
+            let node = config.node_name.clone();
             std::thread::Builder::new()
                 .name("api".into())
-                .spawn(move || runtime.block_on(crate::source::api::run(client, node, resync, tx)))
+                .spawn(move || runtime.block_on(crate::source::api::run(client, node, tx)))
         }
     }
     .expect("spawn the source thread");
     let families: Vec<IpFamily> = proxiers.iter().map(FamilyProxier::family).collect();
     // upstream: a change not programmed within twice the sync period is unhealthy.
     let health = ProxyHealth::new(2 * config.sync_period, families);
-    let telemetry = Arc::new(Telemetry::new(health, config.mode.as_str(), config.configz().to_string()));
-    let service_health = if config.nodeport_addresses.match_all() {
-        Bind::All
-    } else {
-        Bind::Addresses(nodeport_listen_addresses(&config))
-    };
+    let telemetry = Arc::new(Telemetry::new(health, config.mode, config.configz().to_string()));
+    // No address selected (or none readable): every address, as upstream
+    // falls back to.
+    let selected = if config.nodeport_addresses.match_all() { Vec::new() } else { nodeport_listen_addresses(&config) };
+    let service_health = if selected.is_empty() { Bind::All } else { Bind::Addresses(selected) };
     crate::serve::start(
         telemetry.clone(),
         Endpoints {
@@ -225,8 +224,11 @@ mod tests {
             panic!("manifest parser blew up");
         });
         // The sync loop returns when the source's sender is gone.
-        let telemetry =
-            Telemetry::new(ProxyHealth::new(std::time::Duration::from_secs(2), Vec::new()), "iptables", "{}".into());
+        let telemetry = Telemetry::new(
+            ProxyHealth::new(std::time::Duration::from_secs(2), Vec::new()),
+            ProxyMode::Iptables,
+            "{}".into(),
+        );
         sync::run(
             State::new("n"),
             rx,

@@ -415,8 +415,8 @@ pub struct ApiConfig {
     /// Requests per second (0: unlimited) and burst.
     pub qps: f32,
     pub burst: u32,
-    /// --config-sync-period: how often the source re-reads the whole state
-    /// from its cache (the informers' resync).
+    /// --config-sync-period: upstream's informer resync period (validated,
+    /// shown in /configz; kpx's level-based state needs no replay).
     pub resync: Duration,
 }
 
@@ -709,8 +709,12 @@ impl Flags {
                 ));
             }
         }
-        if self.kube_api_qps.is_nan() {
-            return Err(invalid("kube-api-qps", "NaN", "a number"));
+        if self.kube_api_qps.is_nan() || (self.kube_api_qps > 0.0 && self.kube_api_qps < 0.001) {
+            return Err(invalid(
+                "kube-api-qps",
+                &self.kube_api_qps.to_string(),
+                "0 (default), a negative number (no limit), or at least 0.001",
+            ));
         }
         // As client-go: 0 means the defaults (5 QPS, burst 10); a negative
         // QPS turns the limit off.

@@ -42,12 +42,12 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    pub fn new(health: ProxyHealth, proxy_mode: &str, configz: String) -> Telemetry {
+    pub fn new(health: ProxyHealth, proxy_mode: kpx_rules::model::ProxyMode, configz: String) -> Telemetry {
         Telemetry {
             health,
-            metrics: Metrics::new(),
+            metrics: Metrics::new(proxy_mode),
             checks: watch::channel(Checks::new()).0,
-            proxy_mode: proxy_mode.to_string(),
+            proxy_mode: proxy_mode.as_str().to_string(),
             configz,
         }
     }
@@ -104,26 +104,56 @@ pub struct Endpoints {
     pub hard_fail: bool,
 }
 
-fn listen(flag: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
-    let l = std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { flag, addr, source })?;
-    l.set_nonblocking(true).map_err(|source| Error::Bind { flag, addr, source })?;
-    Ok(l)
+/// How often a server that could not bind tries again (upstream: 5 s).
+const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+type Route = fn(&Telemetry, &str) -> Answer;
+
+/// Serves one endpoint; if its address cannot be bound now, retries every
+/// [`BIND_RETRY`], as upstream does when --bind-address-hard-fail is off.
+async fn serve_when_bound(
+    flag: &'static str,
+    addr: SocketAddr,
+    first: Option<std::net::TcpListener>,
+    telemetry: Arc<Telemetry>,
+    route: Route,
+    never: watch::Receiver<bool>,
+) {
+    let mut listener = first;
+    while listener.is_none() {
+        tokio::time::sleep(BIND_RETRY).await;
+        match http::bind(addr) {
+            Ok(l) => {
+                tracing::info!("serving --{flag} on {addr} now");
+                listener = Some(l);
+            }
+            Err(e) => tracing::error!("cannot serve --{flag} on {addr}, retrying in {BIND_RETRY:?}: {e}"),
+        }
+    }
+    let l = tokio::net::TcpListener::from_std(listener.expect("bound")).expect("a listener inside the runtime");
+    http::serve(l, Arc::new(move |p: &str| route(&telemetry, p)), never).await;
 }
 
-/// Opens the listeners (an address in use is an error naming its flag)
-/// and serves them on a thread of their own for as long as kpx runs.
+/// Opens the listeners and serves them on a thread of their own for as
+/// long as kpx runs. An address that cannot be bound is an error naming
+/// its flag with --bind-address-hard-fail; otherwise it is logged and
+/// retried.
 pub fn start(telemetry: Arc<Telemetry>, endpoints: Endpoints) -> Result<(), Error> {
-    let open = |flag: &'static str, addr: Option<SocketAddr>| -> Result<Option<std::net::TcpListener>, Error> {
-        match addr.map(|a| listen(flag, a)).transpose() {
-            Err(e) if !endpoints.hard_fail => {
-                tracing::error!("{e} (serving without it; --bind-address-hard-fail makes this fatal)");
-                Ok(None)
+    let mut servers: Vec<(&'static str, SocketAddr, Option<std::net::TcpListener>, Route)> = Vec::new();
+    for (flag, addr, route) in [
+        ("healthz-bind-address", endpoints.healthz, Telemetry::health_answer as Route),
+        ("metrics-bind-address", endpoints.metrics, Telemetry::metrics_answer as Route),
+    ] {
+        let Some(addr) = addr else { continue };
+        match http::bind(addr) {
+            Ok(l) => servers.push((flag, addr, Some(l), route)),
+            Err(source) if endpoints.hard_fail => return Err(Error::Bind { flag, addr, source }),
+            Err(e) => {
+                tracing::error!("cannot serve --{flag} on {addr}, retrying in {BIND_RETRY:?}: {e}");
+                servers.push((flag, addr, None, route));
             }
-            other => other,
         }
-    };
-    let healthz = open("healthz-bind-address", endpoints.healthz)?;
-    let metrics = open("metrics-bind-address", endpoints.metrics)?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
     let checks = telemetry.checks.subscribe();
     std::thread::Builder::new()
@@ -132,14 +162,8 @@ pub fn start(telemetry: Arc<Telemetry>, endpoints: Endpoints) -> Result<(), Erro
             runtime.block_on(async move {
                 // Never stopped: the servers live as long as the process.
                 let (_keep, never) = watch::channel(false);
-                for (listener, route) in [
-                    (healthz, Telemetry::health_answer as fn(&Telemetry, &str) -> Answer),
-                    (metrics, Telemetry::metrics_answer),
-                ] {
-                    let Some(l) = listener else { continue };
-                    let l = tokio::net::TcpListener::from_std(l).expect("a listener inside the runtime");
-                    let t = telemetry.clone();
-                    tokio::spawn(http::serve(l, Arc::new(move |p: &str| route(&t, p)), never.clone()));
+                for (flag, addr, listener, route) in servers {
+                    tokio::spawn(serve_when_bound(flag, addr, listener, telemetry.clone(), route, never.clone()));
                 }
                 service_health::run(telemetry, checks, endpoints.service_health).await;
             })

@@ -16,7 +16,7 @@ use crate::kernel::SyncError;
 use crate::serve::Telemetry;
 use crate::serve::health::Stamp;
 use crate::serve::metrics::PluginLabel;
-use crate::source::{Event, Kind, Object};
+use crate::source::{Event, Kind, Object, ObjectRef};
 use crate::state::{Changes, State};
 
 /// upstream's `proxyutil.FullSyncPeriod`.
@@ -92,33 +92,33 @@ fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Counts what the sources report since the last good sync, as upstream's
-/// change trackers do.
+/// What the sources reported since the last good sync, as upstream's
+/// change trackers count it: every change in the totals, each object
+/// with a pending change once in the pending gauges.
 #[derive(Default)]
 struct Pending {
-    services: i64,
-    endpoints: i64,
+    services: std::collections::BTreeSet<ObjectRef>,
+    endpoints: std::collections::BTreeSet<ObjectRef>,
 }
 
 impl Pending {
     fn note(&mut self, event: &Event, telemetry: &Telemetry) {
-        let kind = match event {
-            Event::Apply(Object::Service(_)) => Kind::Service,
-            Event::Apply(Object::EndpointSlice(_)) => Kind::EndpointSlice,
-            Event::Delete(r) => r.kind,
+        let object = match event {
+            Event::Apply(o @ (Object::Service(_) | Object::EndpointSlice(_))) => o.object_ref(),
+            Event::Delete(r) => r.clone(),
             _ => return,
         };
         let m = &telemetry.metrics;
-        match kind {
+        match object.kind {
             Kind::Service => {
                 m.service_changes_total.inc();
-                self.services += 1;
-                m.service_changes_pending.set(self.services);
+                self.services.insert(object);
+                m.service_changes_pending.set(self.services.len() as i64);
             }
             Kind::EndpointSlice => {
                 m.endpoint_changes_total.inc();
-                self.endpoints += 1;
-                m.endpoint_changes_pending.set(self.endpoints);
+                self.endpoints.insert(object);
+                m.endpoint_changes_pending.set(self.endpoints.len() as i64);
             }
             _ => {}
         }
@@ -180,7 +180,9 @@ pub fn run(
                     node |= matches!(&event, Event::Apply(Object::Node(_)));
                     changed |= state.apply(event);
                 }
-                if changed {
+                // Upstream queues nothing before its initial lists are in:
+                // a long first list must not make the proxy unhealthy.
+                if changed && state.is_synced() {
                     let now = Stamp::now();
                     for proxier in &proxiers {
                         telemetry.health.queued(proxier.family(), now);

@@ -118,6 +118,9 @@ fn follows_the_api_through_faults(mode: &str) {
     let (dir, _) = run_dirs(&format!("api-{mode}"));
     let (be1, be2) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
     let server = start_server(&lab);
+    // Lists come in pages of one: every list of more than one object
+    // crosses continue tokens.
+    server.set_max_page(1);
     put(&server, NODE);
     put(&server, &web(&[&be1]));
     let mut kpx = lab.start_kpx(KPX.as_ref(), &kpx_api_args(&dir, &server, mode), &dir.join("kpx.log")).unwrap();
@@ -157,6 +160,8 @@ fn follows_the_api_through_faults(mode: &str) {
     std::thread::sleep(Duration::from_millis(300));
     put(&server, &format!("{}---\n{}", service("api3", "10.96.0.12"), slice("api3", &[&be1])));
     server.compact();
+    // And the next requests fail: the relist starts through 500s.
+    server.fail_next(3, 500);
     // The relist is slow too (1.5 s a response), so that a source which
     // dropped its objects when a relist starts would have them synced away.
     let t0 = Instant::now();
@@ -206,7 +211,24 @@ fn follows_the_api_through_faults(mode: &str) {
     assert!(!log.contains("sync failed"), "{mode}: a sync failed:\n{log}");
     assert!(kpx.is_running(), "{mode}: kpx exited:\n{log}");
     // deploy/'s ClusterRole grants exactly what this run asked for.
-    crate::deploy::check_cluster_role(&server.requests());
+    let requests = server.requests();
+    crate::deploy::check_cluster_role(&requests);
+    // Upstream's selectors, on every list and watch of their kinds; lists
+    // were paginated.
+    for r in &requests {
+        let wanted = match r.resource.as_str() {
+            "/services" | "discovery.k8s.io/endpointslices" => {
+                "labelSelector=!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+            }
+            "/nodes" => "fieldSelector=metadata.name=node",
+            _ => continue,
+        };
+        assert!(r.query.contains(wanted), "{mode}: {} {} without {wanted}: {}", r.verb, r.resource, r.query);
+    }
+    assert!(
+        requests.iter().any(|r| r.verb == "list" && r.query.contains("continue=")),
+        "{mode}: no list was paginated"
+    );
 }
 
 #[test]

@@ -139,6 +139,12 @@ fn servers_answer(mode: &str) {
     assert_eq!(sample(&text, "kubeproxy_sync_proxy_rules_service_changes_total"), Some(1.0), "{mode}:\n{text}");
     assert!(sample(&text, "kubeproxy_proxy_healthz_total{code=\"503\"}").unwrap_or(0.0) >= 1.0, "{text}");
     assert!(sample(&text, "kubeproxy_proxy_healthz_total{code=\"200\"}").unwrap_or(0.0) >= 1.0, "{text}");
+    let (own, other) = match mode {
+        "iptables" => ("kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "nftables_sync_failures"),
+        _ => ("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "iptables_restore_failures"),
+    };
+    assert_eq!(sample(&text, own), Some(0.0), "{mode}: {own}");
+    assert!(!text.contains(other), "{mode}: the other mode's metric is exported");
     assert_eq!(get(&lab.node, metrics, "/proxyMode").map(|(_, b)| b), Some(mode.to_string()));
     let (_, configz) = wait_status(&lab.node, metrics, "/configz", 200);
     let configz: Value = serde_json::from_str(&configz).expect("configz is JSON");

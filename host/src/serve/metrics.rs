@@ -11,19 +11,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use kpx_rules::model::ProxyMode;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     pub code: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableLabel {
-    pub table: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PolicyLabel {
-    pub traffic_policy: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,15 +29,6 @@ fn sync_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 15)
 }
 
-/// upstream's network programming buckets: 0.25 s to 5 min.
-fn programming_buckets() -> Vec<f64> {
-    let mut b = vec![0.0, 0.25, 0.5];
-    b.extend((1..=59).map(f64::from));
-    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
-    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
-    b
-}
-
 /// Every metric kpx exports; cheap to update from the sync thread.
 pub struct Metrics {
     registry: Registry,
@@ -54,33 +37,24 @@ pub struct Metrics {
     pub partial_sync_duration: Histogram,
     pub last_sync_timestamp: FloatGauge,
     pub last_queued_timestamp: FloatGauge,
-    pub network_programming: Histogram,
     pub endpoint_changes_total: Counter,
     pub endpoint_changes_pending: Gauge,
     pub service_changes_total: Counter,
     pub service_changes_pending: Gauge,
     pub iptables_restore_failures: Counter,
     pub nftables_sync_failures: Counter,
-    pub iptables_total: Family<TableLabel, Gauge>,
-    pub no_local_endpoints: Family<PolicyLabel, Gauge>,
     pub healthz: Family<CodeLabel, Counter>,
     pub livez: Family<CodeLabel, Counter>,
-    pub plugin_calls: Family<PluginLabel, Counter>,
     pub plugin_traps: Family<PluginLabel, Counter>,
     pub plugin_refusals: Family<PluginLabel, Counter>,
-    pub plugin_fuel: Family<PluginLabel, Counter>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
 }
 
-impl Default for Metrics {
-    fn default() -> Metrics {
-        Metrics::new()
-    }
-}
-
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// The metrics of `mode` (the other mode's failure counter is not
+    /// registered, as upstream registers per mode).
+    pub fn new(mode: ProxyMode) -> Metrics {
         let mut r = Registry::default();
         // The client appends `_total` to counters.
         let m = Metrics {
@@ -89,21 +63,16 @@ impl Metrics {
             partial_sync_duration: Histogram::new(sync_buckets()),
             last_sync_timestamp: FloatGauge::default(),
             last_queued_timestamp: FloatGauge::default(),
-            network_programming: Histogram::new(programming_buckets()),
             endpoint_changes_total: Counter::default(),
             endpoint_changes_pending: Gauge::default(),
             service_changes_total: Counter::default(),
             service_changes_pending: Gauge::default(),
             iptables_restore_failures: Counter::default(),
             nftables_sync_failures: Counter::default(),
-            iptables_total: Family::default(),
-            no_local_endpoints: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
-            plugin_calls: Family::default(),
             plugin_traps: Family::default(),
             plugin_refusals: Family::default(),
-            plugin_fuel: Family::default(),
             plugin_render_duration: Histogram::new(sync_buckets()),
             validation_duration: Histogram::new(sync_buckets()),
             registry: Registry::default(),
@@ -134,11 +103,6 @@ impl Metrics {
             m.last_queued_timestamp.clone(),
         );
         r.register(
-            "kubeproxy_network_programming_duration_seconds",
-            "In Cluster Network Programming Latency in seconds",
-            m.network_programming.clone(),
-        );
-        r.register(
             "kubeproxy_sync_proxy_rules_endpoint_changes",
             "Cumulative proxy rules Endpoint changes",
             m.endpoint_changes_total.clone(),
@@ -158,36 +122,22 @@ impl Metrics {
             "Pending proxy rules Service changes",
             m.service_changes_pending.clone(),
         );
-        r.register(
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
-            "Cumulative proxy iptables restore failures",
-            m.iptables_restore_failures.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
-            "Cumulative proxy nftables sync failures",
-            m.nftables_sync_failures.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_iptables_total",
-            "Total number of iptables rules owned by kube-proxy",
-            m.iptables_total.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            "Number of services with a Local traffic policy and no endpoints",
-            m.no_local_endpoints.clone(),
-        );
+        match mode {
+            ProxyMode::Iptables => r.register(
+                "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+                "Cumulative proxy iptables restore failures",
+                m.iptables_restore_failures.clone(),
+            ),
+            ProxyMode::Nftables => r.register(
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+                "Cumulative proxy nftables sync failures",
+                m.nftables_sync_failures.clone(),
+            ),
+        }
         r.register("kubeproxy_proxy_healthz", "Cumulative proxy healthz HTTP status", m.healthz.clone());
         r.register("kubeproxy_proxy_livez", "Cumulative proxy livez HTTP status", m.livez.clone());
-        r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
         r.register("kpx_plugin_traps", "Plugin calls that trapped (the instance is replaced)", m.plugin_traps.clone());
         r.register("kpx_plugin_refusals", "Rulesets of a plugin the host refused", m.plugin_refusals.clone());
-        r.register(
-            "kpx_plugin_fuel_used",
-            "Fuel (about one unit per WebAssembly instruction) plugin calls used",
-            m.plugin_fuel.clone(),
-        );
         r.register(
             "kpx_plugin_render_duration_seconds",
             "Time in the plugin per sync (apply and render)",
@@ -215,12 +165,12 @@ mod tests {
 
     #[test]
     fn names_and_types_as_upstream() {
-        let m = Metrics::new();
+        let m = Metrics::new(ProxyMode::Nftables);
         m.endpoint_changes_total.inc();
         m.healthz.get_or_create(&CodeLabel { code: "200".into() }).inc();
         m.sync_duration.observe(0.003);
-        m.iptables_total.get_or_create(&TableLabel { table: "nat".into() }).set(7);
         let text = m.encode();
+        assert!(!text.contains("iptables_restore_failures"), "iptables metrics only in iptables mode");
         for line in [
             "# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram",
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 1",
@@ -228,7 +178,7 @@ mod tests {
             "# TYPE kubeproxy_sync_proxy_rules_endpoint_changes counter",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
             "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
-            "kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} 7",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 0",
             "# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");

@@ -5,7 +5,7 @@
 //! else 503, and the same JSON body).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -27,9 +27,9 @@ pub fn body(name: &ServiceName, endpoints: usize, healthy: bool) -> String {
     )
 }
 
-/// Where the listeners bind: every address (one dual-stack socket, or
-/// IPv4 alone where the node has no IPv6), or the node's addresses that
-/// --nodeport-addresses selects.
+/// Where the listeners bind: every address (one dual-stack socket, as Go
+/// binds 0.0.0.0, or IPv4 alone where the node has no IPv6), or the node's
+/// addresses that --nodeport-addresses selects.
 #[derive(Debug, Clone)]
 pub enum Bind {
     All,
@@ -37,33 +37,53 @@ pub enum Bind {
 }
 
 fn bind(addresses: &Bind, port: u16) -> std::io::Result<Vec<tokio::net::TcpListener>> {
-    let std_listen = |ip: IpAddr| -> std::io::Result<tokio::net::TcpListener> {
-        let l = std::net::TcpListener::bind(SocketAddr::new(ip, port))?;
-        l.set_nonblocking(true)?;
-        tokio::net::TcpListener::from_std(l)
-    };
+    let listen = |ip: IpAddr| tokio::net::TcpListener::from_std(http::bind(SocketAddr::new(ip, port))?);
     match addresses {
-        Bind::All => match std_listen(IpAddr::V6(Ipv6Addr::UNSPECIFIED)) {
-            Ok(l) => Ok(vec![l]),
-            Err(_) => Ok(vec![std_listen(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?]),
-        },
-        Bind::Addresses(ips) => ips.iter().map(|ip| std_listen(*ip)).collect(),
+        Bind::All => Ok(vec![listen(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?]),
+        Bind::Addresses(ips) => ips.iter().map(|ip| listen(*ip)).collect(),
     }
 }
 
-/// Keeps one listener set per Service as `checks` changes.
+/// How often a health check that could not open is tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One Service's open listeners.
+struct Open {
+    port: u16,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Open {
+    /// Closes the listeners, and returns once their sockets are gone (so
+    /// that another Service can take the port in the same pass).
+    async fn close(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Keeps one listener set per Service as `checks` changes; one that could
+/// not open is tried again every [`RETRY`].
 pub async fn run(telemetry: Arc<Telemetry>, mut checks: watch::Receiver<Checks>, addresses: Bind) {
-    let mut open: BTreeMap<ServiceName, (u16, watch::Sender<bool>)> = BTreeMap::new();
+    let mut open: BTreeMap<ServiceName, Open> = BTreeMap::new();
+    let (_keep, never) = watch::channel(false);
     loop {
         let desired = checks.borrow_and_update().clone();
-        open.retain(|name, (port, stop)| {
-            let keep = desired.get(name).is_some_and(|(p, _)| p == port);
-            if !keep {
-                tracing::info!(service = %name, port = *port, "closing health check");
-                let _ = stop.send(true);
-            }
-            keep
-        });
+        let stale: Vec<ServiceName> = open
+            .iter()
+            .filter(|(name, o)| desired.get(*name).is_none_or(|(p, _)| *p != o.port))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            let o = open.remove(&name).expect("listed");
+            tracing::info!(service = %name, port = o.port, "closing health check");
+            o.close().await;
+        }
+        let mut failed = false;
         for (name, (port, _)) in &desired {
             if open.contains_key(name) {
                 continue;
@@ -71,7 +91,7 @@ pub async fn run(telemetry: Arc<Telemetry>, mut checks: watch::Receiver<Checks>,
             match bind(&addresses, *port) {
                 Ok(listeners) => {
                     tracing::info!(service = %name, port = *port, "opening health check");
-                    let (stop, stopped) = watch::channel(false);
+                    let mut tasks = Vec::new();
                     for l in listeners {
                         let (t, c, n) = (telemetry.clone(), checks.clone(), name.clone());
                         let handler: http::Handler = Arc::new(move |_path: &str| {
@@ -80,16 +100,19 @@ pub async fn run(telemetry: Arc<Telemetry>, mut checks: watch::Receiver<Checks>,
                             let status = if count > 0 && healthy { 200 } else { 503 };
                             Answer::json(status, body(&n, count, healthy))
                         });
-                        tokio::spawn(http::serve(l, handler, stopped.clone()));
+                        tasks.push(tokio::spawn(http::serve(l, handler, never.clone())));
                     }
-                    open.insert(name.clone(), (*port, stop));
+                    open.insert(name.clone(), Open { port: *port, tasks });
                 }
-                // Retried on the next change, as upstream does.
-                Err(e) => tracing::error!(service = %name, port = *port, "cannot open the health check: {e}"),
+                Err(e) => {
+                    failed = true;
+                    tracing::error!(service = %name, port = *port, "cannot open the health check, retrying in {RETRY:?}: {e}");
+                }
             }
         }
-        if checks.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = checks.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(RETRY), if failed => {}
         }
     }
 }

@@ -4,12 +4,16 @@
 //!
 //! - Services and EndpointSlices use upstream's label selector: not
 //!   headless, no `service.kubernetes.io/service-proxy-name`.
-//! - `Synced` is sent once every kind's first list is complete; until then
-//!   nothing is programmed.
-//! - A relist (after a dropped watch, a 410 Gone, a server restart, or the
-//!   periodic refresh of `--config-sync-period`) is diffed against what was
-//!   reported: changed objects are applied, vanished ones deleted, and
-//!   nothing else is touched, so programmed rules are never flushed.
+//! - `Synced` is sent once the first lists of Services, EndpointSlices and
+//!   this Node are complete; until then nothing is programmed.
+//! - A relist (after a 410 Gone, or a watch that cannot resume) is diffed
+//!   against what was reported: changed objects are applied, vanished ones
+//!   deleted, and nothing else is touched, so programmed rules are never
+//!   flushed. An error never deletes anything.
+//! - `--config-sync-period` is upstream's informer resync: a replay of the
+//!   informers' cache to handlers that find nothing changed. kpx's state is
+//!   level-based, so it has no such replay; the flag is validated and shown
+//!   in /configz.
 //! - Fields the proxy does not read are dropped on arrival.
 
 mod mirror;
@@ -79,6 +83,35 @@ pub async fn client(config: &ApiConfig) -> Result<Client, Error> {
 /// One kind's watch events, the object already stripped.
 type Item = (Kind, Result<WatchEvent<Object>, watcher::Error>);
 
+/// Retries for a kind the server may not serve (ServiceCIDR before
+/// Kubernetes 1.33): doubling from 1 s to 5 min, so that thousands of
+/// nodes of an older cluster ask rarely, and a cluster upgraded under kpx
+/// is picked up.
+#[derive(Debug, Clone)]
+struct Patient {
+    next: Duration,
+}
+
+impl Patient {
+    const FIRST: Duration = Duration::from_secs(1);
+    const MOST: Duration = Duration::from_secs(300);
+}
+
+impl Iterator for Patient {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (self.next * 2).min(Self::MOST);
+        Some(now)
+    }
+}
+
+impl kube::runtime::utils::Backoff for Patient {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
 fn watch_kind<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -89,19 +122,12 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
 {
-    watch::watcher(api, config)
-        .default_backoff()
-        .map(move |r| (kind, r.map(|e| convert(e, wrap))))
-        // A kind the server does not serve (ServiceCIDR before Kubernetes
-        // 1.33) ends its stream after reporting it once.
-        .scan(false, |ended, item| {
-            if *ended {
-                return futures::future::ready(None);
-            }
-            *ended = matches!(&item.1, Err(e) if not_served(e));
-            futures::future::ready(Some(item))
-        })
-        .boxed()
+    let events = watch::watcher(api, config);
+    let events = match kind {
+        Kind::ServiceCidr => events.backoff(Patient { next: Patient::FIRST }).boxed(),
+        _ => events.default_backoff().boxed(),
+    };
+    events.map(move |r| (kind, r.map(|e| convert(e, wrap)))).boxed()
 }
 
 fn convert<K>(e: WatchEvent<K>, wrap: fn(K) -> Object) -> WatchEvent<Object> {
@@ -114,14 +140,23 @@ fn convert<K>(e: WatchEvent<K>, wrap: fn(K) -> Object) -> WatchEvent<Object> {
     }
 }
 
-fn not_served(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
+/// The status code of an error the API server answered.
+fn status(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    }
 }
 
-/// The four watches, from their first list.
+/// The four watches. Lists are served from the API server's watch cache
+/// (resourceVersion=0, as client-go's reflector lists), not from etcd.
 fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futures::stream::BoxStream<'static, Item>> {
-    let services = watcher::Config::default().labels(SERVICE_SELECTOR);
-    let node = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let base = watcher::Config::default().any_semantic();
+    let services = base.clone().labels(SERVICE_SELECTOR);
+    let node = base.clone().fields(&format!("metadata.name={node_name}"));
     futures::stream::select_all([
         watch_kind(Api::<Service>::all(client.clone()), services.clone(), Kind::Service, |o| {
             Object::Service(Arc::new(strip::service(o)))
@@ -130,56 +165,67 @@ fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futur
             Object::EndpointSlice(Arc::new(strip::endpoint_slice(o)))
         }),
         watch_kind(Api::<Node>::all(client.clone()), node, Kind::Node, |o| Object::Node(Arc::new(strip::node(o)))),
-        watch_kind(Api::<ServiceCIDR>::all(client.clone()), watcher::Config::default(), Kind::ServiceCidr, |o| {
+        watch_kind(Api::<ServiceCIDR>::all(client.clone()), base, Kind::ServiceCidr, |o| {
             Object::ServiceCidr(Arc::new(strip::service_cidr(o)))
         }),
     ])
 }
 
-/// Runs until the receiver is gone: watches, relists every `resync`, and
-/// sends what changed.
-pub async fn run(client: Client, node_name: String, resync: Duration, tx: Sender<Event>) {
+/// The kinds whose first list the first sync waits for: Services and
+/// EndpointSlices (as upstream's `isInitialized`), and this node's Node
+/// (its addresses, pod CIDRs and zone shape the rules). ServiceCIDRs apply
+/// when they arrive: a cluster that does not serve them, or a role that
+/// does not grant them, must not keep a node unprogrammed.
+const FIRST_SYNC_WAITS_FOR: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+/// Runs until the receiver is gone: watches and sends what changed. The
+/// watcher relists by itself after an expired resource version or a
+/// broken watch; each relist is diffed against what was reported.
+pub async fn run(client: Client, node_name: String, tx: Sender<Event>) {
     let mut mirrors: Vec<Mirror> =
         [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr].into_iter().map(Mirror::new).collect();
     let mut synced = false;
-    loop {
-        let mut events = streams(&client, &node_name);
-        let refresh = tokio::time::sleep(resync);
-        tokio::pin!(refresh);
-        loop {
-            let (kind, result) = tokio::select! {
-                item = events.next() => match item {
-                    Some(item) => item,
-                    // Every stream ended (only the ServiceCIDR one can): wait for the refresh.
-                    None => { (&mut refresh).await; break; }
-                },
-                _ = &mut refresh => break,
-            };
-            let mirror = mirrors.iter_mut().find(|m| m.kind() == kind).expect("a mirror per kind");
-            let out = match result {
-                Ok(event) => mirror.on(event),
-                Err(e) if not_served(&e) => {
-                    tracing::info!(kind = %kind, "the API server does not serve this kind; reading none");
+    let mut events = streams(&client, &node_name);
+    while let Some((kind, result)) = events.next().await {
+        let mirror = mirrors.iter_mut().find(|m| m.kind() == kind).expect("a mirror per kind");
+        let out = match result {
+            Ok(event) => mirror.on(event),
+            // Not served: none, until the server serves the kind (it is
+            // asked again, rarely). Objects once listed are never dropped
+            // for an error: a 404 from one server of a mixed-version
+            // control plane must not delete them.
+            Err(e) if kind == Kind::ServiceCidr && status(&e) == Some(404) => {
+                if mirror.listed() {
+                    tracing::debug!(kind = %kind, "not served by this API server; keeping what was read: {e}");
+                    Vec::new()
+                } else {
+                    tracing::info!(kind = %kind, "the API server does not serve this kind; reading none for now");
                     mirror.not_served()
                 }
-                Err(e) => {
-                    tracing::warn!(kind = %kind, "watch failed, retrying: {e}");
-                    Vec::new()
-                }
-            };
-            for event in out {
-                if tx.send(event).is_err() {
-                    return;
-                }
             }
-            if !synced && mirrors.iter().all(Mirror::listed) {
-                synced = true;
-                tracing::info!("every initial list is complete");
-                if tx.send(Event::Synced).is_err() {
-                    return;
-                }
+            Err(e) if status(&e) == Some(403) => {
+                tracing::error!(kind = %kind, "forbidden: kpx's ClusterRole must allow list and watch (deploy/kpx.yaml): {e}");
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(kind = %kind, "watch failed, retrying: {e}");
+                Vec::new()
+            }
+        };
+        for event in out {
+            if tx.send(event).is_err() {
+                return;
             }
         }
-        tracing::debug!("refreshing every kind from the API server (--config-sync-period)");
+        if !synced && FIRST_SYNC_WAITS_FOR.iter().all(|k| mirrors.iter().any(|m| m.kind() == *k && m.listed())) {
+            synced = true;
+            tracing::info!("the initial lists of Services, EndpointSlices and this Node are complete");
+            if !mirrors.iter().any(|m| m.kind() == Kind::Node && m.holds_any()) {
+                tracing::warn!(node = %node_name, "no Node object of this name: node addresses, pod CIDRs and zone are unknown (is --hostname-override right?)");
+            }
+            if tx.send(Event::Synced).is_err() {
+                return;
+            }
+        }
     }
 }

@@ -38,6 +38,8 @@ pub struct Logged {
     /// `group/plural` ("" group for the core one), or the path when unknown.
     pub resource: String,
     pub namespace: Option<String>,
+    /// The query string, decoded (`labelSelector=…&watch=true…`).
+    pub query: String,
     pub status: u16,
 }
 
@@ -48,6 +50,9 @@ struct Faults {
     fail: Option<(u32, StatusCode)>,
     /// Every response waits this long first.
     delay: Duration,
+    /// Lists return at most this many items per page, whatever the
+    /// client's limit (0: as the client asks).
+    max_page: usize,
 }
 
 struct Shared {
@@ -186,6 +191,12 @@ impl ListWatch {
         self.shared.faults.lock().unwrap().fail = Some((n, status));
     }
 
+    /// Lists return at most `n` items per page (with a continue token for
+    /// the rest), whatever limit the client sends; 0 restores the client's.
+    pub fn set_max_page(&self, n: usize) {
+        self.shared.faults.lock().unwrap().max_page = n;
+    }
+
     /// Every response first waits `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.shared.faults.lock().unwrap().delay = delay;
@@ -316,7 +327,10 @@ fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<ResponseBody>, Infallible> {
-    let delay = shared.faults.lock().unwrap().delay;
+    let (delay, max_page) = {
+        let f = shared.faults.lock().unwrap();
+        (f.delay, f.max_page)
+    };
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -336,6 +350,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         None => req.uri().path().to_string(),
     };
     let namespace = target.as_ref().and_then(|t| t.namespace.clone());
+    let raw_query = params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
     let injected = {
         let mut faults = shared.faults.lock().unwrap();
         match &mut faults.fail {
@@ -374,12 +389,24 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                         start_watch(&shared, filter, param("resourceVersion").unwrap_or(""), timeout, bookmarks)
                     }
                 } else {
-                    list(&shared, &filter, param("limit").and_then(|s| s.parse().ok()), param("continue"))
+                    let limit: Option<usize> = param("limit").and_then(|s| s.parse().ok());
+                    let limit = match (limit, max_page) {
+                        (l, 0) => l,
+                        (Some(l), m) if l > 0 => Some(l.min(m)),
+                        (_, m) => Some(m),
+                    };
+                    list(&shared, &filter, limit, param("continue"))
                 }
             }
         },
     };
-    shared.log.lock().unwrap().push(Logged { verb, resource, namespace, status: response.status().as_u16() });
+    shared.log.lock().unwrap().push(Logged {
+        verb,
+        resource,
+        namespace,
+        query: raw_query,
+        status: response.status().as_u16(),
+    });
     Ok(response)
 }
 

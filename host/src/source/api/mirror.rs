@@ -1,32 +1,57 @@
 //! One kind's objects as last reported, so that a relist becomes the
 //! difference: applies for what changed, deletes for what vanished, and
-//! nothing for the rest.
+//! nothing for the rest. "Changed" compares content, not resource
+//! versions (an etcd restore reuses them), and after stripping: a Node's
+//! status heartbeat, dropped on arrival, changes nothing.
 
 use std::collections::{HashMap, HashSet};
 
 use kube::runtime::watcher::Event as WatchEvent;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::source::{Event, Kind, Object, ObjectRef};
 
 #[derive(Debug)]
 pub struct Mirror {
     kind: Kind,
-    /// Reported objects and their resource versions.
-    reported: HashMap<ObjectRef, String>,
+    /// Reported objects (shared with the state).
+    reported: HashMap<ObjectRef, Object>,
     /// During a relist: what it has listed so far.
     relisting: Option<HashSet<ObjectRef>>,
     /// A first list has completed.
     listed: bool,
 }
 
-fn resource_version(o: &Object) -> String {
-    let meta = match o {
-        Object::Service(o) => &o.metadata,
-        Object::EndpointSlice(o) => &o.metadata,
-        Object::Node(o) => &o.metadata,
-        Object::ServiceCidr(o) => &o.metadata,
-    };
-    meta.resource_version.clone().unwrap_or_default()
+/// The metadata a stripped object keeps, resource version aside.
+fn same_meta(a: &ObjectMeta, b: &ObjectMeta) -> bool {
+    a.name == b.name
+        && a.namespace == b.namespace
+        && a.labels == b.labels
+        && a.annotations == b.annotations
+        && a.deletion_timestamp == b.deletion_timestamp
+}
+
+/// Equal content, whatever the resource versions.
+fn same(a: &Object, b: &Object) -> bool {
+    match (a, b) {
+        (Object::Service(a), Object::Service(b)) => {
+            same_meta(&a.metadata, &b.metadata) && a.spec == b.spec && a.status == b.status
+        }
+        (Object::EndpointSlice(a), Object::EndpointSlice(b)) => {
+            same_meta(&a.metadata, &b.metadata)
+                && a.address_type == b.address_type
+                && a.endpoints == b.endpoints
+                && a.ports == b.ports
+        }
+        (Object::Node(a), Object::Node(b)) => {
+            same_meta(&a.metadata, &b.metadata) && a.spec == b.spec && a.status == b.status
+        }
+        (Object::ServiceCidr(a), Object::ServiceCidr(b)) => {
+            same_meta(&a.metadata, &b.metadata) && a.spec == b.spec && a.status == b.status
+        }
+        _ => false,
+    }
 }
 
 impl Mirror {
@@ -43,14 +68,17 @@ impl Mirror {
         self.listed
     }
 
+    /// Whether any object of the kind is held.
+    pub fn holds_any(&self) -> bool {
+        !self.reported.is_empty()
+    }
+
     fn apply(&mut self, o: Object) -> Option<Event> {
         let key = o.object_ref();
-        let rv = resource_version(&o);
-        // An unchanged version is the same object: a relist re-reads it.
-        if !rv.is_empty() && self.reported.get(&key) == Some(&rv) {
+        if self.reported.get(&key).is_some_and(|old| same(old, &o)) {
             return None;
         }
-        self.reported.insert(key, rv);
+        self.reported.insert(key, o.clone());
         Some(Event::Apply(o))
     }
 
@@ -99,12 +127,16 @@ impl Mirror {
 mod tests {
     use std::sync::Arc;
 
-    use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 
     use super::*;
 
+    /// A Service whose content is its port (a resource version per write).
     fn svc(name: &str, rv: &str) -> Object {
+        svc_port(name, rv, rv.parse().unwrap())
+    }
+
+    fn svc_port(name: &str, rv: &str, port: i32) -> Object {
         Object::Service(Arc::new(Service {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -112,8 +144,19 @@ mod tests {
                 resource_version: Some(rv.into()),
                 ..Default::default()
             },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort { port, ..Default::default() }]),
+                ..Default::default()
+            }),
             ..Default::default()
         }))
+    }
+
+    fn resource_version(o: &Object) -> String {
+        match o {
+            Object::Service(s) => s.metadata.resource_version.clone().unwrap_or_default(),
+            _ => String::new(),
+        }
     }
 
     fn names(events: &[Event]) -> Vec<String> {
@@ -162,6 +205,18 @@ mod tests {
         assert_eq!(names(&m.on(WatchEvent::Apply(svc("a", "5")))), ["apply a 5"]);
         assert_eq!(names(&m.on(WatchEvent::Delete(svc("a", "6")))), ["delete a"]);
         assert_eq!(names(&m.on(WatchEvent::Delete(svc("a", "6")))), Vec::<String>::new());
+    }
+
+    #[test]
+    fn content_decides_not_the_resource_version() {
+        let mut m = Mirror::new(Kind::Service);
+        list(&mut m, vec![svc_port("a", "10", 80)]);
+        // A new version with the same content (a field kpx drops changed): nothing.
+        assert_eq!(names(&m.on(WatchEvent::Apply(svc_port("a", "11", 80)))), Vec::<String>::new());
+        // The same version with other content (etcd restored to an older
+        // revision, then written again): applied.
+        assert_eq!(names(&m.on(WatchEvent::Apply(svc_port("a", "11", 81)))), ["apply a 11"]);
+        assert_eq!(list(&mut m, vec![svc_port("a", "11", 82)]), ["apply a 11"]);
     }
 
     #[test]
