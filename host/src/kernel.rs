@@ -90,6 +90,8 @@ impl From<nftables::netlink::Error> for SyncError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
     pub bytes: usize,
+    /// iptables mode: the rules kube-proxy owns now, (filter, nat).
+    pub iptables_rules: Option<(usize, usize)>,
 }
 
 /// The running mode's kernel side.

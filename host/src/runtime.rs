@@ -98,6 +98,10 @@ pub struct PluginStats {
     pub traps: AtomicU64,
     pub failures: AtomicU64,
     pub instances: AtomicU64,
+    /// Calls into the plugin (instantiate, reset, apply, render), whatever their outcome.
+    pub calls: AtomicU64,
+    /// Fuel those calls used.
+    pub fuel: AtomicU64,
 }
 
 /// What a Store holds for its instance.
@@ -251,6 +255,7 @@ impl BackendPlugin {
             bindings: None,
             limits: self.limits,
             stats: self.stats.clone(),
+            fueled: 0,
         };
         instance.refuel(0);
         let bindings = self.pre.instantiate(&mut instance.store, settings);
@@ -268,6 +273,8 @@ pub struct BackendInstance {
     bindings: Option<wit::Backend>,
     limits: Limits,
     stats: Arc<PluginStats>,
+    /// The fuel the current call started with.
+    fueled: u64,
 }
 
 impl BackendInstance {
@@ -275,14 +282,17 @@ impl BackendInstance {
         let fuel = self.limits.fuel_base.saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
         // Fuel is enabled on the engine, so this cannot fail.
         let _ = self.store.set_fuel(fuel);
+        self.fueled = fuel;
         // What the host may allocate copying one call's data out of the
         // plugin (the result, a log line): checked before each copy.
         self.store.set_hostcall_fuel(usize::try_from(self.limits.max_output_bytes).unwrap_or(usize::MAX));
         self.store.data_mut().refill_log_budget();
     }
 
-    /// Classifies a call's outcome, counting errors.
+    /// Classifies a call's outcome, counting it, its fuel and its errors.
     fn check<T>(&mut self, call: &'static str, result: wasmtime::Result<T>) -> Result<T> {
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        self.stats.fuel.fetch_add(self.fueled.saturating_sub(self.fuel_left()), Ordering::Relaxed);
         result.map_err(|e| {
             if e.downcast_ref::<Trap>().is_none() && is_output_limit(&e) {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);

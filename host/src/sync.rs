@@ -15,7 +15,7 @@ use kpx_rules::model::ProxyMode;
 use crate::kernel::SyncError;
 use crate::serve::Telemetry;
 use crate::serve::health::Stamp;
-use crate::serve::metrics::PluginLabel;
+use crate::serve::metrics::{PluginLabel, PolicyLabel, TableLabel};
 use crate::source::{Event, Kind, Object, ObjectRef};
 use crate::state::{Changes, State};
 
@@ -99,10 +99,23 @@ fn unix_now() -> f64 {
 struct Pending {
     services: std::collections::BTreeSet<ObjectRef>,
     endpoints: std::collections::BTreeSet<ObjectRef>,
+    /// When the EndpointSlice controller saw each pending change
+    /// (`endpoints.kubernetes.io/last-change-trigger-time`).
+    triggers: Vec<std::time::SystemTime>,
+}
+
+/// An EndpointSlice's change time, if it carries one.
+fn trigger_time(event: &Event) -> Option<std::time::SystemTime> {
+    let Event::Apply(Object::EndpointSlice(slice)) = event else { return None };
+    let text = slice.metadata.annotations.as_ref()?.get(crate::source::api::TRIGGER_TIME)?;
+    let time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time =
+        serde_json::from_value(serde_json::Value::String(text.clone())).ok()?;
+    Some(time.0.into())
 }
 
 impl Pending {
     fn note(&mut self, event: &Event, telemetry: &Telemetry) {
+        self.triggers.extend(trigger_time(event));
         let object = match event {
             Event::Apply(o @ (Object::Service(_) | Object::EndpointSlice(_))) => o.object_ref(),
             Event::Delete(r) => r.clone(),
@@ -124,10 +137,60 @@ impl Pending {
         }
     }
 
+    /// A good sync programmed everything pending.
     fn clear(&mut self, telemetry: &Telemetry) {
+        let now = std::time::SystemTime::now();
+        for t in self.triggers.drain(..) {
+            if let Ok(latency) = now.duration_since(t) {
+                telemetry.metrics.network_programming.observe(latency.as_secs_f64());
+            }
+        }
         *self = Pending::default();
         telemetry.metrics.service_changes_pending.set(0);
         telemetry.metrics.endpoint_changes_pending.set(0);
+    }
+}
+
+/// Service ports with a Local policy and endpoints, none of them on this
+/// node, per Service (kept for the Services that changed).
+#[derive(Default)]
+struct NoLocal {
+    by_service: std::collections::BTreeMap<crate::state::ServiceName, (usize, usize)>,
+}
+
+impl NoLocal {
+    fn update(&mut self, state: &State, changes: &Changes, telemetry: &Telemetry) {
+        for name in changes.services.keys() {
+            match state.no_local_endpoints(name) {
+                (0, 0) => self.by_service.remove(name),
+                counts => self.by_service.insert(name.clone(), counts),
+            };
+        }
+        let (internal, external) = self.by_service.values().fold((0, 0), |(i, e), (a, b)| (i + a, e + b));
+        let m = &telemetry.metrics.no_local_endpoints;
+        m.get_or_create(&PolicyLabel { traffic_policy: "internal".into() }).set(internal as i64);
+        m.get_or_create(&PolicyLabel { traffic_policy: "external".into() }).set(external as i64);
+    }
+}
+
+/// The plugin's call and fuel counters, as read last (the families share
+/// one plugin).
+#[derive(Default)]
+struct PluginCounts {
+    calls: u64,
+    fuel: u64,
+}
+
+impl PluginCounts {
+    fn update(&mut self, proxier: &FamilyProxier, telemetry: &Telemetry) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = proxier.plugin_stats();
+        let (calls, fuel) = (stats.calls.load(Relaxed), stats.fuel.load(Relaxed));
+        let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
+        let m = &telemetry.metrics;
+        m.plugin_calls.get_or_create(&plugin).inc_by(calls.saturating_sub(self.calls));
+        m.plugin_fuel.get_or_create(&plugin).inc_by(fuel.saturating_sub(self.fuel));
+        (self.calls, self.fuel) = (calls, fuel);
     }
 }
 
@@ -165,6 +228,9 @@ pub fn run(
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
     let mut pending = Pending::default();
+    let mut no_local = NoLocal::default();
+    let mut plugin_counts = PluginCounts::default();
+    let mut iptables_rules: std::collections::BTreeMap<kpx_rules::model::IpFamily, (usize, usize)> = Default::default();
     loop {
         let received = if state.is_synced() {
             let now = Instant::now();
@@ -219,6 +285,9 @@ pub fn run(
                     m.last_sync_timestamp.set(unix_now());
                     m.plugin_render_duration.observe(report.plugin.as_secs_f64());
                     m.validation_duration.observe(report.write.as_secs_f64());
+                    if let Some(rules) = report.iptables_rules {
+                        iptables_rules.insert(proxier.family(), rules);
+                    }
                     tracing::info!(
                         family = %proxier.family(),
                         full = report.full,
@@ -238,10 +307,20 @@ pub fn run(
         // A failed pass keeps its changes (with their earliest `previous`)
         // for the retry; the families that synced apply them again, which
         // changes nothing.
+        // The rules kube-proxy owns on the node: iptables' and ip6tables'.
+        if !iptables_rules.is_empty() {
+            let (filter, nat) = iptables_rules.values().fold((0, 0), |(f, n), (a, b)| (f + a, n + b));
+            m.iptables_total.get_or_create(&TableLabel { table: "filter".into() }).set(filter as i64);
+            m.iptables_total.get_or_create(&TableLabel { table: "nat".into() }).set(nat as i64);
+        }
         if ok {
+            no_local.update(&state, &changes, telemetry);
             changes = Changes::default();
             pending.clear(telemetry);
             telemetry.set_checks(state.health_checks());
+        }
+        if let Some(p) = proxiers.first() {
+            plugin_counts.update(p, telemetry);
         }
         schedule.done(Instant::now(), ok, full);
     }

@@ -50,10 +50,15 @@ fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.parse().ok()))
 }
 
+/// The EndpointSlice of `lb`, with the controller's change time ten
+/// seconds ago.
 fn slice_on(node: &str, ip: &str) -> Value {
+    let changed = std::time::SystemTime::now() - Duration::from_secs(10);
+    let changed = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(changed.try_into().unwrap());
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "lb-1", "namespace": "test", "labels": {"kubernetes.io/service-name": "lb"}},
+        "metadata": {"name": "lb-1", "namespace": "test", "labels": {"kubernetes.io/service-name": "lb"},
+                     "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": changed}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
         "endpoints": [{"addresses": [ip], "conditions": {"ready": true}, "nodeName": node}]
@@ -137,6 +142,22 @@ fn servers_answer(mode: &str) {
         sample(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total").expect("endpoint changes");
     assert!(endpoint_changes >= 2.0, "{mode}: {endpoint_changes} endpoint changes (two slices were written)");
     assert_eq!(sample(&text, "kubeproxy_sync_proxy_rules_service_changes_total"), Some(1.0), "{mode}:\n{text}");
+    // Both slices say they changed 10 s before they were written: two
+    // latencies of at least 10 s (the first also waited out the slow
+    // initial list), well under a minute.
+    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_count"), Some(2.0), "{mode}:\n{text}");
+    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_bucket{le=\"9.0\"}"), Some(0.0), "{text}");
+    let sum = sample(&text, "kubeproxy_network_programming_duration_seconds_sum").unwrap_or(0.0);
+    assert!((20.0..60.0).contains(&sum), "{mode}: network programming took {sum} s in all");
+    // lb's only endpoint is on another node now: one external Local
+    // policy without local endpoints.
+    let no_local = |p: &str| {
+        sample(&text, &format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{traffic_policy=\"{p}\"}}"))
+    };
+    assert_eq!((no_local("internal"), no_local("external")), (Some(0.0), Some(1.0)), "{mode}:\n{text}");
+    let plugin = |m: &str| sample(&text, &format!("{m}{{plugin=\"{mode}\"}}")).unwrap_or(0.0);
+    assert!(plugin("kpx_plugin_calls_total") >= 3.0, "{mode}: instantiate, reset, render at least:\n{text}");
+    assert!(plugin("kpx_plugin_fuel_used_total") > 1000.0, "{mode}:\n{text}");
     assert!(sample(&text, "kubeproxy_proxy_healthz_total{code=\"503\"}").unwrap_or(0.0) >= 1.0, "{text}");
     assert!(sample(&text, "kubeproxy_proxy_healthz_total{code=\"200\"}").unwrap_or(0.0) >= 1.0, "{text}");
     let (own, other) = match mode {
@@ -144,6 +165,24 @@ fn servers_answer(mode: &str) {
         _ => ("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "iptables_restore_failures"),
     };
     assert_eq!(sample(&text, own), Some(0.0), "{mode}: {own}");
+    if mode == "iptables" {
+        // The rules kube-proxy owns, per table, as the kernel lists them
+        // (IPv4 and IPv6).
+        let dump = lab.node.exec(&["iptables-save"]).unwrap() + &lab.node.exec(&["ip6tables-save"]).unwrap();
+        let mut table = "";
+        let mut counted = std::collections::BTreeMap::new();
+        for line in dump.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t;
+            } else if line.starts_with("-A KUBE-") {
+                *counted.entry(table.to_string()).or_insert(0.0) += 1.0;
+            }
+        }
+        for t in ["filter", "nat"] {
+            let metric = sample(&text, &format!("kubeproxy_sync_proxy_rules_iptables_total{{table=\"{t}\"}}"));
+            assert_eq!(metric, counted.get(t).copied(), "{t}:\n{dump}");
+        }
+    }
     assert!(!text.contains(other), "{mode}: the other mode's metric is exported");
     assert_eq!(get(&lab.node, metrics, "/proxyMode").map(|(_, b)| b), Some(mode.to_string()));
     let (_, configz) = wait_status(&lab.node, metrics, "/configz", 200);

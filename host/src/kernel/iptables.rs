@@ -12,7 +12,7 @@ mod tests;
 use std::collections::BTreeSet;
 
 use kpx_rules::model::{IpFamily, Settings};
-use kpx_rules::ops::iptables::{HOST_CHAINS, Rule, Ruleset, Table, own_chain_name_problem};
+use kpx_rules::ops::iptables::{HOST_CHAINS, Hook, Rule, Ruleset, Table, own_chain_name_problem};
 
 use super::{Cause, Exec, Result, SyncError, Written};
 use crate::validate::iptables::{Checked, Context, Model, check};
@@ -238,6 +238,14 @@ impl IptablesDataplane {
         }
         self.kernel.apply(&text)?;
         self.model.commit(checked);
-        Ok(Written { bytes: text.len() })
+        // The host's chains hold the frame's rules and the plugin's hook
+        // rules, both written whole on every sync; own chains keep theirs.
+        let mut counts = [0usize; 2];
+        let hooked = ruleset.rules.iter().filter(|r| Hook::of(r.table, &r.chain).is_some());
+        for r in frame.rules.iter().chain(frame.trailing.iter()).chain(hooked) {
+            counts[usize::from(r.table == Table::Nat)] += 1;
+        }
+        let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
+        Ok(Written { bytes: text.len(), iptables_rules: Some(rules) })
     }
 }

@@ -300,7 +300,7 @@ impl NftablesDataplane {
         let bytes = batch.iter().map(|m| m.attrs.buf.len() + 20).sum();
         self.kernel.apply(&batch)?;
         self.model.commit(checked);
-        Ok(Written { bytes })
+        Ok(Written { bytes, iptables_rules: None })
     }
 }
 

@@ -19,6 +19,16 @@ pub struct CodeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    pub traffic_policy: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginLabel {
     pub plugin: String,
 }
@@ -27,6 +37,15 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 15)
+}
+
+/// upstream's network programming buckets: 0.25 s to 5 min.
+fn programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    b
 }
 
 /// Every metric kpx exports; cheap to update from the sync thread.
@@ -45,6 +64,11 @@ pub struct Metrics {
     pub nftables_sync_failures: Counter,
     pub healthz: Family<CodeLabel, Counter>,
     pub livez: Family<CodeLabel, Counter>,
+    pub network_programming: Histogram,
+    pub iptables_total: Family<TableLabel, Gauge>,
+    pub no_local_endpoints: Family<PolicyLabel, Gauge>,
+    pub plugin_calls: Family<PluginLabel, Counter>,
+    pub plugin_fuel: Family<PluginLabel, Counter>,
     pub plugin_traps: Family<PluginLabel, Counter>,
     pub plugin_refusals: Family<PluginLabel, Counter>,
     pub plugin_render_duration: Histogram,
@@ -71,6 +95,11 @@ impl Metrics {
             nftables_sync_failures: Counter::default(),
             healthz: Family::default(),
             livez: Family::default(),
+            network_programming: Histogram::new(programming_buckets()),
+            iptables_total: Family::default(),
+            no_local_endpoints: Family::default(),
+            plugin_calls: Family::default(),
+            plugin_fuel: Family::default(),
             plugin_traps: Family::default(),
             plugin_refusals: Family::default(),
             plugin_render_duration: Histogram::new(sync_buckets()),
@@ -123,11 +152,18 @@ impl Metrics {
             m.service_changes_pending.clone(),
         );
         match mode {
-            ProxyMode::Iptables => r.register(
-                "kubeproxy_sync_proxy_rules_iptables_restore_failures",
-                "Cumulative proxy iptables restore failures",
-                m.iptables_restore_failures.clone(),
-            ),
+            ProxyMode::Iptables => {
+                r.register(
+                    "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+                    "Cumulative proxy iptables restore failures",
+                    m.iptables_restore_failures.clone(),
+                );
+                r.register(
+                    "kubeproxy_sync_proxy_rules_iptables_total",
+                    "Total number of iptables rules owned by kube-proxy",
+                    m.iptables_total.clone(),
+                );
+            }
             ProxyMode::Nftables => r.register(
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures",
                 "Cumulative proxy nftables sync failures",
@@ -147,6 +183,22 @@ impl Metrics {
             "kpx_validation_duration_seconds",
             "Time the host spent checking and writing a plugin's ruleset per sync",
             m.validation_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            m.network_programming.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            m.no_local_endpoints.clone(),
+        );
+        r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
+        r.register(
+            "kpx_plugin_fuel_used",
+            "Fuel (about one unit per WebAssembly instruction) plugin calls used",
+            m.plugin_fuel.clone(),
         );
         Metrics { registry: r, ..m }
     }

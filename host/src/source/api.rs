@@ -33,6 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Api, Client};
 
 pub use mirror::Mirror;
+pub use strip::TRIGGER_TIME;
 
 use super::{Event, Kind, Object};
 use crate::config::ApiConfig;

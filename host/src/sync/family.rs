@@ -38,6 +38,8 @@ pub struct Report {
     pub plugin: std::time::Duration,
     /// Time the host took to check, render and write the ruleset.
     pub write: std::time::Duration,
+    /// iptables mode: the rules kube-proxy owns now, (filter, nat).
+    pub iptables_rules: Option<(usize, usize)>,
 }
 
 pub struct FamilyProxier {
@@ -92,6 +94,10 @@ impl FamilyProxier {
 
     pub fn plugin_name(&self) -> &str {
         self.plugin.name()
+    }
+
+    pub fn plugin_stats(&self) -> &runtime::PluginStats {
+        self.plugin.stats()
     }
 
     pub fn mode(&self) -> ProxyMode {
@@ -209,7 +215,14 @@ impl FamilyProxier {
             .map_err(|source| Error::Sync { family: self.family, source })?;
         self.sent.scope.forget_removed();
         self.need_full = false;
-        Ok(Report { full, changes: n_changes, bytes: written.bytes, plugin, write: t.elapsed() })
+        Ok(Report {
+            full,
+            changes: n_changes,
+            bytes: written.bytes,
+            plugin,
+            write: t.elapsed(),
+            iptables_rules: written.iptables_rules,
+        })
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.

@@ -87,6 +87,8 @@ impl<V> ChainMap<V> {
 /// What one own chain does that outlives the sync that wrote it.
 #[derive(Debug, Default, Clone)]
 struct Facts {
+    /// Its rules.
+    rules: usize,
     /// Endpoints it DNATs to.
     endpoints: Vec<EndpointAddr>,
     /// Own chains of its table it jumps or goes to.
@@ -110,6 +112,12 @@ impl Model {
             self.chains.insert(c, Facts::default());
         }
         self.by_endpoint.clear();
+    }
+
+    /// Rules in the own chains of `table` (those read back at a full sync
+    /// count as empty until the sync rewrites or deletes them).
+    pub fn rules(&self, table: Table) -> usize {
+        self.chains.iter().filter(|(t, _, _)| *t == table).map(|(_, _, f)| f.rules).sum()
     }
 
     pub fn contains(&self, (table, name): &ChainId) -> bool {
@@ -239,6 +247,7 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     // above hold `declared` borrowed, so this is a pass of its own).
     for rule in &rs.rules {
         let Some(f) = declared.get_mut(rule.table, &rule.chain) else { continue };
+        f.rules += 1;
         match &rule.target {
             Target::Dnat(ip, port) => f.endpoints.push((*ip, *port)),
             Target::Jump(to) | Target::Goto(to) => f.jumps.push(to.clone()),
