@@ -100,7 +100,7 @@ pub fn init(config: &Config) {
 /// KubeProxyConfiguration YAML file.
 pub fn write_config(config: &Config, path: &Path) -> Result<(), Error> {
     let body = config.configz()["kubeproxy.config.k8s.io"].clone();
-    let text = serde_yaml::to_string(&body).expect("a JSON value is YAML");
+    let text = serde_saphyr::to_string(&body).expect("a JSON value is YAML");
     std::fs::write(path, text).map_err(|source| Error::WriteConfig { path: path.display().to_string(), source })
 }
 

@@ -34,7 +34,7 @@ fn listen(lab: &NodeLab, port: u16) -> std::net::TcpListener {
 
 /// Every document of a YAML text, as the JSON a client would send.
 fn documents(yaml: &str) -> Vec<Value> {
-    yaml.split("\n---\n").map(|d| serde_yaml::from_str::<Value>(d).expect("test YAML")).collect()
+    yaml.split("\n---\n").map(|d| serde_saphyr::from_str::<Value>(d).expect("test YAML")).collect()
 }
 
 fn resource_of(object: &Value) -> Resource {

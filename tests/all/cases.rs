@@ -111,7 +111,8 @@ impl Case {
             .into_iter()
             .map(|file| {
                 let text = std::fs::read_to_string(&file).unwrap();
-                let mut case: Case = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                let mut case: Case =
+                    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
                 case.file = file;
                 case
             })

@@ -18,7 +18,7 @@ fn deploy_dir() -> &'static Path {
 
 fn documents() -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(deploy_dir().join("kpx.yaml")).expect("deploy/kpx.yaml");
-    text.split("\n---\n").map(|d| serde_yaml::from_str(d).expect("a YAML document")).collect()
+    text.split("\n---\n").map(|d| serde_saphyr::from_str(d).expect("a YAML document")).collect()
 }
 
 fn typed<T: serde::de::DeserializeOwned>(kind: &str) -> T {

@@ -29,7 +29,7 @@ pub struct KubeProxyConfiguration {
     pub iptables: Option<Iptables>,
     pub ipvs: Option<Ipvs>,
     pub nftables: Option<Nftables>,
-    pub winkernel: Option<serde_yaml::Value>,
+    pub winkernel: Option<serde_json::Value>,
     pub windows_run_as_service: Option<bool>,
     pub oom_score_adj: Option<i32>,
     pub mode: Option<String>,
@@ -121,10 +121,10 @@ pub struct DetectLocal {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Logging {
     pub format: Option<String>,
-    pub flush_frequency: Option<serde_yaml::Value>,
+    pub flush_frequency: Option<serde_json::Value>,
     pub verbosity: Option<u8>,
-    pub vmodule: Option<serde_yaml::Value>,
-    pub options: Option<serde_yaml::Value>,
+    pub vmodule: Option<serde_json::Value>,
+    pub options: Option<serde_json::Value>,
 }
 
 /// Why a configuration file cannot be used.
@@ -141,7 +141,7 @@ const API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.c
 /// Parses a configuration file's text.
 pub fn parse(path: &str, text: &str) -> Result<KubeProxyConfiguration, Error> {
     let invalid = |message: String| Error::Invalid { path: path.to_string(), message };
-    let config: KubeProxyConfiguration = serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    let config: KubeProxyConfiguration = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
     match config.api_version.as_deref() {
         Some(v) if API_VERSIONS.contains(&v) => {}
         other => {

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use serde::Deserialize;
+use serde_json::Value;
 
 use std::sync::Arc;
 
@@ -40,25 +40,55 @@ impl std::fmt::Display for ParseError {
 pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in split_documents(text).into_iter().enumerate() {
         let document = i + 1;
-        match serde_yaml::Value::deserialize(doc) {
+        if blank(doc) {
+            continue;
+        }
+        match serde_saphyr::from_str::<Value>(doc) {
             Ok(value) => collect(value, document, &mut objects, &mut errors),
-            Err(e) => {
-                errors.push(ParseError {
-                    document,
-                    object: None,
-                    object_ref: None,
-                    message: format!("not valid YAML: {e}"),
-                });
-                break;
-            }
+            Err(e) => errors.push(ParseError {
+                document,
+                object: None,
+                object_ref: None,
+                message: format!("not valid YAML: {}", e.to_string().lines().next().unwrap_or("")),
+            }),
         }
     }
     (objects, errors)
 }
 
-fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>, errors: &mut Vec<ParseError>) {
+/// A YAML stream's documents: split at the `---` markers (a marker line
+/// starts at column 0, and ends any block scalar, so this is YAML's own
+/// split); a `---` followed by content on its line keeps that content.
+/// Each document is parsed on its own, so one that is not valid YAML
+/// leaves the others.
+fn split_documents(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t") || bare == "..." {
+            out.push(&text[start..offset]);
+            // Content after the marker on its line belongs to the next document.
+            start = if bare == "..." { offset + line.len() } else { offset + 3 };
+        }
+        offset += line.len();
+    }
+    out.push(&text[start..]);
+    // Comments or nothing before the first marker are not a document.
+    if out.len() > 1 && blank(out[0]) {
+        out.remove(0);
+    }
+    out
+}
+
+fn blank(doc: &str) -> bool {
+    doc.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+}
+
+fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mut Vec<ParseError>) {
     if value.is_null() {
         return;
     }
@@ -91,7 +121,7 @@ fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>,
     };
     let result = match (api_version.as_str(), kind.as_str()) {
         (_, "List") => {
-            match value.get("items").and_then(|v| v.as_sequence()) {
+            match value.get("items").and_then(|v| v.as_array()) {
                 Some(items) => {
                     for item in items.clone() {
                         collect(item, document, objects, errors);
@@ -126,8 +156,8 @@ fn collect(value: serde_yaml::Value, document: usize, objects: &mut Vec<Object>,
     }
 }
 
-fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
-    serde_yaml::from_value(value).map_err(|e| e.to_string())
+fn typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
+    serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
 /// The API server's rules for a name (apimachinery's validation).

@@ -66,6 +66,17 @@ metadata: {name: old, namespace: x}
 }
 
 #[test]
+fn a_document_that_is_not_yaml_leaves_the_others() {
+    let text = "--- # first\napiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\nkind: [unclosed\n---\n{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"b\"}, \"spec\": {\"clusterIP\": \"10.96.0.2\", \"ports\": [{\"port\": 81}]}}\n...\n";
+    let (objects, errors) = parse_documents(text);
+    let names: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(names, ["Service default/a", "Service default/b"]);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].document, 2);
+    assert!(errors[0].message.starts_with("not valid YAML"), "{}", errors[0]);
+}
+
+#[test]
 fn poll_reports_changes_and_deletions() {
     let dir = std::env::temp_dir().join(format!("kpx-manifests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
