@@ -128,7 +128,6 @@ pub fn run(config: Config) -> Result<(), Error> {
                 dataplane(config.mode, family)
                     .with_max_bytes(usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX)),
                 Sysctl::default(),
-                Box::new(SystemExec::default()),
             )
         })
         .collect();
@@ -173,7 +172,7 @@ pub fn run(config: Config) -> Result<(), Error> {
 /// The node's addresses that --nodeport-addresses selects (health-check
 /// node ports listen there, as upstream's do).
 fn nodeport_listen_addresses(config: &Config) -> Vec<std::net::IpAddr> {
-    let local = crate::kernel::interfaces::local_addresses(&SystemExec::default()).unwrap_or_else(|e| {
+    let local = crate::kernel::interfaces::local_addresses().unwrap_or_else(|e| {
         tracing::error!("cannot read the node's addresses for health-check node ports: {e}");
         Vec::new()
     });

@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     if let Some(Command::Trace(args)) = &cli.command {
-        print!("{}", kpx::trace::run(args, &kpx::kernel::SystemExec::default())?);
+        print!("{}", kpx::trace::run(args)?);
         return Ok(());
     }
     let flags = cli.flags;

@@ -11,10 +11,10 @@ use kpx_rules::ops::nftables::{self as nft, KeyExpr, Match, Statement, Verdict};
 use kpx_rules::trace::{self, Ending, Packet};
 
 use crate::config::TraceArgs;
+use crate::kernel::interfaces;
 use crate::kernel::iptables::parse::{Dump, Line};
 use crate::kernel::iptables::render::{Dialect, rule_lines};
 use crate::kernel::nftables::NftablesKernel;
-use crate::kernel::{Exec, interfaces};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -44,7 +44,7 @@ pub fn parse_destination(text: &str) -> Result<(SocketAddr, Protocol), Error> {
 }
 
 /// Traces against the live kernel; the explanation as text.
-pub fn run(args: &TraceArgs, exec: &dyn Exec) -> Result<String, Error> {
+pub fn run(args: &TraceArgs) -> Result<String, Error> {
     let (to, protocol) = parse_destination(&args.to)?;
     if to.is_ipv4() != args.from.is_ipv4() {
         return Err(Error::Argument {
@@ -58,7 +58,7 @@ pub fn run(args: &TraceArgs, exec: &dyn Exec) -> Result<String, Error> {
         .map_err(|_| Error::Argument { flag: "mode", reason: format!("{:?}: want iptables or nftables", args.mode) })?;
     let family = IpFamily::of(&to.ip());
     let mark = 1u32 << u32::from(args.masquerade_bit.min(31));
-    let node = trace::Node { local_addresses: interfaces::local_addresses(exec)? };
+    let node = trace::Node { local_addresses: interfaces::local_addresses()? };
     let packet = packet(&node, args.from, to, protocol, args.in_interface.clone());
     match mode {
         ProxyMode::Iptables => {

@@ -10,7 +10,7 @@ use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, 
 
 use crate::config::Config;
 use crate::kernel::iptables::frame::localhost_nodeports;
-use crate::kernel::{Dataplane, Exec, SyncError, interfaces, sysctl::Sysctl};
+use crate::kernel::{Dataplane, SyncError, interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
@@ -50,8 +50,6 @@ pub struct FamilyProxier {
     /// --nodeport-addresses needs them.
     local_addresses: Vec<std::net::IpAddr>,
     sysctl: Sysctl,
-    /// Runs `ip` for the node's addresses.
-    exec: Box<dyn Exec>,
     plugin: Arc<BackendPlugin>,
     instance: Option<BackendInstance>,
     /// Service ports as the plugin holds them.
@@ -71,7 +69,6 @@ impl FamilyProxier {
         plugin: Arc<BackendPlugin>,
         dataplane: Dataplane,
         sysctl: Sysctl,
-        exec: Box<dyn Exec>,
     ) -> FamilyProxier {
         let settings = settings::settings_for(&config, family, &Node::default(), &[]);
         FamilyProxier {
@@ -80,7 +77,6 @@ impl FamilyProxier {
             settings,
             local_addresses: Vec::new(),
             sysctl,
-            exec,
             plugin,
             instance: None,
             sent: Sent::default(),
@@ -177,7 +173,7 @@ impl FamilyProxier {
         let plugin_changes = self.collect_changes(state, changes);
         let full = full || self.need_full;
         if full && !self.config.nodeport_addresses.cidrs.is_empty() {
-            match interfaces::local_addresses(self.exec.as_ref()) {
+            match interfaces::local_addresses() {
                 Ok(addresses) => self.local_addresses = addresses,
                 Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
             }
