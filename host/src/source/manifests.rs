@@ -1,8 +1,13 @@
 //! `--manifests PATH`: ordinary Kubernetes YAML or JSON (a file, or a
 //! directory of them; multi-document files and `kind: List` allowed),
-//! watched by polling so that edits, new files and deletions apply within
-//! a second. An invalid object is logged with its file and name and left
-//! out; every valid object still applies.
+//! watched with inotify (the notify crate): a change re-reads only the
+//! files it names, so edits, new files and deletions apply at once and an
+//! idle source does nothing. A full poll runs every [`FULL_POLL`] as a
+//! safety net, and whenever inotify cannot say what changed (its queue
+//! overflowed, a directory moved, a ConfigMap volume swapped its `..data`
+//! link); where inotify is unavailable, kpx polls every [`POLL_INTERVAL`].
+//! An invalid object is logged with its file and name and left out; every
+//! valid object still applies.
 
 mod parse;
 
@@ -15,8 +20,13 @@ use std::time::{Duration, SystemTime};
 
 use super::{Event, Object, ObjectRef};
 
-/// How often the files are checked for changes.
+/// How often the files are checked without inotify, and while the first
+/// complete read is awaited.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How often everything is re-checked even with inotify.
+pub const FULL_POLL: Duration = Duration::from_secs(60);
+/// Events arriving this close together are handled as one change.
+const SETTLE: Duration = Duration::from_millis(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -96,37 +106,83 @@ impl ManifestSource {
             keep
         });
         for path in files {
-            let meta = match std::fs::metadata(&path) {
-                Ok(meta) => meta,
-                Err(e) => {
-                    self.unreadable(&path, &e);
-                    continue;
-                }
-            };
-            let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
-            if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
-                continue;
-            }
-            let text = match std::fs::read_to_string(&path) {
-                Ok(text) => text,
-                Err(e) => {
-                    self.unreadable(&path, &e);
-                    continue;
-                }
-            };
-            let (mut objects, errors) = parse_documents(&text);
-            let previous = self.files.remove(&path).map(|f| f.objects).unwrap_or_default();
-            keep_last_good(&mut objects, &errors, previous);
-            for err in errors {
-                tracing::error!(file = %path.display(), "rejected: {err}");
-            }
-            self.files.insert(path, FileState { stamp, objects });
-            changed = true;
+            changed |= self.read_if_changed(path);
         }
         if !changed {
             return Ok(Vec::new());
         }
         Ok(self.diff())
+    }
+
+    /// Re-reads the manifest files among `paths` (what inotify named):
+    /// changed ones are read again, vanished ones dropped, other files
+    /// ignored. A directory, a hidden entry (a ConfigMap volume's `..data`
+    /// swap) or a vanished directory asks for a full poll instead (None).
+    pub fn refresh(&mut self, paths: &[PathBuf]) -> Option<Vec<Event>> {
+        let root_is_file = self.root_is_file();
+        let mut changed = false;
+        for path in paths {
+            if root_is_file {
+                // The watch is on the file's directory: only the file counts.
+                if path == &self.root {
+                    changed |= self.refresh_file(path);
+                }
+                continue;
+            }
+            let under = path.strip_prefix(&self.root).ok()?;
+            let hidden = under.components().any(|c| c.as_os_str().to_str().is_none_or(|n| n.starts_with('.')));
+            let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
+            let held_below = self.files.keys().any(|f| f.starts_with(path) && f != path);
+            if hidden || is_dir || held_below {
+                return None;
+            }
+            if is_manifest(path) {
+                changed |= self.refresh_file(path);
+            }
+        }
+        Some(if changed { self.diff() } else { Vec::new() })
+    }
+
+    /// One manifest file named by inotify: read again, or dropped if gone.
+    fn refresh_file(&mut self, path: &Path) -> bool {
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.files.remove(path).is_some(),
+            _ => self.read_if_changed(path.to_path_buf()),
+        }
+    }
+
+    fn root_is_file(&self) -> bool {
+        std::fs::metadata(&self.root).is_ok_and(|m| m.is_file())
+    }
+
+    /// Reads one listed file if its stamp changed; whether it did.
+    fn read_if_changed(&mut self, path: PathBuf) -> bool {
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) => {
+                self.unreadable(&path, &e);
+                return false;
+            }
+        };
+        let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+        if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
+            return false;
+        }
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) => {
+                self.unreadable(&path, &e);
+                return false;
+            }
+        };
+        let (mut objects, errors) = parse_documents(&text);
+        let previous = self.files.remove(&path).map(|f| f.objects).unwrap_or_default();
+        keep_last_good(&mut objects, &errors, previous);
+        for err in errors {
+            tracing::error!(file = %path.display(), "rejected: {err}");
+        }
+        self.files.insert(path, FileState { stamp, objects });
+        true
     }
 
     /// A listed file that cannot be read now keeps its last good objects;
@@ -171,7 +227,21 @@ impl ManifestSource {
     /// Reports the initial objects, then `Synced`, then changes as they
     /// happen, until the receiver is gone. `Synced` waits until every file
     /// has been listed and read: a failed listing is never the empty state.
-    pub fn run(mut self, tx: Sender<Event>) {
+    pub fn run(self, tx: Sender<Event>) {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot start the manifest source's runtime: {e}");
+                return;
+            }
+        };
+        runtime.block_on(self.watch(tx));
+    }
+
+    async fn watch(mut self, tx: Sender<Event>) {
+        // Watch first, so that nothing written during the first read is missed.
+        let (notes_tx, mut notes) = tokio::sync::mpsc::unbounded_channel::<notify::Result<notify::Event>>();
+        let watcher = self.watcher(notes_tx);
         loop {
             match self.poll() {
                 Ok(_) if self.complete => break,
@@ -182,22 +252,48 @@ impl ManifestSource {
                     tracing::error!(path = %self.root.display(), error = %e, "cannot list manifests; nothing is programmed until they can be")
                 }
             }
-            std::thread::sleep(POLL_INTERVAL);
+            tokio::time::sleep(POLL_INTERVAL).await;
         }
         let initial: Vec<Event> = self.reported.values().cloned().map(Event::Apply).chain([Event::Synced]).collect();
-        for event in initial {
-            if tx.send(event).is_err() {
-                return;
-            }
+        if !send(&tx, initial) {
+            return;
         }
+        let every = if watcher.is_some() { FULL_POLL } else { POLL_INTERVAL };
+        let mut full = tokio::time::interval(every);
+        full.reset();
         loop {
-            std::thread::sleep(POLL_INTERVAL);
-            match self.poll() {
-                Ok(events) => {
-                    for event in events {
-                        if tx.send(event).is_err() {
-                            return;
+            let events = tokio::select! {
+                note = notes.recv(), if watcher.is_some() => {
+                    let mut batch = vec![note];
+                    tokio::time::sleep(SETTLE).await;
+                    while let Ok(n) = notes.try_recv() {
+                        batch.push(Some(n));
+                    }
+                    let mut paths = Vec::new();
+                    let mut rescan = false;
+                    for n in batch {
+                        match n {
+                            Some(Ok(e)) => {
+                                rescan |= e.need_rescan();
+                                paths.extend(e.paths);
+                            }
+                            // An error (or the watcher gone): re-check all.
+                            _ => rescan = true,
                         }
+                    }
+                    paths.sort();
+                    paths.dedup();
+                    match (rescan, self.refresh(&paths)) {
+                        (false, Some(events)) => Ok(events),
+                        _ => self.poll(),
+                    }
+                }
+                _ = full.tick() => self.poll(),
+            };
+            match events {
+                Ok(events) => {
+                    if !send(&tx, events) {
+                        return;
                     }
                 }
                 Err(e) => {
@@ -206,6 +302,39 @@ impl ManifestSource {
             }
         }
     }
+
+    /// An inotify watch on the root (its directory, when it names a
+    /// file), or None (then the source polls).
+    fn watcher(
+        &self,
+        notes: tokio::sync::mpsc::UnboundedSender<notify::Result<notify::Event>>,
+    ) -> Option<notify::RecommendedWatcher> {
+        use notify::Watcher;
+        let (path, mode) = if self.root_is_file() {
+            (
+                self.root.parent().map(Path::to_path_buf).unwrap_or_else(|| ".".into()),
+                notify::RecursiveMode::NonRecursive,
+            )
+        } else {
+            (self.root.clone(), notify::RecursiveMode::Recursive)
+        };
+        let made = notify::recommended_watcher(move |n| {
+            let _ = notes.send(n);
+        })
+        .and_then(|mut w| w.watch(&path, mode).map(|()| w));
+        match made {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "cannot watch the manifests with inotify ({e}); polling every {POLL_INTERVAL:?}");
+                None
+            }
+        }
+    }
+}
+
+/// Sends events in order; false when the receiver is gone.
+fn send(tx: &Sender<Event>, events: Vec<Event>) -> bool {
+    events.into_iter().all(|e| tx.send(e).is_ok())
 }
 
 /// Bad input must not undo what is programmed: an object whose document

@@ -105,6 +105,47 @@ fn poll_reports_changes_and_deletions() {
 }
 
 #[test]
+fn refresh_reads_only_what_inotify_named() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-refresh-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let (a, b) = (dir.join("a.yaml"), dir.join("sub/b.yaml"));
+    std::fs::write(&a, GOOD).unwrap();
+    std::fs::write(&b, GOOD.replace("name: web, namespace: shop", "name: other, namespace: shop")).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    assert_eq!(source.poll().unwrap().len(), 3);
+    // A change inotify did not name is not seen by refresh (the full poll
+    // is the safety net), one it names is.
+    std::fs::write(&b, GOOD.replace("name: web, namespace: shop", "name: renamed, namespace: shop")).unwrap();
+    assert_eq!(source.refresh(std::slice::from_ref(&a)).unwrap(), Vec::<Event>::new());
+    let events = source.refresh(std::slice::from_ref(&b)).unwrap();
+    let names: Vec<String> = events
+        .iter()
+        .map(|e| match e {
+            Event::Apply(o) => format!("apply {}", o.object_ref()),
+            Event::Delete(r) => format!("delete {r}"),
+            Event::Synced => "synced".into(),
+        })
+        .collect();
+    assert_eq!(names, ["delete Service shop/other", "apply Service shop/renamed"]);
+    // Temporary files are not manifests; a removed file's objects go.
+    std::fs::write(dir.join("a.tmp"), "garbage").unwrap();
+    assert_eq!(source.refresh(&[dir.join("a.tmp")]).unwrap(), Vec::<Event>::new());
+    // (b.yaml defines the same EndpointSlice, which stays.)
+    std::fs::remove_file(&a).unwrap();
+    let events = source.refresh(std::slice::from_ref(&a)).unwrap();
+    assert!(matches!(&events[..], [Event::Delete(r)] if r.to_string() == "Service shop/web"), "{events:?}");
+    // A directory, a hidden entry (ConfigMap `..data`) or a removed
+    // directory holding files: only a full poll can tell.
+    assert!(source.refresh(&[dir.join("sub")]).is_none());
+    assert!(source.refresh(&[dir.join("..data")]).is_none());
+    std::fs::remove_dir_all(dir.join("sub")).unwrap();
+    assert!(source.refresh(&[dir.join("sub")]).is_none());
+    assert_eq!(source.poll().unwrap().len(), 2, "the full poll drops sub/b.yaml's objects");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_object_made_invalid_keeps_its_last_good_version() {
     let dir = std::env::temp_dir().join(format!("kpx-manifests-lastgood-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
