@@ -60,6 +60,17 @@ pub enum Object {
 }
 
 impl Object {
+    /// The same shared copy (cheap; equal content may still be a copy).
+    pub fn same_copy(&self, other: &Object) -> bool {
+        match (self, other) {
+            (Object::Service(a), Object::Service(b)) => Arc::ptr_eq(a, b),
+            (Object::EndpointSlice(a), Object::EndpointSlice(b)) => Arc::ptr_eq(a, b),
+            (Object::Node(a), Object::Node(b)) => Arc::ptr_eq(a, b),
+            (Object::ServiceCidr(a), Object::ServiceCidr(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     pub fn object_ref(&self) -> ObjectRef {
         let (kind, meta) = match self {
             Object::Service(o) => (Kind::Service, &o.metadata),

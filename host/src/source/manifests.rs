@@ -100,11 +100,13 @@ impl ManifestSource {
         let files = self.list_files()?;
         self.complete = true;
         let mut changed = false;
+        let listed: std::collections::HashSet<&PathBuf> = files.iter().collect();
         self.files.retain(|path, _| {
-            let keep = files.contains(path);
+            let keep = listed.contains(path);
             changed |= !keep;
             keep
         });
+        drop(listed);
         for path in files {
             changed |= self.read_if_changed(path);
         }
@@ -121,7 +123,25 @@ impl ManifestSource {
     pub fn refresh(&mut self, paths: &[PathBuf]) -> Option<Vec<Event>> {
         let root_is_file = self.root_is_file();
         let mut changed = false;
-        for path in paths {
+        // inotify names paths from the watched directory as the kernel
+        // resolved it: back to the root as given, which the files are
+        // keyed by.
+        let canonical = std::fs::canonicalize(&self.root).ok();
+        let absolute = std::path::absolute(&self.root).ok();
+        let paths: Vec<PathBuf> = paths
+            .iter()
+            .map(|p| {
+                [canonical.as_ref(), absolute.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .find_map(|base| p.strip_prefix(base).ok())
+                    .map_or_else(
+                        || p.clone(),
+                        |rest| if rest.as_os_str().is_empty() { self.root.clone() } else { self.root.join(rest) },
+                    )
+            })
+            .collect();
+        for path in &paths {
             if root_is_file {
                 // The watch is on the file's directory: only the file counts.
                 if path == &self.root {
@@ -216,7 +236,9 @@ impl ManifestSource {
             }
         }
         for (r, (_, object)) in &current {
-            if self.reported.get(r) != Some(*object) {
+            // Objects of unchanged files are the very copies reported.
+            let same = self.reported.get(r).is_some_and(|old| old.same_copy(object) || old == *object);
+            if !same {
                 events.push(Event::Apply((*object).clone()));
             }
         }
@@ -273,6 +295,8 @@ impl ManifestSource {
                     let mut rescan = false;
                     for n in batch {
                         match n {
+                            // Opens and reads (kpx's own among them) change nothing.
+                            Some(Ok(e)) if matches!(e.kind, notify::EventKind::Access(_)) => {}
                             Some(Ok(e)) => {
                                 rescan |= e.need_rescan();
                                 paths.extend(e.paths);
