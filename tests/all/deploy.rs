@@ -138,4 +138,5 @@ fn the_dockerfile_is_well_formed() {
     assert_eq!(stages.len(), 2, "multi-stage: a build stage and the runtime image");
     assert!(text.contains("iptables") && text.contains("nftables"), "the image carries iptables and nftables");
     assert!(text.contains("cargo build --release -p kpx-host"));
+    assert!(text.contains("ln -s kpx /usr/local/bin/kube-proxy"), "kubeadm's command path must work");
 }

@@ -13,6 +13,77 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
+/// kubeadm's `config.conf` as `kubeadm init` writes it (v1.33), with the
+/// kubeconfig, mode and cluster CIDR filled in.
+const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: KUBECONFIG
+  qps: 0
+clusterCIDR: CLUSTER_CIDR
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: MODE
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
 /// GET over HTTP/1.0 from inside `ns`: (status, body).
 fn get(ns: &Ns, addr: &str, path: &str) -> Option<(u16, String)> {
     let (addr, request) = (addr.to_string(), format!("GET {path} HTTP/1.0\r\nHost: kpx\r\n\r\n"));
@@ -91,21 +162,24 @@ fn servers_answer(mode: &str) {
     server.set_delay(Duration::from_secs(3));
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    // kpx runs as kubeadm runs kube-proxy: --config with kubeadm's
+    // config.conf (its every field, zero values meaning the defaults) and
+    // --hostname-override.
+    let config = dir.join("config.conf");
+    std::fs::write(
+        &config,
+        KUBEADM_CONFIG
+            .replace("KUBECONFIG", kubeconfig.to_str().unwrap())
+            .replace("MODE", mode)
+            .replace("CLUSTER_CIDR", kpx_netlab::node::CLUSTER_CIDR),
+    )
+    .unwrap();
     let args: Vec<String> = [
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--hostname-override",
-        "node",
-        "--cluster-cidr",
-        kpx_netlab::node::CLUSTER_CIDR,
-        "--plugin-cache-dir",
-        &plugin_cache(),
-        "--proxy-mode",
-        mode,
+        format!("--config={}", config.display()),
+        "--hostname-override=node".into(),
+        format!("--plugin-cache-dir={}", plugin_cache()),
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    .into();
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).unwrap();
     let health = "127.0.0.1:10256";
     let (code, body) = wait_status(&lab.node, health, "/livez", 200);
