@@ -35,6 +35,10 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub flags: Flags,
+    /// Flags given with --config that the file replaced, and the
+    /// configuration file's unknown fields: warnings for once logging runs.
+    #[arg(skip)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -528,8 +532,15 @@ impl Cli {
             }
         }
         if !ignored.is_empty() {
-            tracing::warn!("ignoring {} because --config is given (as kube-proxy does)", ignored.join(", "));
+            cli.warnings
+                .push(format!("ignoring {} because --config is given (as kube-proxy does)", ignored.join(", ")));
         }
+        cli.warnings.extend(
+            parsed
+                .unknown_fields()
+                .into_iter()
+                .map(|f| format!("--config {path}: unknown field {f} ignored (kube-proxy decodes leniently too)")),
+        );
         cli.flags = flags;
         Ok(cli)
     }
@@ -554,7 +565,14 @@ impl Flags {
     /// that --config does not override; false for the others.
     fn copy_arg(&mut self, other: &Flags, id: &str) -> bool {
         match id {
-            "hostname_override" => self.hostname_override = other.hostname_override.clone(),
+            // As upstream: a non-empty --hostname-override wins over the file.
+            "hostname_override" => {
+                if !other.hostname_override.trim().is_empty() {
+                    self.hostname_override = other.hostname_override.clone();
+                }
+            }
+            "master" => self.master = other.master.clone(),
+            "version" => self.version = other.version.clone(),
             "verbosity" => self.verbosity = other.verbosity,
             "vmodule" => self.vmodule = other.vmodule.clone(),
             "logtostderr" => self.logtostderr = other.logtostderr,
@@ -751,8 +769,11 @@ impl Flags {
         if self.profiling {
             return Err(invalid("profiling", "true", "kpx has no Go profiler (/debug/pprof); profile it with perf"));
         }
-        let feature_gates =
+        let (feature_gates, unknown) =
             gates::parse(&self.feature_gates).map_err(|e| invalid("feature-gates", &self.feature_gates, e))?;
+        if !unknown.is_empty() {
+            tracing::warn!("--feature-gates: kpx does not know {} (accepted; no effect)", unknown.join(", "));
+        }
         for (flag, value) in [
             ("ipvs-sync-period", &self.ipvs_sync_period),
             ("ipvs-min-sync-period", &self.ipvs_min_sync_period),
@@ -1134,7 +1155,7 @@ mod tests {
         assert!(err(&["--proxy-mode=ipvs"]).contains("ipvs mode is not in this kpx yet"));
         assert!(err(&["--proxy-mode=kernelspace"]).contains("Windows only"));
         assert!(err(&["--profiling"]).contains("no Go profiler"));
-        assert!(err(&["--feature-gates=Bogus=true"]).contains("unrecognized feature gate: Bogus"));
+        assert!(err(&["--feature-gates=Bogus"]).contains("feature-gates"));
         assert!(err(&["--oom-score-adj=1001"]).contains("oom-score-adj"));
         assert!(err(&["--ipvs-sync-period=0s"]).contains("ipvs-sync-period"));
         assert!(err(&["--proxy-port-range=9-1"]).contains("proxy-port-range"));
@@ -1269,10 +1290,51 @@ winkernel:
             (c.masquerade_bit, c.min_sync_period, c.sync_period),
             (9, Duration::from_secs(2), Duration::from_secs(60))
         );
-        std::fs::write(&path, KUBEADM_CONFIG.replace("portRange", "portRnage")).unwrap();
-        let e = cli(&[&format!("--config={path}")]).expect_err("refused").to_string();
-        assert!(e.contains("portRnage"), "{e}");
-        std::fs::write(&path, KUBEADM_CONFIG.replace("v1alpha1", "v9")).unwrap();
+        // An unknown field is ignored with a warning naming it (newer
+        // kubeadm versions write fields an older proxy lacks).
+        std::fs::write(
+            &path,
+            KUBEADM_CONFIG.replace("portRange", "portRnage").replace(
+                "  syncPeriod: 0s\nipvs",
+                "  syncPeriod: 0s\n  snatNodeInternalIP: null\n  futureField: 1\nipvs",
+            ),
+        )
+        .unwrap();
+        let parsed = cli(&[&format!("--config={path}")]).unwrap();
+        assert!(parsed.warnings.iter().any(|w| w.contains("unknown field portRnage")), "{:?}", parsed.warnings);
+        assert!(
+            parsed.warnings.iter().any(|w| w.contains("unknown field iptables.futureField")),
+            "{:?}",
+            parsed.warnings
+        );
+        assert!(!parsed.warnings.iter().any(|w| w.contains("snatNodeInternalIP")), "{:?}", parsed.warnings);
+        // Flags the file replaces are reported; --master and a non-empty
+        // --hostname-override still apply.
+        std::fs::write(&path, KUBEADM_CONFIG).unwrap();
+        let parsed = cli(&[
+            &format!("--config={path}"),
+            "--masquerade-all",
+            "--master=http://10.0.0.1:8080",
+            "--hostname-override=",
+        ])
+        .unwrap();
+        assert!(parsed.warnings.iter().any(|w| w.contains("ignoring --masquerade-all")), "{:?}", parsed.warnings);
+        assert_eq!(parsed.flags.master, "http://10.0.0.1:8080");
+        // In nftables mode the nftables section counts, not the iptables one;
+        // an explicit 0s conntrack timeout leaves the kernel's value.
+        let nft = KUBEADM_CONFIG
+            .replace("mode: \"\"", "mode: nftables")
+            .replace(
+                "  masqueradeAll: false\n  masqueradeBit: null\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs",
+                "  masqueradeAll: true\n  masqueradeBit: 3\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs",
+            )
+            .replace("tcpEstablishedTimeout: null", "tcpEstablishedTimeout: 0s");
+        assert!(nft.contains("masqueradeBit: 3"), "the test edits the iptables section");
+        std::fs::write(&path, &nft).unwrap();
+        let c = cli(&[&format!("--config={path}")]).unwrap().flags.validate().unwrap();
+        assert_eq!((c.mode, c.masquerade_all, c.masquerade_bit), (ProxyMode::Nftables, false, 14));
+        assert_eq!(c.conntrack.tcp_established, Duration::ZERO);
+        std::fs::write(&path, KUBEADM_CONFIG.replace("v1alpha1", "v1alpha2")).unwrap();
         assert!(cli(&[&format!("--config={path}")]).err().unwrap().to_string().contains("apiVersion"));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -73,7 +73,7 @@ fn main() -> anyhow::Result<()> {
         print!("{}", kpx::trace::run(args)?);
         return Ok(());
     }
-    let flags = cli.flags;
+    let (flags, warnings) = (cli.flags, cli.warnings);
     match flags.version.as_deref().map(|v| (v, kpx::config::go_bool(v))) {
         Some((_, Ok(true))) => {
             println!("kpx {}", kpx::VERSION_TEXT);
@@ -98,6 +98,9 @@ fn main() -> anyhow::Result<()> {
         builder.json().init();
     } else {
         builder.with_ansi(ansi).init();
+    }
+    for w in warnings {
+        tracing::warn!("{w}");
     }
     let config = flags.validate()?;
     if let Some(path) = &config.extra.write_config_to {

@@ -104,6 +104,9 @@ struct Pending {
     triggers: Vec<std::time::SystemTime>,
 }
 
+/// Change times kept between good syncs at most.
+const MAX_TRIGGERS: usize = 10_000;
+
 /// An EndpointSlice's change time, if it carries one.
 fn trigger_time(event: &Event) -> Option<std::time::SystemTime> {
     let Event::Apply(Object::EndpointSlice(slice)) = event else { return None };
@@ -114,8 +117,15 @@ fn trigger_time(event: &Event) -> Option<std::time::SystemTime> {
 }
 
 impl Pending {
-    fn note(&mut self, event: &Event, telemetry: &Telemetry) {
-        self.triggers.extend(trigger_time(event));
+    fn note(&mut self, event: &Event, telemetry: &Telemetry, started: std::time::SystemTime) {
+        // As upstream: changes from before kpx started (an initial list)
+        // say nothing about programming latency. A long failing streak
+        // keeps a bounded sample.
+        if let Some(t) = trigger_time(event).filter(|t| *t >= started)
+            && self.triggers.len() < MAX_TRIGGERS
+        {
+            self.triggers.push(t);
+        }
         let object = match event {
             Event::Apply(o @ (Object::Service(_) | Object::EndpointSlice(_))) => o.object_ref(),
             Event::Delete(r) => r.clone(),
@@ -228,6 +238,7 @@ pub fn run(
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
     let mut pending = Pending::default();
+    let started = std::time::SystemTime::now();
     let mut no_local = NoLocal::default();
     let mut plugin_counts = PluginCounts::default();
     let mut iptables_rules: std::collections::BTreeMap<kpx_rules::model::IpFamily, (usize, usize)> = Default::default();
@@ -242,7 +253,7 @@ pub fn run(
             Ok(event) => {
                 let (mut changed, mut node) = (false, false);
                 for event in std::iter::once(event).chain(std::iter::from_fn(|| events.try_recv().ok())) {
-                    pending.note(&event, telemetry);
+                    pending.note(&event, telemetry, started);
                     node |= matches!(&event, Event::Apply(Object::Node(_)));
                     changed |= state.apply(event);
                 }

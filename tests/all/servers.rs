@@ -121,10 +121,9 @@ fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.parse().ok()))
 }
 
-/// The EndpointSlice of `lb`, with the controller's change time ten
-/// seconds ago.
-fn slice_on(node: &str, ip: &str) -> Value {
-    let changed = std::time::SystemTime::now() - Duration::from_secs(10);
+/// The EndpointSlice of `lb`, with the controller's change time `age` ago.
+fn slice_on(node: &str, ip: &str, age: Duration) -> Value {
+    let changed = std::time::SystemTime::now() - age;
     let changed = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(changed.try_into().unwrap());
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -157,7 +156,7 @@ fn servers_answer(mode: &str) {
             }),
         )
         .unwrap();
-    server.apply(ENDPOINT_SLICES, slice_on("node", &be1)).unwrap();
+    server.apply(ENDPOINT_SLICES, slice_on("node", &be1, Duration::from_secs(3600))).unwrap();
     // The initial lists are slow: kpx is alive but not ready meanwhile.
     server.set_delay(Duration::from_secs(3));
     let kubeconfig = dir.join("kubeconfig");
@@ -199,7 +198,7 @@ fn servers_answer(mode: &str) {
         "{\n\t\"service\": {\n\t\t\"namespace\": \"test\",\n\t\t\"name\": \"lb\"\n\t},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}"
     );
     // The endpoint moves to another node: this node has none left.
-    server.apply(ENDPOINT_SLICES, slice_on("other", &be1)).unwrap();
+    server.apply(ENDPOINT_SLICES, slice_on("other", &be1, Duration::from_secs(2))).unwrap();
     let (_, body) = wait_status(&lab.client, &probe, "/", 503);
     assert!(body.contains("\"localEndpoints\": 0,"), "{body}");
 
@@ -216,13 +215,13 @@ fn servers_answer(mode: &str) {
         sample(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total").expect("endpoint changes");
     assert!(endpoint_changes >= 2.0, "{mode}: {endpoint_changes} endpoint changes (two slices were written)");
     assert_eq!(sample(&text, "kubeproxy_sync_proxy_rules_service_changes_total"), Some(1.0), "{mode}:\n{text}");
-    // Both slices say they changed 10 s before they were written: two
-    // latencies of at least 10 s (the first also waited out the slow
-    // initial list), well under a minute.
-    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_count"), Some(2.0), "{mode}:\n{text}");
-    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_bucket{le=\"9.0\"}"), Some(0.0), "{text}");
+    // The first slice changed an hour before kpx started (it came with the
+    // initial list: upstream leaves such changes out); the second changed
+    // 2 s before it was written: one latency of 2 s and a little.
+    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_count"), Some(1.0), "{mode}:\n{text}");
+    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_bucket{le=\"1.0\"}"), Some(0.0), "{text}");
     let sum = sample(&text, "kubeproxy_network_programming_duration_seconds_sum").unwrap_or(0.0);
-    assert!((20.0..60.0).contains(&sum), "{mode}: network programming took {sum} s in all");
+    assert!((2.0..10.0).contains(&sum), "{mode}: network programming took {sum} s");
     // lb's only endpoint is on another node now: one external Local
     // policy without local endpoints.
     let no_local = |p: &str| {

@@ -3,7 +3,8 @@
 //! field names. It is read into the same flag values the command line
 //! sets, so one validation serves both. Fields left empty, zero or null
 //! take upstream's defaults, as its defaulting does. An unknown field is
-//! refused by name, as upstream's strict decoding does.
+//! ignored with a warning naming it, as upstream falls back to lenient
+//! decoding (newer kubeadm versions write fields older proxies lack).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +13,7 @@ use serde::Deserialize;
 use super::Flags;
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct KubeProxyConfiguration {
     pub api_version: Option<String>,
     pub kind: Option<String>,
@@ -48,30 +49,42 @@ pub struct KubeProxyConfiguration {
     /// Newer versions: the mode-independent sync periods.
     pub sync_period: Option<String>,
     pub min_sync_period: Option<String>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ClientConnection {
     pub kubeconfig: Option<String>,
     pub accept_content_types: Option<String>,
     pub content_type: Option<String>,
     pub qps: Option<f32>,
     pub burst: Option<i32>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Iptables {
     pub masquerade_bit: Option<i32>,
     pub masquerade_all: Option<bool>,
     pub localhost_node_ports: Option<bool>,
     pub sync_period: Option<String>,
     pub min_sync_period: Option<String>,
+    /// Newer versions (no effect in kpx yet).
+    #[serde(rename = "snatNodeInternalIP")]
+    pub snat_node_internal_ip: Option<bool>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Ipvs {
     pub sync_period: Option<String>,
     pub min_sync_period: Option<String>,
@@ -85,19 +98,25 @@ pub struct Ipvs {
     pub udp_timeout: Option<String>,
     /// Older versions.
     pub masquerade_all: Option<bool>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Nftables {
     pub masquerade_bit: Option<i32>,
     pub masquerade_all: Option<bool>,
     pub sync_period: Option<String>,
     pub min_sync_period: Option<String>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Conntrack {
     /// Older versions: an absolute maximum.
     pub max: Option<i32>,
@@ -108,23 +127,32 @@ pub struct Conntrack {
     pub tcp_be_liberal: Option<bool>,
     pub udp_timeout: Option<String>,
     pub udp_stream_timeout: Option<String>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DetectLocal {
     pub bridge_interface: Option<String>,
     pub interface_name_prefix: Option<String>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Logging {
     pub format: Option<String>,
     pub flush_frequency: Option<serde_json::Value>,
     pub verbosity: Option<u8>,
     pub vmodule: Option<serde_json::Value>,
     pub options: Option<serde_json::Value>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// Why a configuration file cannot be used.
@@ -136,7 +164,7 @@ pub enum Error {
     Invalid { path: String, message: String },
 }
 
-const API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
+const API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1"];
 
 /// Parses a configuration file's text.
 pub fn parse(path: &str, text: &str) -> Result<KubeProxyConfiguration, Error> {
@@ -176,6 +204,22 @@ fn set_duration(to: &mut String, value: &Option<String>) {
 }
 
 impl KubeProxyConfiguration {
+    /// Every field the file sets that this version does not know, by path.
+    pub fn unknown_fields(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.unknown.keys().cloned().collect();
+        let mut nested = |section: &str, fields: Option<&BTreeMap<String, serde_json::Value>>| {
+            out.extend(fields.into_iter().flat_map(|m| m.keys()).map(|k| format!("{section}.{k}")));
+        };
+        nested("clientConnection", self.client_connection.as_ref().map(|c| &c.unknown));
+        nested("iptables", self.iptables.as_ref().map(|c| &c.unknown));
+        nested("ipvs", self.ipvs.as_ref().map(|c| &c.unknown));
+        nested("nftables", self.nftables.as_ref().map(|c| &c.unknown));
+        nested("conntrack", self.conntrack.as_ref().map(|c| &c.unknown));
+        nested("detectLocal", self.detect_local.as_ref().map(|c| &c.unknown));
+        nested("logging", self.logging.as_ref().map(|c| &c.unknown));
+        out
+    }
+
     /// The flag values this configuration stands for, on top of `flags`
     /// (the defaults).
     pub fn apply(&self, flags: &mut Flags) {
@@ -204,31 +248,35 @@ impl KubeProxyConfiguration {
             }
         }
         set_str(&mut flags.proxy_mode, &self.mode);
-        if let Some(i) = &self.iptables {
-            if let Some(b) = i.masquerade_bit {
-                flags.iptables_masquerade_bit = b;
+        // As upstream's conversion: nftables mode reads its own section,
+        // every other mode the iptables one (localhost node ports are
+        // iptables' only).
+        let nftables = self.mode.as_deref() == Some("nftables");
+        match (&self.iptables, &self.nftables) {
+            (Some(i), _) if !nftables => {
+                if let Some(b) = i.masquerade_bit {
+                    flags.iptables_masquerade_bit = b;
+                }
+                if let Some(v) = i.masquerade_all {
+                    flags.masquerade_all = v;
+                }
+                if let Some(v) = i.localhost_node_ports {
+                    flags.iptables_localhost_nodeports = v;
+                }
+                set_duration(&mut flags.iptables_sync_period, &i.sync_period);
+                set_duration(&mut flags.iptables_min_sync_period, &i.min_sync_period);
             }
-            if let Some(v) = i.masquerade_all {
-                flags.masquerade_all |= v;
+            (_, Some(n)) if nftables => {
+                if let Some(b) = n.masquerade_bit {
+                    flags.iptables_masquerade_bit = b;
+                }
+                if let Some(v) = n.masquerade_all {
+                    flags.masquerade_all = v;
+                }
+                set_duration(&mut flags.iptables_sync_period, &n.sync_period);
+                set_duration(&mut flags.iptables_min_sync_period, &n.min_sync_period);
             }
-            if let Some(v) = i.localhost_node_ports {
-                flags.iptables_localhost_nodeports = v;
-            }
-            set_duration(&mut flags.iptables_sync_period, &i.sync_period);
-            set_duration(&mut flags.iptables_min_sync_period, &i.min_sync_period);
-        }
-        // nftables mode reads its own section (upstream: in nftables mode).
-        if let Some(n) = &self.nftables
-            && self.mode.as_deref() == Some("nftables")
-        {
-            if let Some(b) = n.masquerade_bit {
-                flags.iptables_masquerade_bit = b;
-            }
-            if let Some(v) = n.masquerade_all {
-                flags.masquerade_all |= v;
-            }
-            set_duration(&mut flags.iptables_sync_period, &n.sync_period);
-            set_duration(&mut flags.iptables_min_sync_period, &n.min_sync_period);
+            _ => {}
         }
         set_duration(&mut flags.iptables_sync_period, &self.sync_period);
         set_duration(&mut flags.iptables_min_sync_period, &self.min_sync_period);
@@ -258,8 +306,9 @@ impl KubeProxyConfiguration {
             if let Some(v) = c.min {
                 flags.conntrack_min = v;
             }
-            set_duration(&mut flags.conntrack_tcp_timeout_established, &c.tcp_established_timeout);
-            set_duration(&mut flags.conntrack_tcp_timeout_close_wait, &c.tcp_close_wait_timeout);
+            // Null means the default; an explicit 0 leaves the kernel's value.
+            set_str(&mut flags.conntrack_tcp_timeout_established, &c.tcp_established_timeout);
+            set_str(&mut flags.conntrack_tcp_timeout_close_wait, &c.tcp_close_wait_timeout);
             if let Some(v) = c.tcp_be_liberal {
                 flags.conntrack_tcp_be_liberal = v;
             }

@@ -1,7 +1,9 @@
-//! `--feature-gates`: Kubernetes feature gates kube-proxy's releases
-//! know. A gate kpx's behaviour depends on is honoured; the others are
-//! accepted (their features are always on in kpx, or do not concern a
-//! Linux service proxy); an unknown gate is refused, as upstream refuses it.
+//! `--feature-gates`: Kubernetes feature gates. kube-proxy registers every
+//! gate of its release (clusters pass their whole `featureGates` map to
+//! it), so kpx accepts any well-formed gate: those listed here are the
+//! proxy's (their features are always on in kpx, or do not concern a Linux
+//! service proxy); any other is accepted with a warning that kpx does not
+//! know it.
 
 use std::collections::BTreeMap;
 
@@ -32,19 +34,24 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("LoggingBetaOptions", "accepted; no effect"),
 ];
 
-/// Parses `key=bool,…`; an unknown gate or a bad value is an error.
-pub fn parse(text: &str) -> Result<BTreeMap<String, bool>, String> {
+/// Parses `key=bool,…`: the gates, and those kpx does not know. A
+/// malformed pair or value is an error.
+pub fn parse(text: &str) -> Result<(BTreeMap<String, bool>, Vec<String>), String> {
     let mut out = BTreeMap::new();
+    let mut unknown = Vec::new();
     for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').ok_or_else(|| format!("missing bool value for {pair}"))?;
         let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return Err(format!("invalid feature gate name {key:?}"));
+        }
         if !KNOWN.iter().any(|(k, _)| *k == key) {
-            return Err(format!("unrecognized feature gate: {key}"));
+            unknown.push(key.to_string());
         }
         let enabled = super::go_bool(value).map_err(|e| format!("invalid value of {key}={value}: {e}"))?;
         out.insert(key.to_string(), enabled);
     }
-    Ok(out)
+    Ok((out, unknown))
 }
 
 #[cfg(test)]
@@ -53,11 +60,13 @@ mod tests {
 
     #[test]
     fn known_gates_and_go_bools() {
-        let g = parse("MultiCIDRServiceAllocator=true, AllAlpha=F").unwrap();
+        let (g, unknown) = parse("MultiCIDRServiceAllocator=true, AllAlpha=F").unwrap();
         assert!(g["MultiCIDRServiceAllocator"]);
         assert!(!g["AllAlpha"]);
-        assert_eq!(parse("").unwrap().len(), 0);
-        assert_eq!(parse("NoSuchGate=true").unwrap_err(), "unrecognized feature gate: NoSuchGate");
+        assert!(unknown.is_empty());
+        assert_eq!(parse("").unwrap().0.len(), 0);
+        assert_eq!(parse("ComponentFlagz=true").unwrap().1, ["ComponentFlagz"], "accepted, reported as unknown");
+        assert!(parse("Bad Gate=true").is_err());
         assert!(parse("AllAlpha").is_err());
         assert!(parse("AllAlpha=yes").is_err());
     }
