@@ -25,8 +25,12 @@ use super::{Event, Object, ObjectRef};
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// How often everything is re-checked even with inotify.
 pub const FULL_POLL: Duration = Duration::from_secs(60);
-/// Events arriving this close together are handled as one change.
-const SETTLE: Duration = Duration::from_millis(10);
+/// A change is read once its files have been quiet this long (a writer
+/// that truncates and then writes, or an editor that moves the old file
+/// away before writing the new one, is seen once, finished)...
+const QUIET: Duration = Duration::from_millis(100);
+/// ...or after this long, however busy they stay.
+const MOST_SETTLE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -41,7 +45,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// One file as last read.
 #[derive(Debug)]
 struct FileState {
-    stamp: (SystemTime, u64),
+    stamp: Stamp,
     objects: Vec<Object>,
 }
 
@@ -108,7 +112,7 @@ impl ManifestSource {
         });
         drop(listed);
         for path in files {
-            changed |= self.read_if_changed(path);
+            changed |= self.read(path, false);
         }
         if !changed {
             return Ok(Vec::new());
@@ -142,18 +146,30 @@ impl ManifestSource {
             })
             .collect();
         for path in &paths {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if root_is_file {
-                // The watch is on the file's directory: only the file counts.
+                // The watch is on the file's directory: the file counts, and
+                // a ConfigMap volume's `..data` swap behind it.
                 if path == &self.root {
                     changed |= self.refresh_file(path);
+                } else if name.starts_with("..") {
+                    return None;
                 }
                 continue;
             }
             let under = path.strip_prefix(&self.root).ok()?;
-            let hidden = under.components().any(|c| c.as_os_str().to_str().is_none_or(|n| n.starts_with('.')));
-            let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
-            let held_below = self.files.keys().any(|f| f.starts_with(path) && f != path);
-            if hidden || is_dir || held_below {
+            let names: Vec<&str> = under.components().filter_map(|c| c.as_os_str().to_str()).collect();
+            // `..data` and its timestamped directories: a ConfigMap swap.
+            if names.iter().any(|n| n.starts_with("..")) {
+                return None;
+            }
+            // Other hidden entries (editor swap files) are not manifests.
+            if names.iter().any(|n| n.starts_with('.')) {
+                continue;
+            }
+            let is_dir = std::fs::symlink_metadata(path)
+                .is_ok_and(|m| m.is_dir() || m.file_type().is_symlink() && path.is_dir());
+            if is_dir || self.holds_below(path) {
                 return None;
             }
             if is_manifest(path) {
@@ -163,11 +179,20 @@ impl ManifestSource {
         Some(if changed { self.diff() } else { Vec::new() })
     }
 
+    /// Whether files under `dir` are held (a directory that vanished).
+    fn holds_below(&self, dir: &Path) -> bool {
+        use std::ops::Bound;
+        self.files
+            .range::<Path, _>((Bound::Excluded(dir), Bound::Unbounded))
+            .next()
+            .is_some_and(|(f, _)| f.starts_with(dir))
+    }
+
     /// One manifest file named by inotify: read again, or dropped if gone.
     fn refresh_file(&mut self, path: &Path) -> bool {
         match std::fs::symlink_metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.files.remove(path).is_some(),
-            _ => self.read_if_changed(path.to_path_buf()),
+            _ => self.read(path.to_path_buf(), true),
         }
     }
 
@@ -175,8 +200,10 @@ impl ManifestSource {
         std::fs::metadata(&self.root).is_ok_and(|m| m.is_file())
     }
 
-    /// Reads one listed file if its stamp changed; whether it did.
-    fn read_if_changed(&mut self, path: PathBuf) -> bool {
+    /// Reads one listed file if its stamp changed (always when `named`:
+    /// inotify said so, and a same-size edit within the clock's
+    /// granularity keeps the stamp); whether it changed.
+    fn read(&mut self, path: PathBuf, named: bool) -> bool {
         let meta = match std::fs::metadata(&path) {
             Ok(meta) => meta,
             Err(e) => {
@@ -184,8 +211,8 @@ impl ManifestSource {
                 return false;
             }
         };
-        let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
-        if self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
+        let stamp = stamp(&meta);
+        if !named && self.files.get(&path).is_some_and(|f| f.stamp == stamp) {
             return false;
         }
         let text = match std::fs::read_to_string(&path) {
@@ -263,7 +290,8 @@ impl ManifestSource {
     async fn watch(mut self, tx: Sender<Event>) {
         // Watch first, so that nothing written during the first read is missed.
         let (notes_tx, mut notes) = tokio::sync::mpsc::unbounded_channel::<notify::Result<notify::Event>>();
-        let watcher = self.watcher(notes_tx);
+        let mut watcher = self.watcher(notes_tx.clone());
+        let mut root_id = file_id(&self.root);
         loop {
             match self.poll() {
                 Ok(_) if self.complete => break,
@@ -287,9 +315,12 @@ impl ManifestSource {
             let events = tokio::select! {
                 note = notes.recv(), if watcher.is_some() => {
                     let mut batch = vec![note];
-                    tokio::time::sleep(SETTLE).await;
-                    while let Ok(n) = notes.try_recv() {
-                        batch.push(Some(n));
+                    let began = tokio::time::Instant::now();
+                    while began.elapsed() < MOST_SETTLE {
+                        match tokio::time::timeout(QUIET, notes.recv()).await {
+                            Ok(n) => batch.push(n),
+                            Err(_) => break,
+                        }
                     }
                     let mut paths = Vec::new();
                     let mut rescan = false;
@@ -301,8 +332,11 @@ impl ManifestSource {
                                 rescan |= e.need_rescan();
                                 paths.extend(e.paths);
                             }
-                            // An error (or the watcher gone): re-check all.
-                            _ => rescan = true,
+                            Some(Err(e)) => {
+                                tracing::warn!(path = %self.root.display(), "inotify: {e}; re-reading every manifest");
+                                rescan = true;
+                            }
+                            None => rescan = true,
                         }
                     }
                     paths.sort();
@@ -314,6 +348,14 @@ impl ManifestSource {
                 }
                 _ = full.tick() => self.poll(),
             };
+            // The root replaced (moved away and made again, a link
+            // re-pointed): the watch is on the old one; watch the new.
+            let now_id = file_id(&self.root);
+            if now_id != root_id {
+                tracing::info!(path = %self.root.display(), "the manifest root was replaced; watching the new one");
+                watcher = self.watcher(notes_tx.clone());
+                root_id = now_id;
+            }
             match events {
                 Ok(events) => {
                     if !send(&tx, events) {
@@ -354,6 +396,21 @@ impl ManifestSource {
             }
         }
     }
+}
+
+/// What tells a file's versions apart without reading it: modification
+/// and change times, size, and inode (a link re-pointed to another file).
+type Stamp = (SystemTime, i64, i64, u64, u64);
+
+fn stamp(meta: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.ctime(), meta.ctime_nsec(), meta.len(), meta.ino())
+}
+
+/// Device and inode of a path (following links), to see it replaced.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Sends events in order; false when the receiver is gone.

@@ -42,10 +42,10 @@ pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
     let mut errors = Vec::new();
     for (i, doc) in split_documents(text).into_iter().enumerate() {
         let document = i + 1;
-        if blank(doc) {
+        if blank(&doc) {
             continue;
         }
-        match serde_saphyr::from_str::<Value>(doc) {
+        match serde_saphyr::from_str_with_options::<Value>(&doc, yaml_options()) {
             Ok(value) => collect(value, document, &mut objects, &mut errors),
             Err(e) => errors.push(ParseError {
                 document,
@@ -63,7 +63,7 @@ pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
 /// split); a `---` followed by content on its line keeps that content.
 /// Each document is parsed on its own, so one that is not valid YAML
 /// leaves the others.
-fn split_documents(text: &str) -> Vec<&str> {
+fn split_documents(text: &str) -> Vec<std::borrow::Cow<'_, str>> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut offset = 0;
@@ -81,7 +81,35 @@ fn split_documents(text: &str) -> Vec<&str> {
     if out.len() > 1 && blank(out[0]) {
         out.remove(0);
     }
-    out
+    // Directives (`%YAML`, `%TAG`) belong to the document after them.
+    let mut docs: Vec<std::borrow::Cow<'_, str>> = Vec::new();
+    let mut pending: Option<&str> = None;
+    for chunk in out {
+        let directives = chunk.lines().any(|l| l.starts_with('%'))
+            && chunk.lines().all(|l| l.starts_with('%') || l.trim().is_empty() || l.trim_start().starts_with('#'));
+        match pending.take() {
+            Some(d) => docs.push(format!("{d}---{chunk}").into()),
+            None if directives => pending = Some(chunk),
+            None => docs.push(chunk.into()),
+        }
+    }
+    docs.extend(pending.map(Into::into));
+    docs
+}
+
+/// Limits for manifest files: the operator's own, so much larger than the
+/// parser's defaults (a `kind: List` dump of a cluster), with its guards
+/// against alias bombs kept.
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = 200_000_000;
+    budget.max_nodes = 100_000_000;
+    budget.max_documents = 1_000_000;
+    budget.max_total_scalar_bytes = 1 << 30;
+    budget.max_reader_input_bytes = Some(1 << 30);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
 }
 
 fn blank(doc: &str) -> bool {

@@ -145,6 +145,65 @@ fn refresh_reads_only_what_inotify_named() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The watch loop itself, on inotify: writers that pass through an empty
+/// or missing file (truncate then write; an editor moving the old file
+/// away before writing the new one) are read once they are done, so no
+/// object is ever deleted on the way; an editor's swap file is nothing.
+#[test]
+fn writers_in_progress_are_never_read_half_done() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-watch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a.yaml");
+    let svc = |port: u16| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: a, namespace: x}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: {port}}}]}}\n"
+        )
+    };
+    std::fs::write(&file, svc(80)).unwrap();
+    let source = ManifestSource::new(&dir).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || source.run(tx));
+    let next = || rx.recv_timeout(std::time::Duration::from_secs(5)).expect("an event");
+    assert!(matches!(next(), Event::Apply(_)));
+    assert_eq!(next(), Event::Synced);
+    // Truncate, pause, write.
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&file).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        f.write_all(svc(81).as_bytes()).unwrap();
+    }
+    let e = next();
+    assert!(
+        matches!(&e, Event::Apply(Object::Service(s)) if s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port == 81),
+        "{e:?}"
+    );
+    // Move away, pause, write anew (vim's save); an editor swap file.
+    std::fs::rename(&file, dir.join("a.yaml~")).unwrap();
+    std::fs::write(dir.join(".a.yaml.swp"), "binary junk").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(40));
+    std::fs::write(&file, svc(82)).unwrap();
+    let e = next();
+    assert!(
+        matches!(&e, Event::Apply(Object::Service(s)) if s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port == 82),
+        "{e:?}"
+    );
+    // And a real deletion is one.
+    std::fs::remove_file(&file).unwrap();
+    assert!(matches!(next(), Event::Delete(_)));
+    assert!(rx.recv_timeout(std::time::Duration::from_millis(500)).is_err(), "nothing more");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn directives_belong_to_the_next_document() {
+    let text = "%YAML 1.2\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let (objects, errors) = parse_documents(text);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(objects.len(), 1);
+}
+
 #[test]
 fn an_object_made_invalid_keeps_its_last_good_version() {
     let dir = std::env::temp_dir().join(format!("kpx-manifests-lastgood-{}", std::process::id()));
