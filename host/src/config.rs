@@ -1172,74 +1172,7 @@ mod tests {
     }
 
     /// kubeadm's ConfigMap `config.conf` (v1.33), as `kubeadm init` writes it.
-    const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-bindAddress: 0.0.0.0
-bindAddressHardFail: false
-clientConnection:
-  acceptContentTypes: ""
-  burst: 0
-  contentType: ""
-  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
-  qps: 0
-clusterCIDR: 10.244.0.0/16
-configSyncPeriod: 0s
-conntrack:
-  maxPerCore: null
-  min: null
-  tcpBeLiberal: false
-  tcpCloseWaitTimeout: null
-  tcpEstablishedTimeout: null
-  udpStreamTimeout: 0s
-  udpTimeout: 0s
-detectLocal:
-  bridgeInterface: ""
-  interfaceNamePrefix: ""
-detectLocalMode: ""
-enableProfiling: false
-healthzBindAddress: ""
-hostnameOverride: ""
-iptables:
-  localhostNodePorts: null
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-ipvs:
-  excludeCIDRs: null
-  minSyncPeriod: 0s
-  scheduler: ""
-  strictARP: false
-  syncPeriod: 0s
-  tcpFinTimeout: 0s
-  tcpTimeout: 0s
-  udpTimeout: 0s
-kind: KubeProxyConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: "0"
-    text:
-      infoBufferSize: "0"
-  verbosity: 0
-metricsBindAddress: ""
-mode: ""
-nftables:
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-nodePortAddresses: null
-oomScoreAdj: null
-portRange: ""
-showHiddenMetricsForVersion: ""
-winkernel:
-  enableDSR: false
-  forwardHealthCheckVip: false
-  networkName: ""
-  rootHnsEndpointName: ""
-  sourceVip: ""
-"#;
+    const KUBEADM_CONFIG: &str = include_str!("../../tests/kubeadm-config.conf");
 
     #[test]
     fn a_kubeadm_config_file_runs_unchanged() {

@@ -61,21 +61,7 @@ fn web(ips: &[&str]) -> String {
 fn kpx_api_args(dir: &Path, server: &ListWatch, mode: &str) -> Vec<String> {
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-    [
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--hostname-override",
-        "node",
-        "--cluster-cidr",
-        kpx_netlab::node::CLUSTER_CIDR,
-        "--plugin-cache-dir",
-        &plugin_cache(),
-        "--proxy-mode",
-        mode,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    node_args(&["--kubeconfig", kubeconfig.to_str().unwrap()], &["--proxy-mode", mode])
 }
 
 /// The mode's rules as the kernel lists them.

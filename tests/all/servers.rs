@@ -13,76 +13,8 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// kubeadm's `config.conf` as `kubeadm init` writes it (v1.33), with the
-/// kubeconfig, mode and cluster CIDR filled in.
-const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-bindAddress: 0.0.0.0
-bindAddressHardFail: false
-clientConnection:
-  acceptContentTypes: ""
-  burst: 0
-  contentType: ""
-  kubeconfig: KUBECONFIG
-  qps: 0
-clusterCIDR: CLUSTER_CIDR
-configSyncPeriod: 0s
-conntrack:
-  maxPerCore: null
-  min: null
-  tcpBeLiberal: false
-  tcpCloseWaitTimeout: null
-  tcpEstablishedTimeout: null
-  udpStreamTimeout: 0s
-  udpTimeout: 0s
-detectLocal:
-  bridgeInterface: ""
-  interfaceNamePrefix: ""
-detectLocalMode: ""
-enableProfiling: false
-healthzBindAddress: ""
-hostnameOverride: ""
-iptables:
-  localhostNodePorts: null
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-ipvs:
-  excludeCIDRs: null
-  minSyncPeriod: 0s
-  scheduler: ""
-  strictARP: false
-  syncPeriod: 0s
-  tcpFinTimeout: 0s
-  tcpTimeout: 0s
-  udpTimeout: 0s
-kind: KubeProxyConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: "0"
-    text:
-      infoBufferSize: "0"
-  verbosity: 0
-metricsBindAddress: ""
-mode: MODE
-nftables:
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-nodePortAddresses: null
-oomScoreAdj: null
-portRange: ""
-showHiddenMetricsForVersion: ""
-winkernel:
-  enableDSR: false
-  forwardHealthCheckVip: false
-  networkName: ""
-  rootHnsEndpointName: ""
-  sourceVip: ""
-"#;
+/// kubeadm's `config.conf` as `kubeadm init` writes it (v1.33).
+const KUBEADM_CONFIG: &str = include_str!("../kubeadm-config.conf");
 
 /// GET over HTTP/1.0 from inside `ns`: (status, body).
 fn get(ns: &Ns, addr: &str, path: &str) -> Option<(u16, String)> {
@@ -168,9 +100,9 @@ fn servers_answer(mode: &str) {
     std::fs::write(
         &config,
         KUBEADM_CONFIG
-            .replace("KUBECONFIG", kubeconfig.to_str().unwrap())
-            .replace("MODE", mode)
-            .replace("CLUSTER_CIDR", kpx_netlab::node::CLUSTER_CIDR),
+            .replace("/var/lib/kube-proxy/kubeconfig.conf", kubeconfig.to_str().unwrap())
+            .replace("mode: \"\"", &format!("mode: {mode}"))
+            .replace("10.244.0.0/16", kpx_netlab::node::CLUSTER_CIDR),
     )
     .unwrap();
     let args: Vec<String> = [

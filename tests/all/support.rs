@@ -65,23 +65,17 @@ pub fn write_manifest(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// The arguments every test starts kpx with, plus `extra`.
+/// The arguments every test starts kpx with (reading --manifests), plus `extra`.
 pub fn kpx_args(manifests: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--hostname-override",
-        "node",
-        "--cluster-cidr",
-        kpx_netlab::node::CLUSTER_CIDR,
-        "--plugin-cache-dir",
-        &plugin_cache(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+    node_args(&["--manifests", manifests.to_str().unwrap()], extra)
+}
+
+/// kpx as the lab's node, reading objects as `source` says, plus `extra`.
+pub fn node_args(source: &[&str], extra: &[&str]) -> Vec<String> {
+    let cache = plugin_cache();
+    let node: [&str; 6] =
+        ["--hostname-override", "node", "--cluster-cidr", kpx_netlab::node::CLUSTER_CIDR, "--plugin-cache-dir", &cache];
+    source.iter().chain(node.iter()).chain(extra.iter()).map(|s| s.to_string()).collect()
 }
 
 /// Writes `web.yaml`: Service test/web (10.96.0.10) with these endpoints.
