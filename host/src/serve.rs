@@ -61,8 +61,9 @@ impl Telemetry {
         });
     }
 
-    fn counted(&self, which: &Metrics, healthz: bool, (code, body): (u16, String)) -> Answer {
-        let family = if healthz { &which.healthz } else { &which.livez };
+    /// A health answer, counted as upstream counts them.
+    fn counted(&self, healthz: bool, (code, body): (u16, String)) -> Answer {
+        let family = if healthz { &self.metrics.healthz } else { &self.metrics.livez };
         family.get_or_create(&CodeLabel { code: code.to_string() }).inc();
         Answer::json(code, body)
     }
@@ -70,8 +71,8 @@ impl Telemetry {
     /// The health server's routes.
     pub fn health_answer(&self, path: &str) -> Answer {
         match path {
-            "/healthz" => self.counted(&self.metrics, true, self.health.healthz(Stamp::now())),
-            "/livez" => self.counted(&self.metrics, false, self.health.livez(Stamp::now())),
+            "/healthz" => self.counted(true, self.health.healthz(Stamp::now())),
+            "/livez" => self.counted(false, self.health.livez(Stamp::now())),
             _ => Answer::not_found(),
         }
     }

@@ -325,10 +325,14 @@ pub fn run(
             m.iptables_total.get_or_create(&TableLabel { table: "nat".into() }).set(nat as i64);
         }
         if ok {
-            no_local.update(&state, &changes, telemetry);
+            // Health-check ports and local endpoints change only with the
+            // state: the periodic syncs of an idle proxy skip the walk.
+            if !changes.is_empty() {
+                no_local.update(&state, &changes, telemetry);
+                telemetry.set_checks(state.health_checks());
+            }
             changes = Changes::default();
             pending.clear(telemetry);
-            telemetry.set_checks(state.health_checks());
         }
         if let Some(p) = proxiers.first() {
             plugin_counts.update(p, telemetry);
