@@ -10,7 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Built-in plugins, embedded in kpx: (crate, name used by --proxy-mode).
-const BUILT_IN: &[(&str, &str)] = &[("kpx-plugin-iptables", "iptables"), ("kpx-plugin-nftables", "nftables")];
+const BUILT_IN: &[(&str, &str)] = &[
+    ("kpx-plugin-iptables", "iptables"),
+    ("kpx-plugin-nftables", "nftables"),
+    ("kpx-plugin-schedulers", "schedulers"),
+];
 /// Plugins built for tests only (loaded from disk with --backend-plugin).
 const TEST_ONLY: &[&str] = &["kpx-plugin-hostile"];
 
@@ -20,7 +24,17 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let target_dir = workspace.join("target").join("wasm-plugins");
 
-    for dir in ["wit", "rules/src", "rules/Cargo.toml", "sdk/src", "sdk/Cargo.toml", "plugins", "Cargo.lock"] {
+    for dir in [
+        "wit",
+        "rules/src",
+        "rules/Cargo.toml",
+        "sched/src",
+        "sched/Cargo.toml",
+        "sdk/src",
+        "sdk/Cargo.toml",
+        "plugins",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
 

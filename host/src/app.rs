@@ -11,12 +11,13 @@ use crate::kernel::iptables::{IptablesDataplane, IptablesKernel};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
-use crate::runtime::{self, BackendPlugin, Runtime};
+use crate::runtime::{self, BackendPlugin, Runtime, SchedulerPlugin};
 use crate::serve::health::ProxyHealth;
 use crate::serve::service_health::Bind;
 use crate::serve::{Endpoints, Telemetry};
 use crate::source::manifests::ManifestSource;
 use crate::state::State;
+use crate::sync::planner::Planner;
 use crate::sync::{self, FamilyProxier, Periods};
 
 #[derive(Debug, thiserror::Error)]
@@ -52,10 +53,23 @@ pub enum Error {
     SourceStopped(String),
 }
 
+/// The plugin runtime `config` asks for.
+pub fn plugin_runtime(config: &Config) -> Result<Runtime, Error> {
+    Ok(Runtime::new(config.plugin_limits, Some(config.plugin_cache_dir.clone()))?)
+}
+
+/// The scheduler components: the built-in ones.
+pub fn load_schedulers(runtime: &Runtime) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
+    let bytes = runtime::builtin::get("schedulers").expect("the built-in schedulers are embedded");
+    Ok(vec![Arc::new(runtime.load_scheduler("schedulers", bytes)?)])
+}
+
 /// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
 pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
-    let cache = Some(config.plugin_cache_dir.clone());
-    let runtime = Runtime::new(config.plugin_limits, cache)?;
+    load_backend_with(config, &plugin_runtime(config)?)
+}
+
+fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin, Error> {
     match &config.backend_plugin {
         Some(path) => {
             let bytes =
@@ -115,7 +129,9 @@ fn set_oom_score_adj(value: i32) {
 pub fn run(config: Config) -> Result<(), Error> {
     set_oom_score_adj(config.extra.oom_score_adj);
     init(&config);
-    let plugin = Arc::new(load_backend(&config)?);
+    let plugin_runtime = plugin_runtime(&config)?;
+    let plugin = Arc::new(load_backend_with(&config, &plugin_runtime)?);
+    let schedulers = load_schedulers(&plugin_runtime)?;
     let config = Arc::new(config);
     tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
     let proxiers: Vec<FamilyProxier> = families()
@@ -125,6 +141,7 @@ pub fn run(config: Config) -> Result<(), Error> {
                 config.clone(),
                 family,
                 plugin.clone(),
+                Planner::new(config.mode, schedulers.clone()),
                 dataplane(config.mode, family)
                     .with_max_bytes(usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX)),
                 Sysctl::default(),

@@ -8,6 +8,7 @@
 //! which it replays the full state.
 
 mod cache;
+mod scheduler;
 mod version;
 pub mod wit;
 
@@ -20,7 +21,9 @@ use kpx_rules::ops::Ruleset;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
+pub use scheduler::{SchedulerInstance, SchedulerPlugin};
 pub use version::{SUPPORTED, read_contract_version};
+pub use wit::since_v0_2_0::ScheduleRequest;
 
 /// Built-in plugin components, embedded at build time.
 pub mod builtin {
@@ -192,8 +195,8 @@ impl Runtime {
     }
 
     /// Checks the contract version, compiles (or loads from cache) and
-    /// links a backend component.
-    pub fn load_backend(&self, name: &str, bytes: &[u8]) -> Result<BackendPlugin> {
+    /// links a component: its version and its pre-instance.
+    fn link(&self, name: &str, bytes: &[u8]) -> Result<(String, wasmtime::component::InstancePre<PluginState>)> {
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         let found = read_contract_version(bytes).map_err(load_err)?;
         let found = found.ok_or_else(|| Error::MissingVersion { plugin: name.to_string() })?;
@@ -206,6 +209,31 @@ impl Runtime {
         }
         .map_err(|e| load_err(format!("{e:#}")))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| load_err(format!("{e:#}")))?;
+        Ok((found, pre))
+    }
+
+    /// Loads a scheduler component (the `scheduler-plugin` world).
+    pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
+        let (found, pre) = self.link(name, bytes)?;
+        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
+        if found != wit::since_v0_2_0::VERSION {
+            return Err(load_err(format!("no scheduler bindings for kpx:proxier {found}")));
+        }
+        let pre = wit::since_v0_2_0::SchedulerPre::new(pre).map_err(|e| load_err(format!("{e:#}")))?;
+        Ok(SchedulerPlugin {
+            name: Arc::from(name),
+            engine: self.engine.clone(),
+            pre,
+            limits: self.limits,
+            stats: Arc::new(PluginStats::default()),
+        })
+    }
+
+    /// Checks the contract version, compiles (or loads from cache) and
+    /// links a backend component.
+    pub fn load_backend(&self, name: &str, bytes: &[u8]) -> Result<BackendPlugin> {
+        let (found, pre) = self.link(name, bytes)?;
+        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         let pre = wit::BackendPre::new(&found, pre).map_err(|e| load_err(format!("{e:#}")))?;
         Ok(BackendPlugin {
             name: Arc::from(name),
@@ -237,47 +265,52 @@ impl BackendPlugin {
 
     /// A fresh instance holding a new proxier for `settings`.
     pub fn instantiate(&self, settings: &Settings) -> Result<BackendInstance> {
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(usize::try_from(self.limits.memory_bytes).unwrap_or(usize::MAX))
-            .instances(4)
-            .tables(8)
-            .memories(2)
-            .trap_on_grow_failure(true)
-            .build();
-        let mut store = Store::new(
-            &self.engine,
-            PluginState { plugin: self.name.clone(), limits, log_budget: LOG_LINES_PER_CALL, log_dropping: false },
-        );
-        store.limiter(|s| &mut s.limits);
-        let mut instance = BackendInstance {
-            plugin: self.name.clone(),
-            store,
-            bindings: None,
-            limits: self.limits,
-            stats: self.stats.clone(),
-            fueled: 0,
-        };
-        instance.refuel(0);
-        let bindings = self.pre.instantiate(&mut instance.store, settings);
-        let bindings = instance.check("instantiate", bindings)?;
-        instance.bindings = Some(bindings);
+        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats);
+        sandbox.refuel(0);
+        let bindings = self.pre.instantiate(&mut sandbox.store, settings);
+        let bindings = sandbox.check("instantiate", bindings)?;
         self.stats.instances.fetch_add(1, Ordering::Relaxed);
-        Ok(instance)
+        Ok(BackendInstance { sandbox, bindings })
     }
 }
 
-/// One live plugin instance with its proxier resource.
-pub struct BackendInstance {
+/// A Store with its limits, fuel and log budget, and the bookkeeping
+/// of the calls made into it.
+struct Sandbox {
     plugin: Arc<str>,
     store: Store<PluginState>,
-    bindings: Option<wit::Backend>,
     limits: Limits,
     stats: Arc<PluginStats>,
     /// The fuel the current call started with.
     fueled: u64,
 }
 
-impl BackendInstance {
+impl Sandbox {
+    fn new(engine: &Engine, plugin: &Arc<str>, limits: Limits, stats: &Arc<PluginStats>) -> Sandbox {
+        let store_limits = StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX))
+            .instances(4)
+            .tables(8)
+            .memories(2)
+            .trap_on_grow_failure(true)
+            .build();
+        let mut store = Store::new(
+            engine,
+            PluginState {
+                plugin: plugin.clone(),
+                limits: store_limits,
+                log_budget: LOG_LINES_PER_CALL,
+                log_dropping: false,
+            },
+        );
+        store.limiter(|s| &mut s.limits);
+        Sandbox { plugin: plugin.clone(), store, limits, stats: stats.clone(), fueled: 0 }
+    }
+
+    fn fuel_left(&self) -> u64 {
+        self.store.get_fuel().unwrap_or(0)
+    }
+
     fn refuel(&mut self, objects: usize) {
         let fuel = self.limits.fuel_base.saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
         // Fuel is enabled on the engine, so this cannot fail.
@@ -317,16 +350,26 @@ impl BackendInstance {
         })
     }
 
-    fn bindings(&self) -> &wit::Backend {
-        self.bindings.as_ref().expect("instantiated")
+    /// A plugin's own error from a call that returns `result<_, string>`.
+    fn failed(&self, call: &'static str, message: &str) -> Error {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        Error::Failed { plugin: self.plugin.to_string(), call, message: log_line(message) }
     }
+}
 
+/// One live backend instance with its proxier resource.
+pub struct BackendInstance {
+    sandbox: Sandbox,
+    bindings: wit::Backend,
+}
+
+impl BackendInstance {
     /// Replaces the plugin's whole state.
     pub fn reset(&mut self, node: &Node, cluster: &Cluster, services: &[ServicePort]) -> Result<()> {
-        self.refuel(objects(services));
-        let bindings = self.bindings().clone();
-        let result = bindings.reset(&mut self.store, node, cluster, services);
-        self.check("reset", result)
+        let s = &mut self.sandbox;
+        s.refuel(objects(services));
+        let result = self.bindings.reset(&mut s.store, node, cluster, services);
+        s.check("reset", result)
     }
 
     /// Sends changes since the last call.
@@ -338,26 +381,23 @@ impl BackendInstance {
                 _ => 1,
             })
             .sum();
-        self.refuel(n);
-        let bindings = self.bindings().clone();
-        let result = bindings.apply(&mut self.store, changes);
-        self.check("apply", result)
+        let s = &mut self.sandbox;
+        s.refuel(n);
+        let result = self.bindings.apply(&mut s.store, changes);
+        s.check("apply", result)
     }
 
     /// Asks for the ruleset; `state_size` scales the fuel budget.
     pub fn render(&mut self, full: bool, state_size: usize) -> Result<Ruleset> {
-        self.refuel(state_size);
-        let bindings = self.bindings().clone();
-        let result = bindings.render(&mut self.store, full);
-        self.check("render", result)?.map_err(|message| {
-            self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            Error::Failed { plugin: self.plugin.to_string(), call: "render", message: log_line(&message) }
-        })
+        let s = &mut self.sandbox;
+        s.refuel(state_size);
+        let result = self.bindings.render(&mut s.store, full);
+        s.check("render", result)?.map_err(|message| s.failed("render", &message))
     }
 
     /// Fuel left after the last call (for tests and benchmarks).
     pub fn fuel_left(&self) -> u64 {
-        self.store.get_fuel().unwrap_or(0)
+        self.sandbox.fuel_left()
     }
 }
 

@@ -4,6 +4,7 @@
 //! de-duplicated by address:port, conditions read, locality by node name.
 //! The state also remembers which Services changed since it was last asked.
 
+mod annotations;
 mod endpoints;
 mod services;
 mod topology;

@@ -4,6 +4,7 @@
 //! [`FULL_SYNC_PERIOD`], and a failed sync retried (in full) with backoff.
 
 pub mod family;
+pub mod planner;
 
 pub use family::FamilyProxier;
 

@@ -12,6 +12,7 @@ pub mod iptables;
 pub mod model;
 pub mod nftables;
 pub mod ops;
+pub mod plan;
 pub mod service_set;
 pub mod trace;
 mod wit_conversions;

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
+pub use crate::plan::{HashField, Plan, SlotTable};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
     Tcp,
@@ -177,6 +179,8 @@ pub struct Endpoint {
     pub port: u16,
     pub conditions: Conditions,
     pub zone: Option<String>,
+    /// From the EndpointSlice annotation `kpx.dev/weights` (default 1).
+    pub weight: u16,
 }
 
 impl Endpoint {
@@ -187,6 +191,7 @@ impl Endpoint {
             port,
             conditions: Conditions { ready: true, serving: true, terminating: false, is_local: false },
             zone: None,
+            weight: 1,
         }
     }
 
@@ -275,11 +280,23 @@ pub struct ServicePort {
     pub health_check_node_port: u16,
     /// 0 means no ClientIP affinity.
     pub affinity_timeout_seconds: u32,
-    pub scheduler: String,
-    pub scheduler_parameters: Vec<(String, String)>,
+    /// The scheduler the Service selects (host-side: not sent to
+    /// backends, which get the plans).
+    pub scheduler: Option<SchedulerChoice>,
     pub endpoints: Vec<Endpoint>,
     pub cluster_endpoints: Vec<u32>,
     pub local_endpoints: Vec<u32>,
+    /// How to choose among `cluster_endpoints`; None: uniform random.
+    pub cluster_plan: Option<Plan>,
+    /// How to choose among `local_endpoints`; None: uniform random.
+    pub local_plan: Option<Plan>,
+}
+
+/// A Service's scheduler: `kpx.dev/scheduler` and `kpx.dev/scheduler-params`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SchedulerChoice {
+    pub name: String,
+    pub parameters: Vec<(String, String)>,
 }
 
 impl ServicePort {
@@ -302,11 +319,12 @@ impl ServicePort {
             internal_traffic_policy: TrafficPolicy::Cluster,
             health_check_node_port: 0,
             affinity_timeout_seconds: 0,
-            scheduler: String::new(),
-            scheduler_parameters: vec![],
+            scheduler: None,
             endpoints: vec![],
             cluster_endpoints: vec![],
             local_endpoints: vec![],
+            cluster_plan: None,
+            local_plan: None,
         }
     }
 
@@ -352,6 +370,10 @@ pub struct ServiceView<'a> {
     pub internal_local: bool,
     /// externalTrafficPolicy Local, for an externally accessible Service.
     pub external_local: bool,
+    /// The plans over `cluster_endpoints` and `local_endpoints` (None:
+    /// uniform random).
+    pub cluster_plan: Option<&'a Plan>,
+    pub local_plan: Option<&'a Plan>,
 }
 
 impl ServiceView<'_> {
@@ -395,6 +417,8 @@ impl ServicePort {
             externally_accessible,
             internal_local: self.internal_traffic_policy == TrafficPolicy::Local,
             external_local: self.external_traffic_policy == TrafficPolicy::Local && externally_accessible,
+            cluster_plan: self.cluster_plan.as_ref(),
+            local_plan: self.local_plan.as_ref(),
         })
     }
 }

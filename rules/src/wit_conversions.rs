@@ -79,6 +79,7 @@ macro_rules! wit_conversions {
                     conditions: Vec::with_capacity(eps.len()),
                     zone_index: Vec::with_capacity(eps.len()),
                     zones: Vec::new(),
+                    weights: Vec::with_capacity(eps.len()),
                 };
                 for ep in eps {
                     match ep.ip {
@@ -110,6 +111,7 @@ macro_rules! wit_conversions {
                         },
                     };
                     out.zone_index.push(zone);
+                    out.weights.push(ep.weight);
                 }
                 out
             }
@@ -140,6 +142,7 @@ macro_rules! wit_conversions {
                                 is_local: c.contains(wit::EndpointConditions::IS_LOCAL),
                             },
                             zone,
+                            weight: eps.weights.get(i).copied().unwrap_or(1),
                         })
                     })
                     .collect()
@@ -162,11 +165,11 @@ macro_rules! wit_conversions {
                     internal_traffic_policy: to_wit_policy(s.internal_traffic_policy),
                     health_check_node_port: s.health_check_node_port,
                     affinity_timeout_seconds: s.affinity_timeout_seconds,
-                    scheduler: s.scheduler.clone(),
-                    scheduler_parameters: s.scheduler_parameters.clone(),
                     endpoints: to_wit_endpoints(&s.endpoints),
                     cluster_endpoints: s.cluster_endpoints.clone(),
                     local_endpoints: s.local_endpoints.clone(),
+                    cluster_plan: s.cluster_plan.as_ref().map(to_wit_plan),
+                    local_plan: s.local_plan.as_ref().map(to_wit_plan),
                 }
             }
 
@@ -187,11 +190,46 @@ macro_rules! wit_conversions {
                     internal_traffic_policy: from_wit_policy(s.internal_traffic_policy),
                     health_check_node_port: s.health_check_node_port,
                     affinity_timeout_seconds: s.affinity_timeout_seconds,
-                    scheduler: s.scheduler,
-                    scheduler_parameters: s.scheduler_parameters,
+                    scheduler: None,
                     endpoints: from_wit_endpoints(s.endpoints),
                     cluster_endpoints: s.cluster_endpoints,
                     local_endpoints: s.local_endpoints,
+                    cluster_plan: s.cluster_plan.map(from_wit_plan),
+                    local_plan: s.local_plan.map(from_wit_plan),
+                }
+            }
+
+            pub fn to_wit_plan(p: &model::Plan) -> wit::Plan {
+                match p {
+                    model::Plan::Weighted(w) => wit::Plan::Weighted(w.clone()),
+                    model::Plan::Sequence(s) => wit::Plan::Sequence(s.clone()),
+                    model::Plan::Slots(t) => wit::Plan::Slots(wit::SlotTable {
+                        field: match t.field {
+                            model::HashField::Source => wit::HashField::Source,
+                            model::HashField::Destination => wit::HashField::Destination,
+                        },
+                        seed: t.seed,
+                        rows: t.rows,
+                        cols: t.cols,
+                        slots: t.slots.clone(),
+                    }),
+                }
+            }
+
+            pub fn from_wit_plan(p: wit::Plan) -> model::Plan {
+                match p {
+                    wit::Plan::Weighted(w) => model::Plan::Weighted(w),
+                    wit::Plan::Sequence(s) => model::Plan::Sequence(s),
+                    wit::Plan::Slots(t) => model::Plan::Slots(model::SlotTable {
+                        field: match t.field {
+                            wit::HashField::Source => model::HashField::Source,
+                            wit::HashField::Destination => model::HashField::Destination,
+                        },
+                        seed: t.seed,
+                        rows: t.rows,
+                        cols: t.cols,
+                        slots: t.slots,
+                    }),
                 }
             }
 

@@ -19,6 +19,10 @@
 //! `kpx:proxier/log`. The export macro also embeds the contract version the
 //! plugin was built against, which the host reads before compiling it.
 //!
+//! A scheduler plugin implements [`scheduler::Scheduler`] and exports it
+//! with [`export_scheduler!`]: it returns a [`Plan`] for a service port's
+//! candidate endpoints, which every mode executes (docs/ARCHITECTURE.md).
+//!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|
 //! | 0.1.x   | 0.2.0 (development) | kpx 0.1.x built from the same tree |
@@ -32,6 +36,7 @@ pub use kpx_rules::model::{
     ServicePort, Settings, TrafficPolicy,
 };
 pub use kpx_rules::ops;
+pub use kpx_rules::plan::{HashField, Plan, SlotTable};
 
 /// The contract version this SDK builds plugins against.
 pub const CONTRACT_VERSION: &str = "0.2.0";
@@ -61,6 +66,8 @@ pub mod __bindings {
 }
 
 kpx_rules::wit_conversions!(crate::__bindings::kpx::proxier::types);
+
+pub mod scheduler;
 
 /// Log through the host, which prefixes the plugin's name.
 pub mod log {

@@ -35,6 +35,14 @@ pub fn for_port(
         let Some(port_number) = slice_port.and_then(|p| p.port) else {
             continue;
         };
+        let weights = super::annotations::weights(
+            slice.metadata.annotations.as_ref(),
+            &format!(
+                "{}/{}",
+                slice.metadata.namespace.as_deref().unwrap_or(""),
+                slice.metadata.name.as_deref().unwrap_or("")
+            ),
+        );
         for ep in &slice.endpoints {
             let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
                 continue;
@@ -51,6 +59,7 @@ pub fn for_port(
                     is_local,
                 },
                 zone: ep.zone.clone(),
+                weight: weights.get(&ip).copied().unwrap_or(1),
             };
             let hints = ep.hints.as_ref();
             let endpoint = HintedEndpoint {

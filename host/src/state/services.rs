@@ -82,7 +82,7 @@ pub fn service_ports(
         0
     };
     let annotations = svc.metadata.annotations.as_ref();
-    let scheduler = annotations.and_then(|a| a.get("kpx.dev/scheduler")).cloned().unwrap_or_default();
+    let scheduler = super::annotations::scheduler(annotations, &format!("{namespace}/{name}"));
 
     spec.ports
         .iter()
@@ -106,10 +106,11 @@ pub fn service_ports(
                 health_check_node_port: spec.health_check_node_port.unwrap_or(0) as u16,
                 affinity_timeout_seconds: affinity,
                 scheduler: scheduler.clone(),
-                scheduler_parameters: Vec::new(),
                 endpoints: Vec::new(),
                 cluster_endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
+                cluster_plan: None,
+                local_plan: None,
             };
             categorize(&mut out, endpoints_for(port));
             out

@@ -106,6 +106,7 @@ mod tests {
                 port: 80,
                 conditions: Conditions { ready, serving, terminating, is_local: local },
                 zone: None,
+                weight: 1,
             },
             zone_hints: zones.iter().map(|s| s.to_string()).collect(),
             node_hints: nodes.iter().map(|s| s.to_string()).collect(),

@@ -14,6 +14,7 @@ use crate::kernel::{Dataplane, SyncError, interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
+use crate::sync::planner::Planner;
 use crate::validate::Scope;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,8 @@ pub struct FamilyProxier {
     local_addresses: Vec<std::net::IpAddr>,
     sysctl: Sysctl,
     plugin: Arc<BackendPlugin>,
+    /// Fills each service port's plans from its scheduler.
+    planner: Planner,
     instance: Option<BackendInstance>,
     /// Service ports as the plugin holds them.
     sent: Sent,
@@ -67,6 +70,7 @@ impl FamilyProxier {
         config: Arc<Config>,
         family: IpFamily,
         plugin: Arc<BackendPlugin>,
+        planner: Planner,
         dataplane: Dataplane,
         sysctl: Sysctl,
     ) -> FamilyProxier {
@@ -78,6 +82,7 @@ impl FamilyProxier {
             local_addresses: Vec::new(),
             sysctl,
             plugin,
+            planner,
             instance: None,
             sent: Sent::default(),
             keys_of: BTreeMap::new(),
@@ -118,7 +123,8 @@ impl FamilyProxier {
             if !ports.is_empty() {
                 self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
             }
-            for port in ports {
+            for mut port in ports {
+                self.planner.plan(&mut port);
                 if self.sent.ports.get(&port.key) != Some(&port) {
                     self.sent.insert(self.family, port.clone());
                     out.push(Change::Upsert(port));

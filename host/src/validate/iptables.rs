@@ -391,6 +391,13 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                 return Err("a conntrack match names no state".into());
             }
             Match::StatisticRandom(p) if *p > 1 << 31 => return Err(format!("probability {p} is over 2^31 (1.0)")),
+            Match::ClusterHash { total, mask, .. }
+                if *total == 0 || *total > 32 || *mask == 0 || (*total < 32 && *mask >> *total != 0) =>
+            {
+                return Err(format!(
+                    "cluster hash into {total} values with mask {mask:#x}: 1 to 32 values, a mask of some of them"
+                ));
+            }
             Match::StatisticNth { every, packet } if *every == 0 || packet >= every => {
                 return Err(format!("--every {every} --packet {packet}: the packet must be below every"));
             }

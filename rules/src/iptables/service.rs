@@ -15,8 +15,9 @@ use std::collections::{BTreeMap, btree_map};
 use std::net::IpAddr;
 
 use crate::hash::endpoint_chain;
-use crate::model::{Cidr, Endpoint, LocalTraffic, Node, ServicePort, Settings};
+use crate::model::{Cidr, Endpoint, HashField, LocalTraffic, Node, Plan, ServicePort, ServiceView, Settings};
 use crate::ops::iptables::{AddressMatch, Hook, InterfaceMatch, Match, Rule, Ruleset, Table, Target};
+use crate::ops::probability_units;
 
 /// What every service's rules depend on.
 pub struct Context<'a> {
@@ -271,12 +272,14 @@ pub fn write(ctx: &Context, svc: &ServicePort, hash: &str, write_chains: bool, o
     if uses_cluster_chain {
         out.declare(Table::Nat, &svc_chain);
         owned.push(svc_chain.clone());
-        write_endpoint_choice(ctx, svc, &svc_chain, cluster_eps, &sep, out);
+        let choice = Choice { chain: &svc_chain, endpoints: cluster_eps, plan: view.cluster_plan };
+        write_endpoint_choice(ctx, svc, &view, &choice, &sep, out);
     }
     if uses_local_chain {
         out.declare(Table::Nat, &svl_chain);
         owned.push(svl_chain.clone());
-        write_endpoint_choice(ctx, svc, &svl_chain, local_eps, &sep, out);
+        let choice = Choice { chain: &svl_chain, endpoints: local_eps, plan: view.local_plan };
+        write_endpoint_choice(ctx, svc, &view, &choice, &sep, out);
     }
     for ep in reachable {
         let chain = sep(ep).to_string();
@@ -301,17 +304,34 @@ pub fn write(ctx: &Context, svc: &ServicePort, hash: &str, write_chains: bool, o
     owned
 }
 
+/// One policy chain's choice: its endpoints and their plan.
+struct Choice<'a, 'e> {
+    chain: &'a str,
+    endpoints: &'a [&'e Endpoint],
+    plan: Option<&'a Plan>,
+}
+
 /// upstream's `writeServiceToEndpointRules`: affinity checks, then the
-/// statistic rules with p = 1/(n-i).
+/// choice. Without a plan (or with a uniform one), upstream's statistic
+/// rules with p = 1/(n-i); otherwise the plan's:
+/// - weighted: `statistic random` with p = w_i / (the weights not yet passed);
+/// - sequence: `statistic nth` rules, the k-th with `--every (len-k)`, so
+///   connections rotate exactly through the sequence;
+/// - slots over the source: xt_cluster matches (nftables' jhash), one rule
+///   per row and endpoint with the columns that endpoint holds as the mask;
+/// - slots over the destination: the destinations are known, so each
+///   gets its slot's endpoint here (`-d`), and any other destination
+///   (a node port on an unlisted local address) the first slot's.
 fn write_endpoint_choice<'e>(
     ctx: &Context,
     svc: &ServicePort,
-    chain: &str,
-    endpoints: &[&Endpoint],
+    view: &ServiceView,
+    choice: &Choice<'_, 'e>,
     sep: &dyn Fn(&Endpoint) -> &'e str,
     out: &mut Ruleset,
 ) {
     let key = &svc.key;
+    let (chain, endpoints) = (choice.chain, choice.endpoints);
     if svc.affinity_timeout_seconds > 0 {
         for ep in endpoints {
             let target = sep(ep);
@@ -328,10 +348,82 @@ fn write_endpoint_choice<'e>(
         }
     }
     let n = endpoints.len();
-    for (i, ep) in endpoints.iter().enumerate() {
-        let rule =
-            Rule::chain(Table::Nat, chain).with_all(ctx.endpoint_comment(|| format!("{key} -> {}", ep.host_port())));
-        let rule = if i + 1 < n { rule.with(Match::StatisticRandom(ctx.probabilities[n - i])) } else { rule };
-        out.push(rule.jump(sep(ep)));
+    let to = |i: usize, matches: Vec<Match>| {
+        let ep = endpoints[i];
+        Rule::chain(Table::Nat, chain)
+            .with_all(ctx.endpoint_comment(|| format!("{key} -> {}", ep.host_port())))
+            .with_all(matches)
+            .jump(sep(ep))
+    };
+    match choice.plan.filter(|p| !p.is_uniform(n) && p.check(n).is_ok()) {
+        None => {
+            for i in 0..n {
+                let chance = (i + 1 < n).then(|| Match::StatisticRandom(ctx.probabilities[n - i]));
+                out.push(to(i, chance.into_iter().collect()));
+            }
+        }
+        Some(Plan::Weighted(weights)) => {
+            let mut left: u32 = weights.iter().sum();
+            let last = weights.iter().rposition(|&w| w > 0).unwrap_or(0);
+            for (i, &w) in weights.iter().enumerate().filter(|(_, w)| **w > 0) {
+                let chance =
+                    (i < last).then(|| Match::StatisticRandom(probability_units(f64::from(w) / f64::from(left))));
+                out.push(to(i, chance.into_iter().collect()));
+                left -= w;
+            }
+        }
+        Some(Plan::Sequence(sequence)) => {
+            let len = sequence.len() as u32;
+            for (k, &c) in sequence.iter().enumerate() {
+                let nth = (k + 1 < sequence.len()).then(|| Match::StatisticNth { every: len - k as u32, packet: 0 });
+                out.push(to(c as usize, nth.into_iter().collect()));
+            }
+        }
+        Some(Plan::Slots(table)) if table.field == HashField::Source => {
+            let mut rules = Vec::new();
+            for row in 0..usize::from(table.rows) {
+                let row_match = (table.rows > 1).then(|| Match::ClusterHash {
+                    total: table.rows,
+                    mask: 1 << row,
+                    seed: table.row_seed(),
+                });
+                let cols = usize::from(table.cols);
+                let mut seen = Vec::new();
+                for &c in &table.slots[row * cols..(row + 1) * cols] {
+                    if seen.contains(&c) {
+                        continue;
+                    }
+                    seen.push(c);
+                    let mask = table.column_mask(row, c);
+                    let col_match = (mask.count_ones() < u32::from(table.cols)).then_some(Match::ClusterHash {
+                        total: table.cols,
+                        mask,
+                        seed: table.seed,
+                    });
+                    rules.push((c, row_match.iter().cloned().chain(col_match).collect::<Vec<_>>()));
+                }
+            }
+            // The last rule catches what is left: its matches are implied.
+            if let Some(last) = rules.last_mut() {
+                last.1.clear();
+            }
+            for (c, matches) in rules {
+                out.push(to(c as usize, matches));
+            }
+        }
+        Some(Plan::Slots(table)) => {
+            let destinations = std::iter::once(view.cluster_ip)
+                .chain(view.external_ips.iter().copied())
+                .chain(view.load_balancer_ips.iter().copied())
+                .chain(if svc.node_port != 0 { ctx.node.addresses.clone() } else { Vec::new() });
+            let mut seen = Vec::new();
+            for ip in destinations.filter(|ip| ctx.settings.family.matches(ip)) {
+                if !seen.contains(&ip) {
+                    seen.push(ip);
+                    out.push(to(table.candidate_of(ip) as usize, vec![Match::destination_ip(ip)]));
+                }
+            }
+            out.push(to(table.slots[0] as usize, Vec::new()));
+        }
     }
 }

@@ -1,18 +1,24 @@
-//! ClientIP affinity needs per-endpoint state, so an affinity Service gets
-//! upstream's own objects: a `service-` (cluster endpoints) and a `local-`
-//! chain, an `endpoint-` chain and an `affinity-` set (dynamic, with the
-//! Service's timeout) per endpoint, and a `slots-` map per choice chain
-//! (upstream uses an anonymous verdict map; the contract has named maps
-//! only). The select chains reach them through the `affinity-<purpose>`
-//! maps.
+//! A Service with ClientIP affinity or a plan of its own (a rotation or a
+//! slot table: state or a key no shared map can hold) gets upstream's own
+//! objects: a `service-` (cluster endpoints) and a `local-` chain, an
+//! `endpoint-` chain per endpoint and, with affinity, an `affinity-` set
+//! (dynamic, with the Service's timeout) per endpoint; and a `slots-` map
+//! per choice chain (upstream uses an anonymous verdict map; the contract
+//! has named maps only). The select chains reach them through the
+//! `affinity-<purpose>` maps.
+//!
+//! The choice rule executes the plan: `numgen random mod N` (uniform, or
+//! the weights as slots), `numgen inc mod len` (a rotation: the counter is
+//! this rule's own), or `jhash` of the address into the slot table
+//! (`jhash . jhash` for a table of several rows).
 
 use sha2::{Digest, Sha256};
 
 use super::elements::source_key;
-use crate::model::{Endpoint, IpFamily, ServicePort};
+use crate::model::{Endpoint, HashField, IpFamily, Plan, ServicePort};
+use crate::ops::nftables::AddressField;
 use crate::ops::nftables::{
-    DataType, ElementWriter, Elements, KeyExpr, KeyType, Match, Op, Rule, SetDecl, SetRef, Statement, Verdict,
-    VerdictKind,
+    DataType, ElementWriter, Elements, KeyExpr, Match, Op, Rule, SetDecl, SetRef, Statement, Verdict, VerdictKind,
 };
 
 /// A Service's own chains, sets, maps and their contents.
@@ -65,8 +71,60 @@ pub struct Chains {
     pub objects: Objects,
 }
 
-/// The objects of one affinity Service.
-pub fn chains(family: IpFamily, svc: &ServicePort, cluster_eps: &[&Endpoint], local_eps: &[&Endpoint]) -> Chains {
+/// Whether a plan needs the Service's own chains.
+pub fn needs_own_chains(plan: Option<&Plan>) -> bool {
+    matches!(plan, Some(Plan::Sequence(_) | Plan::Slots(_)))
+}
+
+/// The choice rule's key and the slot map's contents (slot key, candidate)
+/// for a plan over `n` candidates.
+fn choice(plan: Option<&Plan>, n: usize) -> (Vec<KeyExpr>, Vec<(Vec<u32>, usize)>) {
+    match plan.filter(|p| p.check(n).is_ok()) {
+        Some(Plan::Weighted(w)) => {
+            let slots = weighted_slots(w);
+            (
+                vec![KeyExpr::NumgenRandom(slots.len() as u32)],
+                slots.into_iter().enumerate().map(|(j, c)| (vec![j as u32], c)).collect(),
+            )
+        }
+        Some(Plan::Sequence(s)) => (
+            vec![KeyExpr::NumgenIncrement(s.len() as u32)],
+            s.iter().enumerate().map(|(k, &c)| (vec![k as u32], c as usize)).collect(),
+        ),
+        Some(Plan::Slots(t)) => {
+            let field = match t.field {
+                HashField::Source => AddressField::Source,
+                HashField::Destination => AddressField::Destination,
+            };
+            let cols = usize::from(t.cols);
+            let col = KeyExpr::Jhash { field, modulus: u32::from(t.cols), seed: t.seed };
+            if t.rows > 1 {
+                let row = KeyExpr::Jhash { field, modulus: u32::from(t.rows), seed: t.row_seed() };
+                let entries =
+                    t.slots.iter().enumerate().map(|(i, &c)| (vec![(i / cols) as u32, (i % cols) as u32], c as usize));
+                (vec![row, col], entries.collect())
+            } else {
+                (vec![col], t.slots.iter().enumerate().map(|(i, &c)| (vec![i as u32], c as usize)).collect())
+            }
+        }
+        None => (vec![KeyExpr::NumgenRandom(n as u32)], (0..n).map(|i| (vec![i as u32], i)).collect()),
+    }
+}
+
+/// A weighted choice as slots of one random number: candidate i holds w_i
+/// consecutive slots.
+pub fn weighted_slots(weights: &[u32]) -> Vec<usize> {
+    weights.iter().enumerate().flat_map(|(i, &w)| std::iter::repeat_n(i, w as usize)).collect()
+}
+
+/// The objects of one Service with affinity or a plan of its own.
+pub fn chains(
+    family: IpFamily,
+    svc: &ServicePort,
+    (cluster_eps, cluster_plan): (&[&Endpoint], Option<&Plan>),
+    (local_eps, local_plan): (&[&Endpoint], Option<&Plan>),
+) -> Chains {
+    let affinity = svc.affinity_timeout_seconds > 0;
     let base = format!("{}/{}/{}/{}", svc.namespace, svc.name, svc.protocol, svc.port_name);
     let cluster = hashed("service-", &base);
     let local = hashed("local-", &base);
@@ -79,9 +137,11 @@ pub fn chains(family: IpFamily, svc: &ServicePort, cluster_eps: &[&Endpoint], lo
     endpoints.dedup_by_key(|e| (e.ip, e.port));
     for ep in &endpoints {
         let chain = endpoint_chain(ep);
-        let set = affinity_set(ep);
-        o.sets.push(SetDecl::affinity(&set, svc.affinity_timeout_seconds));
-        o.rules.push(Rule::new(&chain).statement(Statement::AffinityUpdate(set)));
+        if affinity {
+            let set = affinity_set(ep);
+            o.sets.push(SetDecl::affinity(&set, svc.affinity_timeout_seconds));
+            o.rules.push(Rule::new(&chain).statement(Statement::AffinityUpdate(set)));
+        }
         o.rules.push(
             Rule::new(&chain)
                 .with(Match::Protocol { negate: false, protocol: svc.protocol })
@@ -89,38 +149,38 @@ pub fn chains(family: IpFamily, svc: &ServicePort, cluster_eps: &[&Endpoint], lo
         );
         o.chains.push(chain);
     }
-    for (chain, slots_prefix, eps) in [(&cluster, "slots-", cluster_eps), (&local, "local-slots-", local_eps)] {
+    let choices = [(&cluster, "slots-", cluster_eps, cluster_plan), (&local, "local-slots-", local_eps, local_plan)];
+    for (chain, slots_prefix, eps, plan) in choices {
         if eps.is_empty() {
             continue;
         }
         o.chains.push(chain.clone());
-        for ep in eps {
-            o.rules.push(
-                Rule::new(chain)
-                    .with(Match::Lookup { keys: source_key(), set: SetRef::Own(affinity_set(ep)), negate: false })
-                    .verdict(Verdict::Goto(endpoint_chain(ep))),
-            );
+        if affinity {
+            for ep in eps {
+                o.rules.push(
+                    Rule::new(chain)
+                        .with(Match::Lookup { keys: source_key(), set: SetRef::Own(affinity_set(ep)), negate: false })
+                        .verdict(Verdict::Goto(endpoint_chain(ep))),
+                );
+            }
         }
+        let (keys, entries) = choice(plan, eps.len());
         let slots = hashed(slots_prefix, &base);
         o.sets.push(SetDecl {
             name: slots.clone(),
-            key: vec![KeyType::Integer],
+            key: keys.iter().map(|k| k.key_type()).collect(),
             data: Some(DataType::Verdict),
             interval: false,
             timeout_seconds: None,
             comment: None,
         });
         let mut writer = ElementWriter::new(family, SetRef::Own(slots.clone()));
-        for (i, ep) in eps.iter().enumerate() {
-            writer.word(i as u32).verdict(VerdictKind::Goto, Some(&endpoint_chain(ep)));
+        for (key, c) in entries {
+            let w = key.iter().fold(&mut writer, |w, &word| w.word(word));
+            w.verdict(VerdictKind::Goto, Some(&endpoint_chain(eps[c])));
         }
         o.elements.push(writer.finish());
-        o.rules.push(
-            Rule::new(chain).verdict(Verdict::Vmap {
-                keys: vec![KeyExpr::NumgenRandom(eps.len() as u32)],
-                map: SetRef::Own(slots),
-            }),
-        );
+        o.rules.push(Rule::new(chain).verdict(Verdict::Vmap { keys, map: SetRef::Own(slots) }));
     }
     Chains { cluster, local, objects: o }
 }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::affinity;
-use crate::model::{IpFamily, Node, Protocol, ServicePort, Settings};
+use crate::model::{IpFamily, Node, Plan, Protocol, ServicePort, Settings};
 use crate::ops::nftables::{
     AddressField, DataType, HostSet, KeyExpr, KeyType, Match, Rule, SetDecl, SetRef, Verdict, VerdictKind,
     protocol_number, push_address,
@@ -242,8 +242,12 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
         Some(ElemData::Verdict(if has_endpoints { VerdictKind::Drop } else { VerdictKind::Reject }, None));
     let tuple = |ip: IpAddr| Words::new().address(ip).push(proto).push(port);
     let host = |set: HostSet, key: Words, data: Option<ElemData>| Elem { set: Set::Host(set), key, data };
-    let affinity = svc.affinity_timeout_seconds > 0;
-    let chains = affinity.then(|| affinity::chains(family, svc, cluster_eps, local_eps));
+    let (cluster_plan, local_plan) = (view.cluster_plan, view.local_plan);
+    let own_chains = svc.affinity_timeout_seconds > 0
+        || affinity::needs_own_chains(cluster_plan)
+        || affinity::needs_own_chains(local_plan);
+    let chains =
+        own_chains.then(|| affinity::chains(family, svc, (cluster_eps, cluster_plan), (local_eps, local_plan)));
 
     c.elements.push(host(HostSet::ClusterIps, Words::new().address(cluster_ip), None));
 
@@ -253,11 +257,11 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
         Local,
     }
     let eps_of = |which: Which| match which {
-        Which::Cluster => cluster_eps,
-        Which::Local => local_eps,
+        Which::Cluster => (cluster_eps, cluster_plan),
+        Which::Local => (local_eps, local_plan),
     };
     let endpoints_for = |purpose: Purpose, key: Words, which: Which, c: &mut Contribution| {
-        let eps = eps_of(which);
+        let (eps, plan) = eps_of(which);
         if eps.is_empty() {
             return;
         }
@@ -269,12 +273,18 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
             c.elements.push(Elem { set: Set::Own(names.get(&purpose.affinity_map())), key, data: goto(chain) });
             return;
         }
-        let map = (purpose, svc.protocol, eps.len());
+        // A weighted plan: candidate i holds w_i of the map's slots.
+        let slots = match plan.filter(|p| !p.is_uniform(eps.len()) && p.check(eps.len()).is_ok()) {
+            Some(Plan::Weighted(w)) => affinity::weighted_slots(w),
+            _ => (0..eps.len()).collect(),
+        };
+        let map = (purpose, svc.protocol, slots.len());
         c.counts.insert(map);
         let set = Set::Own(names.get(&count_map(map)));
-        for (i, ep) in eps.iter().enumerate() {
+        for (j, &i) in slots.iter().enumerate() {
+            let ep = eps[i];
             let data = ElemData::Endpoint(Words::new().address(ep.ip).push(u32::from(ep.port)));
-            c.elements.push(Elem { set: set.clone(), key: key.push(i as u32), data: Some(data) });
+            c.elements.push(Elem { set: set.clone(), key: key.clone().push(j as u32), data: Some(data) });
         }
     };
     let internal_set = if itp_local { Which::Local } else { Which::Cluster };

@@ -188,6 +188,16 @@ pub enum Match {
     RecentSet {
         name: String,
     },
+    /// `-m cluster --cluster-total-nodes TOTAL --cluster-local-nodemask
+    /// MASK --cluster-hash-seed SEED` (xt_cluster): the jhash of the
+    /// connection's original source address with SEED, scaled into
+    /// `0..TOTAL` ([`crate::plan::scale`]), is a bit of MASK. The same hash
+    /// as nftables' `jhash ip saddr mod TOTAL seed SEED`.
+    ClusterHash {
+        total: u8,
+        mask: u32,
+        seed: u32,
+    },
     /// The slot a [`Target::HashMark`] chose: `-m mark --mark SLOT/SLOTMASK`.
     HashSlot(u32),
     Comment(String),

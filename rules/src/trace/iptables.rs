@@ -70,6 +70,10 @@ impl Walker<'_> {
                     states.intersects(now) != *negate
                 }
                 Match::Mark { negate, value, mask } => ((flow.mark & mask) == *value) != *negate,
+                Match::ClusterHash { total, mask, seed } => {
+                    let value = crate::plan::scale(crate::plan::jhash_address(p.src, *seed), u32::from(*total));
+                    mask & (1 << value) != 0
+                }
                 Match::HashSlot(slot) => flow.mark & (self.tables.masquerade_mark - 1) == *slot,
                 Match::StatisticRandom(_) | Match::StatisticNth { .. } => {
                     maybe = true;

@@ -135,8 +135,11 @@ impl Walker<'_> {
                 KeyExpr::Address(f) => vec![Val::Address(self.address(f, flow))],
                 KeyExpr::Protocol => vec![Val::Protocol(self.packet.protocol)],
                 KeyExpr::DestinationPort => vec![Val::Port(flow.dst(self.packet).1)],
-                KeyExpr::NumgenRandom(n) | KeyExpr::NumgenIncrement(n) | KeyExpr::Jhash { modulus: n, .. } => {
-                    (0..n).map(Val::Integer).collect()
+                KeyExpr::NumgenRandom(n) | KeyExpr::NumgenIncrement(n) => (0..n).map(Val::Integer).collect(),
+                // The kernel's jhash: one slot, as the kernel computes it.
+                KeyExpr::Jhash { field, modulus, seed } => {
+                    let hash = crate::plan::jhash_address(self.address(field, flow), seed);
+                    vec![Val::Integer(crate::plan::scale(hash, modulus))]
                 }
             };
             out = out

@@ -250,7 +250,16 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                 module = value(i)?.to_string();
                 if !matches!(
                     module.as_str(),
-                    "tcp" | "udp" | "sctp" | "addrtype" | "conntrack" | "mark" | "statistic" | "recent" | "comment"
+                    "tcp"
+                        | "udp"
+                        | "sctp"
+                        | "addrtype"
+                        | "conntrack"
+                        | "mark"
+                        | "statistic"
+                        | "recent"
+                        | "comment"
+                        | "cluster"
                 ) {
                     return Err(format!("match module {module:?} is not one kpx writes"));
                 }
@@ -334,6 +343,19 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                 });
             }
             "--comment" if module == "comment" => rule.matches.push(Match::Comment(value(i)?.to_string())),
+            // iptables-save's order, as kpx renders it.
+            "--cluster-local-nodemask" if module == "cluster" && !negate => {
+                let mask = parse_u32(value(i)?)?;
+                let (total, seed) = match (words.get(i + 2).map(String::as_str), words.get(i + 4).map(String::as_str)) {
+                    (Some("--cluster-total-nodes"), Some("--cluster-hash-seed")) => {
+                        (value(i + 2)?, parse_u32(value(i + 4)?)?)
+                    }
+                    _ => return Err("a cluster match without the options kpx writes".into()),
+                };
+                let total = total.parse().map_err(|_| format!("--cluster-total-nodes {total:?}"))?;
+                rule.matches.push(Match::ClusterHash { total, mask, seed });
+                step = 6;
+            }
             "-j" | "-g" => {
                 let name = value(i)?;
                 target_name = name.to_string();

@@ -72,6 +72,12 @@ fn render_match(out: &mut String, m: &Match, protocol: Option<Protocol>, d: Dial
         Match::StatisticNth { every, packet } => {
             let _ = write!(out, " -m statistic --mode nth --every {every} --packet {packet}");
         }
+        Match::ClusterHash { total, mask, seed } => {
+            let _ = write!(
+                out,
+                " -m cluster --cluster-local-nodemask {mask:#010x} --cluster-total-nodes {total} --cluster-hash-seed {seed:#010x}"
+            );
+        }
         Match::RecentCheck { name, seconds, reap } => {
             let reap = if *reap { " --reap" } else { "" };
             let _ = write!(out, " -m recent --rcheck --seconds {seconds}{reap} --name {name}");

@@ -4,7 +4,7 @@ mod ops;
 
 use std::sync::Arc;
 
-use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, Node, ProxyMode, ServicePort, Settings};
 use kpx_rules::ops::Ruleset;
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, ResourceAny};
@@ -40,6 +40,75 @@ impl self::kpx::proxier::log::Host for PluginState {
             Level::Debug => tracing::debug!(plugin, "{message}"),
             Level::Trace => tracing::trace!(plugin, "{message}"),
         }
+    }
+}
+
+/// The scheduler world's bindings, sharing the backend world's types
+/// and log import.
+pub mod sched {
+    wasmtime::component::bindgen!({
+        path: "../wit/since_v0.2.0",
+        world: "scheduler-plugin",
+        with: {
+            "kpx:proxier/types": super::kpx::proxier::types,
+            "kpx:proxier/log": super::kpx::proxier::log,
+        },
+    });
+}
+
+/// A linked scheduler component.
+pub struct SchedulerPre(sched::SchedulerPluginPre<PluginState>);
+
+impl SchedulerPre {
+    pub fn new(pre: InstancePre<PluginState>) -> wasmtime::Result<SchedulerPre> {
+        Ok(SchedulerPre(sched::SchedulerPluginPre::new(pre)?))
+    }
+
+    pub fn instantiate(&self, store: &mut Store<PluginState>) -> wasmtime::Result<SchedulerInstance> {
+        Ok(SchedulerInstance(Arc::new(self.0.instantiate(store)?)))
+    }
+}
+
+/// What the host asks a scheduler.
+pub struct ScheduleRequest<'a> {
+    pub name: &'a str,
+    pub parameters: &'a [(String, String)],
+    pub mode: ProxyMode,
+    pub port: &'a ServicePort,
+    pub candidates: &'a [u32],
+}
+
+#[derive(Clone)]
+pub struct SchedulerInstance(Arc<sched::SchedulerPlugin>);
+
+impl SchedulerInstance {
+    pub fn names(&self, store: &mut Store<PluginState>) -> wasmtime::Result<Vec<String>> {
+        self.0.kpx_proxier_scheduler().call_names(store)
+    }
+
+    pub fn uses_load(&self, store: &mut Store<PluginState>, name: &str) -> wasmtime::Result<bool> {
+        self.0.kpx_proxier_scheduler().call_uses_load(store, name)
+    }
+
+    pub fn schedule(
+        &self,
+        store: &mut Store<PluginState>,
+        r: &ScheduleRequest,
+    ) -> wasmtime::Result<Result<kpx_rules::plan::Plan, String>> {
+        use sched::exports::kpx::proxier::scheduler::Request;
+        let request = Request {
+            name: r.name.to_string(),
+            parameters: r.parameters.to_vec(),
+            mode: match r.mode {
+                ProxyMode::Iptables => self::kpx::proxier::types::ProxyMode::Iptables,
+                ProxyMode::Nftables => self::kpx::proxier::types::ProxyMode::Nftables,
+            },
+            port: wit_convert::to_wit_service_port(r.port),
+            candidates: r.candidates.to_vec(),
+            load: None,
+        };
+        let out = self.0.kpx_proxier_scheduler().call_schedule(store, &request)?;
+        Ok(out.map(wit_convert::from_wit_plan))
     }
 }
 

@@ -1,0 +1,286 @@
+//! Plans: how a mode chooses among a service port's candidate endpoints.
+//!
+//! A scheduler component returns a [`Plan`]; the host checks it
+//! ([`Plan::check`]) and hands it to the backend beside the service port;
+//! each mode executes it in its own vocabulary (docs/ARCHITECTURE.md,
+//! "Schedulers"). Plans index *candidates*: positions in the service
+//! port's `cluster_endpoints` or `local_endpoints` list.
+
+use std::net::IpAddr;
+
+/// The largest weight sum a weighted plan may have (nftables executes it
+/// as that many map slots).
+pub const MAX_WEIGHT_SUM: u32 = 4096;
+/// The longest rotation (iptables executes it as that many rules).
+pub const MAX_SEQUENCE: usize = 1024;
+/// The most rows or columns of a slot table (xt_cluster hashes into at
+/// most 32 values).
+pub const MAX_SLOT_DIM: u8 = 32;
+
+/// Which address of the connection a slot table hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HashField {
+    Source,
+    Destination,
+}
+
+/// `rows` x `cols` slots over Linux's `jhash` of one address (see
+/// [`SlotTable::slot_of`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SlotTable {
+    pub field: HashField,
+    pub seed: u32,
+    pub rows: u8,
+    pub cols: u8,
+    /// `rows * cols` candidate positions, row by row.
+    pub slots: Vec<u32>,
+}
+
+/// A choice among candidates.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Plan {
+    /// Candidate i with probability w_i / sum(w).
+    Weighted(Vec<u32>),
+    /// The k-th new connection goes to `sequence[k mod len]`.
+    Sequence(Vec<u32>),
+    Slots(SlotTable),
+}
+
+impl Plan {
+    /// kube-proxy's own choice: uniform over `n` candidates.
+    pub fn uniform(n: usize) -> Plan {
+        Plan::Weighted(vec![1; n])
+    }
+
+    /// Whether this plan is kube-proxy's uniform random choice over `n`.
+    pub fn is_uniform(&self, n: usize) -> bool {
+        matches!(self, Plan::Weighted(w) if w.len() == n && w.iter().all(|&x| x == w[0] && x > 0))
+    }
+
+    /// Refuses a plan a mode could not execute over `n` candidates, with
+    /// the reason.
+    pub fn check(&self, n: usize) -> Result<(), String> {
+        let in_range = |what: &str, list: &[u32]| match list.iter().find(|&&i| i as usize >= n) {
+            Some(i) => Err(format!("{what} names candidate {i}, but there are {n}")),
+            None => Ok(()),
+        };
+        match self {
+            Plan::Weighted(w) => {
+                if w.len() != n {
+                    return Err(format!("{} weights for {n} candidates", w.len()));
+                }
+                let sum: u64 = w.iter().map(|&x| u64::from(x)).sum();
+                if sum == 0 {
+                    return Err("every weight is 0".into());
+                }
+                // Uniform: kube-proxy's own choice, for any number of endpoints.
+                if sum > u64::from(MAX_WEIGHT_SUM) && !self.is_uniform(n) {
+                    return Err(format!("the weights sum to {sum}, more than {MAX_WEIGHT_SUM}"));
+                }
+                Ok(())
+            }
+            Plan::Sequence(s) => {
+                if s.is_empty() || s.len() > MAX_SEQUENCE {
+                    return Err(format!("a rotation of {} entries (1 to {MAX_SEQUENCE})", s.len()));
+                }
+                in_range("the rotation", s)
+            }
+            Plan::Slots(t) => {
+                for (what, d) in [("rows", t.rows), ("cols", t.cols)] {
+                    if d == 0 || d > MAX_SLOT_DIM {
+                        return Err(format!("a slot table with {d} {what} (1 to {MAX_SLOT_DIM})"));
+                    }
+                }
+                let want = usize::from(t.rows) * usize::from(t.cols);
+                if t.slots.len() != want {
+                    return Err(format!("{} slots in a {}x{} table", t.slots.len(), t.rows, t.cols));
+                }
+                in_range("the slot table", &t.slots)
+            }
+        }
+    }
+
+    /// The candidates the plan can send a connection to, each once, in
+    /// order.
+    pub fn reachable(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = match self {
+            Plan::Weighted(w) => (0..w.len() as u32).filter(|&i| w[i as usize] > 0).collect(),
+            Plan::Sequence(s) => s.clone(),
+            Plan::Slots(t) => t.slots.clone(),
+        };
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+impl SlotTable {
+    /// The slot a connection whose hashed address is `ip` takes.
+    pub fn slot_of(&self, ip: IpAddr) -> usize {
+        let col = scale(jhash_address(ip, self.seed), u32::from(self.cols)) as usize;
+        let row =
+            if self.rows > 1 { scale(jhash_address(ip, self.seed.wrapping_add(1)), u32::from(self.rows)) } else { 0 };
+        row as usize * usize::from(self.cols) + col
+    }
+
+    /// The candidate a connection whose hashed address is `ip` goes to.
+    pub fn candidate_of(&self, ip: IpAddr) -> u32 {
+        self.slots[self.slot_of(ip)]
+    }
+
+    /// The seed of the row hash.
+    pub fn row_seed(&self) -> u32 {
+        self.seed.wrapping_add(1)
+    }
+
+    /// For each row, the bit mask of columns whose slot holds `candidate`
+    /// (xt_cluster's node mask).
+    pub fn column_mask(&self, row: usize, candidate: u32) -> u32 {
+        let cols = usize::from(self.cols);
+        self.slots[row * cols..(row + 1) * cols]
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c == candidate)
+            .fold(0u32, |m, (i, _)| m | (1 << i))
+    }
+}
+
+/// The kernel's `reciprocal_scale`: `val` scaled into `0..n`.
+pub fn scale(val: u32, n: u32) -> u32 {
+    ((u64::from(val) * u64::from(n)) >> 32) as u32
+}
+
+const JHASH_INITVAL: u32 = 0xdeadbeef;
+
+fn mix(a: &mut u32, b: &mut u32, c: &mut u32) {
+    *a = a.wrapping_sub(*c);
+    *a ^= c.rotate_left(4);
+    *c = c.wrapping_add(*b);
+    *b = b.wrapping_sub(*a);
+    *b ^= a.rotate_left(6);
+    *a = a.wrapping_add(*c);
+    *c = c.wrapping_sub(*b);
+    *c ^= b.rotate_left(8);
+    *b = b.wrapping_add(*a);
+    *a = a.wrapping_sub(*c);
+    *a ^= c.rotate_left(16);
+    *c = c.wrapping_add(*b);
+    *b = b.wrapping_sub(*a);
+    *b ^= a.rotate_left(19);
+    *a = a.wrapping_add(*c);
+    *c = c.wrapping_sub(*b);
+    *c ^= b.rotate_left(4);
+    *b = b.wrapping_add(*a);
+}
+
+fn finish(a: &mut u32, b: &mut u32, c: &mut u32) {
+    *c ^= *b;
+    *c = c.wrapping_sub(b.rotate_left(14));
+    *a ^= *c;
+    *a = a.wrapping_sub(c.rotate_left(11));
+    *b ^= *a;
+    *b = b.wrapping_sub(a.rotate_left(25));
+    *c ^= *b;
+    *c = c.wrapping_sub(b.rotate_left(16));
+    *a ^= *c;
+    *a = a.wrapping_sub(c.rotate_left(4));
+    *b ^= *a;
+    *b = b.wrapping_sub(a.rotate_left(14));
+    *c ^= *b;
+    *c = c.wrapping_sub(b.rotate_left(24));
+}
+
+/// Linux's `jhash(key, len, initval)` (include/linux/jhash.h) on a little-
+/// endian machine: what nftables' `jhash` expression and xt_cluster compute.
+pub fn jhash(key: &[u8], initval: u32) -> u32 {
+    let word = |b: &[u8]| b.iter().rev().fold(0u32, |w, &x| (w << 8) | u32::from(x));
+    let init = JHASH_INITVAL.wrapping_add(key.len() as u32).wrapping_add(initval);
+    let (mut a, mut b, mut c) = (init, init, init);
+    let mut k = key;
+    while k.len() > 12 {
+        a = a.wrapping_add(word(&k[0..4]));
+        b = b.wrapping_add(word(&k[4..8]));
+        c = c.wrapping_add(word(&k[8..12]));
+        mix(&mut a, &mut b, &mut c);
+        k = &k[12..];
+    }
+    if k.is_empty() {
+        return c;
+    }
+    a = a.wrapping_add(word(&k[..k.len().min(4)]));
+    if k.len() > 4 {
+        b = b.wrapping_add(word(&k[4..k.len().min(8)]));
+    }
+    if k.len() > 8 {
+        c = c.wrapping_add(word(&k[8..]));
+    }
+    finish(&mut a, &mut b, &mut c);
+    c
+}
+
+/// `jhash` of an address's bytes in network order.
+pub fn jhash_address(ip: IpAddr, seed: u32) -> u32 {
+    match ip {
+        IpAddr::V4(v4) => jhash(&v4.octets(), seed),
+        IpAddr::V6(v6) => jhash(&v6.octets(), seed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// jhash_1word(a, seed) as xt_cluster computes it, written from the
+    /// kernel's __jhash_nwords: an independent path to the same value.
+    fn jhash_1word(a: u32, seed: u32) -> u32 {
+        let init = JHASH_INITVAL.wrapping_add(4).wrapping_add(seed);
+        let (mut a, mut b, mut c) = (a.wrapping_add(init), init, init);
+        finish(&mut a, &mut b, &mut c);
+        c
+    }
+
+    #[test]
+    fn jhash_of_an_ipv4_address_is_xt_clusters_jhash_1word() {
+        for (ip, seed) in [("10.0.1.2", 0xdeadbeef), ("192.168.7.200", 0), ("1.2.3.4", 7)] {
+            let v4: std::net::Ipv4Addr = ip.parse().unwrap();
+            // xt_cluster reads the big-endian address as a native (little-endian) u32.
+            let native = u32::from_le_bytes(v4.octets());
+            assert_eq!(jhash_address(IpAddr::V4(v4), seed), jhash_1word(native, seed), "{ip}");
+        }
+    }
+
+    #[test]
+    fn known_vectors() {
+        // Bob Jenkins' lookup3 hashlittle, which Linux's jhash equals on
+        // little-endian machines: hashlittle("", 0) = 0xdeadbeef and
+        // hashlittle("Four score and seven years ago", 0) = 0x17770551.
+        assert_eq!(jhash(b"", 0), 0xdeadbeef);
+        assert_eq!(jhash(b"Four score and seven years ago", 0), 0x17770551);
+        assert_eq!(jhash(b"Four score and seven years ago", 1), 0xcd628161);
+    }
+
+    #[test]
+    fn slot_table_checks_and_lookups() {
+        let t = SlotTable { field: HashField::Source, seed: 5, rows: 2, cols: 3, slots: vec![0, 1, 0, 1, 1, 1] };
+        assert!(Plan::Slots(t.clone()).check(2).is_ok());
+        assert!(Plan::Slots(t.clone()).check(1).unwrap_err().contains("candidate 1"));
+        assert_eq!(t.column_mask(0, 0), 0b101);
+        assert_eq!(t.column_mask(1, 1), 0b111);
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        let col = scale(jhash_address(ip, 5), 3) as usize;
+        let row = scale(jhash_address(ip, 6), 2) as usize;
+        assert_eq!(t.slot_of(ip), row * 3 + col);
+    }
+
+    #[test]
+    fn plan_checks() {
+        assert!(Plan::Weighted(vec![0, 0]).check(2).unwrap_err().contains("every weight"));
+        assert!(Plan::Weighted(vec![1]).check(2).is_err());
+        assert!(Plan::Weighted(vec![4096, 1]).check(2).unwrap_err().contains("4097"));
+        assert!(Plan::Sequence(vec![]).check(2).is_err());
+        assert!(Plan::Sequence(vec![0, 2]).check(2).is_err());
+        assert!(Plan::uniform(3).is_uniform(3));
+        assert!(!Plan::Weighted(vec![3, 1]).is_uniform(2));
+        assert_eq!(Plan::Sequence(vec![2, 0, 2]).reachable(), vec![0, 2]);
+    }
+}

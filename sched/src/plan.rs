@@ -1,0 +1,248 @@
+//! Plans from schedulers: what the iptables and nftables modes execute.
+//!
+//! | scheduler | plan |
+//! |---|---|
+//! | random | weighted: the weights |
+//! | rr, wrr | sequence: one cycle of IPVS's picks from a fresh state |
+//! | lc, wlc, sed, nq | weighted: IPVS's next picks under the measured load, as counts |
+//! | lblc, lblcr | slots over the destination: each slot a new destination address under the load |
+//! | dh, sh | slots over the destination / source: IPVS's 256 buckets |
+//! | mh, maglev | slots over the source: the permutation table |
+
+use kpx_rules::plan::{HashField, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable};
+
+use crate::ipvs::{self, Lblc, Lblcr, Lc, Nq, Rr, Sed, Wlc, Wrr};
+use crate::params::Params;
+use crate::tables::{self, Table};
+use crate::{Connection, Dest, Picker};
+
+/// The default seed of slot tables (any fixed value: every node must
+/// build the same table).
+pub const DEFAULT_SEED: u32 = 0x6b70_7821;
+
+/// A plan for `dests` (the candidates, in order) from the scheduler
+/// `name` with `params`.
+pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<Plan, String> {
+    if dests.is_empty() {
+        return Err("no candidates".into());
+    }
+    if !dests.iter().any(Dest::available) {
+        return Err("no candidate has a positive weight".into());
+    }
+    let p = |known: &[&str]| Params::new(name, params, known);
+    let seed = |p: &Params| p.number("seed", DEFAULT_SEED, |_| true, "a 32-bit number");
+    match name {
+        "random" => {
+            p(&[])?;
+            Ok(Plan::Weighted(scale_weights(&dests.iter().map(|d| d.weight).collect::<Vec<_>>())))
+        }
+        "rr" => {
+            p(&[])?;
+            Ok(Plan::Sequence(cycle(&mut Rr::default(), dests)))
+        }
+        "wrr" => {
+            p(&[])?;
+            let gcd = ipvs::weight_gcd(dests);
+            let total: u64 = dests.iter().filter(|d| d.available()).map(|d| u64::from(d.weight / gcd)).sum();
+            if total as usize > MAX_SEQUENCE {
+                // Too long a cycle to rotate through: the same shares, at random.
+                return Ok(Plan::Weighted(scale_weights(&dests.iter().map(|d| d.weight).collect::<Vec<_>>())));
+            }
+            Ok(Plan::Sequence(cycle(&mut Wrr::default(), dests)))
+        }
+        "lc" | "wlc" | "sed" | "nq" => {
+            p(&[])?;
+            let mut picker: Box<dyn Picker> = match name {
+                "lc" => Box::new(Lc),
+                "wlc" => Box::new(Wlc),
+                "sed" => Box::new(Sed),
+                _ => Box::new(Nq),
+            };
+            Ok(Plan::Weighted(next_picks(picker.as_mut(), dests)))
+        }
+        "lblc" | "lblcr" => {
+            let params = p(&["seed"])?;
+            let mut picker: Box<dyn Picker> =
+                if name == "lblc" { Box::new(Lblc::default()) } else { Box::new(Lblcr::default()) };
+            Ok(Plan::Slots(locality_slots(picker.as_mut(), dests, seed(&params)?)))
+        }
+        "dh" => {
+            let params = p(&["seed"])?;
+            Ok(Plan::Slots(slot_table(HashField::Destination, &tables::dh_table(dests), dests, seed(&params)?)))
+        }
+        "sh" => {
+            let params = p(&["seed"])?;
+            Ok(Plan::Slots(slot_table(HashField::Source, &tables::sh_table(dests), dests, seed(&params)?)))
+        }
+        "mh" => {
+            let params = p(&["seed", "table-size"])?;
+            let size = params.number("table-size", 251, |n| [251, 509, 1021].contains(&n), "251, 509 or 1021")?;
+            let table = tables::mh_table(dests, size as usize, seed(&params)?);
+            Ok(Plan::Slots(slot_table(HashField::Source, &table, dests, seed(&params)?)))
+        }
+        "maglev" => {
+            let params = p(&["seed", "table-size"])?;
+            let size = params.number(
+                "table-size",
+                1021,
+                |n| tables::is_prime(n) && n as usize >= dests.len() && n <= 1021,
+                "a prime from the number of endpoints up to 1021",
+            )?;
+            let table = tables::maglev_table(dests, size as usize, seed(&params)?);
+            Ok(Plan::Slots(slot_table(HashField::Source, &table, dests, seed(&params)?)))
+        }
+        other => Err(format!("no scheduler is named {other:?} (built in: {})", crate::NAMES.join(", "))),
+    }
+}
+
+/// Weights reduced by their gcd and, when they sum past what a mode can
+/// hold, scaled down (a positive weight keeps at least 1).
+pub fn scale_weights(weights: &[u32]) -> Vec<u32> {
+    let gcd = weights.iter().copied().filter(|&w| w > 0).fold(0, |a, b| num_gcd(a, b)).max(1);
+    let w: Vec<u32> = weights.iter().map(|&x| x / gcd).collect();
+    let sum: u64 = w.iter().map(|&x| u64::from(x)).sum();
+    if sum <= u64::from(MAX_WEIGHT_SUM) || w.iter().all(|&x| x == w[0]) {
+        return w;
+    }
+    let budget = u64::from(MAX_WEIGHT_SUM) - w.iter().filter(|&&x| x > 0).count() as u64;
+    w.iter().map(|&x| if x == 0 { 0 } else { 1 + (u64::from(x) * budget / sum) as u32 }).collect()
+}
+
+fn num_gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { num_gcd(b, a % b) }
+}
+
+/// A placeholder connection for schedulers that do not read addresses.
+fn any_connection() -> Connection {
+    let ip = std::net::IpAddr::from([0, 0, 0, 0]);
+    Connection { source: ip, destination: ip }
+}
+
+/// One cycle of a rotating picker from a fresh state: picks until the
+/// first pick comes back at the same point of the cycle.
+fn cycle(picker: &mut dyn Picker, dests: &[Dest]) -> Vec<u32> {
+    let gcd = ipvs::weight_gcd(dests);
+    let len: u64 = dests.iter().filter(|d| d.available()).map(|d| u64::from(d.weight / gcd).max(1)).sum();
+    (0..len.min(MAX_SEQUENCE as u64)).filter_map(|_| picker.pick(dests, any_connection())).map(|i| i as u32).collect()
+}
+
+/// IPVS's next picks under the current load, each pick counted as one
+/// more active connection: as many picks as the weights (over their gcd)
+/// sum to, at least one per candidate, at most 1024. The counts are the
+/// plan's weights until the next measurement.
+fn next_picks(picker: &mut dyn Picker, dests: &[Dest]) -> Vec<u32> {
+    let gcd = ipvs::weight_gcd(dests);
+    let total: u64 = dests.iter().filter(|d| d.available()).map(|d| u64::from(d.weight / gcd)).sum();
+    let rounds = total.clamp(dests.len() as u64, 1024);
+    let mut load = dests.to_vec();
+    let mut counts = vec![0u32; dests.len()];
+    for _ in 0..rounds {
+        let Some(i) = picker.pick(&load, any_connection()) else { break };
+        counts[i] += 1;
+        load[i].active += 1;
+    }
+    counts
+}
+
+/// lblc/lblcr as slots over the destination address: each of 256 slots
+/// stands for a destination address seen for the first time, in turn,
+/// under the measured load plus the slots assigned before it.
+fn locality_slots(picker: &mut dyn Picker, dests: &[Dest], seed: u32) -> SlotTable {
+    let mut load = dests.to_vec();
+    let table: Table = (0..tables::BUCKETS)
+        .map(|slot| {
+            let dst = std::net::IpAddr::from((slot as u32).to_be_bytes());
+            let i = picker.pick(&load, Connection { source: dst, destination: dst })?;
+            load[i].active += 1;
+            Some(i)
+        })
+        .collect();
+    slot_table(HashField::Destination, &table, dests, seed)
+}
+
+/// A table of `size` entries as a plan's slots: up to 32 in one row;
+/// larger ones in rows of 32 (at most 32 rows), slot i holding entry
+/// i mod size. Entries with no destination (or an unavailable one) take
+/// the next available entry's.
+pub fn slot_table(field: HashField, table: &Table, dests: &[Dest], seed: u32) -> SlotTable {
+    let size = table.len();
+    let max = usize::from(MAX_SLOT_DIM);
+    let (rows, cols) = if size <= max { (1, size) } else { (size.div_ceil(max).min(max), max) };
+    let usable = |e: &Option<usize>| e.filter(|&i| dests[i].available());
+    let fallback = table.iter().find_map(usable).unwrap_or(0);
+    let slots = (0..rows * cols)
+        .map(|s| {
+            let i = s % size;
+            (0..size).find_map(|k| usable(&table[(i + k) % size])).unwrap_or(fallback) as u32
+        })
+        .collect();
+    SlotTable { field, seed, rows: rows as u8, cols: cols as u8, slots }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    fn dests(weights: &[u32]) -> Vec<Dest> {
+        weights.iter().enumerate().map(|(i, &w)| Dest::new(IpAddr::from([10, 0, 0, i as u8 + 1]), 80, w)).collect()
+    }
+
+    #[test]
+    fn rotations() {
+        assert_eq!(plan("rr", &[], &dests(&[1, 0, 1])), Ok(Plan::Sequence(vec![0, 2])));
+        assert_eq!(plan("wrr", &[], &dests(&[3, 1])), Ok(Plan::Sequence(vec![0, 0, 0, 1])));
+        assert_eq!(plan("wrr", &[], &dests(&[4, 2])), Ok(Plan::Sequence(vec![0, 0, 1])));
+        // A cycle longer than a mode can rotate through: the same shares at random.
+        assert_eq!(plan("wrr", &[], &dests(&[1000, 1001])), Ok(Plan::Weighted(vec![1000, 1001])));
+    }
+
+    #[test]
+    fn least_connection_plans_follow_the_load() {
+        let mut d = dests(&[1, 1, 1]);
+        d[0].active = 5;
+        d[1].active = 5;
+        // Three picks all go to the idle one (1, 2, 3 active < 5).
+        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![0, 0, 3])));
+        assert_eq!(plan("nq", &[], &d), Ok(Plan::Weighted(vec![0, 0, 3])));
+        assert_eq!(plan("sed", &[], &d), Ok(Plan::Weighted(vec![0, 0, 3])));
+        // Idle, weights 3:1: wlc's picks go 3:1.
+        assert_eq!(plan("wlc", &[], &dests(&[3, 1])), Ok(Plan::Weighted(vec![3, 1])));
+    }
+
+    #[test]
+    fn slot_plans() {
+        let Ok(Plan::Slots(t)) = plan("sh", &[], &dests(&[1, 1])) else { panic!() };
+        assert_eq!((t.rows, t.cols, t.field), (8, 32, HashField::Source));
+        let Ok(Plan::Slots(t)) = plan("dh", &[], &dests(&[1, 0, 1])) else { panic!() };
+        assert_eq!(t.field, HashField::Destination);
+        assert!(t.slots.iter().all(|&s| s != 1), "weight 0 holds no slot");
+        let Ok(Plan::Slots(t)) = plan("maglev", &[("table-size".into(), "31".into())], &dests(&[1, 1])) else {
+            panic!()
+        };
+        assert_eq!((t.rows, t.cols), (1, 31));
+        let Ok(Plan::Slots(t)) = plan("mh", &[], &dests(&[1, 1, 1])) else { panic!() };
+        assert_eq!((t.rows, t.cols), (8, 32));
+        assert!(Plan::Slots(t).check(3).is_ok());
+    }
+
+    #[test]
+    fn bad_names_and_parameters_say_what_is_wrong() {
+        let e = plan("nope", &[], &dests(&[1])).unwrap_err();
+        assert!(e.contains("\"nope\"") && e.contains("maglev"), "{e}");
+        let e = plan("rr", &[("seed".into(), "1".into())], &dests(&[1])).unwrap_err();
+        assert!(e.contains("rr has no parameter \"seed\""), "{e}");
+        let e = plan("maglev", &[("table-size".into(), "1024".into())], &dests(&[1])).unwrap_err();
+        assert!(e.contains("table-size=\"1024\""), "{e}");
+        assert!(plan("rr", &[], &dests(&[0, 0])).unwrap_err().contains("positive weight"));
+    }
+
+    #[test]
+    fn weights_scale_into_what_modes_hold() {
+        assert_eq!(scale_weights(&[6, 3, 0]), vec![2, 1, 0]);
+        let big = scale_weights(&[65535, 1, 30000]);
+        assert!(big.iter().map(|&w| u64::from(w)).sum::<u64>() <= u64::from(MAX_WEIGHT_SUM));
+        assert!(big[1] >= 1 && big[0] > big[2]);
+        assert_eq!(scale_weights(&[7; 5000]), vec![1; 5000]);
+    }
+}
