@@ -543,6 +543,9 @@ impl Settings {
     }
 }
 
+/// Nearly every change is an upsert, so boxing it would cost an allocation
+/// per change to save space in the rare others.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     Upsert(ServicePort),

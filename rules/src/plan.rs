@@ -132,17 +132,6 @@ impl SlotTable {
     pub fn row_seed(&self) -> u32 {
         self.seed.wrapping_add(1)
     }
-
-    /// For each row, the bit mask of columns whose slot holds `candidate`
-    /// (xt_cluster's node mask).
-    pub fn column_mask(&self, row: usize, candidate: u32) -> u32 {
-        let cols = usize::from(self.cols);
-        self.slots[row * cols..(row + 1) * cols]
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c == candidate)
-            .fold(0u32, |m, (i, _)| m | (1 << i))
-    }
 }
 
 /// The kernel's `reciprocal_scale`: `val` scaled into `0..n`.
@@ -264,8 +253,6 @@ mod tests {
         let t = SlotTable { field: HashField::Source, seed: 5, rows: 2, cols: 3, slots: vec![0, 1, 0, 1, 1, 1] };
         assert!(Plan::Slots(t.clone()).check(2).is_ok());
         assert!(Plan::Slots(t.clone()).check(1).unwrap_err().contains("candidate 1"));
-        assert_eq!(t.column_mask(0, 0), 0b101);
-        assert_eq!(t.column_mask(1, 1), 0b111);
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
         let col = scale(jhash_address(ip, 5), 3) as usize;
         let row = scale(jhash_address(ip, 6), 2) as usize;

@@ -98,7 +98,7 @@ pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<P
 /// Weights reduced by their gcd and, when they sum past what a mode can
 /// hold, scaled down (a positive weight keeps at least 1).
 pub fn scale_weights(weights: &[u32]) -> Vec<u32> {
-    let gcd = weights.iter().copied().filter(|&w| w > 0).fold(0, |a, b| num_gcd(a, b)).max(1);
+    let gcd = weights.iter().copied().filter(|&w| w > 0).fold(0, ipvs::gcd).max(1);
     let w: Vec<u32> = weights.iter().map(|&x| x / gcd).collect();
     let sum: u64 = w.iter().map(|&x| u64::from(x)).sum();
     if sum <= u64::from(MAX_WEIGHT_SUM) || w.iter().all(|&x| x == w[0]) {
@@ -106,10 +106,6 @@ pub fn scale_weights(weights: &[u32]) -> Vec<u32> {
     }
     let budget = u64::from(MAX_WEIGHT_SUM) - w.iter().filter(|&&x| x > 0).count() as u64;
     w.iter().map(|&x| if x == 0 { 0 } else { 1 + (u64::from(x) * budget / sum) as u32 }).collect()
-}
-
-fn num_gcd(a: u32, b: u32) -> u32 {
-    if b == 0 { a } else { num_gcd(b, a % b) }
 }
 
 /// A placeholder connection for schedulers that do not read addresses.
@@ -224,6 +220,8 @@ mod tests {
         let Ok(Plan::Slots(t)) = plan("mh", &[], &dests(&[1, 1, 1])) else { panic!() };
         assert_eq!((t.rows, t.cols), (8, 32));
         assert!(Plan::Slots(t).check(3).is_ok());
+        let Ok(Plan::Slots(t)) = plan("maglev", &[], &dests(&[1, 1, 1])) else { panic!() };
+        assert_eq!((t.rows, t.cols), (32, 32), "maglev's default table has 1021 entries");
     }
 
     #[test]

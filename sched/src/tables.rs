@@ -177,7 +177,7 @@ pub fn maglev_table(dests: &[Dest], size: usize, seed: u32) -> Table {
 
 /// Whether `n` is prime.
 pub fn is_prime(n: u32) -> bool {
-    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0)
+    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| !n.is_multiple_of(d))
 }
 
 /// A picker that sends a connection to the slot its source address

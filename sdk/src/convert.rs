@@ -95,8 +95,8 @@ fn ipt_match(m: ipt::Match) -> wipt::Match {
         ipt::Match::Mark { negate, value, mask } => wipt::Match::Mark(wipt::MarkMatch { negate, value, mask }),
         ipt::Match::StatisticRandom(p) => wipt::Match::StatisticRandom(p),
         ipt::Match::StatisticNth { every, packet } => wipt::Match::StatisticNth(wipt::Nth { every, packet }),
-        ipt::Match::ClusterHash { total, mask, seed } => {
-            wipt::Match::ClusterHash(wipt::ClusterHash { total, mask, seed })
+        ipt::Match::ClusterHash { total, node, seed } => {
+            wipt::Match::ClusterHash(wipt::ClusterHash { total, node, seed })
         }
         ipt::Match::RecentCheck { name, seconds, reap } => {
             wipt::Match::RecentCheck(wipt::RecentCheck { list: name, seconds, reap })

@@ -14,5 +14,6 @@ mod kernel_nftables;
 mod restart;
 mod roundtrip;
 mod sandbox;
+mod schedulers;
 mod servers;
 mod support;

@@ -169,10 +169,13 @@ fn every_iptables_variant(family: IpFamily) -> ipt::Ruleset {
     }));
     rs.push(nat("KUBE-SVC-A").with(M::StatisticRandom(kpx_rules::ops::probability_one_in(3))).jump("KUBE-SEP-A"));
     rs.push(nat("KUBE-SVC-A").with(M::StatisticNth { every: 3, packet: 1 }).jump("KUBE-SEP-A"));
+    rs.push(nat("KUBE-SVC-A").with(M::ClusterHash { total: 32, node: 32, seed: 0xdead_beef }).jump("KUBE-SEP-A"));
     rs.push(
-        nat("KUBE-SVC-A").with(M::ClusterHash { total: 32, mask: 0x8000_0001, seed: 0xdead_beef }).jump("KUBE-SEP-A"),
+        nat("KUBE-SVC-A")
+            .with(M::ClusterHash { total: 3, node: 1, seed: 7 })
+            .with(M::ClusterHash { total: 8, node: 7, seed: 8 })
+            .jump("KUBE-SEP-A"),
     );
-    rs.push(nat("KUBE-SVC-A").with(M::ClusterHash { total: 3, mask: 0b101, seed: 7 }).jump("KUBE-SEP-A"));
     rs.push(
         nat("KUBE-SVC-A")
             .with(M::RecentCheck { name: "KUBE-SEP-A".into(), seconds: 10800, reap: true })
@@ -287,9 +290,9 @@ fn arb_ipt_rule(v4: bool, wide: bool) -> impl Strategy<Value = R> {
                 (low_every..100)
                     .prop_flat_map(move |every: u32| (Just(every), 0..every.max(1) + u32::from(wide)))
                     .prop_map(|(every, packet)| M::StatisticNth { every, packet }),
-                (1u8..=32, any::<u32>(), any::<u32>()).prop_map(|(total, mask, seed)| M::ClusterHash {
+                (1u8..=32, any::<u8>(), any::<u32>()).prop_map(|(total, node, seed)| M::ClusterHash {
                     total,
-                    mask: if total == 32 { mask.max(1) } else { (mask % (1 << total)).max(1) },
+                    node: node % total + 1,
                     seed
                 }),
                 (prop_oneof![Just(low_seconds), Just(top_seconds), low_seconds..100_000], any::<bool>())

@@ -391,12 +391,8 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                 return Err("a conntrack match names no state".into());
             }
             Match::StatisticRandom(p) if *p > 1 << 31 => return Err(format!("probability {p} is over 2^31 (1.0)")),
-            Match::ClusterHash { total, mask, .. }
-                if *total == 0 || *total > 32 || *mask == 0 || (*total < 32 && *mask >> *total != 0) =>
-            {
-                return Err(format!(
-                    "cluster hash into {total} values with mask {mask:#x}: 1 to 32 values, a mask of some of them"
-                ));
+            Match::ClusterHash { total, node, .. } if *total == 0 || *total > 32 || *node == 0 || node > total => {
+                return Err(format!("cluster hash node {node} of {total}: 1 to 32 values, a node among them"));
             }
             Match::StatisticNth { every, packet } if *every == 0 || packet >= every => {
                 return Err(format!("--every {every} --packet {packet}: the packet must be below every"));

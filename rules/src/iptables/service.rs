@@ -318,7 +318,7 @@ struct Choice<'a, 'e> {
 /// - sequence: `statistic nth` rules, the k-th with `--every (len-k)`, so
 ///   connections rotate exactly through the sequence;
 /// - slots over the source: xt_cluster matches (nftables' jhash), one rule
-///   per row and endpoint with the columns that endpoint holds as the mask;
+///   per slot (iptables 1.8 takes one hash value per match);
 /// - slots over the destination: the destinations are known, so each
 ///   gets its slot's endpoint here (`-d`), and any other destination
 ///   (a node port on an unlisted local address) the first slot's.
@@ -380,30 +380,26 @@ fn write_endpoint_choice<'e>(
             }
         }
         Some(Plan::Slots(table)) if table.field == HashField::Source => {
+            // One rule per slot (a row whose slots agree: one rule), the
+            // last one catching what is left.
+            let (rows, cols) = (usize::from(table.rows), usize::from(table.cols));
             let mut rules = Vec::new();
-            for row in 0..usize::from(table.rows) {
-                let row_match = (table.rows > 1).then(|| Match::ClusterHash {
+            for row in 0..rows {
+                let row_match = (rows > 1).then(|| Match::ClusterHash {
                     total: table.rows,
-                    mask: 1 << row,
+                    node: row as u8 + 1,
                     seed: table.row_seed(),
                 });
-                let cols = usize::from(table.cols);
-                let mut seen = Vec::new();
-                for &c in &table.slots[row * cols..(row + 1) * cols] {
-                    if seen.contains(&c) {
-                        continue;
-                    }
-                    seen.push(c);
-                    let mask = table.column_mask(row, c);
-                    let col_match = (mask.count_ones() < u32::from(table.cols)).then_some(Match::ClusterHash {
-                        total: table.cols,
-                        mask,
-                        seed: table.seed,
-                    });
-                    rules.push((c, row_match.iter().cloned().chain(col_match).collect::<Vec<_>>()));
+                let slots = &table.slots[row * cols..(row + 1) * cols];
+                if slots.iter().all(|&c| c == slots[0]) {
+                    rules.push((slots[0], row_match.into_iter().collect::<Vec<_>>()));
+                    continue;
+                }
+                for (col, &c) in slots.iter().enumerate() {
+                    let col_match = Match::ClusterHash { total: table.cols, node: col as u8 + 1, seed: table.seed };
+                    rules.push((c, row_match.iter().cloned().chain([col_match]).collect()));
                 }
             }
-            // The last rule catches what is left: its matches are implied.
             if let Some(last) = rules.last_mut() {
                 last.1.clear();
             }

@@ -284,7 +284,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
         for (j, &i) in slots.iter().enumerate() {
             let ep = eps[i];
             let data = ElemData::Endpoint(Words::new().address(ep.ip).push(u32::from(ep.port)));
-            c.elements.push(Elem { set: set.clone(), key: key.clone().push(j as u32), data: Some(data) });
+            c.elements.push(Elem { set: set.clone(), key: key.push(j as u32), data: Some(data) });
         }
     };
     let internal_set = if itp_local { Which::Local } else { Which::Cluster };

@@ -188,14 +188,15 @@ pub enum Match {
     RecentSet {
         name: String,
     },
-    /// `-m cluster --cluster-total-nodes TOTAL --cluster-local-nodemask
-    /// MASK --cluster-hash-seed SEED` (xt_cluster): the jhash of the
+    /// `-m cluster --cluster-total-nodes TOTAL --cluster-local-node NODE
+    /// --cluster-hash-seed SEED` (xt_cluster): the jhash of the
     /// connection's original source address with SEED, scaled into
-    /// `0..TOTAL` ([`crate::plan::scale`]), is a bit of MASK. The same hash
-    /// as nftables' `jhash ip saddr mod TOTAL seed SEED`.
+    /// `0..TOTAL` ([`crate::plan::scale`]), is NODE - 1. The same hash as
+    /// nftables' `jhash ip saddr mod TOTAL seed SEED`. (One value per
+    /// match: iptables 1.8 refuses node masks above 32.)
     ClusterHash {
         total: u8,
-        mask: u32,
+        node: u8,
         seed: u32,
     },
     /// The slot a [`Target::HashMark`] chose: `-m mark --mark SLOT/SLOTMASK`.

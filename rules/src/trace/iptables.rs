@@ -70,9 +70,9 @@ impl Walker<'_> {
                     states.intersects(now) != *negate
                 }
                 Match::Mark { negate, value, mask } => ((flow.mark & mask) == *value) != *negate,
-                Match::ClusterHash { total, mask, seed } => {
+                Match::ClusterHash { total, node, seed } => {
                     let value = crate::plan::scale(crate::plan::jhash_address(p.src, *seed), u32::from(*total));
-                    mask & (1 << value) != 0
+                    value + 1 == u32::from(*node)
                 }
                 Match::HashSlot(slot) => flow.mark & (self.tables.masquerade_mark - 1) == *slot,
                 Match::StatisticRandom(_) | Match::StatisticNth { .. } => {

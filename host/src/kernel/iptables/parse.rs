@@ -343,9 +343,16 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                 });
             }
             "--comment" if module == "comment" => rule.matches.push(Match::Comment(value(i)?.to_string())),
-            // iptables-save's order, as kpx renders it.
-            "--cluster-local-nodemask" if module == "cluster" && !negate => {
-                let mask = parse_u32(value(i)?)?;
+            // iptables-save's spelling (a one-bit mask) and kpx's (the node).
+            "--cluster-local-nodemask" | "--cluster-local-node" if module == "cluster" && !negate => {
+                let v = parse_u32(value(i)?)?;
+                let node = if word == "--cluster-local-node" {
+                    v
+                } else if v.count_ones() == 1 {
+                    v.trailing_zeros() + 1
+                } else {
+                    return Err(format!("cluster node mask {v:#x} is not one node, as kpx writes"));
+                };
                 let (total, seed) = match (words.get(i + 2).map(String::as_str), words.get(i + 4).map(String::as_str)) {
                     (Some("--cluster-total-nodes"), Some("--cluster-hash-seed")) => {
                         (value(i + 2)?, parse_u32(value(i + 4)?)?)
@@ -353,7 +360,8 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                     _ => return Err("a cluster match without the options kpx writes".into()),
                 };
                 let total = total.parse().map_err(|_| format!("--cluster-total-nodes {total:?}"))?;
-                rule.matches.push(Match::ClusterHash { total, mask, seed });
+                let node = u8::try_from(node).map_err(|_| format!("cluster node {node}"))?;
+                rule.matches.push(Match::ClusterHash { total, node, seed });
                 step = 6;
             }
             "-j" | "-g" => {

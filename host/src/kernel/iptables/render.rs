@@ -72,10 +72,12 @@ fn render_match(out: &mut String, m: &Match, protocol: Option<Protocol>, d: Dial
         Match::StatisticNth { every, packet } => {
             let _ = write!(out, " -m statistic --mode nth --every {every} --packet {packet}");
         }
-        Match::ClusterHash { total, mask, seed } => {
+        // iptables-save prints the node as a mask; iptables-restore takes a
+        // mask only up to 32, so kpx writes the node.
+        Match::ClusterHash { total, node, seed } => {
             let _ = write!(
                 out,
-                " -m cluster --cluster-local-nodemask {mask:#010x} --cluster-total-nodes {total} --cluster-hash-seed {seed:#010x}"
+                " -m cluster --cluster-local-node {node} --cluster-total-nodes {total} --cluster-hash-seed {seed:#010x}"
             );
         }
         Match::RecentCheck { name, seconds, reap } => {

@@ -86,7 +86,7 @@ fn ipt_match(m: wipt::Match) -> ipt::Match {
         wipt::Match::Mark(m) => ipt::Match::Mark { negate: m.negate, value: m.value, mask: m.mask },
         wipt::Match::StatisticRandom(p) => ipt::Match::StatisticRandom(p),
         wipt::Match::StatisticNth(n) => ipt::Match::StatisticNth { every: n.every, packet: n.packet },
-        wipt::Match::ClusterHash(c) => ipt::Match::ClusterHash { total: c.total, mask: c.mask, seed: c.seed },
+        wipt::Match::ClusterHash(c) => ipt::Match::ClusterHash { total: c.total, node: c.node, seed: c.seed },
         wipt::Match::RecentCheck(r) => ipt::Match::RecentCheck { name: r.list, seconds: r.seconds, reap: r.reap },
         wipt::Match::RecentSet(name) => ipt::Match::RecentSet { name },
         wipt::Match::HashSlot(s) => ipt::Match::HashSlot(s),

@@ -1,0 +1,224 @@
+//! Schedulers with real traffic, in the iptables and nftables modes: kpx
+//! reads the annotations, plans through the built-in scheduler component
+//! and the mode executes the plan in the kernel. Where a plan is a slot
+//! table, the test predicts each client's endpoint from the same plan
+//! (kpx-sched, Linux's jhash) and checks the kernel agrees, so the two
+//! modes send one client to the same endpoint.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use kpx_netlab::node::NodeLab;
+use kpx_netlab::{Reply, Request};
+use kpx_sched::{Dest, Plan};
+
+use crate::support::*;
+
+/// A Service `name` (TCP port 80 → 8080) with annotations, and its slice
+/// with annotations.
+fn write_service(
+    manifests: &std::path::Path,
+    name: &str,
+    ip: &str,
+    svc_ann: &[(&str, &str)],
+    eps: &[&str],
+    slice_ann: &[(&str, &str)],
+) {
+    let ann = |pairs: &[(&str, &str)]| {
+        if pairs.is_empty() {
+            return String::new();
+        }
+        let body: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: \"{v}\"")).collect();
+        format!("  annotations: {{{}}}\n", body.join(", "))
+    };
+    let mut text = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: test\n{}spec:\n  clusterIP: {ip}\n  ports:\n  - {{name: tcp, port: 80, targetPort: 8080, protocol: TCP}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: {name}}}\n{}addressType: IPv4\nports:\n- {{name: tcp, port: 8080, protocol: TCP}}\nendpoints:\n",
+        ann(svc_ann),
+        ann(slice_ann)
+    );
+    for ep in eps {
+        text.push_str(&format!("- addresses: [{ep}]\n  conditions: {{ready: true}}\n"));
+    }
+    write_manifest(&manifests.join(format!("{name}.yaml")), &text);
+}
+
+fn tcp_from(lab: &NodeLab, from: Option<IpAddr>, to: &str) -> String {
+    let request = Request { to: to.parse().unwrap(), from, timeout: Duration::from_millis(800) };
+    match request.tcp(&lab.client) {
+        Reply::Answer { server, .. } => server,
+        other => format!("{other:?}"),
+    }
+}
+
+/// Extra client addresses 192.168.100.100.. on the client's link.
+fn client_addresses(lab: &NodeLab, n: usize) -> Vec<IpAddr> {
+    (0..n)
+        .map(|i| {
+            let ip = format!("192.168.100.{}", 100 + i);
+            lab.client.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]).expect("add a client address");
+            ip.parse().unwrap()
+        })
+        .collect()
+}
+
+fn dests(lab: &NodeLab, weights: &[u32]) -> Vec<Dest> {
+    lab.backends.iter().zip(weights).map(|(b, &w)| Dest::new(b.ip.parse().unwrap(), 8080, w)).collect()
+}
+
+/// The backend name (be1..) the plan's slot table sends `client` to.
+fn predicted(lab: &NodeLab, plan: &Plan, client: IpAddr) -> String {
+    let Plan::Slots(table) = plan else { panic!("not a slot plan: {plan:?}") };
+    lab.backends[table.candidate_of(client) as usize].name.clone()
+}
+
+fn scenario(mode: &str) {
+    let Some(lab) = lab_or_skip(4, &format!("schedulers_with_real_traffic ({mode})")) else {
+        return;
+    };
+    let (dir, manifests) = run_dirs(&format!("schedulers-{mode}"));
+    let ips: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
+    let all: Vec<&str> = ips.iter().map(String::as_str).collect();
+    write_service(&manifests, "rr", "10.96.0.20", &[("kpx.dev/scheduler", "rr")], &all[..3], &[]);
+    let weights = format!("{}=3,{}=1", ips[0], ips[1]);
+    write_service(&manifests, "weighted", "10.96.0.21", &[], &all[..2], &[("kpx.dev/weights", &weights)]);
+    write_service(
+        &manifests,
+        "wrr",
+        "10.96.0.22",
+        &[("kpx.dev/scheduler", "wrr")],
+        &all[..2],
+        &[("kpx.dev/weights", &weights)],
+    );
+    write_service(&manifests, "maglev", "10.96.0.23", &[("kpx.dev/scheduler", "maglev")], &all, &[]);
+    write_service(&manifests, "sh", "10.96.0.24", &[("kpx.dev/scheduler", "sh")], &all, &[]);
+    write_service(
+        &manifests,
+        "bad",
+        "10.96.0.25",
+        &[("kpx.dev/scheduler", "maglev"), ("kpx.dev/scheduler-params", "table-size=1000")],
+        &all[..2],
+        &[],
+    );
+    let args = kpx_args(&manifests, &["--proxy-mode", mode]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(
+        kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)),
+        "{mode}: no sync:\n{}",
+        kpx.log()
+    );
+
+    // rr: connections rotate exactly through the three endpoints.
+    let seen: Vec<String> = (0..12).map(|_| tcp_from(&lab, None, "10.96.0.20:80")).collect();
+    for k in 3..12 {
+        assert_eq!(seen[k], seen[k - 3], "{mode}: rr does not rotate: {seen:?}");
+    }
+    let distinct: std::collections::BTreeSet<_> = seen[..3].iter().collect();
+    assert_eq!(distinct.len(), 3, "{mode}: rr does not reach every endpoint: {seen:?}");
+
+    // wrr 3:1: exactly three of every four to be1.
+    let seen: Vec<String> = (0..40).map(|_| tcp_from(&lab, None, "10.96.0.22:80")).collect();
+    let be1 = seen.iter().filter(|s| *s == "be1").count();
+    assert_eq!(be1, 30, "{mode}: wrr 3:1 sent {be1} of 40 to be1: {seen:?}");
+    for w in seen.chunks(4) {
+        assert_eq!(w.iter().filter(|s| *s == "be2").count(), 1, "{mode}: wrr rhythm: {seen:?}");
+    }
+
+    // Weights without a scheduler: kube-proxy's random choice, weighted 3:1.
+    let n = 1000;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..n {
+        *counts.entry(tcp_from(&lab, None, "10.96.0.21:80")).or_default() += 1;
+    }
+    let share = counts.get("be1").copied().unwrap_or(0) as f64 / n as f64;
+    eprintln!("{mode}: weighted 3:1 random over {n} connections: {counts:?} (be1 {:.1}%)", share * 100.0);
+    assert!(
+        (share - 0.75).abs() <= 0.05,
+        "{mode}: weights 3:1 gave be1 {:.1}% (75 ± 5 expected): {counts:?}",
+        share * 100.0
+    );
+
+    // maglev and sh: one client, one endpoint; clients spread; and maglev's
+    // endpoint is the one the plan predicts (the same in every mode).
+    let clients = client_addresses(&lab, 24);
+    let plan = kpx_sched::plan::plan("maglev", &[], &dests(&lab, &[1, 1, 1, 1])).unwrap();
+    for (vip, name) in [("10.96.0.23:80", "maglev"), ("10.96.0.24:80", "sh")] {
+        let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
+        for &c in &clients {
+            let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), vip)).collect();
+            assert!(answers.iter().all(|a| a == &answers[0]), "{mode}: {name} sent client {c} to {answers:?}");
+            assert!(answers[0].starts_with("be"), "{mode}: {name}: {answers:?}");
+            if name == "maglev" {
+                assert_eq!(answers[0], predicted(&lab, &plan, c), "{mode}: maglev sent {c} elsewhere than the plan");
+            }
+            per_client.insert(c, answers[0].clone());
+        }
+        let spread: std::collections::BTreeSet<_> = per_client.values().collect();
+        eprintln!("{mode}: {name}: {} clients reached {spread:?}", clients.len());
+        assert!(spread.len() >= 3, "{mode}: {name} does not spread clients: {per_client:?}");
+    }
+
+    // A bad parameter: logged against the Service, which keeps the default.
+    assert!(kpx.log().contains("test/bad:tcp") && kpx.log().contains("table-size=\"1000\""), "{}", kpx.log());
+    let reached: std::collections::BTreeSet<String> = (0..30).map(|_| tcp_from(&lab, None, "10.96.0.25:80")).collect();
+    assert_eq!(reached.len(), 2, "{mode}: the bad Service should keep kube-proxy's random choice: {reached:?}");
+
+    // maglev when one of four endpoints goes: measured over the whole
+    // slot table (client addresses hash into it uniformly), for each
+    // endpoint going in turn; then checked against the kernel for the
+    // test's clients when the third goes.
+    let four = dests(&lab, &[1, 1, 1, 1]);
+    let plan_without = |gone: usize| {
+        let rest: Vec<Dest> = four.iter().enumerate().filter(|(i, _)| *i != gone).map(|(_, d)| d.clone()).collect();
+        (kpx_sched::plan::plan("maglev", &[], &rest).unwrap(), rest)
+    };
+    let Plan::Slots(b) = &plan else { unreachable!() };
+    let mut fractions = Vec::new();
+    for gone in 0..4 {
+        let (Plan::Slots(a), rest) = plan_without(gone) else { unreachable!() };
+        let moved =
+            b.slots.iter().zip(&a.slots).filter(|(x, y)| four[**x as usize].ip != rest[**y as usize].ip).count();
+        fractions.push(moved as f64 / b.slots.len() as f64);
+    }
+    let mean = fractions.iter().sum::<f64>() / 4.0;
+    let shown: Vec<String> = fractions.iter().map(|f| format!("{:.1}%", f * 100.0)).collect();
+    eprintln!(
+        "{mode}: maglev over {} slots, one of 4 endpoints removed: {} of clients remapped (mean {:.1}%; 1/N = 25%)",
+        b.slots.len(),
+        shown.join(", "),
+        mean * 100.0
+    );
+    assert!(mean <= 0.25 + 0.02, "maglev remapped {:.1}% of clients on average", mean * 100.0);
+    let (after, survivors) = plan_without(2);
+    let name_after = |i: u32| {
+        let ip = survivors[i as usize].ip.to_string();
+        lab.backends.iter().find(|b| b.ip == ip).unwrap().name.clone()
+    };
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    write_service(
+        &manifests,
+        "maglev",
+        "10.96.0.23",
+        &[("kpx.dev/scheduler", "maglev")],
+        &[all[0], all[1], all[3]],
+        &[],
+    );
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(20)), "{}", kpx.log());
+    std::thread::sleep(Duration::from_millis(300));
+    for &c in &clients {
+        let got = tcp_from(&lab, Some(c), "10.96.0.23:80");
+        let Plan::Slots(t) = &after else { unreachable!() };
+        assert_eq!(got, name_after(t.candidate_of(c)), "{mode}: after the removal, client {c}");
+    }
+    assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+}
+
+#[test]
+fn schedulers_with_real_traffic_iptables() {
+    scenario("iptables");
+}
+
+#[test]
+fn schedulers_with_real_traffic_nftables() {
+    scenario("nftables");
+}
