@@ -7,7 +7,9 @@ pub mod conntrack;
 pub mod exec;
 pub mod interfaces;
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
+pub mod nla;
 pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};

@@ -9,6 +9,7 @@ mod conformance_kernel;
 mod deploy;
 mod golden;
 mod hairpin;
+mod ipvs;
 mod kernel_iptables;
 mod kernel_nftables;
 mod restart;

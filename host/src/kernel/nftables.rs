@@ -9,7 +9,7 @@ pub mod decode;
 pub mod encode;
 pub mod frame;
 pub mod netlink;
-pub mod nla;
+
 pub mod sys;
 
 use std::collections::{BTreeMap, HashMap};
@@ -18,11 +18,11 @@ use kpx_rules::model::{Cluster, IpFamily, Settings};
 use kpx_rules::ops::nftables::{BaseChain, Element, Op, Rule, SetDecl, SetRef, TABLE, Transaction, each_element};
 
 use super::{Error, Result, SyncError, Written};
+use crate::kernel::nla::{self, Writer};
 use crate::validate::nftables::{Checked, Context, Model, check};
 use crate::validate::{Rejected, Scope};
 use decode::{ChainInfo, SetInfo, SetShape};
 use netlink::{Message, Netlink};
-use nla::Writer;
 
 /// The kube-proxy table of one family over netlink.
 pub struct NftablesKernel {

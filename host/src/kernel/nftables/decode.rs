@@ -13,8 +13,8 @@ use kpx_rules::ops::nftables::{
 };
 
 use super::encode::REJECT_CHAIN;
-use super::nla::{Attr, attrs, find, need};
 use super::sys::*;
+use crate::kernel::nla::{Attr, attrs, find, need};
 
 type Result<T, E = String> = std::result::Result<T, E>;
 

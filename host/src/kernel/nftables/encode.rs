@@ -14,8 +14,8 @@ use kpx_rules::ops::nftables::{
 use kpx_rules::ops::{CtStates, sanitize_comment};
 
 use super::netlink::Message;
-use super::nla::Writer;
 use super::sys::*;
+use crate::kernel::nla::Writer;
 
 /// nft's longest comment.
 pub const MAX_COMMENT: usize = 128;

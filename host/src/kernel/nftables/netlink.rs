@@ -8,8 +8,8 @@ use std::os::fd::AsFd;
 use netlink_packet_core::{ErrorBuffer, NetlinkBuffer};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use super::nla::Writer;
 use super::sys::*;
+use crate::kernel::nla::Writer;
 
 /// Why netlink failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -261,9 +261,9 @@ fn parse_error(payload: &[u8], flags: u16) -> Result<(i32, Option<String>), Erro
     let code = err.code().map_or(0, |c| c.get());
     let inner = err.payload();
     let message = (flags & NLM_F_ACK_TLVS != 0 && inner.len() > HEADER)
-        .then(|| super::nla::attrs(&inner[HEADER..]).ok())
+        .then(|| crate::kernel::nla::attrs(&inner[HEADER..]).ok())
         .flatten()
-        .and_then(|attrs| super::nla::find(&attrs, NLMSGERR_ATTR_MSG))
+        .and_then(|attrs| crate::kernel::nla::find(&attrs, NLMSGERR_ATTR_MSG))
         .and_then(|a| a.string().ok())
         .filter(|s| !s.is_empty());
     Ok((code, message))

@@ -38,8 +38,7 @@ pub const NLM_F_APPEND: u16 = 0x800;
 pub const NLMSG_ERROR: u16 = 2;
 pub const NLMSG_DONE: u16 = 3;
 
-pub const NLA_F_NESTED: u16 = 0x8000;
-pub const NLA_TYPE_MASK: u16 = 0x3fff;
+pub use crate::kernel::nla::{NLA_F_NESTED, NLA_TYPE_MASK};
 
 // Tables, chains, rules, sets
 pub const NFTA_TABLE_NAME: u16 = 1;

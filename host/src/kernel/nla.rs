@@ -1,9 +1,12 @@
-//! Netlink attributes: a writer that appends them to a message, and a
+//! Netlink attributes (nf_tables, rtnetlink, generic netlink): a writer that appends them to a message, and a
 //! reader (netlink-packet-core's buffers) that walks them back.
 
 use netlink_packet_core::{NlaBuffer, NlasIterator};
 
-use super::sys::{NLA_F_NESTED, NLA_TYPE_MASK};
+/// The attribute type's nested flag.
+pub const NLA_F_NESTED: u16 = 0x8000;
+/// The attribute type without its flags.
+pub const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// Appends attributes (type-length-value, 4-byte aligned).
 #[derive(Debug, Default, Clone)]
@@ -37,6 +40,16 @@ impl Writer {
 
     pub fn u64_be(&mut self, kind: u16, v: u64) -> &mut Self {
         self.bytes(kind, &v.to_be_bytes())
+    }
+
+    /// Host order (generic netlink's integers).
+    pub fn u16_ne(&mut self, kind: u16, v: u16) -> &mut Self {
+        self.bytes(kind, &v.to_ne_bytes())
+    }
+
+    /// Host order (generic netlink's integers).
+    pub fn u32_ne(&mut self, kind: u16, v: u32) -> &mut Self {
+        self.bytes(kind, &v.to_ne_bytes())
     }
 
     /// A NUL-terminated string.
