@@ -141,7 +141,7 @@ pub fn run(config: Config) -> Result<(), Error> {
                 config.clone(),
                 family,
                 plugin.clone(),
-                Planner::new(config.mode, schedulers.clone()),
+                Planner::new(config.mode, family, schedulers.clone()),
                 dataplane(config.mode, family)
                     .with_max_bytes(usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX)),
                 Sysctl::default(),

@@ -243,10 +243,15 @@ pub fn run(
     let mut no_local = NoLocal::default();
     let mut plugin_counts = PluginCounts::default();
     let mut iptables_rules: std::collections::BTreeMap<kpx_rules::model::IpFamily, (usize, usize)> = Default::default();
+    let mut next_load = Instant::now() + planner::LOAD_INTERVAL;
     loop {
         let received = if state.is_synced() {
             let now = Instant::now();
-            events.recv_timeout(schedule.next(now).saturating_duration_since(now))
+            let mut wake = schedule.next(now);
+            if proxiers.iter().any(FamilyProxier::uses_load) {
+                wake = wake.min(next_load);
+            }
+            events.recv_timeout(wake.saturating_duration_since(now))
         } else {
             events.recv().map_err(|_| RecvTimeoutError::Disconnected)
         };
@@ -275,6 +280,18 @@ pub fn run(
             }
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {}
+        }
+        // Schedulers that plan from live load: measured every interval;
+        // a changed plan is a pending change.
+        let now = Instant::now();
+        if now >= next_load {
+            next_load = now + planner::LOAD_INTERVAL;
+            for proxier in &mut proxiers {
+                schedule.pending |= proxier.refresh_load();
+            }
+        }
+        if schedule.next(now) > now {
+            continue;
         }
         let start = Instant::now();
         changes.merge(state.take_changes());

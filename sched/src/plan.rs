@@ -4,14 +4,14 @@
 //! |---|---|
 //! | random | weighted: the weights |
 //! | rr, wrr | sequence: one cycle of IPVS's picks from a fresh state |
-//! | lc, wlc, sed, nq | weighted: IPVS's next picks under the measured load, as counts |
+//! | lc, wlc, sed, nq | weighted: the candidates tied at IPVS's least cost under the measured load |
 //! | lblc, lblcr | slots over the destination: each slot a new destination address under the load |
 //! | dh, sh | slots over the destination / source: IPVS's 256 buckets |
 //! | mh, maglev | slots over the source: the permutation table |
 
 use kpx_rules::plan::{HashField, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable};
 
-use crate::ipvs::{self, Lblc, Lblcr, Lc, Nq, Rr, Sed, Wlc, Wrr};
+use crate::ipvs::{self, Lblc, Lblcr, Rr, Wrr};
 use crate::params::Params;
 use crate::tables::{self, Table};
 use crate::{Connection, Dest, Picker};
@@ -52,13 +52,7 @@ pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<P
         }
         "lc" | "wlc" | "sed" | "nq" => {
             p(&[])?;
-            let mut picker: Box<dyn Picker> = match name {
-                "lc" => Box::new(Lc),
-                "wlc" => Box::new(Wlc),
-                "sed" => Box::new(Sed),
-                _ => Box::new(Nq),
-            };
-            Ok(Plan::Weighted(next_picks(picker.as_mut(), dests)))
+            Ok(Plan::Weighted(scale_weights(&least_set(name, dests))))
         }
         "lblc" | "lblcr" => {
             let params = p(&["seed"])?;
@@ -122,22 +116,37 @@ fn cycle(picker: &mut dyn Picker, dests: &[Dest]) -> Vec<u32> {
     (0..len.min(MAX_SEQUENCE as u64)).filter_map(|_| picker.pick(dests, any_connection())).map(|i| i as u32).collect()
 }
 
-/// IPVS's next picks under the current load, each pick counted as one
-/// more active connection: as many picks as the weights (over their gcd)
-/// sum to, at least one per candidate, at most 1024. The counts are the
-/// plan's weights until the next measurement.
-fn next_picks(picker: &mut dyn Picker, dests: &[Dest]) -> Vec<u32> {
-    let gcd = ipvs::weight_gcd(dests);
-    let total: u64 = dests.iter().filter(|d| d.available()).map(|d| u64::from(d.weight / gcd)).sum();
-    let rounds = total.clamp(dests.len() as u64, 1024);
-    let mut load = dests.to_vec();
-    let mut counts = vec![0u32; dests.len()];
-    for _ in 0..rounds {
-        let Some(i) = picker.pick(&load, any_connection()) else { break };
-        counts[i] += 1;
-        load[i].active += 1;
-    }
-    counts
+/// Where IPVS sends the next connection under the measured load: the
+/// candidates tied at the scheduler's least cost, each with its weight
+/// (lc: 1, weights aside). The plan holds until the next measurement,
+/// so a burst between two measurements goes where the kernel would send
+/// its first connection.
+fn least_set(name: &str, dests: &[Dest]) -> Vec<u32> {
+    let idle_first = name == "nq" && dests.iter().any(|d| d.available() && d.active == 0);
+    // (cost numerator, cost denominator): compared by cross-multiplying.
+    let cost = |d: &Dest| -> (u128, u128) {
+        match name {
+            "lc" => (u128::from(d.overhead()), 1),
+            "wlc" => (u128::from(d.overhead()), u128::from(d.weight)),
+            _ if idle_first => (u128::from(d.active != 0), 1),
+            _ => (u128::from(d.active) + 1, u128::from(d.weight)),
+        }
+    };
+    let available: Vec<usize> = (0..dests.len()).filter(|&i| dests[i].available()).collect();
+    let best = available.iter().map(|&i| cost(&dests[i])).min_by(|a, b| (a.0 * b.1).cmp(&(b.0 * a.1)));
+    let Some(best) = best else { return vec![0; dests.len()] };
+    (0..dests.len())
+        .map(|i| {
+            let d = &dests[i];
+            let c = cost(d);
+            let tied = d.available() && c.0 * best.1 == best.0 * c.1;
+            match (tied, name) {
+                (false, _) => 0,
+                (true, "lc") => 1,
+                (true, _) => d.weight,
+            }
+        })
+        .collect()
 }
 
 /// lblc/lblcr as slots over the destination address: each of 256 slots
@@ -198,12 +207,30 @@ mod tests {
         let mut d = dests(&[1, 1, 1]);
         d[0].active = 5;
         d[1].active = 5;
-        // Three picks all go to the idle one (1, 2, 3 active < 5).
-        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![0, 0, 3])));
-        assert_eq!(plan("nq", &[], &d), Ok(Plan::Weighted(vec![0, 0, 3])));
-        assert_eq!(plan("sed", &[], &d), Ok(Plan::Weighted(vec![0, 0, 3])));
-        // Idle, weights 3:1: wlc's picks go 3:1.
+        // New connections go to the idle one.
+        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![0, 0, 1])));
+        assert_eq!(plan("nq", &[], &d), Ok(Plan::Weighted(vec![0, 0, 1])));
+        assert_eq!(plan("sed", &[], &d), Ok(Plan::Weighted(vec![0, 0, 1])));
+        assert_eq!(plan("wlc", &[], &d), Ok(Plan::Weighted(vec![0, 0, 1])));
+        // lc counts an active connection as 256 inactive ones.
+        d[2].inactive = 1279;
+        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![0, 0, 1])));
+        d[2].inactive = 1280;
+        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![1, 1, 1])));
+        d[2].inactive = 1281;
+        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![1, 1, 0])));
+        // Idle, weights 3:1: wlc shares 3:1; sed sends to the heavier
+        // until (a+1)/3 exceeds (b+1)/1; nq to every idle one.
         assert_eq!(plan("wlc", &[], &dests(&[3, 1])), Ok(Plan::Weighted(vec![3, 1])));
+        assert_eq!(plan("sed", &[], &dests(&[3, 1])), Ok(Plan::Weighted(vec![1, 0])));
+        assert_eq!(plan("nq", &[], &dests(&[3, 1])), Ok(Plan::Weighted(vec![3, 1])));
+        let mut d = dests(&[3, 1]);
+        d[0].active = 2;
+        // sed: (2+1)/3 = 1 ties (0+1)/1 = 1.
+        assert_eq!(plan("sed", &[], &d), Ok(Plan::Weighted(vec![3, 1])));
+        // Weight 0 is never a candidate, however idle.
+        let d = dests(&[0, 1]);
+        assert_eq!(plan("lc", &[], &d), Ok(Plan::Weighted(vec![0, 1])));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! is global and read-only outside the host's namespace, so a failure to
 //! set it is logged and kpx goes on.
 
+pub mod table;
+
 use crate::config::Conntrack;
 
 use super::sysctl::Sysctl;

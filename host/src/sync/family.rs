@@ -54,6 +54,10 @@ pub struct FamilyProxier {
     plugin: Arc<BackendPlugin>,
     /// Fills each service port's plans from its scheduler.
     planner: Planner,
+    /// Keys of the sent ports whose scheduler plans from live load.
+    load_ports: std::collections::BTreeSet<String>,
+    /// Ports planned again from live load, for the next sync.
+    replanned: Vec<Change>,
     instance: Option<BackendInstance>,
     /// Service ports as the plugin holds them.
     sent: Sent,
@@ -83,6 +87,8 @@ impl FamilyProxier {
             sysctl,
             plugin,
             planner,
+            load_ports: Default::default(),
+            replanned: Vec::new(),
             instance: None,
             sent: Sent::default(),
             keys_of: BTreeMap::new(),
@@ -112,11 +118,14 @@ impl FamilyProxier {
     /// Turns the state's changes into plugin changes, updating what was sent.
     fn collect_changes(&mut self, state: &State, changes: &Changes) -> Vec<Change> {
         let mut out = Vec::new();
+        // Plans from live load measure it afresh (once per sync, when needed).
+        self.planner.expire_load();
         for name in changes.services.keys() {
             let ports = state.service_ports(self.family, name);
             let old_keys = self.keys_of.remove(name).unwrap_or_default();
             for key in &old_keys {
                 if !ports.iter().any(|p| &p.key == key) && self.sent.remove(self.family, key) {
+                    self.load_ports.remove(key);
                     out.push(Change::Remove(key.clone()));
                 }
             }
@@ -125,6 +134,11 @@ impl FamilyProxier {
             }
             for mut port in ports {
                 self.planner.plan(&mut port);
+                if self.planner.uses_load(&port) {
+                    self.load_ports.insert(port.key.clone());
+                } else {
+                    self.load_ports.remove(&port.key);
+                }
                 if self.sent.ports.get(&port.key) != Some(&port) {
                     self.sent.insert(self.family, port.clone());
                     out.push(Change::Upsert(port));
@@ -148,6 +162,36 @@ impl FamilyProxier {
             }
         }
         out
+    }
+
+    /// Whether some sent port's scheduler plans from live load.
+    pub fn uses_load(&self) -> bool {
+        !self.load_ports.is_empty()
+    }
+
+    /// Measures the load and plans those ports again; true when a plan
+    /// changed (the next sync writes it).
+    pub fn refresh_load(&mut self) -> bool {
+        if self.load_ports.is_empty() {
+            return false;
+        }
+        self.planner.expire_load();
+        let mut changed = 0;
+        for key in self.load_ports.clone() {
+            let Some(sent) = self.sent.ports.get(&key) else { continue };
+            let mut port = sent.clone();
+            self.planner.plan(&mut port);
+            if &port != sent {
+                self.sent.insert(self.family, port.clone());
+                self.replanned.retain(|c| !matches!(c, Change::Upsert(p) if p.key == key));
+                self.replanned.push(Change::Upsert(port));
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            tracing::info!(family = %self.family, "re-planned {changed} service ports from live load");
+        }
+        changed > 0
     }
 
     /// Re-derives the settings; a change means a fresh plugin instance.
@@ -176,7 +220,8 @@ impl FamilyProxier {
     /// One sync. `full` asks for a full render; a failure makes the next
     /// sync full too.
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
-        let plugin_changes = self.collect_changes(state, changes);
+        let mut plugin_changes = std::mem::take(&mut self.replanned);
+        plugin_changes.extend(self.collect_changes(state, changes));
         let full = full || self.need_full;
         if full && !self.config.nodeport_addresses.cidrs.is_empty() {
             match interfaces::local_addresses() {

@@ -5,12 +5,19 @@
 //! execute is logged and keeps the default (kube-proxy's uniform random
 //! choice); nothing already programmed changes for it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use kpx_rules::model::{ProxyMode, SchedulerChoice, ServicePort};
+use kpx_rules::model::{IpFamily, ProxyMode, SchedulerChoice, ServicePort};
 use kpx_rules::plan::Plan;
 
+use crate::kernel::conntrack::table::Load;
 use crate::runtime::{ScheduleRequest, SchedulerInstance, SchedulerPlugin};
+
+/// How often schedulers that plan from live load (lc, wlc, sed, nq,
+/// lblc, lblcr) are measured and planned again.
+pub const LOAD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The scheduler used for weighted endpoints when a Service names none:
 /// kube-proxy's random choice, with the weights.
@@ -18,15 +25,60 @@ pub const DEFAULT_WEIGHTED: &str = "random";
 
 pub struct Planner {
     mode: ProxyMode,
+    family: IpFamily,
     plugins: Vec<Arc<SchedulerPlugin>>,
     /// One instance per plugin (None until first needed, or after a trap).
     instances: Vec<Option<SchedulerInstance>>,
+    /// Whether each scheduler name plans from load (asked once).
+    uses_load: HashMap<String, bool>,
+    /// The last conntrack measurement and when it was taken.
+    load: Option<(Instant, Load)>,
+    load_failed: bool,
 }
 
 impl Planner {
-    pub fn new(mode: ProxyMode, plugins: Vec<Arc<SchedulerPlugin>>) -> Planner {
+    pub fn new(mode: ProxyMode, family: IpFamily, plugins: Vec<Arc<SchedulerPlugin>>) -> Planner {
         let instances = plugins.iter().map(|_| None).collect();
-        Planner { mode, plugins, instances }
+        Planner { mode, family, plugins, instances, uses_load: HashMap::new(), load: None, load_failed: false }
+    }
+
+    /// Whether `port`'s scheduler plans from live load.
+    pub fn uses_load(&mut self, port: &ServicePort) -> bool {
+        let Some(choice) = &port.scheduler else { return false };
+        if let Some(&known) = self.uses_load.get(&choice.name) {
+            return known;
+        }
+        let name = choice.name.clone();
+        let answer = self.instance_for(&name).map(|i| i.uses_load(&name).unwrap_or(false)).unwrap_or(false);
+        self.uses_load.insert(name, answer);
+        answer
+    }
+
+    /// Measures the load again at the next plan that needs it.
+    pub fn expire_load(&mut self) {
+        self.load = None;
+    }
+
+    /// The conntrack table's counts, measured at most [`LOAD_INTERVAL`] ago.
+    fn current_load(&mut self) -> Option<&Load> {
+        let stale = self.load.as_ref().is_none_or(|(t, _)| t.elapsed() >= LOAD_INTERVAL);
+        if stale {
+            match Load::read(self.family) {
+                Ok(load) => {
+                    self.load = Some((Instant::now(), load));
+                    self.load_failed = false;
+                }
+                Err(e) => {
+                    if !self.load_failed {
+                        tracing::warn!(family = %self.family, "cannot read the conntrack table for live load: {e}; planning as if idle");
+                    }
+                    self.load_failed = true;
+                    // Tried again at the next interval, not at every plan.
+                    self.load = Some((Instant::now(), Load::default()));
+                }
+            }
+        }
+        self.load.as_ref().map(|(_, l)| l)
     }
 
     /// Fills `port`'s plans.
@@ -50,11 +102,22 @@ impl Planner {
         let key = &port.key;
         let name = choice.name.as_str();
         let mode = self.mode;
-        let Some(instance) = self.instance_for(name) else {
+        if self.instance_for(name).is_none() {
             tracing::warn!(service = %key, "no scheduler is named {name:?}; the Service keeps the default");
             return None;
+        }
+        let load = if self.uses_load(port) {
+            self.current_load().map(|l| {
+                candidates
+                    .iter()
+                    .map(|&i| port.endpoints.get(i as usize).map_or((0, 0), |e| l.of(port, e.ip, e.port)))
+                    .unzip()
+            })
+        } else {
+            None
         };
-        let request = ScheduleRequest { name, parameters: &choice.parameters, mode, port, candidates };
+        let instance = self.instance_for(name)?;
+        let request = ScheduleRequest { name, parameters: &choice.parameters, mode, port, candidates, load };
         match instance.schedule(&request) {
             Ok(plan) => match plan.check(candidates.len()) {
                 Ok(()) => Some(plan),

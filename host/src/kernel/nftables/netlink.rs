@@ -204,10 +204,21 @@ impl Netlink {
     /// attributes, after the nfgenmsg header. Retried when the ruleset
     /// changed during the dump.
     pub fn dump(&mut self, msg_type: u16, family: u8, attrs: &Writer) -> Result<Vec<Vec<u8>>, Error> {
+        self.dump_from(NFNL_SUBSYS_NFTABLES, msg_type, family, attrs)
+    }
+
+    /// [`Netlink::dump`] from another netfilter subsystem (ctnetlink).
+    pub fn dump_from(
+        &mut self,
+        subsystem: u16,
+        msg_type: u16,
+        family: u8,
+        attrs: &Writer,
+    ) -> Result<Vec<Vec<u8>>, Error> {
         'attempt: for _ in 0..5 {
             let seq = self.next_seq();
             let mut buf = Vec::new();
-            let t = (NFNL_SUBSYS_NFTABLES << 8) | msg_type;
+            let t = (subsystem << 8) | msg_type;
             push_message(&mut buf, t, NLM_F_REQUEST | NLM_F_DUMP | NLM_F_ACK, seq, family, 0, &attrs.buf);
             self.socket.send(&buf, 0).map_err(|e| Error::Socket(format!("send: {e}")))?;
             let mut out = Vec::new();

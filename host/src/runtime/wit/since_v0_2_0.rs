@@ -76,6 +76,8 @@ pub struct ScheduleRequest<'a> {
     pub mode: ProxyMode,
     pub port: &'a ServicePort,
     pub candidates: &'a [u32],
+    /// Active and inactive connections per candidate, where measured.
+    pub load: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 #[derive(Clone)]
@@ -105,7 +107,10 @@ impl SchedulerInstance {
             },
             port: wit_convert::to_wit_service_port(r.port),
             candidates: r.candidates.to_vec(),
-            load: None,
+            load: r
+                .load
+                .clone()
+                .map(|(active, inactive)| sched::exports::kpx::proxier::scheduler::Load { active, inactive }),
         };
         let out = self.0.kpx_proxier_scheduler().call_schedule(store, &request)?;
         Ok(out.map(wit_convert::from_wit_plan))
