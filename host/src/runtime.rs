@@ -313,12 +313,17 @@ impl Sandbox {
 
     fn refuel(&mut self, objects: usize) {
         let fuel = self.limits.fuel_base.saturating_add(self.limits.fuel_per_object.saturating_mul(objects as u64));
+        self.refuel_with(fuel, self.limits.max_output_bytes);
+    }
+
+    /// Sets the next call's fuel and the most it may hand the host.
+    fn refuel_with(&mut self, fuel: u64, max_output_bytes: u64) {
         // Fuel is enabled on the engine, so this cannot fail.
         let _ = self.store.set_fuel(fuel);
         self.fueled = fuel;
         // What the host may allocate copying one call's data out of the
         // plugin (the result, a log line): checked before each copy.
-        self.store.set_hostcall_fuel(usize::try_from(self.limits.max_output_bytes).unwrap_or(usize::MAX));
+        self.store.set_hostcall_fuel(usize::try_from(max_output_bytes).unwrap_or(usize::MAX));
         self.store.data_mut().refill_log_budget();
     }
 
@@ -377,7 +382,7 @@ impl BackendInstance {
         let n = changes
             .iter()
             .map(|c| match c {
-                Change::Upsert(s) => 1 + s.endpoints.len(),
+                Change::Upsert(s) => s.size(),
                 _ => 1,
             })
             .sum();
@@ -410,7 +415,7 @@ fn is_output_limit(e: &wasmtime::Error) -> bool {
 
 /// Service ports plus endpoints: the size that scales a call's fuel.
 pub fn objects(services: &[ServicePort]) -> usize {
-    services.iter().map(|s| 1 + s.endpoints.len()).sum()
+    services.iter().map(ServicePort::size).sum()
 }
 
 #[cfg(test)]

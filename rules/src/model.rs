@@ -341,6 +341,13 @@ impl ServicePort {
         if port_name.is_empty() { format!("{namespace}/{name}") } else { format!("{namespace}/{name}:{port_name}") }
     }
 
+    /// The work this port is for a backend: itself, its endpoints and the
+    /// entries of its plans (what the plugin's fuel scales with).
+    pub fn size(&self) -> usize {
+        let plan = |p: &Option<Plan>| p.as_ref().map_or(0, Plan::size);
+        1 + self.endpoints.len() + plan(&self.cluster_plan) + plan(&self.local_plan)
+    }
+
     /// The endpoints cluster-wide traffic may use.
     pub fn cluster_endpoints(&self) -> impl Iterator<Item = &Endpoint> {
         self.cluster_endpoints.iter().filter_map(|&i| self.endpoints.get(i as usize))

@@ -57,6 +57,20 @@ impl Plan {
         matches!(self, Plan::Weighted(w) if w.len() == n && w.iter().all(|&x| x == w[0] && x > 0))
     }
 
+    /// The same choice in its smallest form: weights over their gcd;
+    /// None when it is the uniform choice over all `n` (the mode's
+    /// default). The host hands backends only normalized plans.
+    pub fn normalized(self, n: usize) -> Option<Plan> {
+        match self {
+            Plan::Weighted(w) => {
+                let gcd = w.iter().copied().filter(|&x| x > 0).fold(0, gcd).max(1);
+                let plan = Plan::Weighted(w.into_iter().map(|x| x / gcd).collect());
+                (!plan.is_uniform(n)).then_some(plan)
+            }
+            other => Some(other),
+        }
+    }
+
     /// Refuses a plan a mode could not execute over `n` candidates, with
     /// the reason.
     pub fn check(&self, n: usize) -> Result<(), String> {
@@ -73,8 +87,10 @@ impl Plan {
                 if sum == 0 {
                     return Err("every weight is 0".into());
                 }
-                // Uniform: kube-proxy's own choice, for any number of endpoints.
-                if sum > u64::from(MAX_WEIGHT_SUM) && !self.is_uniform(n) {
+                // Equal positive weights (some endpoints left out): a
+                // uniform choice among the others, for any number of them.
+                let positive_equal = w.iter().filter(|&&x| x > 0).all(|&x| w.iter().find(|&&y| y > 0) == Some(&x));
+                if sum > u64::from(MAX_WEIGHT_SUM) && !(positive_equal && w.iter().all(|&x| x <= 1)) {
                     return Err(format!("the weights sum to {sum}, more than {MAX_WEIGHT_SUM}"));
                 }
                 Ok(())
@@ -97,6 +113,16 @@ impl Plan {
                 }
                 in_range("the slot table", &t.slots)
             }
+        }
+    }
+
+    /// The entries a mode writes for it: slots, rotation steps, weight
+    /// units (nftables holds w_i slots per candidate).
+    pub fn size(&self) -> usize {
+        match self {
+            Plan::Weighted(w) => w.iter().map(|&x| x as usize).sum::<usize>().min(MAX_WEIGHT_SUM as usize).max(w.len()),
+            Plan::Sequence(s) => s.len(),
+            Plan::Slots(t) => t.slots.len(),
         }
     }
 
@@ -132,6 +158,10 @@ impl SlotTable {
     pub fn row_seed(&self) -> u32 {
         self.seed.wrapping_add(1)
     }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The kernel's `reciprocal_scale`: `val` scaled into `0..n`.
@@ -267,6 +297,16 @@ mod tests {
         assert!(Plan::Sequence(vec![]).check(2).is_err());
         assert!(Plan::Sequence(vec![0, 2]).check(2).is_err());
         assert!(Plan::uniform(3).is_uniform(3));
+        // Huge equal weights are the uniform choice: no plan.
+        assert_eq!(Plan::Weighted(vec![u32::MAX; 3]).normalized(3), None);
+        assert_eq!(Plan::Weighted(vec![6, 3]).normalized(2), Some(Plan::Weighted(vec![2, 1])));
+        // Draining one endpoint of 5000: equal ones over 4096 are fine.
+        let mut drain = vec![1; 5000];
+        drain[7] = 0;
+        assert!(Plan::Weighted(drain).check(5000).is_ok());
+        let mut uneven = vec![1; 5000];
+        uneven[7] = 2;
+        assert!(Plan::Weighted(uneven).check(5000).is_err());
         assert!(!Plan::Weighted(vec![3, 1]).is_uniform(2));
         assert_eq!(Plan::Sequence(vec![2, 0, 2]).reachable(), vec![0, 2]);
     }

@@ -175,11 +175,24 @@ pub struct Lblcr {
 }
 
 impl Lblcr {
-    /// Drops the most loaded member of every set with more than one.
+    /// Drops the most loaded member (overhead / weight, the first in
+    /// set order on a tie, weight 0 skipped: `ip_vs_dest_set_max`) of
+    /// every set with more than one.
     pub fn expire(&mut self, dests: &[Dest]) {
         for set in self.sets.values_mut().filter(|s| s.len() > 1) {
-            let load = |m: &(IpAddr, u16)| dests.iter().find(|d| (d.ip, d.port) == *m).map(|d| d.overhead());
-            if let Some(at) = (0..set.len()).max_by_key(|&i| load(&set[i])) {
+            let mut most: Option<usize> = None;
+            for (k, m) in set.iter().enumerate() {
+                let Some(d) = dests.iter().find(|d| (d.ip, d.port) == *m).filter(|d| d.weight > 0) else { continue };
+                let more = most.is_none_or(|j| {
+                    let o = dests.iter().find(|x| (x.ip, x.port) == set[j]).expect("a member");
+                    // moh * dw < doh * mw: this one is more loaded.
+                    u128::from(o.overhead()) * u128::from(d.weight) < u128::from(d.overhead()) * u128::from(o.weight)
+                });
+                if more {
+                    most = Some(k);
+                }
+            }
+            if let Some(at) = most {
                 set.remove(at);
             }
         }
@@ -209,7 +222,8 @@ impl Picker for Lblcr {
                 let i = Wlc.pick(dests, c)?;
                 let member = (dests[i].ip, dests[i].port);
                 if !set.contains(&member) {
-                    set.push(member);
+                    // ip_vs_dest_set_insert adds at the head.
+                    set.insert(0, member);
                 }
                 Some(i)
             }

@@ -38,7 +38,15 @@ pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<P
         }
         "rr" => {
             p(&[])?;
-            Ok(Plan::Sequence(cycle(&mut Rr::default(), dests)))
+            // rr ignores weights but 0: each available endpoint once per turn.
+            let available = dests.iter().filter(|d| d.available()).count();
+            if available > MAX_SEQUENCE {
+                return Ok(Plan::Weighted(dests.iter().map(|d| u32::from(d.available())).collect()));
+            }
+            let mut rr = Rr::default();
+            Ok(Plan::Sequence(
+                (0..available).filter_map(|_| rr.pick(dests, any_connection())).map(|i| i as u32).collect(),
+            ))
         }
         "wrr" => {
             p(&[])?;
@@ -48,7 +56,9 @@ pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<P
                 // Too long a cycle to rotate through: the same shares, at random.
                 return Ok(Plan::Weighted(scale_weights(&dests.iter().map(|d| d.weight).collect::<Vec<_>>())));
             }
-            Ok(Plan::Sequence(cycle(&mut Wrr::default(), dests)))
+            let mut wrr = Wrr::default();
+            let picks = (0..total).filter_map(|_| wrr.pick(dests, any_connection())).map(|i| i as u32).collect();
+            Ok(Plan::Sequence(picks))
         }
         "lc" | "wlc" | "sed" | "nq" => {
             p(&[])?;
@@ -71,6 +81,9 @@ pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<P
         "mh" => {
             let params = p(&["seed", "table-size"])?;
             let size = params.number("table-size", 251, |n| [251, 509, 1021].contains(&n), "251, 509 or 1021")?;
+            if dests.len() > size as usize {
+                return Err(format!("mh: {} endpoints do not fit a table of {size} (table-size)", dests.len()));
+            }
             let table = tables::mh_table(dests, size as usize, seed(&params)?);
             Ok(Plan::Slots(slot_table(HashField::Source, &table, dests, seed(&params)?)))
         }
@@ -82,6 +95,9 @@ pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<P
                 |n| tables::is_prime(n) && n as usize >= dests.len() && n <= 1021,
                 "a prime from the number of endpoints up to 1021",
             )?;
+            if dests.len() > size as usize {
+                return Err(format!("maglev: {} endpoints do not fit a table of {size} (table-size)", dests.len()));
+            }
             let table = tables::maglev_table(dests, size as usize, seed(&params)?);
             Ok(Plan::Slots(slot_table(HashField::Source, &table, dests, seed(&params)?)))
         }
@@ -98,7 +114,12 @@ pub fn scale_weights(weights: &[u32]) -> Vec<u32> {
     if sum <= u64::from(MAX_WEIGHT_SUM) || w.iter().all(|&x| x == w[0]) {
         return w;
     }
-    let budget = u64::from(MAX_WEIGHT_SUM) - w.iter().filter(|&&x| x > 0).count() as u64;
+    let positive = w.iter().filter(|&&x| x > 0).count() as u64;
+    if positive >= u64::from(MAX_WEIGHT_SUM) {
+        // Too many endpoints to weigh: equal shares among the positive ones.
+        return w.iter().map(|&x| u32::from(x > 0)).collect();
+    }
+    let budget = u64::from(MAX_WEIGHT_SUM) - positive;
     w.iter().map(|&x| if x == 0 { 0 } else { 1 + (u64::from(x) * budget / sum) as u32 }).collect()
 }
 
@@ -106,14 +127,6 @@ pub fn scale_weights(weights: &[u32]) -> Vec<u32> {
 fn any_connection() -> Connection {
     let ip = std::net::IpAddr::from([0, 0, 0, 0]);
     Connection { source: ip, destination: ip }
-}
-
-/// One cycle of a rotating picker from a fresh state: picks until the
-/// first pick comes back at the same point of the cycle.
-fn cycle(picker: &mut dyn Picker, dests: &[Dest]) -> Vec<u32> {
-    let gcd = ipvs::weight_gcd(dests);
-    let len: u64 = dests.iter().filter(|d| d.available()).map(|d| u64::from(d.weight / gcd).max(1)).sum();
-    (0..len.min(MAX_SEQUENCE as u64)).filter_map(|_| picker.pick(dests, any_connection())).map(|i| i as u32).collect()
 }
 
 /// Where IPVS sends the next connection under the measured load: the
@@ -190,12 +203,20 @@ mod tests {
     use std::net::IpAddr;
 
     fn dests(weights: &[u32]) -> Vec<Dest> {
-        weights.iter().enumerate().map(|(i, &w)| Dest::new(IpAddr::from([10, 0, 0, i as u8 + 1]), 80, w)).collect()
+        let ip = |i: usize| IpAddr::from((0x0a00_0001u32 + i as u32).to_be_bytes());
+        weights.iter().enumerate().map(|(i, &w)| Dest::new(ip(i), 80, w)).collect()
     }
 
     #[test]
     fn rotations() {
         assert_eq!(plan("rr", &[], &dests(&[1, 0, 1])), Ok(Plan::Sequence(vec![0, 2])));
+        // rr ignores weights (but 0): a third each.
+        assert_eq!(plan("rr", &[], &dests(&[2, 1, 1])), Ok(Plan::Sequence(vec![0, 1, 2])));
+        // Past 1024 endpoints: uniform among the available.
+        let mut many = vec![1; 1500];
+        many[3] = 0;
+        let Ok(Plan::Weighted(w)) = plan("rr", &[], &dests(&many)) else { panic!() };
+        assert_eq!((w.len(), w[3], w.iter().sum::<u32>()), (1500, 0, 1499));
         assert_eq!(plan("wrr", &[], &dests(&[3, 1])), Ok(Plan::Sequence(vec![0, 0, 0, 1])));
         assert_eq!(plan("wrr", &[], &dests(&[4, 2])), Ok(Plan::Sequence(vec![0, 0, 1])));
         // A cycle longer than a mode can rotate through: the same shares at random.
@@ -269,5 +290,9 @@ mod tests {
         assert!(big.iter().map(|&w| u64::from(w)).sum::<u64>() <= u64::from(MAX_WEIGHT_SUM));
         assert!(big[1] >= 1 && big[0] > big[2]);
         assert_eq!(scale_weights(&[7; 5000]), vec![1; 5000]);
+        let mut many: Vec<u32> = (0..5000).map(|i| 1 + i % 3).collect();
+        many[0] = 0;
+        let scaled = scale_weights(&many);
+        assert_eq!((scaled[0], scaled[1], scaled.iter().sum::<u32>()), (0, 1, 4999));
     }
 }

@@ -100,18 +100,19 @@ impl Picker for Sh {
 
 /// Maglev population: each destination with a positive weight walks its
 /// own permutation of the `size` slots (`offset`, `offset + skip`, ... mod
-/// `size`) and takes `turns` free slots per round, until all are taken.
-/// `size` must be prime (every skip then visits every slot).
-fn populate(size: usize, perms: &[(usize, usize, u32, usize)]) -> Table {
+/// `size`) and, in round r, takes `turns(k, r)` free slots, until all are
+/// taken. `size` must be prime (every skip then visits every slot).
+fn populate(size: usize, perms: &[(usize, usize, usize)], turns: impl Fn(usize, u64) -> u64) -> Table {
     let mut table: Table = vec![None; size];
     if perms.is_empty() {
         return table;
     }
     let mut next: Vec<usize> = perms.iter().map(|p| p.0).collect();
     let mut filled = 0;
+    let mut round = 0u64;
     while filled < size {
-        for (k, &(_, skip, turns, dest)) in perms.iter().enumerate() {
-            for _ in 0..turns {
+        for (k, &(_, skip, dest)) in perms.iter().enumerate() {
+            for _ in 0..turns(k, round) {
                 while table[next[k]].is_some() {
                     next[k] = (next[k] + skip) % size;
                 }
@@ -122,6 +123,7 @@ fn populate(size: usize, perms: &[(usize, usize, u32, usize)]) -> Table {
                 }
             }
         }
+        round += 1;
     }
     table
 }
@@ -130,49 +132,56 @@ fn name_hash(d: &Dest, seed: u32) -> u32 {
     jhash(d.name().as_bytes(), seed)
 }
 
+/// IPVS's `IP_VS_MH_TAB_BITS` for a table size: its index in IPVS's
+/// prime list (251 is index 8) halved.
+fn mh_tab_bits(size: usize) -> u32 {
+    match size {
+        251 | 509 => 4,
+        1021 | 2039 => 5,
+        _ => 6,
+    }
+}
+
 /// IPVS's mh (`ip_vs_mh_permutate` / `ip_vs_mh_populate`): weight 0 is
-/// left out; turns are weight / gcd, shifted right so the largest fits in
-/// log2(size) bits. IPVS keys each service's permutations with random
-/// siphash keys; kpx keys them with `jhash(ip:port, seed)` so that every
-/// node (and every mode) builds the same table.
+/// left out; each round a destination takes `(weight / gcd) >> shift`
+/// turns (at least one), the shift keeping the largest within
+/// `IP_VS_MH_TAB_BITS` bits. IPVS keys the permutations with siphash and
+/// fixed keys; kpx keys them with `jhash(ip:port, seed)`, so its tables
+/// are its own, the same on every node and in every mode.
 pub fn mh_table(dests: &[Dest], size: usize, seed: u32) -> Table {
     let gcd = crate::ipvs::weight_gcd(dests);
     let max = dests.iter().map(|d| d.weight / gcd).max().unwrap_or(0);
-    let bits = usize::BITS - size.leading_zeros() - 1;
-    let shift = (u32::BITS - max.leading_zeros()).saturating_sub(bits);
-    let perms: Vec<_> = dests
+    let shift = (u32::BITS - max.leading_zeros()).saturating_sub(mh_tab_bits(size));
+    let live: Vec<&Dest> = dests.iter().filter(|d| d.weight > 0).collect();
+    let perms = permutations(dests, size, seed, seed.wrapping_add(0x9e37_79b9));
+    let turns: Vec<u64> = live.iter().map(|d| u64::from(((d.weight / gcd) >> shift).max(1))).collect();
+    populate(size, &perms, |k, _| turns[k])
+}
+
+/// (offset, skip, destination index) of every destination with a weight.
+fn permutations(dests: &[Dest], size: usize, seed1: u32, seed2: u32) -> Vec<(usize, usize, usize)> {
+    dests
         .iter()
         .enumerate()
         .filter(|(_, d)| d.weight > 0)
         .map(|(i, d)| {
-            let offset = name_hash(d, seed) as usize % size;
-            let skip = name_hash(d, seed.wrapping_add(0x9e37_79b9)) as usize % (size - 1) + 1;
-            let turns = match (d.weight / gcd) >> shift {
-                0 => 1,
-                t => t,
-            };
-            (offset, skip, turns, i)
+            let offset = name_hash(d, seed1) as usize % size;
+            let skip = name_hash(d, seed2) as usize % (size - 1) + 1;
+            (offset, skip, i)
         })
-        .collect();
-    populate(size, &perms)
+        .collect()
 }
 
 /// Maglev (Eisenbud et al., NSDI'16, pseudocode 1): offset = h1(name) mod
-/// M, skip = h2(name) mod (M - 1) + 1, round-robin population; weights
-/// as turns per round (weight / gcd), as Cilium does.
+/// M, skip = h2(name) mod (M - 1) + 1, round-robin population. Weights
+/// interleave: in round r a destination takes floor((r+1)·w/max) −
+/// floor(r·w/max) turns, so the heaviest takes one per round and the
+/// others their share, never a run that starves the rest.
 pub fn maglev_table(dests: &[Dest], size: usize, seed: u32) -> Table {
-    let gcd = crate::ipvs::weight_gcd(dests);
-    let perms: Vec<_> = dests
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| d.weight > 0)
-        .map(|(i, d)| {
-            let offset = name_hash(d, seed) as usize % size;
-            let skip = name_hash(d, !seed) as usize % (size - 1) + 1;
-            (offset, skip, d.weight / gcd, i)
-        })
-        .collect();
-    populate(size, &perms)
+    let live: Vec<u64> = dests.iter().filter(|d| d.weight > 0).map(|d| u64::from(d.weight)).collect();
+    let max = live.iter().copied().max().unwrap_or(1);
+    let perms = permutations(dests, size, seed, !seed);
+    populate(size, &perms, |k, r| (r + 1) * live[k] / max - r * live[k] / max)
 }
 
 /// Whether `n` is prime.
@@ -274,6 +283,26 @@ mod tests {
             assert_eq!(a + b, 251);
             assert!((185..=192).contains(&a), "weight 3 of 4 should hold ~188 of 251 slots, holds {a}");
             assert!(t.iter().all(|s| *s != Some(2)));
+        }
+    }
+
+    #[test]
+    fn large_and_close_weights_share_the_table() {
+        for (weights, size) in
+            [(vec![1000u32, 999], 1021usize), (vec![3001, 2000, 1000], 1021), (vec![127, 126, 125], 251)]
+        {
+            let d = dests(&weights);
+            let total: u32 = weights.iter().sum();
+            for (name, t) in [("maglev", maglev_table(&d, size, 1)), ("mh", mh_table(&d, size, 1))] {
+                for (i, &w) in weights.iter().enumerate() {
+                    let got = t.iter().filter(|s| **s == Some(i)).count() as f64 / size as f64;
+                    let want = f64::from(w) / f64::from(total);
+                    assert!(
+                        (got - want).abs() < 0.05,
+                        "{name} {weights:?}: endpoint {i} holds {got:.3}, its weight says {want:.3}"
+                    );
+                }
+            }
         }
     }
 

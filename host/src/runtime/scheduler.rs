@@ -10,6 +10,13 @@ use wasmtime::Engine;
 use super::wit::since_v0_2_0::{self as v0_2_0, ScheduleRequest};
 use super::{Limits, PluginStats, Result, Sandbox};
 
+/// Fuel for one `schedule` call, before the share per endpoint.
+const SCHEDULE_FUEL_BASE: u64 = 100_000_000;
+const SCHEDULE_FUEL_PER_ENDPOINT: u64 = 200_000;
+/// The most a `schedule` call may hand the host (a plan is at most a few
+/// thousand numbers).
+const SCHEDULE_MAX_OUTPUT: u64 = 16 << 20;
+
 /// A loaded scheduler component, ready to instantiate.
 pub struct SchedulerPlugin {
     pub(super) name: Arc<str>,
@@ -72,7 +79,10 @@ impl SchedulerInstance {
     /// the scheduler's own reason.
     pub fn schedule(&mut self, request: &ScheduleRequest) -> Result<Plan> {
         let s = &mut self.sandbox;
-        s.refuel(1 + request.port.endpoints.len());
+        // A plan is a little arithmetic per candidate (maglev fills a
+        // table of up to 1021 slots): far less fuel than a render.
+        let fuel = SCHEDULE_FUEL_BASE.saturating_add(SCHEDULE_FUEL_PER_ENDPOINT * request.port.endpoints.len() as u64);
+        s.refuel_with(fuel.min(s.limits.fuel_base), SCHEDULE_MAX_OUTPUT.min(s.limits.max_output_bytes));
         let result = self.bindings.schedule(&mut s.store, request);
         s.check("schedule", result)?.map_err(|message| s.failed("schedule", &message))
     }

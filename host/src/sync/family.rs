@@ -133,7 +133,8 @@ impl FamilyProxier {
                 self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
             }
             for mut port in ports {
-                self.planner.plan(&mut port);
+                let key = port.key.clone();
+                self.planner.plan(&mut port, self.sent.ports.get(&key));
                 if self.planner.uses_load(&port) {
                     self.load_ports.insert(port.key.clone());
                 } else {
@@ -180,7 +181,7 @@ impl FamilyProxier {
         for key in self.load_ports.clone() {
             let Some(sent) = self.sent.ports.get(&key) else { continue };
             let mut port = sent.clone();
-            self.planner.plan(&mut port);
+            self.planner.plan(&mut port, Some(sent));
             if &port != sent {
                 self.sent.insert(self.family, port.clone());
                 self.replanned.retain(|c| !matches!(c, Change::Upsert(p) if p.key == key));
@@ -313,7 +314,7 @@ impl Sent {
     }
 
     fn count(&mut self, family: IpFamily, port: &ServicePort, add: bool) {
-        let objects = 1 + port.endpoints.len();
+        let objects = port.size();
         self.scope.count(family, port, add);
         self.objects = if add { self.objects + objects } else { self.objects - objects };
     }

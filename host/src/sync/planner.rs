@@ -1,9 +1,10 @@
 //! Plans for service ports: the Service's scheduler (annotation), or the
 //! mode's default when endpoints carry weights, asked of the scheduler
-//! component that implements it. A Service whose scheduler is unknown,
-//! refuses its parameters, traps or returns a plan the mode cannot
-//! execute is logged and keeps the default (kube-proxy's uniform random
-//! choice); nothing already programmed changes for it.
+//! component that implements it. A Service whose scheduler is unknown or
+//! refuses its parameters is logged and keeps the default (kube-proxy's
+//! uniform random choice); one whose scheduler traps or returns a plan the
+//! mode cannot execute is logged and keeps its last plan while that fits
+//! its candidates.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +23,14 @@ pub const LOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// The scheduler used for weighted endpoints when a Service names none:
 /// kube-proxy's random choice, with the weights.
 pub const DEFAULT_WEIGHTED: &str = "random";
+
+/// What one scheduler call gave.
+enum Outcome {
+    /// A plan (None: the default).
+    Plan(Option<Plan>),
+    /// A fault (trap, unexecutable plan): keep the last plan.
+    Failed,
+}
 
 pub struct Planner {
     mode: ProxyMode,
@@ -81,8 +90,11 @@ impl Planner {
         self.load.as_ref().map(|(_, l)| l)
     }
 
-    /// Fills `port`'s plans.
-    pub fn plan(&mut self, port: &mut ServicePort) {
+    /// Fills `port`'s plans. `previous` is the port as last planned: a
+    /// scheduler that fails now (a trap, a bad plan) leaves its plan in
+    /// place while it still fits the candidates, so a working slot table
+    /// is not dropped for the default by a passing fault.
+    pub fn plan(&mut self, port: &mut ServicePort, previous: Option<&ServicePort>) {
         port.cluster_plan = None;
         port.local_plan = None;
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
@@ -91,20 +103,34 @@ impl Planner {
             None if weighted => SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() },
             None => return,
         };
-        port.cluster_plan = self.plan_for(port, &choice, &port.cluster_endpoints);
-        port.local_plan = self.plan_for(port, &choice, &port.local_endpoints);
+        let keep = |which: fn(&ServicePort) -> (&Vec<u32>, &Option<Plan>), port: &ServicePort| {
+            previous.and_then(|p| {
+                let (candidates, plan) = which(p);
+                (candidates == which(port).0).then(|| plan.clone()).flatten()
+            })
+        };
+        let cluster = match self.plan_for(port, &choice, &port.cluster_endpoints) {
+            Outcome::Plan(p) => p,
+            Outcome::Failed => keep(|p| (&p.cluster_endpoints, &p.cluster_plan), port),
+        };
+        let local = match self.plan_for(port, &choice, &port.local_endpoints) {
+            Outcome::Plan(p) => p,
+            Outcome::Failed => keep(|p| (&p.local_endpoints, &p.local_plan), port),
+        };
+        port.cluster_plan = cluster;
+        port.local_plan = local;
     }
 
-    fn plan_for(&mut self, port: &ServicePort, choice: &SchedulerChoice, candidates: &[u32]) -> Option<Plan> {
+    fn plan_for(&mut self, port: &ServicePort, choice: &SchedulerChoice, candidates: &[u32]) -> Outcome {
         if candidates.is_empty() {
-            return None;
+            return Outcome::Plan(None);
         }
         let key = &port.key;
         let name = choice.name.as_str();
         let mode = self.mode;
         if self.instance_for(name).is_none() {
             tracing::warn!(service = %key, "no scheduler is named {name:?}; the Service keeps the default");
-            return None;
+            return Outcome::Plan(None);
         }
         let load = if self.uses_load(port) {
             self.current_load().map(|l| {
@@ -116,11 +142,11 @@ impl Planner {
         } else {
             None
         };
-        let instance = self.instance_for(name)?;
+        let Some(instance) = self.instance_for(name) else { return Outcome::Failed };
         let request = ScheduleRequest { name, parameters: &choice.parameters, mode, port, candidates, load };
         match instance.schedule(&request) {
             Ok(plan) => match plan.check(candidates.len()) {
-                Ok(()) => Some(plan),
+                Ok(()) => Outcome::Plan(plan.normalized(candidates.len())),
                 Err(why) => {
                     tracing::warn!(
                         service = %key,
@@ -128,15 +154,18 @@ impl Planner {
                         instance.plugin(),
                         mode
                     );
-                    None
+                    Outcome::Failed
                 }
             },
             Err(e) => {
                 tracing::warn!(service = %key, %mode, "scheduler {name}: {e}; the Service keeps the default");
-                if e.needs_fresh_instance() {
+                let trapped = e.needs_fresh_instance();
+                if trapped {
                     self.drop_instance_of(name);
                 }
-                None
+                // The scheduler's own refusal (a bad parameter): the
+                // default; a fault: the last plan.
+                if trapped { Outcome::Failed } else { Outcome::Plan(None) }
             }
         }
     }

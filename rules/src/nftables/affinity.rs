@@ -79,7 +79,7 @@ pub fn needs_own_chains(plan: Option<&Plan>) -> bool {
 /// The choice rule's key and the slot map's contents (slot key, candidate)
 /// for a plan over `n` candidates.
 fn choice(plan: Option<&Plan>, n: usize) -> (Vec<KeyExpr>, Vec<(Vec<u32>, usize)>) {
-    match plan.filter(|p| p.check(n).is_ok()) {
+    match plan.filter(|p| !p.is_uniform(n) && p.check(n).is_ok()) {
         Some(Plan::Weighted(w)) => {
             let slots = weighted_slots(w);
             (

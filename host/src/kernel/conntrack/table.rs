@@ -31,11 +31,15 @@ const TCP_CONNTRACK_ESTABLISHED: u8 = 3;
 /// One tuple: (protocol, source, source port, destination, destination port).
 type Tuple = (u8, IpAddr, u16, IpAddr, u16);
 
-/// (protocol, endpoint address, endpoint port) → the connections to it:
+/// (protocol, endpoint address, endpoint port).
+type EndpointKey = (u8, IpAddr, u16);
 /// (original destination, its port, active, inactive).
+type Through = (IpAddr, u16, u32, u32);
+
+/// The connections to each endpoint, by the destination they were sent to.
 #[derive(Debug, Default, Clone)]
 pub struct Load {
-    by_endpoint: HashMap<(u8, IpAddr, u16), Vec<(IpAddr, u16, u32, u32)>>,
+    by_endpoint: HashMap<EndpointKey, Vec<Through>>,
 }
 
 impl Load {
