@@ -13,6 +13,7 @@ use std::process::Command;
 const BUILT_IN: &[(&str, &str)] = &[
     ("kpx-plugin-iptables", "iptables"),
     ("kpx-plugin-nftables", "nftables"),
+    ("kpx-plugin-ipvs", "ipvs"),
     ("kpx-plugin-schedulers", "schedulers"),
 ];
 /// Plugins built for tests only (loaded from disk with --backend-plugin).

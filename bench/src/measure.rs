@@ -198,7 +198,7 @@ impl Native {
     fn new(mode: ProxyMode, settings: Settings) -> Native {
         match mode {
             ProxyMode::Iptables => Native::Iptables(IptablesProxier::new(settings)),
-            ProxyMode::Nftables => Native::Nftables(NftablesProxier::new(settings)),
+            ProxyMode::Nftables | ProxyMode::Ipvs => Native::Nftables(NftablesProxier::new(settings)),
         }
     }
     fn backend(&mut self) -> &mut dyn Backend {
@@ -260,6 +260,7 @@ fn validate(
             models.nftables.commit(checked);
             Ok(took)
         }
+        Ruleset::Ipvs(_) => anyhow::bail!("the benchmark measures the iptables and nftables modes"),
     }
 }
 
@@ -275,6 +276,7 @@ struct Models {
 fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: bool) -> Result<(Written, Duration)> {
     let t = Instant::now();
     let written = match ruleset {
+        Ruleset::Ipvs(_) => anyhow::bail!("the benchmark measures the iptables and nftables modes"),
         Ruleset::Iptables(rs) => Written::Iptables(payload(&ipt_frame(settings), rs, &[], dialect(settings))),
         Ruleset::Nftables(tx) => {
             for op in &tx.ops {
@@ -327,6 +329,9 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     eprintln!("== {mode} {services} services x {endpoints} endpoints");
     let text = cluster::manifests(services, endpoints, None);
     let proxy_mode: ProxyMode = mode.parse().map_err(anyhow::Error::msg)?;
+    if proxy_mode == ProxyMode::Ipvs {
+        anyhow::bail!("the benchmark measures the iptables and nftables modes (this kernel has no IPVS)");
+    }
 
     // Source: the manifests parsed into objects.
     let t = Instant::now();
@@ -403,6 +408,7 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     models = rendered_models;
     let bytes_full = written.bytes();
     let chains = match &ruleset {
+        Ruleset::Ipvs(_) => 0,
         Ruleset::Iptables(rs) => rs.chains.len() + ipt_frame(&settings).chains.len(),
         Ruleset::Nftables(tx) => {
             let own = tx.ops.iter().filter(|o| matches!(o, kpx_rules::ops::nftables::Op::AddChain(_))).count();

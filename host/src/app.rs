@@ -8,6 +8,7 @@ use kpx_rules::model::{IpFamily, ProxyMode};
 
 use crate::config::{Config, Source};
 use crate::kernel::iptables::{IptablesDataplane, IptablesKernel};
+use crate::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
@@ -46,6 +47,11 @@ pub enum Error {
     /// The API source's runtime cannot start.
     #[error("cannot start the API source's runtime: {0}")]
     Runtime(std::io::Error),
+    /// `--proxy-mode ipvs` on a kernel without ip_vs: kpx exits non-zero.
+    #[error(
+        "ipvs mode needs the kernel's IPVS (ip_vs module): {0}; load ip_vs or use --proxy-mode nftables or iptables"
+    )]
+    NoIpvs(String),
     /// The object source stopped (its thread ended or panicked): kpx exits
     /// non-zero so that its supervisor restarts it; the kernel keeps the
     /// last rules written.
@@ -95,12 +101,17 @@ pub fn families() -> Vec<IpFamily> {
 }
 
 /// The mode's kernel side for one family.
-pub fn dataplane(mode: ProxyMode, family: IpFamily) -> Dataplane {
-    match mode {
+pub fn dataplane(config: &Config, family: IpFamily) -> Dataplane {
+    match config.mode {
         ProxyMode::Iptables => {
             Dataplane::Iptables(IptablesDataplane::new(IptablesKernel::new(family, Box::new(SystemExec::default()))))
         }
         ProxyMode::Nftables => Dataplane::Nftables(NftablesDataplane::new(NftablesKernel::new(family))),
+        ProxyMode::Ipvs => {
+            let i = &config.ipvs;
+            let timeouts = Timeouts { tcp: i.tcp_timeout, tcp_fin: i.tcpfin_timeout, udp: i.udp_timeout };
+            Dataplane::Ipvs(IpvsDataplane::new(family, i.exclude_cidrs.clone(), timeouts))
+        }
     }
 }
 
@@ -128,6 +139,13 @@ fn set_oom_score_adj(value: i32) {
 /// Runs kpx until the source stops, which is an error.
 pub fn run(config: Config) -> Result<(), Error> {
     set_oom_score_adj(config.extra.oom_score_adj);
+    if config.mode == ProxyMode::Ipvs {
+        // Upstream falls back to iptables here; kpx refuses instead: an
+        // operator who asked for IPVS gets it or a clear failure.
+        if let Err(e) = crate::kernel::ipvs::Ipvs::open() {
+            return Err(Error::NoIpvs(e.to_string()));
+        }
+    }
     init(&config);
     let plugin_runtime = plugin_runtime(&config)?;
     let plugin = Arc::new(load_backend_with(&config, &plugin_runtime)?);
@@ -142,7 +160,7 @@ pub fn run(config: Config) -> Result<(), Error> {
                 family,
                 plugin.clone(),
                 Planner::new(config.mode, family, schedulers.clone()),
-                dataplane(config.mode, family)
+                dataplane(&config, family)
                     .with_max_bytes(usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX)),
                 Sysctl::default(),
             )
@@ -211,8 +229,14 @@ fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
 }
 
 /// `--cleanup`: removes kube-proxy's iptables chains and jumps (both
-/// families) and its nftables tables, then returns.
-pub fn cleanup() -> Result<(), crate::kernel::Error> {
+/// families), its nftables tables, and its IPVS virtual servers (outside
+/// `--ipvs-exclude-cidrs`) with kube-ipvs0, then returns.
+pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
+    match crate::kernel::ipvs::dataplane::cleanup(&config.ipvs.exclude_cidrs) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(services = n, "removed IPVS virtual servers and kube-ipvs0"),
+        Err(e) => tracing::warn!("cannot remove IPVS virtual servers: {e}"),
+    }
     for family in families() {
         let removed = IptablesKernel::new(family, Box::new(SystemExec::default())).cleanup()?;
         tracing::info!(%family, chains = removed, "removed iptables rules");

@@ -380,10 +380,25 @@ pub struct Config {
     pub masquerade_bit: u8,
     pub min_sync_period: Duration,
     pub sync_period: Duration,
+    /// ipvs mode's flags.
+    pub ipvs: Ipvs,
     pub backend_plugin: Option<PathBuf>,
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
+}
+
+/// `--ipvs-*`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ipvs {
+    /// `--ipvs-scheduler` ("" = rr).
+    pub scheduler: String,
+    pub strict_arp: bool,
+    pub exclude_cidrs: Vec<Cidr>,
+    /// Seconds; 0 keeps the kernel's.
+    pub tcp_timeout: u32,
+    pub tcpfin_timeout: u32,
+    pub udp_timeout: u32,
 }
 
 /// What the compatibility flags set (see `Flags::check_compatibility_flags`).
@@ -808,7 +823,7 @@ impl Flags {
         }
         if self.cleanup_ipvs.is_some() {
             tracing::warn!(
-                "--cleanup-ipvs is deprecated (kube-proxy removed it); kpx programs no IPVS rules, so there are none of its own to clean"
+                "--cleanup-ipvs is deprecated (kube-proxy removed it); --cleanup removes kpx's IPVS objects"
             );
         }
         if !self.show_hidden_metrics_for_version.is_empty() {
@@ -846,13 +861,6 @@ impl Flags {
         let mode: ProxyMode = match self.proxy_mode.as_str() {
             // upstream: empty means the platform's default.
             "" => ProxyMode::Iptables,
-            "ipvs" => {
-                return Err(invalid(
-                    "proxy-mode",
-                    "ipvs",
-                    "ipvs mode is not in this kpx yet (it arrives with the scheduler and IPVS issue); use iptables or nftables",
-                ));
-            }
             "userspace" => {
                 return Err(invalid(
                     "proxy-mode",
@@ -861,9 +869,9 @@ impl Flags {
                 ));
             }
             "kernelspace" => return Err(invalid("proxy-mode", "kernelspace", "Windows only")),
-            other => {
-                other.parse().map_err(|_| invalid("proxy-mode", other, "this kpx supports: iptables, nftables"))?
-            }
+            other => other
+                .parse()
+                .map_err(|_| invalid("proxy-mode", other, "this kpx supports: iptables, nftables, ipvs"))?,
         };
         let node_name = if self.hostname_override.trim().is_empty() {
             std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()
@@ -957,18 +965,48 @@ impl Flags {
                 "must be within [0, 31]",
             ));
         }
-        let min_sync_period = parse_duration(&self.iptables_min_sync_period)
-            .map_err(|e| invalid("iptables-min-sync-period", &self.iptables_min_sync_period, e))?;
-        let sync_period = parse_duration(&self.iptables_sync_period)
-            .map_err(|e| invalid("iptables-sync-period", &self.iptables_sync_period, e))?;
+        // ipvs mode's periods are --ipvs-(min-)sync-period, as upstream's.
+        let (min_flag, min_text, max_flag, max_text): (&'static str, &String, &'static str, &String) =
+            if mode == ProxyMode::Ipvs {
+                ("ipvs-min-sync-period", &self.ipvs_min_sync_period, "ipvs-sync-period", &self.ipvs_sync_period)
+            } else {
+                (
+                    "iptables-min-sync-period",
+                    &self.iptables_min_sync_period,
+                    "iptables-sync-period",
+                    &self.iptables_sync_period,
+                )
+            };
+        let min_sync_period = parse_duration(min_text).map_err(|e| invalid(min_flag, min_text, e))?;
+        let sync_period = parse_duration(max_text).map_err(|e| invalid(max_flag, max_text, e))?;
         if sync_period.is_zero() {
-            return Err(invalid("iptables-sync-period", &self.iptables_sync_period, "must be greater than 0"));
+            return Err(invalid(max_flag, max_text, "must be greater than 0"));
         }
         if min_sync_period > sync_period {
+            return Err(invalid(min_flag, min_text, format!("must not exceed --{max_flag}")));
+        }
+        let seconds = |flag: &'static str, text: &str| -> Result<u32> {
+            let d = parse_duration(text).map_err(|e| invalid(flag, text, e))?;
+            u32::try_from(d.as_secs()).map_err(|_| invalid(flag, text, "too long"))
+        };
+        let ipvs = Ipvs {
+            scheduler: self.ipvs_scheduler.trim().to_string(),
+            strict_arp: self.ipvs_strict_arp,
+            exclude_cidrs: self
+                .ipvs_exclude_cidrs
+                .iter()
+                .filter(|c| !c.is_empty())
+                .map(|c| c.parse::<Cidr>().map_err(|e| invalid("ipvs-exclude-cidrs", c, e.to_string())))
+                .collect::<Result<_>>()?,
+            tcp_timeout: seconds("ipvs-tcp-timeout", &self.ipvs_tcp_timeout)?,
+            tcpfin_timeout: seconds("ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout)?,
+            udp_timeout: seconds("ipvs-udp-timeout", &self.ipvs_udp_timeout)?,
+        };
+        if !ipvs.scheduler.is_empty() && !kpx_rules::plan::IPVS_SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
             return Err(invalid(
-                "iptables-min-sync-period",
-                &self.iptables_min_sync_period,
-                "must not exceed --iptables-sync-period",
+                "ipvs-scheduler",
+                &ipvs.scheduler,
+                format!("IPVS has no such scheduler (it has {})", kpx_rules::plan::IPVS_SCHEDULERS.join(", ")),
             ));
         }
         if self.plugin_memory_limit_mib < 16 {
@@ -1007,6 +1045,7 @@ impl Flags {
             masquerade_bit: self.iptables_masquerade_bit as u8,
             min_sync_period,
             sync_period,
+            ipvs,
             backend_plugin: self.backend_plugin,
             plugin_cache_dir: self.plugin_cache_dir,
             plugin_limits: crate::runtime::Limits {
@@ -1152,7 +1191,36 @@ mod tests {
             all.extend_from_slice(args);
             cli(&all).unwrap().flags.validate().unwrap_err().to_string()
         };
-        assert!(err(&["--proxy-mode=ipvs"]).contains("ipvs mode is not in this kpx yet"));
+        assert!(err(&["--proxy-mode=ipvs", "--ipvs-scheduler=evil"]).contains("IPVS has no such scheduler"));
+        assert!(
+            err(&["--proxy-mode=ipvs", "--ipvs-min-sync-period=40s"]).contains("must not exceed --ipvs-sync-period")
+        );
+        assert!(err(&["--ipvs-tcp-timeout=forever"]).contains("ipvs-tcp-timeout"));
+        let ipvs = cli(&[
+            "--manifests=/x",
+            "--hostname-override=n",
+            "--proxy-mode=ipvs",
+            "--ipvs-scheduler=sh",
+            "--ipvs-sync-period=20s",
+            "--ipvs-min-sync-period=2s",
+            "--ipvs-tcp-timeout=15m",
+            "--ipvs-udp-timeout=45s",
+            "--ipvs-exclude-cidrs=10.0.0.0/8",
+            "--ipvs-strict-arp",
+        ])
+        .unwrap()
+        .flags
+        .validate()
+        .unwrap();
+        assert_eq!(
+            (ipvs.mode, ipvs.sync_period, ipvs.min_sync_period),
+            (ProxyMode::Ipvs, Duration::from_secs(20), Duration::from_secs(2))
+        );
+        assert_eq!(
+            (ipvs.ipvs.scheduler.as_str(), ipvs.ipvs.tcp_timeout, ipvs.ipvs.udp_timeout, ipvs.ipvs.strict_arp),
+            ("sh", 900, 45, true)
+        );
+        assert_eq!(ipvs.ipvs.exclude_cidrs, vec!["10.0.0.0/8".parse::<Cidr>().unwrap()]);
         assert!(err(&["--proxy-mode=kernelspace"]).contains("Windows only"));
         assert!(err(&["--profiling"]).contains("no Go profiler"));
         assert!(err(&["--feature-gates=Bogus"]).contains("feature-gates"));

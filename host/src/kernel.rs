@@ -100,6 +100,7 @@ pub struct Written {
 pub enum Dataplane {
     Iptables(iptables::IptablesDataplane),
     Nftables(nftables::NftablesDataplane),
+    Ipvs(ipvs::dataplane::IpvsDataplane),
 }
 
 impl Dataplane {
@@ -108,6 +109,7 @@ impl Dataplane {
         match self {
             Dataplane::Iptables(d) => Dataplane::Iptables(d.with_max_bytes(max_bytes)),
             Dataplane::Nftables(d) => Dataplane::Nftables(d.with_max_bytes(max_bytes)),
+            Dataplane::Ipvs(d) => Dataplane::Ipvs(d),
         }
     }
 
@@ -126,11 +128,19 @@ impl Dataplane {
         match (self, ruleset) {
             (Dataplane::Iptables(d), Ruleset::Iptables(r)) => d.sync(plugin, settings, r, full, scope),
             (Dataplane::Nftables(d), Ruleset::Nftables(t)) => d.sync(plugin, settings, cluster, t, full, scope),
-            (Dataplane::Iptables(_), Ruleset::Nftables(_)) => {
-                Err(SyncError::WrongMode { plugin: plugin.into(), got: "nftables", want: "iptables" })
-            }
-            (Dataplane::Nftables(_), Ruleset::Iptables(_)) => {
-                Err(SyncError::WrongMode { plugin: plugin.into(), got: "iptables", want: "nftables" })
+            (Dataplane::Ipvs(d), Ruleset::Ipvs(r)) => d.sync(plugin, settings, r, scope),
+            (d, r) => {
+                let name = |r: &Ruleset| match r {
+                    Ruleset::Iptables(_) => "iptables",
+                    Ruleset::Nftables(_) => "nftables",
+                    Ruleset::Ipvs(_) => "ipvs",
+                };
+                let want = match d {
+                    Dataplane::Iptables(_) => "iptables",
+                    Dataplane::Nftables(_) => "nftables",
+                    Dataplane::Ipvs(_) => "ipvs",
+                };
+                Err(SyncError::WrongMode { plugin: plugin.into(), got: name(r), want })
             }
         }
     }

@@ -108,7 +108,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if config.cleanup {
-        kpx::app::cleanup()?;
+        kpx::app::cleanup(&config)?;
         return Ok(());
     }
     if config.extra.init_only {

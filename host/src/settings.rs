@@ -39,8 +39,25 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
         DetectLocalMode::BridgeInterface(name) => LocalTraffic::BridgeInterface(name.clone()),
         DetectLocalMode::InterfaceNamePrefix(prefix) => LocalTraffic::InterfaceNamePrefix(prefix.clone()),
     };
+    if config.mode == ProxyMode::Ipvs {
+        let scheduler = if config.ipvs.scheduler.is_empty() { "rr" } else { &config.ipvs.scheduler };
+        s.extra.push(("ipvs-scheduler".into(), scheduler.to_string()));
+    }
     let npa = &config.nodeport_addresses;
     let nftables = config.mode == ProxyMode::Nftables;
+    if config.mode == ProxyMode::Ipvs && npa.cidrs.is_empty() && !npa.primary {
+        // Upstream's ipvs mode: node ports on every address of the node
+        // but loopback (the caller leaves kube-ipvs0's out).
+        let mut all: Vec<Cidr> = local_addresses
+            .iter()
+            .filter(|ip| family.matches(ip) && !ip.is_loopback())
+            .map(|ip| host_cidr(*ip))
+            .collect();
+        all.sort_by_key(|c| c.addr);
+        all.dedup();
+        s.nodeport_addresses = NodePortAddresses::Only(all);
+        return s;
+    }
     let everything = npa.cidrs.iter().any(|c| c.family() == family && c.prefix_len == 0);
     if nftables && everything {
         // Upstream's nftables mode: 0.0.0.0/0 or ::/0 means every local address.

@@ -221,6 +221,9 @@ fn count_failure(telemetry: &Telemetry, proxier: &FamilyProxier, e: &family::Err
             ProxyMode::Nftables => {
                 m.nftables_sync_failures.inc();
             }
+            ProxyMode::Ipvs => {
+                m.ipvs_sync_failures.inc();
+            }
         },
         family::Error::Sync { source: SyncError::Rejected(_) | SyncError::WrongMode { .. }, .. } => {
             m.plugin_refusals.get_or_create(&plugin).inc();

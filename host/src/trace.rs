@@ -72,6 +72,9 @@ pub fn run(args: &TraceArgs) -> Result<String, Error> {
             let model = read_nftables(&mut NftablesKernel::new(family), mark)?;
             explain_nftables(&model, &node, &packet)
         }
+        ProxyMode::Ipvs => Err(Error::Untraceable(
+            "kpx trace follows iptables and nftables rules; in ipvs mode, read the table with ipvsadm -Ln".into(),
+        )),
     }
 }
 

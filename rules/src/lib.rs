@@ -9,6 +9,7 @@
 
 pub mod hash;
 pub mod iptables;
+pub mod ipvs;
 pub mod model;
 pub mod nftables;
 pub mod ops;

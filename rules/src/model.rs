@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-pub use crate::plan::{HashField, Plan, SlotTable};
+pub use crate::plan::{HashField, KernelPlan, Plan, SlotTable};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
@@ -68,6 +68,11 @@ pub struct Cidr {
 
 impl Cidr {
     /// The one-address prefix of `ip` (/32 or /128).
+    /// One address: /32 or /128.
+    pub fn is_host(&self) -> bool {
+        self.prefix_len == if self.addr.is_ipv4() { 32 } else { 128 }
+    }
+
     pub fn host(ip: IpAddr) -> Cidr {
         Cidr { addr: ip, prefix_len: if ip.is_ipv4() { 32 } else { 128 } }
     }
@@ -472,15 +477,17 @@ pub enum NodePortAddresses {
 pub enum ProxyMode {
     Iptables,
     Nftables,
+    Ipvs,
 }
 
 impl ProxyMode {
-    pub const ALL: [ProxyMode; 2] = [ProxyMode::Iptables, ProxyMode::Nftables];
+    pub const ALL: [ProxyMode; 3] = [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ProxyMode::Iptables => "iptables",
             ProxyMode::Nftables => "nftables",
+            ProxyMode::Ipvs => "ipvs",
         }
     }
 }
@@ -498,7 +505,7 @@ impl std::str::FromStr for ProxyMode {
         ProxyMode::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
-            .ok_or_else(|| format!("unknown proxy mode {s:?}: want one of iptables, nftables"))
+            .ok_or_else(|| format!("unknown proxy mode {s:?}: want one of iptables, nftables, ipvs"))
     }
 }
 

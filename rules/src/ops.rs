@@ -6,6 +6,7 @@
 //! through the contract: they exist for the rules the host writes itself.
 
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
 
 use std::fmt;
@@ -15,6 +16,7 @@ use std::fmt;
 pub enum Ruleset {
     Iptables(iptables::Ruleset),
     Nftables(nftables::Transaction),
+    Ipvs(ipvs::Ruleset),
 }
 
 impl Ruleset {
@@ -24,6 +26,7 @@ impl Ruleset {
         match self {
             Ruleset::Iptables(r) => r.len(),
             Ruleset::Nftables(t) => t.len(),
+            Ruleset::Ipvs(r) => r.len(),
         }
     }
 

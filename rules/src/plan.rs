@@ -44,6 +44,20 @@ pub enum Plan {
     /// The k-th new connection goes to `sequence[k mod len]`.
     Sequence(Vec<u32>),
     Slots(SlotTable),
+    /// IPVS's own scheduler with a weight per candidate (ipvs mode).
+    Kernel(KernelPlan),
+}
+
+/// The schedulers IPVS has (net/netfilter/ipvs/ip_vs_*.c).
+pub const IPVS_SCHEDULERS: [&str; 13] =
+    ["rr", "wrr", "lc", "wlc", "sed", "nq", "dh", "sh", "lblc", "lblcr", "mh", "fo", "ovf"];
+
+/// An IPVS scheduler, the weights and IP_VS_SVC_F_SCHED1..3 (bits 0..2).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelPlan {
+    pub scheduler: String,
+    pub weights: Vec<u32>,
+    pub flags: u8,
 }
 
 impl Plan {
@@ -101,6 +115,18 @@ impl Plan {
                 }
                 in_range("the rotation", s)
             }
+            Plan::Kernel(k) => {
+                if !IPVS_SCHEDULERS.contains(&k.scheduler.as_str()) {
+                    return Err(format!("IPVS has no scheduler {:?}", k.scheduler));
+                }
+                if k.weights.len() != n {
+                    return Err(format!("{} weights for {n} candidates", k.weights.len()));
+                }
+                if k.flags > 0b111 || k.weights.iter().any(|&w| w > i32::MAX as u32) {
+                    return Err("scheduler flags past bit 2, or a weight past 2^31-1".into());
+                }
+                Ok(())
+            }
             Plan::Slots(t) => {
                 for (what, d) in [("rows", t.rows), ("cols", t.cols)] {
                     if d == 0 || d > MAX_SLOT_DIM {
@@ -123,6 +149,16 @@ impl Plan {
             Plan::Weighted(w) => w.iter().map(|&x| x as usize).sum::<usize>().min(MAX_WEIGHT_SUM as usize).max(w.len()),
             Plan::Sequence(s) => s.len(),
             Plan::Slots(t) => t.slots.len(),
+            Plan::Kernel(k) => k.weights.len(),
+        }
+    }
+
+    /// Whether `mode` executes this kind of plan.
+    pub fn runs_in(&self, mode: crate::model::ProxyMode) -> bool {
+        use crate::model::ProxyMode;
+        match self {
+            Plan::Kernel(_) => mode == ProxyMode::Ipvs,
+            _ => mode != ProxyMode::Ipvs,
         }
     }
 
@@ -133,6 +169,7 @@ impl Plan {
             Plan::Weighted(w) => (0..w.len() as u32).filter(|&i| w[i as usize] > 0).collect(),
             Plan::Sequence(s) => s.clone(),
             Plan::Slots(t) => t.slots.clone(),
+            Plan::Kernel(k) => (0..k.weights.len() as u32).filter(|&i| k.weights[i as usize] > 0).collect(),
         };
         out.sort_unstable();
         out.dedup();

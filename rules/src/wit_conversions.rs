@@ -213,6 +213,11 @@ macro_rules! wit_conversions {
                         cols: t.cols,
                         slots: t.slots.clone(),
                     }),
+                    model::Plan::Kernel(k) => wit::Plan::Kernel(wit::KernelPlan {
+                        scheduler: k.scheduler.clone(),
+                        weights: k.weights.clone(),
+                        flags: k.flags,
+                    }),
                 }
             }
 
@@ -229,6 +234,11 @@ macro_rules! wit_conversions {
                         rows: t.rows,
                         cols: t.cols,
                         slots: t.slots,
+                    }),
+                    wit::Plan::Kernel(k) => model::Plan::Kernel(model::KernelPlan {
+                        scheduler: k.scheduler,
+                        weights: k.weights,
+                        flags: k.flags,
                     }),
                 }
             }
@@ -262,6 +272,7 @@ macro_rules! wit_conversions {
                     mode: match s.mode {
                         model::ProxyMode::Iptables => wit::ProxyMode::Iptables,
                         model::ProxyMode::Nftables => wit::ProxyMode::Nftables,
+                        model::ProxyMode::Ipvs => wit::ProxyMode::Ipvs,
                     },
                     local_traffic: match &s.local_traffic {
                         model::LocalTraffic::None => wit::LocalTraffic::None,
@@ -291,6 +302,7 @@ macro_rules! wit_conversions {
                     mode: match s.mode {
                         wit::ProxyMode::Iptables => model::ProxyMode::Iptables,
                         wit::ProxyMode::Nftables => model::ProxyMode::Nftables,
+                        wit::ProxyMode::Ipvs => model::ProxyMode::Ipvs,
                     },
                     local_traffic: match s.local_traffic {
                         wit::LocalTraffic::None => model::LocalTraffic::None,

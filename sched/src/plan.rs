@@ -9,7 +9,8 @@
 //! | dh, sh | slots over the destination / source: IPVS's 256 buckets |
 //! | mh, maglev | slots over the source: the permutation table |
 
-use kpx_rules::plan::{HashField, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable};
+use kpx_rules::model::ProxyMode;
+use kpx_rules::plan::{HashField, KernelPlan, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable};
 
 use crate::ipvs::{self, Lblc, Lblcr, Rr, Wrr};
 use crate::params::Params;
@@ -20,8 +21,41 @@ use crate::{Connection, Dest, Picker};
 /// build the same table).
 pub const DEFAULT_SEED: u32 = 0x6b70_7821;
 
+/// A plan for `mode` (ipvs: the kernel's own scheduler; the others: see
+/// the table above).
+pub fn plan_for(mode: ProxyMode, name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<Plan, String> {
+    if mode != ProxyMode::Ipvs {
+        return plan(name, params, dests);
+    }
+    if dests.is_empty() {
+        return Err("no candidates".into());
+    }
+    let p = |known: &[&str]| Params::new(name, params, known);
+    let flags = match name {
+        "sh" | "mh" => {
+            let params = p(&["fallback", "port"])?;
+            u8::from(params.flag("fallback")?) | (u8::from(params.flag("port")?) << 1)
+        }
+        "rr" | "wrr" | "lc" | "wlc" | "sed" | "nq" | "dh" | "lblc" | "lblcr" => {
+            p(&[])?;
+            0
+        }
+        "random" | "maglev" => {
+            return Err(format!(
+                "{name} is not an IPVS scheduler: ipvs mode cannot execute it (the iptables and nftables modes can)"
+            ));
+        }
+        other => return Err(format!("no scheduler is named {other:?} (built in: {})", crate::NAMES.join(", "))),
+    };
+    Ok(Plan::Kernel(KernelPlan {
+        scheduler: name.to_string(),
+        weights: dests.iter().map(|d| d.weight).collect(),
+        flags,
+    }))
+}
+
 /// A plan for `dests` (the candidates, in order) from the scheduler
-/// `name` with `params`.
+/// `name` with `params`, for the iptables and nftables modes.
 pub fn plan(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<Plan, String> {
     if dests.is_empty() {
         return Err("no candidates".into());
@@ -270,6 +304,22 @@ mod tests {
         assert!(Plan::Slots(t).check(3).is_ok());
         let Ok(Plan::Slots(t)) = plan("maglev", &[], &dests(&[1, 1, 1])) else { panic!() };
         assert_eq!((t.rows, t.cols), (32, 32), "maglev's default table has 1021 entries");
+    }
+
+    #[test]
+    fn ipvs_mode_plans_the_kernels_scheduler() {
+        let d = dests(&[3, 0, 1]);
+        let k =
+            |s: &str, w: Vec<u32>, f: u8| Ok(Plan::Kernel(KernelPlan { scheduler: s.into(), weights: w, flags: f }));
+        assert_eq!(plan_for(ProxyMode::Ipvs, "wrr", &[], &d), k("wrr", vec![3, 0, 1], 0));
+        let fallback = [("fallback".to_string(), "true".to_string())];
+        assert_eq!(plan_for(ProxyMode::Ipvs, "sh", &fallback, &d), k("sh", vec![3, 0, 1], 1));
+        let e = plan_for(ProxyMode::Ipvs, "maglev", &[], &d).unwrap_err();
+        assert!(e.contains("maglev is not an IPVS scheduler") && e.contains("ipvs mode"), "{e}");
+        assert!(plan_for(ProxyMode::Ipvs, "rr", &fallback, &d).is_err());
+        // The other modes take their own plans, and refuse what only IPVS does.
+        assert!(matches!(plan_for(ProxyMode::Nftables, "sh", &[], &d), Ok(Plan::Slots(_))));
+        assert!(plan_for(ProxyMode::Nftables, "sh", &fallback, &d).unwrap_err().contains("\"fallback\""));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use kpx_rules::ops::{self, CtStates, iptables as ipt, nftables as nft};
 
 use crate::__bindings::exports::kpx::proxier::backend as wit_backend;
 use crate::__bindings::kpx::proxier::iptables as wipt;
+use crate::__bindings::kpx::proxier::ipvs as wipvs;
 use crate::__bindings::kpx::proxier::nftables as wnft;
 use crate::__bindings::kpx::proxier::types as wt;
 use crate::wit_convert::{to_wit_cidr, to_wit_ip};
@@ -18,7 +19,33 @@ pub fn ruleset(r: ops::Ruleset) -> Result<wit_backend::Ruleset> {
     Ok(match r {
         ops::Ruleset::Iptables(r) => wit_backend::Ruleset::Iptables(iptables(r)?),
         ops::Ruleset::Nftables(t) => wit_backend::Ruleset::Nftables(nftables(t)?),
+        ops::Ruleset::Ipvs(r) => wit_backend::Ruleset::Ipvs(ipvs(r)),
     })
+}
+
+fn ipvs(r: ops::ipvs::Ruleset) -> wipvs::Ruleset {
+    wipvs::Ruleset {
+        services: r
+            .services
+            .into_iter()
+            .map(|s| wipvs::VirtualServer {
+                address: to_wit_ip(&s.address),
+                protocol: protocol(s.protocol),
+                port: s.port,
+                scheduler: s.scheduler,
+                scheduler_flags: s.scheduler_flags,
+                persistence_seconds: s.persistence_seconds,
+                reals: s
+                    .reals
+                    .into_iter()
+                    .map(|r| wipvs::RealServer {
+                        endpoint: wt::EndpointAddress { address: to_wit_ip(&r.ip), port: r.port },
+                        weight: r.weight,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }
 
 fn protocol(p: Protocol) -> wt::Protocol {

@@ -1,7 +1,7 @@
 //! The scheduler world: [`Scheduler`] and [`export_scheduler!`](crate::export_scheduler).
 
 use kpx_rules::model::{ProxyMode, ServicePort};
-use kpx_rules::plan::{HashField, Plan, SlotTable};
+use kpx_rules::plan::Plan;
 
 #[doc(hidden)]
 pub mod __bindings {
@@ -67,6 +67,7 @@ impl<S: Scheduler> wit::Guest for SchedulerExport<S> {
         let mode = match request.mode {
             wt::ProxyMode::Iptables => ProxyMode::Iptables,
             wt::ProxyMode::Nftables => ProxyMode::Nftables,
+            wt::ProxyMode::Ipvs => ProxyMode::Ipvs,
         };
         let request = Request {
             name: request.name,
@@ -76,24 +77,7 @@ impl<S: Scheduler> wit::Guest for SchedulerExport<S> {
             candidates: request.candidates,
             load: request.load.map(|l| Load { active: l.active, inactive: l.inactive }),
         };
-        S::plan(request).map(|p| to_wit(&p))
-    }
-}
-
-fn to_wit(p: &Plan) -> wt::Plan {
-    match p {
-        Plan::Weighted(w) => wt::Plan::Weighted(w.clone()),
-        Plan::Sequence(s) => wt::Plan::Sequence(s.clone()),
-        Plan::Slots(SlotTable { field, seed, rows, cols, slots }) => wt::Plan::Slots(wt::SlotTable {
-            field: match field {
-                HashField::Source => wt::HashField::Source,
-                HashField::Destination => wt::HashField::Destination,
-            },
-            seed: *seed,
-            rows: *rows,
-            cols: *cols,
-            slots: slots.clone(),
-        }),
+        S::plan(request).map(|p| convert::to_wit_plan(&p))
     }
 }
 

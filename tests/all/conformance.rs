@@ -74,6 +74,7 @@ fn run(mode: ProxyMode) {
                     let n = tracer_node.clone();
                     Box::new(move |p| trace::nftables::trace_nftables(&model, &n, p).map_err(|e| e.to_string()))
                 }
+                Ruleset::Ipvs(_) => panic!("{}: the tracer walks iptables and nftables rules only", case.label()),
             };
             for flow in flows {
                 let (dst, dport) = flow.destination();

@@ -13,7 +13,7 @@ use kpx::kernel::ipvs::{Destination, Ipvs, Service, ServiceKey};
 use kpx_netlab::node::NodeLab;
 use kpx_netlab::{Reply, Request};
 
-use crate::support::lab_or_skip;
+use crate::support::{KPX, kpx_args, lab_or_skip, plugin_cache, run_dirs, write_manifest};
 
 const TCP: u16 = 6;
 
@@ -22,8 +22,9 @@ fn in_guest() -> bool {
 }
 
 /// Runs `test` where IPVS is: here if this kernel has it (or this is the
-/// guest), else inside the qemu guest; a skip only when qemu cannot run.
-fn where_ipvs_is(name: &str, test: fn()) {
+/// guest), else inside the qemu guest with `files` copied in; a skip only
+/// when qemu cannot run.
+fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
     if in_guest() || Ipvs::open().is_ok() {
         return test();
     }
@@ -34,6 +35,7 @@ fn where_ipvs_is(name: &str, test: fn()) {
     let out = std::process::Command::new(script)
         .arg(&work)
         .arg(&exe)
+        .args(files)
         .arg("--")
         .arg(&exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
@@ -150,5 +152,195 @@ fn client_checks() {
 
 #[test]
 fn ipvs_client_in_a_real_kernel() {
-    where_ipvs_is("ipvs::ipvs_client_in_a_real_kernel", client_checks);
+    where_ipvs_is("ipvs::ipvs_client_in_a_real_kernel", &[], client_checks);
+}
+
+/// The compiled-plugin cache the guest's kpx starts from: compiling the
+/// components under software emulation would take minutes.
+fn warm_plugin_cache() -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(plugin_cache());
+    let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), Some(dir.clone())).unwrap();
+    runtime.load_backend("ipvs", kpx::runtime::builtin::get("ipvs").unwrap()).unwrap();
+    runtime.load_scheduler("schedulers", kpx::runtime::builtin::get("schedulers").unwrap()).unwrap();
+    dir
+}
+
+fn ipvs_in(lab: &NodeLab) -> Vec<(Service, Vec<Destination>)> {
+    node_ipvs(lab, |ipvs| {
+        let mut out = Vec::new();
+        for s in ipvs.services().unwrap() {
+            let d = ipvs.destinations(&s.key).unwrap();
+            out.push((s, d));
+        }
+        out.sort_by_key(|(s, _)| (s.key.address, s.key.port));
+        out
+    })
+}
+
+fn manifest(name: &str, ip: &str, extra_spec: &str, svc_ann: &str, eps: &[&str], slice_ann: &str) -> String {
+    let mut text = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: test\n{svc_ann}spec:\n  clusterIP: {ip}\n{extra_spec}  ports:\n  - {{name: tcp, port: 80, targetPort: 8080, protocol: TCP, nodePort: 30080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: {name}}}\n{slice_ann}addressType: IPv4\nports:\n- {{name: tcp, port: 8080, protocol: TCP}}\nendpoints:\n"
+    );
+    for ep in eps {
+        text.push_str(&format!("- addresses: [{ep}]\n  conditions: {{ready: true}}\n"));
+    }
+    text
+}
+
+fn mode_checks() {
+    let Some(lab) = lab_or_skip(2, "kpx_ipvs_mode_in_a_real_kernel") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("ipvs-mode");
+    let be: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
+    let (be1, be2) = (be[0].as_str(), be[1].as_str());
+    write_manifest(
+        &manifests.join("web.yaml"),
+        &manifest("web", "10.96.0.10", "  type: NodePort\n", "", &[be1, be2], ""),
+    );
+    let weights = format!("  annotations: {{kpx.dev/weights: \"{be1}=3,{be2}=1\"}}\n");
+    let wrr = "  annotations: {kpx.dev/scheduler: wrr}\n";
+    write_manifest(
+        &manifests.join("wrr.yaml"),
+        &manifest("wrr", "10.96.0.11", "", wrr, &[be1, be2], &weights).replace("nodePort: 30080", "nodePort: 30081"),
+    );
+    let sticky = "  sessionAffinity: ClientIP\n";
+    write_manifest(
+        &manifests.join("sticky.yaml"),
+        &manifest("sticky", "10.96.0.12", sticky, "", &[be1, be2], "").replace("nodePort: 30080", "nodePort: 30082"),
+    );
+    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
+    let table = ipvs_in(&lab);
+    for (s, d) in &table {
+        eprintln!(
+            "ipvs: {} {}:{} {} -> {:?}",
+            s.scheduler,
+            s.key.address,
+            s.key.port,
+            s.flags,
+            d.iter().map(|d| (d.address, d.weight)).collect::<Vec<_>>()
+        );
+    }
+    let find = |ip: &str, port: u16| {
+        table.iter().find(|(s, _)| s.key.address.to_string() == ip && s.key.port == port).cloned()
+    };
+    let (web, web_dests) = find("10.96.0.10", 80).expect("the cluster IP's virtual server");
+    assert_eq!((web.scheduler.as_str(), web_dests.len()), ("rr", 2));
+    let node_ip = kpx_netlab::node::NODE_IP;
+    assert!(find(node_ip, 30080).is_some(), "the node port's virtual server on the node's address");
+    let (wrr_vs, wrr_dests) = find("10.96.0.11", 80).expect("wrr");
+    assert_eq!(wrr_vs.scheduler, "wrr");
+    let mut weights: Vec<u32> = wrr_dests.iter().map(|d| d.weight).collect();
+    weights.sort();
+    assert_eq!(weights, vec![1, 3], "kpx.dev/weights in IPVS");
+    let (sticky_vs, _) = find("10.96.0.12", 80).expect("sticky");
+    assert_eq!((sticky_vs.flags & kpx::kernel::ipvs::msg::SVC_F_PERSISTENT, sticky_vs.timeout), (1, 10800));
+
+    // Real traffic: rr alternates, the node port answers, wrr 3:1, affinity sticks.
+    let seen: Vec<String> = (0..4).map(|_| tcp(&lab, "10.96.0.10:80")).collect();
+    eprintln!("ipvs: kpx rr {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] != w[1] && w[0].starts_with("be")), "rr: {seen:?}");
+    let np = tcp(&lab, &format!("{node_ip}:30080"));
+    assert!(np.starts_with("be"), "node port: {np}");
+    let seen: Vec<String> = (0..8).map(|_| tcp(&lab, "10.96.0.11:80")).collect();
+    assert_eq!(seen.iter().filter(|s| *s == "be1").count(), 6, "wrr 3:1: {seen:?}");
+    let seen: Vec<String> = (0..4).map(|_| tcp(&lab, "10.96.0.12:80")).collect();
+    assert!(seen.iter().all(|s| s == &seen[0]), "ClientIP affinity: {seen:?}");
+
+    // An endpoint leaves: drained (no connection: removed at once); a
+    // Service leaves: its virtual servers and its address go.
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    write_manifest(&manifests.join("web.yaml"), &manifest("web", "10.96.0.10", "  type: NodePort\n", "", &[be1], ""));
+    std::fs::remove_file(manifests.join("sticky.yaml")).unwrap();
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
+    std::thread::sleep(Duration::from_millis(500));
+    let table = ipvs_in(&lab);
+    let find = |ip: &str, port: u16| {
+        table.iter().find(|(s, _)| s.key.address.to_string() == ip && s.key.port == port).cloned()
+    };
+    // be2 served connections that IPVS still tracks (TIME_WAIT): it is
+    // drained at weight 0, not cut, and goes once they are gone.
+    let (_, web_dests) = find("10.96.0.10", 80).unwrap();
+    let weights: Vec<(String, u32, u32)> =
+        web_dests.iter().map(|d| (d.address.to_string(), d.weight, d.active + d.inactive)).collect();
+    eprintln!("ipvs: after be2 left web: {weights:?}");
+    assert!(weights.iter().any(|(a, w, _)| a == be1 && *w == 1), "{weights:?}");
+    assert!(
+        weights.iter().all(|(a, w, conns)| a == be1 || (*w == 0 && *conns > 0)),
+        "a leaving endpoint must be drained at weight 0 while it has connections, else removed: {weights:?}"
+    );
+    assert!(find("10.96.0.12", 80).is_none(), "the deleted Service's virtual server stayed");
+    let addrs = lab.node.ip(&["-4", "addr", "show", "dev", "kube-ipvs0"]).unwrap();
+    assert!(addrs.contains("10.96.0.10") && !addrs.contains("10.96.0.12"), "kube-ipvs0: {addrs}");
+    let seen: Vec<String> = (0..3).map(|_| tcp(&lab, "10.96.0.10:80")).collect();
+    assert!(seen.iter().all(|s| s == "be1"), "after be2 left: {seen:?}");
+    assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    eprintln!("ipvs: kpx in ipvs mode passed");
+}
+
+#[test]
+fn kpx_ipvs_mode_in_a_real_kernel() {
+    let files: Vec<std::path::PathBuf> = if in_guest() || Ipvs::open().is_ok() {
+        Vec::new()
+    } else {
+        vec![std::path::PathBuf::from(KPX), warm_plugin_cache()]
+    };
+    let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    where_ipvs_is("ipvs::kpx_ipvs_mode_in_a_real_kernel", &refs, mode_checks);
+}
+
+/// Where the kernel has no ip_vs, ipvs mode says so and exits non-zero
+/// (upstream falls back to iptables; kpx does not change mode silently).
+#[test]
+fn ipvs_mode_without_ip_vs_exits_with_the_reason() {
+    if Ipvs::open().is_ok() || in_guest() {
+        return eprintln!("this kernel has ip_vs: nothing to refuse");
+    }
+    let Some(lab) = lab_or_skip(1, "ipvs_mode_without_ip_vs_exits_with_the_reason") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("ipvs-missing");
+    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    let t = std::time::Instant::now();
+    while kpx.is_running() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!kpx.is_running(), "kpx kept running without ip_vs:\n{}", kpx.log());
+    assert!(kpx.log().contains("ipvs mode needs the kernel's IPVS"), "{}", kpx.log());
+}
+
+/// The hostile backend in ipvs mode, through the real component and the
+/// contract: what it asks for beyond the state is refused by the host's
+/// check before any kernel write (the check runs first in every sync).
+#[test]
+fn hostile_virtual_servers_are_refused() {
+    use kpx::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
+    use kpx::validate::Scope;
+    use kpx_rules::model::{Cluster, Endpoint, IpFamily, Node, Protocol, ProxyMode, ServicePort, Settings};
+    use kpx_rules::ops::Ruleset;
+
+    let bytes = std::fs::read(format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+    let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), None).unwrap();
+    let plugin = runtime.load_backend("hostile", &bytes).unwrap();
+    for (name, reason) in [
+        ("hostile-ipvs-address", "neither a Service destination"),
+        ("hostile-ipvs-real", "no endpoint of the state"),
+        ("hostile-ipvs-scheduler", "IPVS has no scheduler"),
+    ] {
+        let settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
+        let mut svc = ServicePort::new("test", name, "", Protocol::Tcp, 80)
+            .with_cluster_endpoints(vec![Endpoint::ready("10.244.1.5".parse().unwrap(), 8080)]);
+        svc.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        let mut scope = Scope::default();
+        scope.count(IpFamily::V4, &svc, true);
+        let mut instance = plugin.instantiate(&settings).unwrap();
+        instance.reset(&Node::default(), &Cluster::default(), &[svc]).unwrap();
+        let Ruleset::Ipvs(r) = instance.render(true, 2).unwrap() else { panic!("{name}: not an ipvs ruleset") };
+        let d = IpvsDataplane::new(IpFamily::V4, Vec::new(), Timeouts::default());
+        let refusal = d.check("hostile", &settings, &r, &scope).expect_err(name);
+        assert!(refusal.reason.contains(reason), "{name}: {}", refusal.reason);
+    }
 }

@@ -188,3 +188,57 @@ impl Drop for ClientLoop {
         }
     }
 }
+
+/// A TCP server in each backend's namespace on port 9090 that writes its
+/// name and holds every connection open until dropped.
+pub struct HoldServers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HoldServers {
+    pub fn start(lab: &NodeLab) -> HoldServers {
+        use std::io::Write;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for b in &lab.backends {
+            let listener =
+                b.ns.enter(|| std::net::TcpListener::bind("0.0.0.0:9090")).expect("enter").expect("bind 9090");
+            listener.set_nonblocking(true).unwrap();
+            let (name, stop) = (b.name.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((mut s, _)) => {
+                            let _ = s.write_all(format!("{name}\n").as_bytes());
+                            held.push(s);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            });
+        }
+        HoldServers { stop }
+    }
+}
+
+impl Drop for HoldServers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Opens a connection from the client and reads the server's name; the
+/// connection stays open while the stream lives.
+pub fn hold(lab: &NodeLab, to: &str) -> (String, std::net::TcpStream) {
+    use std::io::BufRead;
+    let to: std::net::SocketAddr = to.parse().unwrap();
+    let stream = lab
+        .client
+        .enter(move || std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2)))
+        .expect("enter")
+        .expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stream.try_clone().unwrap()).read_line(&mut line).expect("the server's name");
+    (line.trim().to_string(), stream)
+}

@@ -6,7 +6,8 @@
 #   tests/ipvs-vm/run.sh WORK_DIR BINARY... -- COMMAND [ARG...]
 #
 # BINARY files are copied (debug info stripped) to the same absolute path
-# in the guest, with the shared libraries they need. The guest has no
+# in the guest, with the shared libraries they need; a directory is copied
+# as it is (kpx's compiled-plugin cache). The guest has no
 # network device: all traffic stays inside it. After
 # ../shared/reference/ipvs-vm/ (same kernel, same qemu, same layout).
 # Exit codes: the command's; 97 when qemu cannot run at all here (the
@@ -19,6 +20,8 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do BINS+=("$1"); shift; done
 [ "${1:-}" = -- ] && shift
 CMD=("$@")
 mkdir -p "$W"; cd "$W"
+# One guest at a time per work directory (tests run in parallel).
+exec 9>"$W/.lock"; flock 9
 step() { echo "HOST: [${SECONDS}s] $*" >&2; }
 cannot() { echo "KPX-VM-UNAVAILABLE: $*" >&2; exit 97; }
 
@@ -105,6 +108,7 @@ cp /etc/protocols /etc/services "$R/etc/" 2>/dev/null || true
 printf 'root:x:0:0:root:/:/bin/sh\n' > "$R/etc/passwd"; printf 'root:x:0:\n' > "$R/etc/group"
 for b in "${BINS[@]}"; do
   mkdir -p "$R$(dirname "$b")"
+  if [ -d "$b" ]; then cp -a "$b" "$R$b"; continue; fi   # a directory: copied as it is
   objcopy --strip-debug "$b" "$R$b" 2>/dev/null || cp "$b" "$R$b"
   copy_libs "$b"
 done

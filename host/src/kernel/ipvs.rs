@@ -2,7 +2,9 @@
 //! servers, written and read back with the kernel's own messages
 //! (`msg`: encoding, golden byte tests; `genl`: the socket).
 
+pub mod dataplane;
 pub mod genl;
+pub mod link;
 pub mod msg;
 
 pub use genl::Error;

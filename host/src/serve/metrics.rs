@@ -62,6 +62,8 @@ pub struct Metrics {
     pub service_changes_pending: Gauge,
     pub iptables_restore_failures: Counter,
     pub nftables_sync_failures: Counter,
+    /// kpx's: IPVS writes the kernel refused (upstream's ipvs mode has no such counter).
+    pub ipvs_sync_failures: Counter,
     pub healthz: Family<CodeLabel, Counter>,
     pub livez: Family<CodeLabel, Counter>,
     pub network_programming: Histogram,
@@ -93,6 +95,7 @@ impl Metrics {
             service_changes_pending: Gauge::default(),
             iptables_restore_failures: Counter::default(),
             nftables_sync_failures: Counter::default(),
+            ipvs_sync_failures: Counter::default(),
             healthz: Family::default(),
             livez: Family::default(),
             network_programming: Histogram::new(programming_buckets()),
@@ -168,6 +171,11 @@ impl Metrics {
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures",
                 "Cumulative proxy nftables sync failures",
                 m.nftables_sync_failures.clone(),
+            ),
+            ProxyMode::Ipvs => r.register(
+                "kpx_sync_proxy_rules_ipvs_sync_failures",
+                "Cumulative IPVS writes the kernel refused",
+                m.ipvs_sync_failures.clone(),
             ),
         }
         r.register("kubeproxy_proxy_healthz", "Cumulative proxy healthz HTTP status", m.healthz.clone());

@@ -211,6 +211,19 @@ impl FamilyProxier {
         if self.settings.mode == ProxyMode::Iptables && localhost_nodeports(&self.settings) {
             wanted.push(("net.ipv4.conf.all.route_localnet", "1"));
         }
+        if self.settings.mode == ProxyMode::Ipvs {
+            // upstream's ipvs proxier: connections tracked (for the
+            // masquerade rules), dead destinations expired, forwarding on.
+            wanted.extend([
+                ("net.ipv4.vs.conntrack", "1"),
+                ("net.ipv4.vs.expire_nodest_conn", "1"),
+                ("net.ipv4.vs.expire_quiescent_template", "1"),
+                ("net.ipv4.ip_forward", "1"),
+            ]);
+            if self.config.ipvs.strict_arp {
+                wanted.extend([("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2")]);
+            }
+        }
         for (name, value) in wanted {
             if let Err(e) = self.sysctl.set(name, value) {
                 tracing::error!(family = %self.family, "cannot set {name}={value}: {e}");
@@ -224,9 +237,16 @@ impl FamilyProxier {
         let mut plugin_changes = std::mem::take(&mut self.replanned);
         plugin_changes.extend(self.collect_changes(state, changes));
         let full = full || self.need_full;
-        if full && !self.config.nodeport_addresses.cidrs.is_empty() {
+        let ipvs = self.config.mode == ProxyMode::Ipvs;
+        if full && (ipvs || !self.config.nodeport_addresses.cidrs.is_empty()) {
             match interfaces::local_addresses() {
-                Ok(addresses) => self.local_addresses = addresses,
+                // Service addresses (kube-ipvs0's) are not the node's.
+                Ok(addresses) => {
+                    self.local_addresses = addresses
+                        .into_iter()
+                        .filter(|ip| !self.sent.scope.destinations.iter().any(|d| d.0 == *ip))
+                        .collect()
+                }
                 Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
             }
         }

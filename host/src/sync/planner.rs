@@ -53,6 +53,10 @@ impl Planner {
 
     /// Whether `port`'s scheduler plans from live load.
     pub fn uses_load(&mut self, port: &ServicePort) -> bool {
+        // IPVS measures its own.
+        if self.mode == ProxyMode::Ipvs {
+            return false;
+        }
         let Some(choice) = &port.scheduler else { return false };
         if let Some(&known) = self.uses_load.get(&choice.name) {
             return known;
@@ -100,7 +104,9 @@ impl Planner {
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
         let choice = match &port.scheduler {
             Some(c) => c.clone(),
-            None if weighted => SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() },
+            None if weighted && self.mode != ProxyMode::Ipvs => {
+                SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() }
+            }
             None => return,
         };
         let keep = |which: fn(&ServicePort) -> (&Vec<u32>, &Option<Plan>), port: &ServicePort| {

@@ -49,6 +49,11 @@ impl<K: Hash + Eq + Clone> Counted<K> {
         self.counts.len()
     }
 
+    /// Every key present.
+    pub fn iter(&self) -> impl Iterator<Item = &K> {
+        self.counts.keys()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.counts.is_empty()
     }

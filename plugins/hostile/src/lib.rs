@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kpx_rules::iptables::IptablesProxier;
+use kpx_rules::ipvs::IpvsProxier;
 use kpx_rules::nftables::NftablesProxier;
 use kpx_sdk::ops::Ruleset;
 use kpx_sdk::ops::iptables::{self as ipt, Hook, Match, Rule, Table, Target};
@@ -38,6 +39,7 @@ use kpx_sdk::{Backend, Change, Cluster, Node, Protocol, ProxyMode, ServicePort, 
 enum Inner {
     Iptables(IptablesProxier),
     Nftables(NftablesProxier),
+    Ipvs(IpvsProxier),
 }
 
 pub struct Hostile {
@@ -51,6 +53,33 @@ pub struct Hostile {
 }
 
 impl Hostile {
+    /// ipvs mode: a virtual server on an address no Service has
+    /// (hostile-ipvs-address), a real server that is no endpoint
+    /// (hostile-ipvs-real), a scheduler IPVS lacks (hostile-ipvs-scheduler).
+    fn ipvs(&self, r: &mut kpx_sdk::ops::ipvs::Ruleset) {
+        use kpx_sdk::ops::ipvs::{RealServer, VirtualServer};
+        let outside = VirtualServer {
+            address: IpAddr::from([8, 8, 8, 8]),
+            protocol: Protocol::Udp,
+            port: 53,
+            scheduler: "rr".into(),
+            scheduler_flags: 0,
+            persistence_seconds: 0,
+            reals: Vec::new(),
+        };
+        if self.asks("ipvs-address") {
+            r.services.push(outside);
+        }
+        if let Some(vs) = r.services.first_mut() {
+            if self.asks("ipvs-real") {
+                vs.reals.push(RealServer { ip: IpAddr::from([1, 1, 1, 1]), port: 443, weight: 1 });
+            }
+            if self.asks("ipvs-scheduler") {
+                vs.scheduler = "evil".into();
+            }
+        }
+    }
+
     fn asks(&self, what: &str) -> bool {
         self.names.contains(&format!("hostile-{what}"))
     }
@@ -244,6 +273,7 @@ impl Backend for Hostile {
         let inner = match settings.mode {
             ProxyMode::Iptables => Inner::Iptables(IptablesProxier::new(settings.clone())),
             ProxyMode::Nftables => Inner::Nftables(NftablesProxier::new(settings.clone())),
+            ProxyMode::Ipvs => Inner::Ipvs(IpvsProxier::new(settings.clone())),
         };
         Hostile {
             inner,
@@ -265,6 +295,7 @@ impl Backend for Hostile {
         match &mut self.inner {
             Inner::Iptables(p) => p.reset(node, cluster, services),
             Inner::Nftables(p) => p.reset(node, cluster, services),
+            Inner::Ipvs(p) => p.reset(node, cluster, services),
         }
     }
 
@@ -287,6 +318,7 @@ impl Backend for Hostile {
         match &mut self.inner {
             Inner::Iptables(p) => p.apply(changes),
             Inner::Nftables(p) => p.apply(changes),
+            Inner::Ipvs(p) => p.apply(changes),
         }
     }
 
@@ -309,10 +341,12 @@ impl Backend for Hostile {
         let mut out = match &mut self.inner {
             Inner::Iptables(p) => p.render(full)?,
             Inner::Nftables(p) => p.render(full)?,
+            Inner::Ipvs(p) => p.render(full)?,
         };
         match &mut out {
             Ruleset::Iptables(rs) => self.iptables(rs, full),
             Ruleset::Nftables(tx) => self.nftables(tx, full),
+            Ruleset::Ipvs(r) => self.ipvs(r),
         }
         Ok(out)
     }

@@ -31,7 +31,7 @@ impl Scheduler for BuiltIn {
                 Ok(Dest { ip: ep.ip, port: ep.port, weight: u32::from(ep.weight), active, inactive, overloaded: false })
             })
             .collect::<Result<_, String>>()?;
-        kpx_sched::plan::plan(&request.name, &request.parameters, &dests)
+        kpx_sched::plan::plan_for(request.mode, &request.name, &request.parameters, &dests)
     }
 }
 

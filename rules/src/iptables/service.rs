@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, btree_map};
 use std::net::IpAddr;
 
 use crate::hash::endpoint_chain;
-use crate::model::{Cidr, Endpoint, HashField, LocalTraffic, Node, Plan, ServicePort, ServiceView, Settings};
+use crate::model::{
+    Cidr, Endpoint, HashField, LocalTraffic, Node, Plan, ProxyMode, ServicePort, ServiceView, Settings,
+};
 use crate::ops::iptables::{AddressMatch, Hook, InterfaceMatch, Match, Rule, Ruleset, Table, Target};
 use crate::ops::probability_units;
 
@@ -355,8 +357,8 @@ fn write_endpoint_choice<'e>(
             .with_all(matches)
             .jump(sep(ep))
     };
-    match choice.plan.filter(|p| !p.is_uniform(n) && p.check(n).is_ok()) {
-        None => {
+    match choice.plan.filter(|p| !p.is_uniform(n) && p.check(n).is_ok() && p.runs_in(ProxyMode::Iptables)) {
+        None | Some(Plan::Kernel(_)) => {
             for i in 0..n {
                 let chance = (i + 1 < n).then(|| Match::StatisticRandom(ctx.probabilities[n - i]));
                 out.push(to(i, chance.into_iter().collect()));

@@ -15,7 +15,7 @@
 use sha2::{Digest, Sha256};
 
 use super::elements::source_key;
-use crate::model::{Endpoint, HashField, IpFamily, Plan, ServicePort};
+use crate::model::{Endpoint, HashField, IpFamily, Plan, ProxyMode, ServicePort};
 use crate::ops::nftables::AddressField;
 use crate::ops::nftables::{
     DataType, ElementWriter, Elements, KeyExpr, Match, Op, Rule, SetDecl, SetRef, Statement, Verdict, VerdictKind,
@@ -79,7 +79,7 @@ pub fn needs_own_chains(plan: Option<&Plan>) -> bool {
 /// The choice rule's key and the slot map's contents (slot key, candidate)
 /// for a plan over `n` candidates.
 fn choice(plan: Option<&Plan>, n: usize) -> (Vec<KeyExpr>, Vec<(Vec<u32>, usize)>) {
-    match plan.filter(|p| !p.is_uniform(n) && p.check(n).is_ok()) {
+    match plan.filter(|p| !p.is_uniform(n) && p.check(n).is_ok() && p.runs_in(ProxyMode::Nftables)) {
         Some(Plan::Weighted(w)) => {
             let slots = weighted_slots(w);
             (
@@ -107,7 +107,9 @@ fn choice(plan: Option<&Plan>, n: usize) -> (Vec<KeyExpr>, Vec<(Vec<u32>, usize)
                 (vec![col], t.slots.iter().enumerate().map(|(i, &c)| (vec![i as u32], c as usize)).collect())
             }
         }
-        None => (vec![KeyExpr::NumgenRandom(n as u32)], (0..n).map(|i| (vec![i as u32], i)).collect()),
+        None | Some(Plan::Kernel(_)) => {
+            (vec![KeyExpr::NumgenRandom(n as u32)], (0..n).map(|i| (vec![i as u32], i)).collect())
+        }
     }
 }
 

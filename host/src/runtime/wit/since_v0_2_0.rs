@@ -24,6 +24,7 @@ pub const VERSION: &str = "0.2.0";
 impl self::kpx::proxier::types::Host for PluginState {}
 impl self::kpx::proxier::iptables::Host for PluginState {}
 impl self::kpx::proxier::nftables::Host for PluginState {}
+impl self::kpx::proxier::ipvs::Host for PluginState {}
 
 impl self::kpx::proxier::log::Host for PluginState {
     fn log(&mut self, level: self::kpx::proxier::log::Level, message: String) {
@@ -104,6 +105,7 @@ impl SchedulerInstance {
             mode: match r.mode {
                 ProxyMode::Iptables => self::kpx::proxier::types::ProxyMode::Iptables,
                 ProxyMode::Nftables => self::kpx::proxier::types::ProxyMode::Nftables,
+                ProxyMode::Ipvs => self::kpx::proxier::types::ProxyMode::Ipvs,
             },
             port: wit_convert::to_wit_service_port(r.port),
             candidates: r.candidates.to_vec(),

@@ -8,6 +8,7 @@ use kpx_rules::ops::{self, CtStates, iptables as ipt, nftables as nft};
 
 use super::exports::kpx::proxier::backend as wb;
 use super::kpx::proxier::iptables as wipt;
+use super::kpx::proxier::ipvs as wipvs;
 use super::kpx::proxier::nftables as wnft;
 use super::kpx::proxier::types as wt;
 use super::wit_convert::from_wit_ip;
@@ -16,7 +17,34 @@ pub fn ruleset(r: wb::Ruleset) -> Result<ops::Ruleset, String> {
     Ok(match r {
         wb::Ruleset::Iptables(r) => ops::Ruleset::Iptables(iptables(r)?),
         wb::Ruleset::Nftables(t) => ops::Ruleset::Nftables(nftables(t)),
+        wb::Ruleset::Ipvs(r) => ops::Ruleset::Ipvs(ipvs(r)),
     })
+}
+
+fn ipvs(r: wipvs::Ruleset) -> ops::ipvs::Ruleset {
+    ops::ipvs::Ruleset {
+        services: r
+            .services
+            .into_iter()
+            .map(|s| ops::ipvs::VirtualServer {
+                address: from_wit_ip(&s.address),
+                protocol: protocol(s.protocol),
+                port: s.port,
+                scheduler: s.scheduler,
+                scheduler_flags: s.scheduler_flags,
+                persistence_seconds: s.persistence_seconds,
+                reals: s
+                    .reals
+                    .into_iter()
+                    .map(|r| ops::ipvs::RealServer {
+                        ip: from_wit_ip(&r.endpoint.address),
+                        port: r.endpoint.port,
+                        weight: r.weight,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }
 
 fn protocol(p: wt::Protocol) -> Protocol {

@@ -1,0 +1,315 @@
+//! ipvs mode's kernel side: checks the backend's virtual servers against
+//! the state, binds the Service addresses to kube-ipvs0 and reconciles
+//! the kernel's IPVS table to the ruleset. Real servers that leave are
+//! drained, not cut: TCP and SCTP ones keep weight 0 until their
+//! connections are gone (checked at every sync), UDP ones go at once
+//! (upstream's graceful termination).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, Settings};
+use kpx_rules::ops::ipvs::{Ruleset, VirtualServer};
+use kpx_rules::plan::IPVS_SCHEDULERS;
+
+use super::msg::{SVC_F_PERSISTENT, SVC_F_SCHED1};
+use super::{Destination, Ipvs, Service, ServiceKey, link};
+use crate::kernel::{Error, SyncError, Written};
+use crate::validate::{Rejected, Scope};
+
+/// IPVS timeouts to set once (seconds; 0 keeps the kernel's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    pub tcp: u32,
+    pub tcp_fin: u32,
+    pub udp: u32,
+}
+
+pub struct IpvsDataplane {
+    family: IpFamily,
+    /// `--ipvs-exclude-cidrs`: virtual servers there are not kube-proxy's.
+    exclude: Vec<Cidr>,
+    timeouts: Timeouts,
+    timeouts_set: bool,
+    /// Real servers being drained: (service, address, port).
+    draining: BTreeSet<(ServiceKey, IpAddr, u16)>,
+}
+
+fn kernel_error(e: super::Error) -> SyncError {
+    SyncError::Kernel(Error::Unreadable { what: "IPVS".into(), reason: e.to_string() })
+}
+
+fn protocol_number(p: Protocol) -> u16 {
+    match p {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
+    }
+}
+
+impl IpvsDataplane {
+    pub fn new(family: IpFamily, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
+        IpvsDataplane { family, exclude, timeouts, timeouts_set: false, draining: BTreeSet::new() }
+    }
+
+    /// Refuses virtual servers outside the state: an address, protocol
+    /// and port that are not a Service destination (or a node address on
+    /// one of its node ports), a real server that is not an endpoint of
+    /// the state, a scheduler IPVS lacks, a duplicate.
+    pub fn check(&self, plugin: &str, settings: &Settings, ruleset: &Ruleset, scope: &Scope) -> Result<(), Rejected> {
+        let mut seen = BTreeSet::new();
+        for (i, vs) in ruleset.services.iter().enumerate() {
+            let refuse = |reason: String| Rejected {
+                plugin: plugin.to_string(),
+                at: format!("virtual server {i}"),
+                item: format!("{vs:?}"),
+                reason,
+            };
+            if !self.family.matches(&vs.address) {
+                return Err(refuse(format!("an address outside the {} family", self.family)));
+            }
+            let destination = scope.destinations.contains(&(vs.address, vs.protocol, vs.port));
+            let node_port = scope.node_ports.contains(&(vs.protocol, vs.port))
+                && match &settings.nodeport_addresses {
+                    NodePortAddresses::Only(cidrs) => cidrs.iter().any(|c| c.contains(&vs.address)),
+                    NodePortAddresses::All => !scope.cluster_ips.contains(&vs.address),
+                };
+            if !destination && !node_port {
+                return Err(refuse("neither a Service destination nor a node port on a node address".into()));
+            }
+            if !seen.insert((vs.address, vs.protocol, vs.port)) {
+                return Err(refuse("a second virtual server for the same address, protocol and port".into()));
+            }
+            if !IPVS_SCHEDULERS.contains(&vs.scheduler.as_str()) {
+                return Err(refuse(format!("IPVS has no scheduler {:?}", vs.scheduler)));
+            }
+            if vs.scheduler_flags > 0b111 || vs.persistence_seconds > i32::MAX as u32 {
+                return Err(refuse("scheduler flags past bit 2, or a persistence past 2^31-1 s".into()));
+            }
+            let mut reals = BTreeSet::new();
+            for r in &vs.reals {
+                if !scope.endpoints.contains(&(r.ip, r.port)) {
+                    return Err(refuse(format!("real server {} is no endpoint of the state", r.ip)));
+                }
+                if !reals.insert((r.ip, r.port)) || r.weight > i32::MAX as u32 {
+                    return Err(refuse(format!("real server {} twice, or a weight past 2^31-1", r.ip)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn excluded(&self, ip: &IpAddr) -> bool {
+        self.exclude.iter().any(|c| c.contains(ip))
+    }
+
+    pub fn sync(
+        &mut self,
+        plugin: &str,
+        settings: &Settings,
+        ruleset: &Ruleset,
+        scope: &Scope,
+    ) -> Result<Written, SyncError> {
+        self.check(plugin, settings, ruleset, scope)?;
+        let mut ipvs = Ipvs::open().map_err(kernel_error)?;
+        if !self.timeouts_set && self.timeouts != Timeouts::default() {
+            let t = self.timeouts;
+            ipvs.set_timeouts(t.tcp, t.tcp_fin, t.udp).map_err(kernel_error)?;
+            self.timeouts_set = true;
+        }
+        // Every Service address on kube-ipvs0: traffic to it is local, so
+        // IPVS sees it (and one without a virtual server is refused).
+        let index = link::ensure().map_err(kernel_error)?;
+        let wanted: BTreeSet<IpAddr> =
+            scope.destinations.iter().map(|d| d.0).filter(|ip| self.family.matches(ip)).collect();
+        let bound: BTreeSet<IpAddr> =
+            link::addresses(index).map_err(kernel_error)?.into_iter().filter(|ip| self.family.matches(ip)).collect();
+        for ip in wanted.difference(&bound) {
+            link::add_address(index, *ip).map_err(kernel_error)?;
+        }
+        for ip in bound.difference(&wanted) {
+            link::delete_address(index, *ip).map_err(kernel_error)?;
+        }
+        let writes = self.reconcile(&mut ipvs, ruleset).map_err(kernel_error)?;
+        Ok(Written { bytes: writes, iptables_rules: None })
+    }
+
+    /// Brings the kernel's table to `ruleset`; the number of writes.
+    fn reconcile(&mut self, ipvs: &mut Ipvs, ruleset: &Ruleset) -> Result<usize, super::Error> {
+        let mut writes = 0;
+        let current: BTreeMap<ServiceKey, Service> = ipvs
+            .services()?
+            .into_iter()
+            .filter(|s| self.family.matches(&s.key.address) && !self.excluded(&s.key.address))
+            .map(|s| (s.key.clone(), s))
+            .collect();
+        let mut wanted_keys = BTreeSet::new();
+        for vs in &ruleset.services {
+            let service = service_of(vs);
+            let key = service.key.clone();
+            wanted_keys.insert(key.clone());
+            match current.get(&key) {
+                None => {
+                    ipvs.add_service(&service)?;
+                    writes += 1;
+                }
+                Some(have) if *have != service => {
+                    ipvs.update_service(&service)?;
+                    writes += 1;
+                }
+                Some(_) => {}
+            }
+            let have: BTreeMap<(IpAddr, u16), Destination> = if current.contains_key(&key) {
+                ipvs.destinations(&key)?.into_iter().map(|d| ((d.address, d.port), d)).collect()
+            } else {
+                BTreeMap::new()
+            };
+            for r in &vs.reals {
+                let d = Destination::new(r.ip, r.port, r.weight);
+                self.draining.remove(&(key.clone(), r.ip, r.port));
+                match have.get(&(r.ip, r.port)) {
+                    None => {
+                        ipvs.add_destination(&key, &d)?;
+                        writes += 1;
+                    }
+                    Some(h) if h.weight != r.weight => {
+                        ipvs.update_destination(&key, &d)?;
+                        writes += 1;
+                    }
+                    Some(_) => {}
+                }
+            }
+            let kept: BTreeSet<(IpAddr, u16)> = vs.reals.iter().map(|r| (r.ip, r.port)).collect();
+            for (addr, d) in have.iter().filter(|(a, _)| !kept.contains(a)) {
+                writes += self.drain(ipvs, &key, d, vs.protocol == Protocol::Udp, addr)?;
+            }
+        }
+        for key in current.keys().filter(|k| !wanted_keys.contains(*k)) {
+            ipvs.delete_service(key)?;
+            self.draining.retain(|(k, _, _)| k != key);
+            writes += 1;
+        }
+        Ok(writes)
+    }
+
+    /// A real server that left: UDP at once; else weight 0 until its
+    /// connections are gone.
+    fn drain(
+        &mut self,
+        ipvs: &mut Ipvs,
+        key: &ServiceKey,
+        d: &Destination,
+        udp: bool,
+        addr: &(IpAddr, u16),
+    ) -> Result<usize, super::Error> {
+        let id = (key.clone(), addr.0, addr.1);
+        if udp || d.active + d.inactive == 0 {
+            ipvs.delete_destination(key, d)?;
+            self.draining.remove(&id);
+            return Ok(1);
+        }
+        if d.weight != 0 {
+            ipvs.update_destination(key, &Destination::new(d.address, d.port, 0))?;
+            self.draining.insert(id);
+            return Ok(1);
+        }
+        self.draining.insert(id);
+        Ok(0)
+    }
+
+    /// Real servers still draining.
+    pub fn draining(&self) -> usize {
+        self.draining.len()
+    }
+}
+
+fn service_of(vs: &VirtualServer) -> Service {
+    let mut flags = u32::from(vs.scheduler_flags) * SVC_F_SCHED1;
+    if vs.persistence_seconds > 0 {
+        flags |= SVC_F_PERSISTENT;
+    }
+    Service {
+        key: ServiceKey { address: vs.address, protocol: protocol_number(vs.protocol), port: vs.port },
+        scheduler: vs.scheduler.clone(),
+        flags,
+        timeout: vs.persistence_seconds,
+    }
+}
+
+/// `--cleanup`: every virtual server outside `exclude`, and kube-ipvs0.
+pub fn cleanup(exclude: &[Cidr]) -> Result<usize, super::Error> {
+    let mut ipvs = match Ipvs::open() {
+        Ok(i) => i,
+        Err(super::Error::NoFamily(_)) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut removed = 0;
+    for s in ipvs.services()? {
+        if !exclude.iter().any(|c| c.contains(&s.key.address)) {
+            ipvs.delete_service(&s.key)?;
+            removed += 1;
+        }
+    }
+    link::delete()?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpx_rules::model::{Endpoint, ProxyMode, ServicePort};
+    use kpx_rules::ops::ipvs::RealServer;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn state() -> (Settings, Scope) {
+        let mut svc = ServicePort::new("ns", "web", "", Protocol::Tcp, 80)
+            .with_cluster_endpoints(vec![Endpoint::ready(ip("10.244.1.5"), 8080)]);
+        svc.cluster_ip = Some(ip("10.96.0.10"));
+        svc.node_port = 30080;
+        let mut scope = Scope::default();
+        scope.count(IpFamily::V4, &svc, true);
+        let mut settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
+        settings.nodeport_addresses = NodePortAddresses::Only(vec!["192.168.1.10/32".parse().unwrap()]);
+        (settings, scope)
+    }
+
+    fn vs(address: &str, port: u16, real: &str) -> VirtualServer {
+        VirtualServer {
+            address: ip(address),
+            protocol: Protocol::Tcp,
+            port,
+            scheduler: "rr".into(),
+            scheduler_flags: 0,
+            persistence_seconds: 0,
+            reals: vec![RealServer { ip: ip(real), port: 8080, weight: 1 }],
+        }
+    }
+
+    fn check(services: Vec<VirtualServer>) -> Result<(), String> {
+        let (settings, scope) = state();
+        let d = IpvsDataplane::new(IpFamily::V4, Vec::new(), Timeouts::default());
+        d.check("hostile", &settings, &Ruleset { services }, &scope).map_err(|e| e.reason)
+    }
+
+    #[test]
+    fn virtual_servers_stay_within_the_state() {
+        assert_eq!(check(vec![vs("10.96.0.10", 80, "10.244.1.5"), vs("192.168.1.10", 30080, "10.244.1.5")]), Ok(()));
+        // Outside the state: another address, another port, a node port on
+        // an address that is not the node's, a foreign real server.
+        assert!(check(vec![vs("8.8.8.8", 53, "10.244.1.5")]).unwrap_err().contains("neither a Service destination"));
+        assert!(check(vec![vs("10.96.0.10", 81, "10.244.1.5")]).is_err());
+        assert!(check(vec![vs("10.96.0.99", 30080, "10.244.1.5")]).is_err());
+        assert!(check(vec![vs("10.96.0.10", 80, "1.1.1.1")]).unwrap_err().contains("no endpoint"));
+        let mut evil = vs("10.96.0.10", 80, "10.244.1.5");
+        evil.scheduler = "evil".into();
+        assert!(check(vec![evil]).unwrap_err().contains("no scheduler"));
+        let twice = vec![vs("10.96.0.10", 80, "10.244.1.5"), vs("10.96.0.10", 80, "10.244.1.5")];
+        assert!(check(twice).unwrap_err().contains("second virtual server"));
+        let mut v6 = vs("10.96.0.10", 80, "10.244.1.5");
+        v6.address = ip("fd00::10");
+        assert!(check(vec![v6]).unwrap_err().contains("family"));
+    }
+}

@@ -1,0 +1,198 @@
+//! The ipvs generator: upstream's ipvs proxier's virtual servers, as
+//! typed values. Every Service destination becomes a virtual server: the
+//! cluster IP with the internal policy's endpoints; external and
+//! load-balancer IPs with the external policy's; the node port on each
+//! node address node ports are served on (`--nodeport-addresses`). The
+//! scheduler is the plan's (a kernel plan) or `--ipvs-scheduler`'s (the
+//! host passes it as the setting `ipvs-scheduler`, default rr); weights
+//! come from the plan or the endpoints; ClientIP affinity is IPVS
+//! persistence. A Service without endpoints gets no virtual server: its
+//! address on kube-ipvs0 answers with a reset, as kube-proxy's REJECT.
+
+use std::net::IpAddr;
+
+use crate::model::{
+    Backend, Change, Cluster, Endpoint, Node, NodePortAddresses, Plan, ProxyMode, ServicePort, Settings,
+};
+use crate::ops::Ruleset as AnyRuleset;
+use crate::ops::ipvs::{RealServer, Ruleset, VirtualServer};
+use crate::service_set::ServiceSet;
+
+/// upstream's default `--ipvs-scheduler`.
+pub const DEFAULT_SCHEDULER: &str = "rr";
+
+pub struct IpvsProxier {
+    settings: Settings,
+    node: Node,
+    services: ServiceSet,
+}
+
+impl IpvsProxier {
+    fn scheduler(&self) -> &str {
+        self.settings.extra("ipvs-scheduler").filter(|s| !s.is_empty()).unwrap_or(DEFAULT_SCHEDULER)
+    }
+
+    /// The node addresses node ports are served on: the host resolves
+    /// `--nodeport-addresses` (by default every address of the node but
+    /// loopback and kube-ipvs0's) to host CIDRs; with none resolved, the
+    /// Node's own addresses.
+    fn node_port_addresses(&self) -> Vec<IpAddr> {
+        let family = self.settings.family;
+        let mut out: Vec<IpAddr> = match &self.settings.nodeport_addresses {
+            NodePortAddresses::Only(cidrs) => cidrs.iter().filter(|c| c.is_host()).map(|c| c.addr).collect(),
+            NodePortAddresses::All => self.node.addresses.clone(),
+        };
+        out.retain(|ip| family.matches(ip));
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn virtual_servers(&self, svc: &ServicePort, out: &mut Vec<VirtualServer>) {
+        let Some(view) = svc.view(self.settings.family) else { return };
+        if !view.has_endpoints {
+            return;
+        }
+        let plan_for = |local: bool| if local { view.local_plan } else { view.cluster_plan };
+        let server = |address: IpAddr, port: u16, eps: &[&Endpoint], plan: Option<&Plan>| {
+            let (scheduler, flags, weights) = match plan.filter(|p| p.check(eps.len()).is_ok()) {
+                Some(Plan::Kernel(k)) => (k.scheduler.clone(), k.flags, k.weights.clone()),
+                _ => (self.scheduler().to_string(), 0, eps.iter().map(|e| u32::from(e.weight)).collect()),
+            };
+            VirtualServer {
+                address,
+                protocol: svc.protocol,
+                port,
+                scheduler,
+                scheduler_flags: flags,
+                persistence_seconds: svc.affinity_timeout_seconds,
+                reals: eps
+                    .iter()
+                    .zip(weights)
+                    .map(|(e, weight)| RealServer { ip: e.ip, port: e.port, weight })
+                    .collect(),
+            }
+        };
+        if view.has_internal() {
+            let plan = plan_for(view.internal_local);
+            out.push(server(view.cluster_ip, svc.port, view.internal_endpoints(), plan));
+        }
+        if view.has_external() {
+            let (eps, plan) = (view.external_endpoints(), plan_for(view.external_local));
+            for &ip in view.external_ips.iter().chain(&view.load_balancer_ips) {
+                out.push(server(ip, svc.port, eps, plan));
+            }
+            if svc.node_port != 0 {
+                for ip in self.node_port_addresses() {
+                    out.push(server(ip, svc.node_port, eps, plan));
+                }
+            }
+        }
+    }
+}
+
+impl Backend for IpvsProxier {
+    fn new(settings: Settings) -> Self {
+        IpvsProxier { settings, node: Node::default(), services: ServiceSet::default() }
+    }
+
+    fn reset(&mut self, node: Node, _cluster: Cluster, services: Vec<ServicePort>) {
+        self.node = node;
+        self.services.replace(services);
+    }
+
+    fn apply(&mut self, changes: Vec<Change>) {
+        for change in changes {
+            match change {
+                Change::Upsert(svc) => self.services.upsert(svc),
+                Change::Remove(key) => self.services.remove(key),
+                Change::Node(node) => self.node = node,
+                Change::Cluster(_) => {}
+            }
+        }
+    }
+
+    /// Always the whole table: the host reconciles the kernel's to it.
+    fn render(&mut self, _full: bool) -> Result<AnyRuleset, String> {
+        if self.settings.mode != ProxyMode::Ipvs {
+            return Err(format!("the ipvs backend cannot render {} rules", self.settings.mode));
+        }
+        self.services.take_changed();
+        let mut services = Vec::new();
+        for svc in self.services.values() {
+            self.virtual_servers(svc, &mut services);
+        }
+        Ok(AnyRuleset::Ipvs(Ruleset { services }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Endpoint, IpFamily, KernelPlan, Protocol, TrafficPolicy};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn render(settings: Settings, node: Node, svc: ServicePort) -> Vec<VirtualServer> {
+        let mut p = IpvsProxier::new(settings);
+        p.reset(node, Cluster::default(), vec![svc]);
+        match p.render(true).unwrap() {
+            AnyRuleset::Ipvs(r) => r.services,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn web() -> ServicePort {
+        let mut svc = ServicePort::new("ns", "web", "http", Protocol::Tcp, 80).with_cluster_endpoints(vec![
+            Endpoint::ready(ip("10.244.1.5"), 8080),
+            Endpoint::ready(ip("10.244.2.5"), 8080),
+        ]);
+        svc.cluster_ip = Some(ip("10.96.0.10"));
+        svc
+    }
+
+    #[test]
+    fn cluster_ip_node_port_and_external_ips() {
+        let mut settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
+        settings.extra.push(("ipvs-scheduler".into(), "wlc".into()));
+        let node = Node { addresses: vec![ip("192.168.1.10"), ip("fd00::1")], ..Node::default() };
+        settings.nodeport_addresses = NodePortAddresses::All;
+        let mut svc = web();
+        svc.node_port = 30080;
+        svc.external_ips = vec![ip("203.0.113.7")];
+        svc.affinity_timeout_seconds = 600;
+        svc.endpoints[1].weight = 3;
+        let vs = render(settings, node, svc);
+        let addrs: Vec<(IpAddr, u16)> = vs.iter().map(|v| (v.address, v.port)).collect();
+        assert_eq!(addrs, vec![(ip("10.96.0.10"), 80), (ip("203.0.113.7"), 80), (ip("192.168.1.10"), 30080)]);
+        assert!(vs.iter().all(|v| v.scheduler == "wlc" && v.persistence_seconds == 600));
+        assert_eq!(vs[0].reals.iter().map(|r| r.weight).collect::<Vec<_>>(), vec![1, 3]);
+    }
+
+    #[test]
+    fn kernel_plans_and_local_policies() {
+        let mut svc = web();
+        svc.node_port = 30080;
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        svc.endpoints[0].conditions.is_local = true;
+        svc.local_endpoints = vec![0];
+        svc.cluster_plan = Some(Plan::Kernel(KernelPlan { scheduler: "sh".into(), weights: vec![2, 1], flags: 0b01 }));
+        let mut settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
+        settings.nodeport_addresses = NodePortAddresses::Only(vec!["192.168.1.10/32".parse().unwrap()]);
+        let vs = render(settings, Node::default(), svc);
+        assert_eq!((vs[0].scheduler.as_str(), vs[0].scheduler_flags), ("sh", 1));
+        assert_eq!(vs[0].reals.len(), 2);
+        // The node port serves the local endpoint only, with the default.
+        assert_eq!((vs[1].port, vs[1].reals.len(), vs[1].scheduler.as_str()), (30080, 1, "rr"));
+    }
+
+    #[test]
+    fn no_endpoints_no_virtual_server() {
+        let mut svc = web();
+        svc.endpoints.clear();
+        svc.cluster_endpoints.clear();
+        assert!(render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc).is_empty());
+    }
+}
