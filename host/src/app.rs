@@ -145,6 +145,11 @@ pub fn run(config: Config) -> Result<(), Error> {
         if let Err(e) = crate::kernel::ipvs::Ipvs::open() {
             return Err(Error::NoIpvs(e.to_string()));
         }
+        tracing::warn!(
+            "ipvs mode in this kpx writes IPVS and kube-ipvs0 only: not yet upstream's ipsets and iptables rules \
+             (no masquerading of off-node or hairpin traffic, no filter of other ports on Service addresses; \
+             load-balancer IPs with source ranges get no virtual server)"
+        );
     }
     init(&config);
     let plugin_runtime = plugin_runtime(&config)?;

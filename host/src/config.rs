@@ -985,9 +985,13 @@ impl Flags {
         if min_sync_period > sync_period {
             return Err(invalid(min_flag, min_text, format!("must not exceed --{max_flag}")));
         }
+        // The kernel takes IPVS timeouts up to INT_MAX jiffies (24.8 days at HZ=1000).
         let seconds = |flag: &'static str, text: &str| -> Result<u32> {
             let d = parse_duration(text).map_err(|e| invalid(flag, text, e))?;
-            u32::try_from(d.as_secs()).map_err(|_| invalid(flag, text, "too long"))
+            u32::try_from(d.as_secs())
+                .ok()
+                .filter(|s| *s <= 2_147_483)
+                .ok_or_else(|| invalid(flag, text, "at most 2147483s (the kernel's limit)"))
         };
         let ipvs = Ipvs {
             scheduler: self.ipvs_scheduler.trim().to_string(),
@@ -1002,7 +1006,10 @@ impl Flags {
             tcpfin_timeout: seconds("ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout)?,
             udp_timeout: seconds("ipvs-udp-timeout", &self.ipvs_udp_timeout)?,
         };
-        if !ipvs.scheduler.is_empty() && !kpx_rules::plan::IPVS_SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
+        if mode == ProxyMode::Ipvs
+            && !ipvs.scheduler.is_empty()
+            && !kpx_rules::plan::IPVS_SCHEDULERS.contains(&ipvs.scheduler.as_str())
+        {
             return Err(invalid(
                 "ipvs-scheduler",
                 &ipvs.scheduler,
@@ -1196,6 +1203,7 @@ mod tests {
             err(&["--proxy-mode=ipvs", "--ipvs-min-sync-period=40s"]).contains("must not exceed --ipvs-sync-period")
         );
         assert!(err(&["--ipvs-tcp-timeout=forever"]).contains("ipvs-tcp-timeout"));
+        assert!(err(&["--ipvs-udp-timeout=600h"]).contains("kernel's limit"));
         let ipvs = cli(&[
             "--manifests=/x",
             "--hostname-override=n",

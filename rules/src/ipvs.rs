@@ -5,9 +5,13 @@
 //! node address node ports are served on (`--nodeport-addresses`). The
 //! scheduler is the plan's (a kernel plan) or `--ipvs-scheduler`'s (the
 //! host passes it as the setting `ipvs-scheduler`, default rr); weights
-//! come from the plan or the endpoints; ClientIP affinity is IPVS
-//! persistence. A Service without endpoints gets no virtual server: its
-//! address on kube-ipvs0 answers with a reset, as kube-proxy's REJECT.
+//! come from the plan or the endpoints (`--ipvs-scheduler` rr with
+//! unequal weights runs as wrr: rr would ignore them); ClientIP affinity
+//! is IPVS persistence. A destination without endpoints keeps its virtual
+//! server with no real servers: IPVS answers port-unreachable (kube-
+//! proxy's REJECT) and the last endpoints are drained, not cut. A
+//! load-balancer IP with source ranges gets no virtual server until the
+//! host writes upstream's source-range filter: closed, not open.
 
 use std::net::IpAddr;
 
@@ -50,15 +54,20 @@ impl IpvsProxier {
 
     fn virtual_servers(&self, svc: &ServicePort, out: &mut Vec<VirtualServer>) {
         let Some(view) = svc.view(self.settings.family) else { return };
-        if !view.has_endpoints {
-            return;
-        }
         let plan_for = |local: bool| if local { view.local_plan } else { view.cluster_plan };
         let server = |address: IpAddr, port: u16, eps: &[&Endpoint], plan: Option<&Plan>| {
-            let (scheduler, flags, weights) = match plan.filter(|p| p.check(eps.len()).is_ok()) {
-                Some(Plan::Kernel(k)) => (k.scheduler.clone(), k.flags, k.weights.clone()),
-                _ => (self.scheduler().to_string(), 0, eps.iter().map(|e| u32::from(e.weight)).collect()),
-            };
+            let (mut scheduler, flags, mut weights): (String, u8, Vec<u32>) =
+                match plan.filter(|p| p.check(eps.len()).is_ok()) {
+                    Some(Plan::Kernel(k)) => (k.scheduler.clone(), k.flags, k.weights.clone()),
+                    _ => (self.scheduler().to_string(), 0, eps.iter().map(|e| u32::from(e.weight)).collect()),
+                };
+            // As the other modes: every weight 0 is no weighting at all.
+            if weights.iter().all(|&w| w == 0) {
+                weights.iter_mut().for_each(|w| *w = 1);
+            }
+            if scheduler == "rr" && weights.iter().any(|&w| w != weights[0]) {
+                scheduler = "wrr".into();
+            }
             VirtualServer {
                 address,
                 protocol: svc.protocol,
@@ -73,19 +82,26 @@ impl IpvsProxier {
                     .collect(),
             }
         };
-        if view.has_internal() {
-            let plan = plan_for(view.internal_local);
-            out.push(server(view.cluster_ip, svc.port, view.internal_endpoints(), plan));
+        // Endpoints only while some endpoint serves (upstream's
+        // hasEndpoints), else none: port-unreachable.
+        fn usable<'a>(serving: bool, eps: &[&'a Endpoint]) -> Vec<&'a Endpoint> {
+            if serving { eps.to_vec() } else { Vec::new() }
         }
-        if view.has_external() {
-            let (eps, plan) = (view.external_endpoints(), plan_for(view.external_local));
-            for &ip in view.external_ips.iter().chain(&view.load_balancer_ips) {
-                out.push(server(ip, svc.port, eps, plan));
+        let internal = usable(view.has_endpoints, view.internal_endpoints());
+        out.push(server(view.cluster_ip, svc.port, &internal, plan_for(view.internal_local)));
+        let (external, plan) = (usable(view.has_endpoints, view.external_endpoints()), plan_for(view.external_local));
+        let ranges = svc.load_balancer_source_ranges.iter().any(|c| c.family() == self.settings.family);
+        for &ip in &view.external_ips {
+            out.push(server(ip, svc.port, &external, plan));
+        }
+        if !ranges {
+            for &ip in &view.load_balancer_ips {
+                out.push(server(ip, svc.port, &external, plan));
             }
-            if svc.node_port != 0 {
-                for ip in self.node_port_addresses() {
-                    out.push(server(ip, svc.node_port, eps, plan));
-                }
+        }
+        if svc.node_port != 0 {
+            for ip in self.node_port_addresses() {
+                out.push(server(ip, svc.node_port, &external, plan));
             }
         }
     }
@@ -189,10 +205,25 @@ mod tests {
     }
 
     #[test]
-    fn no_endpoints_no_virtual_server() {
+    fn no_endpoints_keep_an_empty_virtual_server() {
         let mut svc = web();
         svc.endpoints.clear();
         svc.cluster_endpoints.clear();
-        assert!(render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc).is_empty());
+        let vs = render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc);
+        assert_eq!((vs.len(), vs[0].reals.len()), (1, 0));
+    }
+
+    #[test]
+    fn weights_make_rr_wrr_and_source_ranges_close_the_lb() {
+        let mut svc = web();
+        svc.endpoints[0].weight = 3;
+        svc.load_balancer_ips = vec![ip("198.51.100.1")];
+        svc.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+        let vs = render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc.clone());
+        assert_eq!(vs.iter().map(|v| v.address).collect::<Vec<_>>(), vec![ip("10.96.0.10")]);
+        assert_eq!(vs[0].scheduler, "wrr");
+        svc.endpoints.iter_mut().for_each(|e| e.weight = 0);
+        let vs = render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc);
+        assert_eq!((vs[0].scheduler.as_str(), vs[0].reals[0].weight), ("rr", 1));
     }
 }

@@ -13,7 +13,7 @@ use kpx::kernel::ipvs::{Destination, Ipvs, Service, ServiceKey};
 use kpx_netlab::node::NodeLab;
 use kpx_netlab::{Reply, Request};
 
-use crate::support::{KPX, kpx_args, lab_or_skip, plugin_cache, run_dirs, write_manifest};
+use crate::support::{HoldServers, KPX, hold, kpx_args, lab_or_skip, plugin_cache, run_dirs, write_manifest};
 
 const TCP: u16 = 6;
 
@@ -147,7 +147,8 @@ fn client_checks() {
     });
     assert_eq!(left.0, vec![sticky], "after deletions");
     assert!(left.1.contains("10.96.0.10:80"), "{}", left.1);
-    assert!(tcp(&lab, "10.96.0.10:80") != "be2", "a deleted service still answers");
+    let after = tcp(&lab, "10.96.0.10:80");
+    assert!(!after.starts_with("be"), "a deleted service still answers: {after}");
 }
 
 #[test]
@@ -204,6 +205,13 @@ fn mode_checks() {
         &manifests.join("wrr.yaml"),
         &manifest("wrr", "10.96.0.11", "", wrr, &[be1, be2], &weights).replace("nodePort: 30080", "nodePort: 30081"),
     );
+    let _hold = HoldServers::start(&lab);
+    write_manifest(
+        &manifests.join("hold.yaml"),
+        &manifest("hold", "10.96.0.13", "", "", &[be1, be2], "")
+            .replace("nodePort: 30080", "nodePort: 30083")
+            .replace("8080", "9090"),
+    );
     let sticky = "  sessionAffinity: ClientIP\n";
     write_manifest(
         &manifests.join("sticky.yaml"),
@@ -249,17 +257,40 @@ fn mode_checks() {
     let seen: Vec<String> = (0..4).map(|_| tcp(&lab, "10.96.0.12:80")).collect();
     assert!(seen.iter().all(|s| s == &seen[0]), "ClientIP affinity: {seen:?}");
 
-    // An endpoint leaves: drained (no connection: removed at once); a
-    // Service leaves: its virtual servers and its address go.
+    // An endpoint leaves while a connection to it is open: drained at
+    // weight 0, not cut; a Service leaves: its virtual servers and its
+    // address go.
+    let (held_by, held) = hold(&lab, "10.96.0.13:80");
+    let other = if held_by == "be1" { be2 } else { be1 };
     let synced = kpx.log().matches("synced rules family=IPv4").count();
     write_manifest(&manifests.join("web.yaml"), &manifest("web", "10.96.0.10", "  type: NodePort\n", "", &[be1], ""));
+    write_manifest(
+        &manifests.join("hold.yaml"),
+        &manifest("hold", "10.96.0.13", "", "", &[other], "")
+            .replace("nodePort: 30080", "nodePort: 30083")
+            .replace("8080", "9090"),
+    );
     std::fs::remove_file(manifests.join("sticky.yaml")).unwrap();
     assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1500));
     let table = ipvs_in(&lab);
     let find = |ip: &str, port: u16| {
         table.iter().find(|(s, _)| s.key.address.to_string() == ip && s.key.port == port).cloned()
     };
+    let (_, hold_dests) = find("10.96.0.13", 80).unwrap();
+    let gone = lab.backends.iter().find(|b| b.name == held_by).unwrap().ip.clone();
+    let draining = hold_dests.iter().find(|d| d.address.to_string() == gone);
+    eprintln!(
+        "ipvs: hold after {held_by} left: {:?}",
+        hold_dests.iter().map(|d| (d.address, d.weight, d.active)).collect::<Vec<_>>()
+    );
+    assert!(
+        draining.is_some_and(|d| d.weight == 0 && d.active >= 1),
+        "the endpoint with an open connection must stay at weight 0 until it closes: {hold_dests:?}"
+    );
+    let fresh: Vec<String> = (0..3).map(|_| hold(&lab, "10.96.0.13:80").0).collect();
+    assert!(fresh.iter().all(|f| *f != held_by), "a draining endpoint took new connections: {fresh:?}");
+    drop(held);
     // be2 served connections that IPVS still tracks (TIME_WAIT): it is
     // drained at weight 0, not cut, and goes once they are gone.
     let (_, web_dests) = find("10.96.0.10", 80).unwrap();

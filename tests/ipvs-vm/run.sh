@@ -48,7 +48,9 @@ if ! command -v qemu-system-x86_64 >/dev/null; then
     pk=$(apt-get -s install --no-install-recommends qemu-system-x86 | awk '/^Inst /{print $2}')
     [ -n "$pk" ] || cannot "apt cannot resolve qemu-system-x86"
     (cd qemu-debs && apt-get download -qq $pk >&2) || cannot "cannot download qemu"
-    for d in qemu-debs/*.deb; do dpkg-deb -x "$d" "$Q"; done
+    # Unpacked beside, then moved: an interrupted unpack is never taken for a cache.
+    rm -rf "$Q.part"; for d in qemu-debs/*.deb; do dpkg-deb -x "$d" "$Q.part"; done
+    rm -rf "$Q"; mv "$Q.part" "$Q"; rm -rf qemu-debs
   fi
   QEMU=("$Q/usr/bin/qemu-system-x86_64" -L "$Q/usr/share/qemu" -L "$Q/usr/share/seabios")
   QENV=(env "LD_LIBRARY_PATH=$Q/usr/lib/x86_64-linux-gnu:$Q/usr/lib/x86_64-linux-gnu/pulseaudio")
@@ -62,12 +64,13 @@ step "tools and qemu ready"
 [ -n "$KPKG" ] || cannot "no linux-image-amd64 in the package lists"
 KVER=${KPKG#linux-image-}
 if [ ! -f kernel/boot/vmlinuz-$KVER ]; then
-  mkdir -p debs kernel; chmod 777 debs
+  mkdir -p debs; chmod 777 debs; rm -rf kernel.part; mkdir kernel.part
   (cd debs && apt-get download -qq "$KPKG" >&2) || cannot "cannot download $KPKG"
-  dpkg-deb --fsys-tarfile debs/${KPKG}_*.deb | tar -x -C kernel --wildcards './boot/vmlinuz-*' \
+  dpkg-deb --fsys-tarfile debs/${KPKG}_*.deb | tar -x -C kernel.part --wildcards './boot/vmlinuz-*' \
     './lib/modules/*/modules.*' './lib/modules/*/kernel/net/*' './lib/modules/*/kernel/lib/*' \
     './lib/modules/*/kernel/crypto/*' './lib/modules/*/kernel/arch/*' \
     './lib/modules/*/kernel/drivers/net/dummy.ko' './lib/modules/*/kernel/drivers/net/veth.ko'
+  rm -rf kernel; mv kernel.part kernel   # only a finished extract counts as a cache
   rm -f debs/${KPKG}_*.deb
 fi
 K=$W/kernel; KM=$K/lib/modules/$KVER
@@ -128,7 +131,8 @@ depmod -b "$R" "$KVER"
   echo '#!/bin/sh'
   echo 'export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp KPX_IN_GUEST=1 RUST_BACKTRACE=1'
   echo 'mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev'
-  echo 'mkdir -p /run /tmp /run/netns && mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /tmp && mkdir -p /run/netns'
+  # /tmp stays the initramfs' own: the binaries may live under it (a clone in /tmp).
+  echo 'mkdir -p /run /tmp && mount -t tmpfs tmpfs /run && mkdir -p /run/netns'
   echo '/usr/sbin/modprobe ip_vs; for s in rr wrr lc wlc sed nq dh sh lblc lblcr mh; do /usr/sbin/modprobe ip_vs_$s; done'
   echo '/usr/sbin/modprobe veth; /usr/sbin/modprobe dummy numdummies=0; /usr/sbin/ip link set lo up'
   echo 'echo "KPX-GUEST-UP $(cut -d" " -f1 /proc/uptime)"'

@@ -27,6 +27,11 @@ fn unreadable(reason: impl std::fmt::Display) -> Error {
 
 /// Addresses on this node's interfaces, in the kernel's order.
 pub fn local_addresses() -> Result<Vec<IpAddr>> {
+    Ok(local_addresses_by_interface()?.into_iter().map(|(_, ip)| ip).collect())
+}
+
+/// (interface index, address) for every address on this node's interfaces.
+pub fn local_addresses_by_interface() -> Result<Vec<(u32, IpAddr)>> {
     let mut socket = Socket::new(NETLINK_ROUTE).map_err(unreadable)?;
     socket.bind_auto().map_err(unreadable)?;
     let timeout = nix::sys::time::TimeVal::new(5, 0);
@@ -65,7 +70,11 @@ pub fn local_addresses() -> Result<Vec<IpAddr>> {
                             return Err(unreadable(format!("errno {}", -code.unwrap_or(0))));
                         }
                     }
-                    RTM_NEWADDR => out.extend(address(msg.payload()).map_err(unreadable)?),
+                    RTM_NEWADDR => {
+                        let p = msg.payload();
+                        let index = p.get(4..8).map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                        out.extend(address(p).map_err(unreadable)?.map(|ip| (index, ip)));
+                    }
                     _ => {}
                 }
             }

@@ -238,13 +238,17 @@ impl FamilyProxier {
         plugin_changes.extend(self.collect_changes(state, changes));
         let full = full || self.need_full;
         let ipvs = self.config.mode == ProxyMode::Ipvs;
-        if full && (ipvs || !self.config.nodeport_addresses.cidrs.is_empty()) {
-            match interfaces::local_addresses() {
-                // Service addresses (kube-ipvs0's) are not the node's.
+        // ipvs mode serves node ports on the node's addresses: read at
+        // every sync (as upstream), those of kube-ipvs0 and link-local
+        // ones left out.
+        if ipvs || (full && !self.config.nodeport_addresses.cidrs.is_empty()) {
+            let kube_ipvs0 = if ipvs { crate::kernel::ipvs::link::index_of_kube_ipvs0() } else { None };
+            match interfaces::local_addresses_by_interface() {
                 Ok(addresses) => {
                     self.local_addresses = addresses
                         .into_iter()
-                        .filter(|ip| !self.sent.scope.destinations.iter().any(|d| d.0 == *ip))
+                        .filter(|(index, ip)| Some(*index) != kube_ipvs0 && !(ipvs && is_link_local(ip)))
+                        .map(|(_, ip)| ip)
                         .collect()
                 }
                 Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
@@ -303,6 +307,13 @@ impl FamilyProxier {
             self.instance = None;
         }
         result
+    }
+}
+
+fn is_link_local(ip: &std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => v6.is_unicast_link_local(),
     }
 }
 

@@ -25,6 +25,10 @@ pub struct Timeouts {
     pub udp: u32,
 }
 
+/// The longest persistence: Kubernetes' largest ClientIP timeout (a
+/// day); the kernel keeps it in jiffies.
+pub const MAX_PERSISTENCE: u32 = 86_400;
+
 pub struct IpvsDataplane {
     family: IpFamily,
     /// `--ipvs-exclude-cidrs`: virtual servers there are not kube-proxy's.
@@ -69,10 +73,11 @@ impl IpvsDataplane {
                 return Err(refuse(format!("an address outside the {} family", self.family)));
             }
             let destination = scope.destinations.contains(&(vs.address, vs.protocol, vs.port));
+            // Node ports only on the addresses the host chose for them.
             let node_port = scope.node_ports.contains(&(vs.protocol, vs.port))
                 && match &settings.nodeport_addresses {
-                    NodePortAddresses::Only(cidrs) => cidrs.iter().any(|c| c.contains(&vs.address)),
-                    NodePortAddresses::All => !scope.cluster_ips.contains(&vs.address),
+                    NodePortAddresses::Only(cidrs) => cidrs.iter().any(|c| c.is_host() && c.addr == vs.address),
+                    NodePortAddresses::All => false,
                 };
             if !destination && !node_port {
                 return Err(refuse("neither a Service destination nor a node port on a node address".into()));
@@ -83,12 +88,12 @@ impl IpvsDataplane {
             if !IPVS_SCHEDULERS.contains(&vs.scheduler.as_str()) {
                 return Err(refuse(format!("IPVS has no scheduler {:?}", vs.scheduler)));
             }
-            if vs.scheduler_flags > 0b111 || vs.persistence_seconds > i32::MAX as u32 {
-                return Err(refuse("scheduler flags past bit 2, or a persistence past 2^31-1 s".into()));
+            if vs.scheduler_flags > 0b111 || vs.persistence_seconds > MAX_PERSISTENCE {
+                return Err(refuse(format!("scheduler flags past bit 2, or a persistence past {MAX_PERSISTENCE} s")));
             }
             let mut reals = BTreeSet::new();
             for r in &vs.reals {
-                if !scope.endpoints.contains(&(r.ip, r.port)) {
+                if !self.family.matches(&r.ip) || !scope.endpoints.contains(&(r.ip, r.port)) {
                     return Err(refuse(format!("real server {} is no endpoint of the state", r.ip)));
                 }
                 if !reals.insert((r.ip, r.port)) || r.weight > i32::MAX as u32 {
@@ -114,96 +119,138 @@ impl IpvsDataplane {
         let mut ipvs = Ipvs::open().map_err(kernel_error)?;
         if !self.timeouts_set && self.timeouts != Timeouts::default() {
             let t = self.timeouts;
-            ipvs.set_timeouts(t.tcp, t.tcp_fin, t.udp).map_err(kernel_error)?;
-            self.timeouts_set = true;
+            // The kernel's refusal here must not stop the table's sync.
+            match ipvs.set_timeouts(t.tcp, t.tcp_fin, t.udp) {
+                Ok(()) => self.timeouts_set = true,
+                Err(e) => tracing::error!(family = %self.family, "cannot set the IPVS timeouts: {e}"),
+            }
         }
-        // Every Service address on kube-ipvs0: traffic to it is local, so
-        // IPVS sees it (and one without a virtual server is refused).
-        let index = link::ensure().map_err(kernel_error)?;
+        let (mut writes, failures) = self.reconcile(&mut ipvs, ruleset).map_err(kernel_error)?;
+        // Every Service address on kube-ipvs0, bound once its virtual
+        // servers exist: traffic to it is local, so IPVS sees it (a port
+        // without a virtual server is the node's own).
+        let mut rtnl = link::Rtnl::open().map_err(kernel_error)?;
+        let index = rtnl.ensure().map_err(kernel_error)?;
         let wanted: BTreeSet<IpAddr> =
             scope.destinations.iter().map(|d| d.0).filter(|ip| self.family.matches(ip)).collect();
         let bound: BTreeSet<IpAddr> =
-            link::addresses(index).map_err(kernel_error)?.into_iter().filter(|ip| self.family.matches(ip)).collect();
+            rtnl.addresses(index).map_err(kernel_error)?.into_iter().filter(|ip| self.family.matches(ip)).collect();
         for ip in wanted.difference(&bound) {
-            link::add_address(index, *ip).map_err(kernel_error)?;
+            rtnl.add_address(index, *ip).map_err(kernel_error)?;
+            writes += 1;
         }
         for ip in bound.difference(&wanted) {
-            link::delete_address(index, *ip).map_err(kernel_error)?;
+            rtnl.delete_address(index, *ip).map_err(kernel_error)?;
+            writes += 1;
         }
-        let writes = self.reconcile(&mut ipvs, ruleset).map_err(kernel_error)?;
+        if let Some(first) = failures.first() {
+            // What could be written was; the rest is retried in full.
+            return Err(SyncError::Kernel(Error::Unreadable {
+                what: format!("IPVS ({} of the table refused)", failures.len()),
+                reason: first.clone(),
+            }));
+        }
         Ok(Written { bytes: writes, iptables_rules: None })
     }
 
-    /// Brings the kernel's table to `ruleset`; the number of writes.
-    fn reconcile(&mut self, ipvs: &mut Ipvs, ruleset: &Ruleset) -> Result<usize, super::Error> {
+    /// Brings the kernel's table to `ruleset`, service by service: one the
+    /// kernel refuses (a scheduler module it lacks, say) is reported and
+    /// the others are still written. The number of writes and the
+    /// refusals.
+    fn reconcile(&mut self, ipvs: &mut Ipvs, ruleset: &Ruleset) -> Result<(usize, Vec<String>), super::Error> {
         let mut writes = 0;
+        let mut failures = Vec::new();
+        // Every service of the family, so that one in an excluded range
+        // is found (and left alone) rather than added again.
         let current: BTreeMap<ServiceKey, Service> = ipvs
             .services()?
             .into_iter()
-            .filter(|s| self.family.matches(&s.key.address) && !self.excluded(&s.key.address))
+            .filter(|s| self.family.matches(&s.key.address))
             .map(|s| (s.key.clone(), s))
             .collect();
         let mut wanted_keys = BTreeSet::new();
         for vs in &ruleset.services {
             let service = service_of(vs);
-            let key = service.key.clone();
-            wanted_keys.insert(key.clone());
-            match current.get(&key) {
+            wanted_keys.insert(service.key.clone());
+            match self.reconcile_one(ipvs, vs, &service, current.get(&service.key)) {
+                Ok(n) => writes += n,
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        let stale: Vec<&ServiceKey> =
+            current.keys().filter(|k| !wanted_keys.contains(*k) && !self.excluded(&k.address)).collect();
+        for key in stale {
+            match ipvs.delete_service(key) {
+                Ok(()) => writes += 1,
+                Err(e) => failures.push(e.to_string()),
+            }
+            self.draining.retain(|(k, _, _)| k != key);
+        }
+        Ok((writes, failures))
+    }
+
+    /// One virtual server and its real servers.
+    fn reconcile_one(
+        &mut self,
+        ipvs: &mut Ipvs,
+        vs: &VirtualServer,
+        service: &Service,
+        have: Option<&Service>,
+    ) -> Result<usize, super::Error> {
+        let mut writes = 0;
+        let key = &service.key;
+        match have {
+            None => {
+                ipvs.add_service(service)?;
+                writes += 1;
+            }
+            Some(have) if have != service => {
+                ipvs.update_service(service)?;
+                writes += 1;
+            }
+            Some(_) => {}
+        }
+        let dests: BTreeMap<(IpAddr, u16), Destination> = if have.is_some() {
+            ipvs.destinations(key)?.into_iter().map(|d| ((d.address, d.port), d)).collect()
+        } else {
+            BTreeMap::new()
+        };
+        for r in &vs.reals {
+            let d = Destination::new(r.ip, r.port, r.weight);
+            self.draining.remove(&(key.clone(), r.ip, r.port));
+            match dests.get(&(r.ip, r.port)) {
                 None => {
-                    ipvs.add_service(&service)?;
+                    ipvs.add_destination(key, &d)?;
                     writes += 1;
                 }
-                Some(have) if *have != service => {
-                    ipvs.update_service(&service)?;
+                Some(h) if h.weight != r.weight => {
+                    ipvs.update_destination(key, &d)?;
                     writes += 1;
                 }
                 Some(_) => {}
             }
-            let have: BTreeMap<(IpAddr, u16), Destination> = if current.contains_key(&key) {
-                ipvs.destinations(&key)?.into_iter().map(|d| ((d.address, d.port), d)).collect()
-            } else {
-                BTreeMap::new()
-            };
-            for r in &vs.reals {
-                let d = Destination::new(r.ip, r.port, r.weight);
-                self.draining.remove(&(key.clone(), r.ip, r.port));
-                match have.get(&(r.ip, r.port)) {
-                    None => {
-                        ipvs.add_destination(&key, &d)?;
-                        writes += 1;
-                    }
-                    Some(h) if h.weight != r.weight => {
-                        ipvs.update_destination(&key, &d)?;
-                        writes += 1;
-                    }
-                    Some(_) => {}
-                }
-            }
-            let kept: BTreeSet<(IpAddr, u16)> = vs.reals.iter().map(|r| (r.ip, r.port)).collect();
-            for (addr, d) in have.iter().filter(|(a, _)| !kept.contains(a)) {
-                writes += self.drain(ipvs, &key, d, vs.protocol == Protocol::Udp, addr)?;
-            }
         }
-        for key in current.keys().filter(|k| !wanted_keys.contains(*k)) {
-            ipvs.delete_service(key)?;
-            self.draining.retain(|(k, _, _)| k != key);
-            writes += 1;
+        let kept: BTreeSet<(IpAddr, u16)> = vs.reals.iter().map(|r| (r.ip, r.port)).collect();
+        // Upstream drains TCP only: UDP and SCTP real servers go at once.
+        let at_once = vs.protocol != Protocol::Tcp;
+        for (addr, d) in dests.iter().filter(|(a, _)| !kept.contains(a)) {
+            writes += self.drain(ipvs, key, d, at_once, addr)?;
         }
         Ok(writes)
     }
 
-    /// A real server that left: UDP at once; else weight 0 until its
-    /// connections are gone.
+    /// A real server that left: at once (UDP, SCTP), else weight 0 until
+    /// its connections are gone.
     fn drain(
         &mut self,
         ipvs: &mut Ipvs,
         key: &ServiceKey,
         d: &Destination,
-        udp: bool,
+        at_once: bool,
         addr: &(IpAddr, u16),
     ) -> Result<usize, super::Error> {
         let id = (key.clone(), addr.0, addr.1);
-        if udp || d.active + d.inactive == 0 {
+        if at_once || d.active + d.inactive == 0 {
             ipvs.delete_destination(key, d)?;
             self.draining.remove(&id);
             return Ok(1);
@@ -237,7 +284,12 @@ fn service_of(vs: &VirtualServer) -> Service {
 }
 
 /// `--cleanup`: every virtual server outside `exclude`, and kube-ipvs0.
+/// A node whose kernel has not loaded ip_vs has none (and asking would
+/// load it).
 pub fn cleanup(exclude: &[Cidr]) -> Result<usize, super::Error> {
+    if !std::path::Path::new("/proc/net/ip_vs").exists() {
+        return Ok(0);
+    }
     let mut ipvs = match Ipvs::open() {
         Ok(i) => i,
         Err(super::Error::NoFamily(_)) => return Ok(0),
@@ -250,7 +302,7 @@ pub fn cleanup(exclude: &[Cidr]) -> Result<usize, super::Error> {
             removed += 1;
         }
     }
-    link::delete()?;
+    link::Rtnl::open()?.delete()?;
     Ok(removed)
 }
 
@@ -311,5 +363,8 @@ mod tests {
         let mut v6 = vs("10.96.0.10", 80, "10.244.1.5");
         v6.address = ip("fd00::10");
         assert!(check(vec![v6]).unwrap_err().contains("family"));
+        let mut long = vs("10.96.0.10", 80, "10.244.1.5");
+        long.persistence_seconds = 86_401;
+        assert!(check(vec![long]).is_err());
     }
 }

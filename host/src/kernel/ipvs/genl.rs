@@ -137,7 +137,14 @@ impl Genl {
                         };
                     }
                     NLMSG_DONE if interrupted => return Err(Error::Protocol("interrupted".into())),
-                    NLMSG_DONE => return Ok(out),
+                    NLMSG_DONE => {
+                        // A dump that failed part-way says so here.
+                        let code = msg.payload().get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                        return match code {
+                            Some(c) if c < 0 => Err(Error::Refused { op: op.to_string(), errno: -c }),
+                            _ => Ok(out),
+                        };
+                    }
                     _ => {
                         let payload = msg.payload();
                         if payload.len() >= GENL_HEADER {

@@ -15,6 +15,7 @@ pub const KUBE_IPVS0: &str = "kube-ipvs0";
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
+const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
@@ -46,13 +47,14 @@ fn octets(ip: &IpAddr) -> Vec<u8> {
     }
 }
 
-struct Rtnl {
+/// One rtnetlink socket, for every call of a sync.
+pub struct Rtnl {
     socket: Socket,
     seq: u32,
 }
 
 impl Rtnl {
-    fn open() -> Result<Rtnl, Error> {
+    pub fn open() -> Result<Rtnl, Error> {
         let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| Error::Socket(format!("rtnetlink: {e}")))?;
         socket.bind_auto().map_err(|e| Error::Socket(format!("rtnetlink bind: {e}")))?;
         let timeout = nix::sys::time::TimeVal::new(10, 0);
@@ -110,12 +112,30 @@ impl Rtnl {
                             None => Ok(out),
                         };
                     }
-                    NLMSG_DONE => return Ok(out),
-                    _ => out.push(msg.payload().to_vec()),
+                    NLMSG_DONE => {
+                        // A dump that failed part-way says so here.
+                        let code = msg.payload().get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                        return match code {
+                            Some(c) if c < 0 => Err(Error::Refused { op: op.to_string(), errno: -c }),
+                            _ => Ok(out),
+                        };
+                    }
+                    _ => {
+                        out.push(msg.payload().to_vec());
+                        // A plain request (no ack, no dump) has one answer.
+                        if flags & (NLM_F_ACK | NLM_F_DUMP) == 0 {
+                            return Ok(out);
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+/// kube-ipvs0's index in this network namespace (rtnetlink), if it exists.
+pub fn index_of_kube_ipvs0() -> Option<u32> {
+    Rtnl::open().ok()?.link(KUBE_IPVS0).ok().flatten().map(|(index, _)| index)
 }
 
 /// `struct ifinfomsg`, all zero but the index.
@@ -133,80 +153,103 @@ fn ifaddrmsg(ip: &IpAddr, index: u32) -> [u8; 8] {
     m
 }
 
-/// The interface index of `name`, if it exists.
-pub fn index_of(name: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex")).ok()?.trim().parse().ok()
-}
-
-/// Creates kube-ipvs0 (a dummy interface, left down as upstream leaves
-/// it) unless it exists; its index.
-pub fn ensure() -> Result<u32, Error> {
-    if let Some(i) = index_of(KUBE_IPVS0) {
-        return Ok(i);
+impl Rtnl {
+    /// The index of the link named `name` in this socket's network
+    /// namespace, and whether it is a dummy; None if there is none.
+    pub fn link(&mut self, name: &str) -> Result<Option<(u32, bool)>, Error> {
+        let mut w = Writer::new();
+        w.str(IFLA_IFNAME, name);
+        let op = format!("looking up {name}");
+        let replies = match self.exchange(RTM_GETLINK, NLM_F_REQUEST, &ifinfomsg(0), &w.buf, &op) {
+            Err(Error::Refused { errno: ENODEV, .. }) => return Ok(None),
+            other => other?,
+        };
+        let Some(r) = replies.first().filter(|r| r.len() >= 16) else { return Ok(None) };
+        let index = u32::from_ne_bytes([r[4], r[5], r[6], r[7]]);
+        let top = attrs(&r[16..]).map_err(Error::Protocol)?;
+        let dummy = find(&top, IFLA_LINKINFO)
+            .and_then(|i| i.nested().ok())
+            .and_then(|i| find(&i, IFLA_INFO_KIND))
+            .is_some_and(|k| k.value.strip_suffix(&[0]).unwrap_or(k.value) == b"dummy");
+        Ok(Some((index, dummy)))
     }
-    let mut w = Writer::new();
-    w.str(IFLA_IFNAME, KUBE_IPVS0).nested(IFLA_LINKINFO, |w| {
-        w.bytes(IFLA_INFO_KIND, b"dummy");
-    });
-    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-    match Rtnl::open()?.exchange(RTM_NEWLINK, flags, &ifinfomsg(0), &w.buf, "creating kube-ipvs0") {
-        Ok(_) | Err(Error::Refused { errno: EEXIST, .. }) => {}
-        Err(e) => return Err(e),
-    }
-    index_of(KUBE_IPVS0).ok_or_else(|| Error::Protocol("kube-ipvs0 was created but has no index".into()))
-}
 
-/// Deletes kube-ipvs0 (and so its addresses), if it exists.
-pub fn delete() -> Result<(), Error> {
-    let Some(index) = index_of(KUBE_IPVS0) else { return Ok(()) };
-    match Rtnl::open()?.exchange(RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, &ifinfomsg(index), &[], "deleting kube-ipvs0")
-    {
-        Ok(_) | Err(Error::Refused { errno: ENODEV, .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// The addresses on interface `index`.
-pub fn addresses(index: u32) -> Result<Vec<IpAddr>, Error> {
-    let replies =
-        Rtnl::open()?.exchange(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &[0u8; 8], &[], "listing addresses")?;
-    let mut out = Vec::new();
-    for r in replies {
-        if r.len() < 8 || u32::from_ne_bytes([r[4], r[5], r[6], r[7]]) != index {
-            continue;
+    /// Creates kube-ipvs0 (a dummy interface, left down as upstream leaves
+    /// it) unless it exists; its index. An interface of that name that is
+    /// not a dummy is refused: kpx would otherwise manage its addresses.
+    pub fn ensure(&mut self) -> Result<u32, Error> {
+        if let Some((index, dummy)) = self.link(KUBE_IPVS0)? {
+            return if dummy {
+                Ok(index)
+            } else {
+                Err(Error::Protocol(format!("{KUBE_IPVS0} exists and is not a dummy interface")))
+            };
         }
-        let a = attrs(&r[8..]).map_err(Error::Protocol)?;
-        if let Some(addr) = find(&a, IFA_LOCAL).or_else(|| find(&a, IFA_ADDRESS)) {
-            match addr.value.len() {
-                4 => out.push(IpAddr::from(<[u8; 4]>::try_from(addr.value).expect("4 bytes"))),
-                16 => out.push(IpAddr::from(<[u8; 16]>::try_from(addr.value).expect("16 bytes"))),
-                _ => {}
+        let mut w = Writer::new();
+        w.str(IFLA_IFNAME, KUBE_IPVS0).nested(IFLA_LINKINFO, |w| {
+            w.bytes(IFLA_INFO_KIND, b"dummy");
+        });
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        match self.exchange(RTM_NEWLINK, flags, &ifinfomsg(0), &w.buf, "creating kube-ipvs0") {
+            Ok(_) | Err(Error::Refused { errno: EEXIST, .. }) => {}
+            Err(e) => return Err(e),
+        }
+        match self.link(KUBE_IPVS0)? {
+            Some((index, true)) => Ok(index),
+            _ => Err(Error::Protocol("kube-ipvs0 was created but cannot be found".into())),
+        }
+    }
+
+    /// Deletes kube-ipvs0 (and so its addresses), if it exists.
+    pub fn delete(&mut self) -> Result<(), Error> {
+        let Some((index, true)) = self.link(KUBE_IPVS0)? else { return Ok(()) };
+        match self.exchange(RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, &ifinfomsg(index), &[], "deleting kube-ipvs0") {
+            Ok(_) | Err(Error::Refused { errno: ENODEV, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The addresses on interface `index`.
+    pub fn addresses(&mut self, index: u32) -> Result<Vec<IpAddr>, Error> {
+        let replies = self.exchange(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &[0u8; 8], &[], "listing addresses")?;
+        let mut out = Vec::new();
+        for r in replies {
+            if r.len() < 8 || u32::from_ne_bytes([r[4], r[5], r[6], r[7]]) != index {
+                continue;
+            }
+            let a = attrs(&r[8..]).map_err(Error::Protocol)?;
+            if let Some(addr) = find(&a, IFA_LOCAL).or_else(|| find(&a, IFA_ADDRESS)) {
+                match addr.value.len() {
+                    4 => out.push(IpAddr::from(<[u8; 4]>::try_from(addr.value).expect("4 bytes"))),
+                    16 => out.push(IpAddr::from(<[u8; 16]>::try_from(addr.value).expect("16 bytes"))),
+                    _ => {}
+                }
             }
         }
+        Ok(out)
     }
-    Ok(out)
-}
 
-/// Binds a host address to interface `index` (an existing one is fine).
-pub fn add_address(index: u32, ip: IpAddr) -> Result<(), Error> {
-    let mut w = Writer::new();
-    w.bytes(IFA_LOCAL, &octets(&ip)).bytes(IFA_ADDRESS, &octets(&ip));
-    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-    let op = format!("binding {ip} to kube-ipvs0");
-    match Rtnl::open()?.exchange(RTM_NEWADDR, flags, &ifaddrmsg(&ip, index), &w.buf, &op) {
-        Ok(_) | Err(Error::Refused { errno: EEXIST, .. }) => Ok(()),
-        Err(e) => Err(e),
+    /// Binds a host address to interface `index` (an existing one is fine).
+    pub fn add_address(&mut self, index: u32, ip: IpAddr) -> Result<(), Error> {
+        let mut w = Writer::new();
+        w.bytes(IFA_LOCAL, &octets(&ip)).bytes(IFA_ADDRESS, &octets(&ip));
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        let op = format!("binding {ip} to kube-ipvs0");
+        match self.exchange(RTM_NEWADDR, flags, &ifaddrmsg(&ip, index), &w.buf, &op) {
+            Ok(_) | Err(Error::Refused { errno: EEXIST, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
-}
 
-/// Unbinds a host address from interface `index` (a missing one is fine).
-pub fn delete_address(index: u32, ip: IpAddr) -> Result<(), Error> {
-    let mut w = Writer::new();
-    w.bytes(IFA_LOCAL, &octets(&ip)).bytes(IFA_ADDRESS, &octets(&ip));
-    let op = format!("unbinding {ip} from kube-ipvs0");
-    match Rtnl::open()?.exchange(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, &ifaddrmsg(&ip, index), &w.buf, &op) {
-        Ok(_) | Err(Error::Refused { errno: EADDRNOTAVAIL, .. }) => Ok(()),
-        Err(e) => Err(e),
+    /// Unbinds a host address from interface `index` (a missing one is fine).
+    pub fn delete_address(&mut self, index: u32, ip: IpAddr) -> Result<(), Error> {
+        let mut w = Writer::new();
+        w.bytes(IFA_LOCAL, &octets(&ip)).bytes(IFA_ADDRESS, &octets(&ip));
+        let op = format!("unbinding {ip} from kube-ipvs0");
+        match self.exchange(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, &ifaddrmsg(&ip, index), &w.buf, &op) {
+            Ok(_) | Err(Error::Refused { errno: EADDRNOTAVAIL, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
