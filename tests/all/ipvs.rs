@@ -308,6 +308,27 @@ fn mode_checks() {
     let seen: Vec<String> = (0..3).map(|_| tcp(&lab, "10.96.0.10:80")).collect();
     assert!(seen.iter().all(|s| s == "be1"), "after be2 left: {seen:?}");
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    drop(kpx);
+
+    // --cleanup: the virtual servers (but one in --ipvs-exclude-cidrs)
+    // and kube-ipvs0 go.
+    let foreign = Service {
+        key: ServiceKey { address: "172.30.0.1".parse().unwrap(), protocol: TCP, port: 443 },
+        scheduler: "rr".into(),
+        flags: 0,
+        timeout: 0,
+    };
+    let f = foreign.clone();
+    node_ipvs(&lab, move |ipvs| ipvs.add_service(&f).unwrap());
+    let cleanup = kpx_args(&manifests, &["--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16"]);
+    let mut done = lab.start_kpx(KPX.as_ref(), &cleanup, &dir.join("cleanup.log")).expect("kpx --cleanup");
+    let t = std::time::Instant::now();
+    while done.is_running() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left: Vec<ServiceKey> = ipvs_in(&lab).into_iter().map(|(s, _)| s.key).collect();
+    assert_eq!(left, vec![foreign.key], "after --cleanup:\n{}", done.log());
+    assert!(lab.node.ip(&["link", "show", "kube-ipvs0"]).is_err(), "kube-ipvs0 survived --cleanup");
     eprintln!("ipvs: kpx in ipvs mode passed");
 }
 
