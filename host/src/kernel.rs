@@ -35,6 +35,12 @@ pub enum Error {
     /// nf_tables refused over netlink (the kernel's own errno).
     #[error(transparent)]
     Netlink(#[from] nftables::netlink::Error),
+    /// IPVS or kube-ipvs0 over netlink (the kernel's own errno).
+    #[error(transparent)]
+    Ipvs(#[from] ipvs::Error),
+    /// IPVS refused some of a sync's writes; the others were made.
+    #[error("IPVS refused {count} of the sync's writes; the first: {first}")]
+    IpvsRefused { count: usize, first: String },
     /// What the kernel gave back cannot be read.
     #[error("cannot read {what}: {reason}")]
     Unreadable { what: String, reason: String },

@@ -61,11 +61,6 @@ pub struct KernelPlan {
 }
 
 impl Plan {
-    /// kube-proxy's own choice: uniform over `n` candidates.
-    pub fn uniform(n: usize) -> Plan {
-        Plan::Weighted(vec![1; n])
-    }
-
     /// Whether this plan is kube-proxy's uniform random choice over `n`.
     pub fn is_uniform(&self, n: usize) -> bool {
         matches!(self, Plan::Weighted(w) if w.len() == n && w.iter().all(|&x| x == w[0] && x > 0))
@@ -160,20 +155,6 @@ impl Plan {
             Plan::Kernel(_) => mode == ProxyMode::Ipvs,
             _ => mode != ProxyMode::Ipvs,
         }
-    }
-
-    /// The candidates the plan can send a connection to, each once, in
-    /// order.
-    pub fn reachable(&self) -> Vec<u32> {
-        let mut out: Vec<u32> = match self {
-            Plan::Weighted(w) => (0..w.len() as u32).filter(|&i| w[i as usize] > 0).collect(),
-            Plan::Sequence(s) => s.clone(),
-            Plan::Slots(t) => t.slots.clone(),
-            Plan::Kernel(k) => (0..k.weights.len() as u32).filter(|&i| k.weights[i as usize] > 0).collect(),
-        };
-        out.sort_unstable();
-        out.dedup();
-        out
     }
 }
 
@@ -333,7 +314,7 @@ mod tests {
         assert!(Plan::Weighted(vec![4096, 1]).check(2).unwrap_err().contains("4097"));
         assert!(Plan::Sequence(vec![]).check(2).is_err());
         assert!(Plan::Sequence(vec![0, 2]).check(2).is_err());
-        assert!(Plan::uniform(3).is_uniform(3));
+        assert!(Plan::Weighted(vec![1; 3]).is_uniform(3));
         // Huge equal weights are the uniform choice: no plan.
         assert_eq!(Plan::Weighted(vec![u32::MAX; 3]).normalized(3), None);
         assert_eq!(Plan::Weighted(vec![6, 3]).normalized(2), Some(Plan::Weighted(vec![2, 1])));
@@ -345,6 +326,5 @@ mod tests {
         uneven[7] = 2;
         assert!(Plan::Weighted(uneven).check(5000).is_err());
         assert!(!Plan::Weighted(vec![3, 1]).is_uniform(2));
-        assert_eq!(Plan::Sequence(vec![2, 0, 2]).reachable(), vec![0, 2]);
     }
 }

@@ -79,7 +79,7 @@ impl Picker for Wrr {
 
 /// The least of the available destinations by `better(candidate, least)`,
 /// the first one winning ties (list order, as IPVS walks it).
-fn least(dests: &[Dest], better: impl Fn(&Dest, &Dest) -> bool) -> Option<usize> {
+pub fn least(dests: &[Dest], better: impl Fn(&Dest, &Dest) -> bool) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, d) in dests.iter().enumerate().filter(|(_, d)| d.available()) {
         if best.is_none_or(|b| better(d, &dests[b])) {
@@ -95,7 +95,29 @@ pub struct Lc;
 
 impl Picker for Lc {
     fn pick(&mut self, dests: &[Dest], _: Connection) -> Option<usize> {
-        least(dests, |d, l| d.overhead() < l.overhead())
+        least(dests, |d, l| Cost::Lc.less(d, l))
+    }
+}
+
+/// The least-connection schedulers' comparisons, as IPVS writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// overhead (active · 256 + inactive)
+    Lc,
+    /// overhead / weight
+    Wlc,
+    /// (active + 1) / weight
+    Sed,
+}
+
+impl Cost {
+    /// Whether `d` costs less than `l`.
+    pub fn less(self, d: &Dest, l: &Dest) -> bool {
+        match self {
+            Cost::Lc => d.overhead() < l.overhead(),
+            Cost::Wlc => weighted_less(d.overhead(), d, l.overhead(), l),
+            Cost::Sed => weighted_less(sed_overhead(d), d, sed_overhead(l), l),
+        }
     }
 }
 
@@ -109,7 +131,7 @@ pub struct Wlc;
 
 impl Picker for Wlc {
     fn pick(&mut self, dests: &[Dest], _: Connection) -> Option<usize> {
-        least(dests, |d, l| weighted_less(d.overhead(), d, l.overhead(), l))
+        least(dests, |d, l| Cost::Wlc.less(d, l))
     }
 }
 
@@ -122,7 +144,7 @@ fn sed_overhead(d: &Dest) -> u64 {
 
 impl Picker for Sed {
     fn pick(&mut self, dests: &[Dest], _: Connection) -> Option<usize> {
-        least(dests, |d, l| weighted_less(sed_overhead(d), d, sed_overhead(l), l))
+        least(dests, |d, l| Cost::Sed.less(d, l))
     }
 }
 

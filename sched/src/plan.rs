@@ -12,7 +12,7 @@
 use kpx_rules::model::ProxyMode;
 use kpx_rules::plan::{HashField, KernelPlan, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable};
 
-use crate::ipvs::{self, Lblc, Lblcr, Rr, Wrr};
+use crate::ipvs::{self, Cost, Lblc, Lblcr, Rr, Wrr};
 use crate::params::Params;
 use crate::tables::{self, Table};
 use crate::{Connection, Dest, Picker};
@@ -169,29 +169,25 @@ fn any_connection() -> Connection {
 /// so a burst between two measurements goes where the kernel would send
 /// its first connection.
 fn least_set(name: &str, dests: &[Dest]) -> Vec<u32> {
-    let idle_first = name == "nq" && dests.iter().any(|d| d.available() && d.active == 0);
-    // (cost numerator, cost denominator): compared by cross-multiplying.
-    let cost = |d: &Dest| -> (u128, u128) {
-        match name {
-            "lc" => (u128::from(d.overhead()), 1),
-            "wlc" => (u128::from(d.overhead()), u128::from(d.weight)),
-            _ if idle_first => (u128::from(d.active != 0), 1),
-            _ => (u128::from(d.active) + 1, u128::from(d.weight)),
-        }
+    let cost = match name {
+        "lc" => Cost::Lc,
+        "wlc" => Cost::Wlc,
+        _ => Cost::Sed,
     };
-    let available: Vec<usize> = (0..dests.len()).filter(|&i| dests[i].available()).collect();
-    let best = available.iter().map(|&i| cost(&dests[i])).min_by(|a, b| (a.0 * b.1).cmp(&(b.0 * a.1)));
-    let Some(best) = best else { return vec![0; dests.len()] };
-    (0..dests.len())
-        .map(|i| {
-            let d = &dests[i];
-            let c = cost(d);
-            let tied = d.available() && c.0 * best.1 == best.0 * c.1;
-            match (tied, name) {
-                (false, _) => 0,
-                (true, "lc") => 1,
-                (true, _) => d.weight,
-            }
+    // nq: the idle ones first, all tied; else sed's.
+    let idle_first = name == "nq" && dests.iter().any(|d| d.available() && d.active == 0);
+    let candidate = |d: &Dest| d.available() && (!idle_first || d.active == 0);
+    let pool: Vec<Dest> = dests.iter().filter(|d| candidate(d)).cloned().collect();
+    let Some(best) = ipvs::least(&pool, |d, l| idle_first || cost.less(d, l)).map(|i| &pool[i]) else {
+        return vec![0; dests.len()];
+    };
+    // Tied with the least: not more costly than it.
+    dests
+        .iter()
+        .map(|d| match (candidate(d) && (idle_first || !cost.less(best, d)), cost) {
+            (false, _) => 0,
+            (true, Cost::Lc) => 1,
+            (true, _) => d.weight,
         })
         .collect()
 }

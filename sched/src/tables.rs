@@ -189,22 +189,6 @@ pub fn is_prime(n: u32) -> bool {
     n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| !n.is_multiple_of(d))
 }
 
-/// A picker that sends a connection to the slot its source address
-/// hashes to, as the modes execute slot plans.
-pub struct SlotPicker {
-    pub plan: kpx_rules::plan::SlotTable,
-}
-
-impl Picker for SlotPicker {
-    fn pick(&mut self, dests: &[Dest], c: Connection) -> Option<usize> {
-        let ip = match self.plan.field {
-            kpx_rules::plan::HashField::Source => c.source,
-            kpx_rules::plan::HashField::Destination => c.destination,
-        };
-        Some(self.plan.candidate_of(ip) as usize).filter(|&i| i < dests.len())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

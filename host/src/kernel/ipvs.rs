@@ -6,9 +6,10 @@ pub mod dataplane;
 pub mod genl;
 pub mod link;
 pub mod msg;
+pub mod netlink;
 
-pub use genl::Error;
 pub use msg::{Destination, Service, ServiceKey};
+pub use netlink::Error;
 
 /// The kernel's IPVS table.
 pub struct Ipvs {

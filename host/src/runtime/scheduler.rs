@@ -43,7 +43,7 @@ impl SchedulerPlugin {
         let bindings = sandbox.check("instantiate", bindings)?;
         self.stats.instances.fetch_add(1, Ordering::Relaxed);
         let mut instance = SchedulerInstance { sandbox, bindings, names: Vec::new() };
-        instance.sandbox.refuel(0);
+        instance.sandbox.refuel_with(SCHEDULE_FUEL_BASE, SCHEDULE_MAX_OUTPUT.min(self.limits.max_output_bytes));
         let names = instance.bindings.names(&mut instance.sandbox.store);
         instance.names = instance.sandbox.check("names", names)?;
         Ok(instance)
@@ -70,7 +70,7 @@ impl SchedulerInstance {
     /// Whether `name` plans from live load.
     pub fn uses_load(&mut self, name: &str) -> Result<bool> {
         let s = &mut self.sandbox;
-        s.refuel(0);
+        s.refuel_with(SCHEDULE_FUEL_BASE, SCHEDULE_MAX_OUTPUT.min(s.limits.max_output_bytes));
         let result = self.bindings.uses_load(&mut s.store, name);
         s.check("uses-load", result)
     }

@@ -35,12 +35,10 @@ pub struct IpvsDataplane {
     exclude: Vec<Cidr>,
     timeouts: Timeouts,
     timeouts_set: bool,
-    /// Real servers being drained: (service, address, port).
-    draining: BTreeSet<(ServiceKey, IpAddr, u16)>,
 }
 
 fn kernel_error(e: super::Error) -> SyncError {
-    SyncError::Kernel(Error::Unreadable { what: "IPVS".into(), reason: e.to_string() })
+    SyncError::Kernel(Error::Ipvs(e))
 }
 
 fn protocol_number(p: Protocol) -> u16 {
@@ -53,7 +51,7 @@ fn protocol_number(p: Protocol) -> u16 {
 
 impl IpvsDataplane {
     pub fn new(family: IpFamily, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
-        IpvsDataplane { family, exclude, timeouts, timeouts_set: false, draining: BTreeSet::new() }
+        IpvsDataplane { family, exclude, timeouts, timeouts_set: false }
     }
 
     /// Refuses virtual servers outside the state: an address, protocol
@@ -145,10 +143,7 @@ impl IpvsDataplane {
         }
         if let Some(first) = failures.first() {
             // What could be written was; the rest is retried in full.
-            return Err(SyncError::Kernel(Error::Unreadable {
-                what: format!("IPVS ({} of the table refused)", failures.len()),
-                reason: first.clone(),
-            }));
+            return Err(SyncError::Kernel(Error::IpvsRefused { count: failures.len(), first: first.clone() }));
         }
         Ok(Written { bytes: writes, iptables_rules: None })
     }
@@ -184,7 +179,6 @@ impl IpvsDataplane {
                 Ok(()) => writes += 1,
                 Err(e) => failures.push(e.to_string()),
             }
-            self.draining.retain(|(k, _, _)| k != key);
         }
         Ok((writes, failures))
     }
@@ -217,7 +211,6 @@ impl IpvsDataplane {
         };
         for r in &vs.reals {
             let d = Destination::new(r.ip, r.port, r.weight);
-            self.draining.remove(&(key.clone(), r.ip, r.port));
             match dests.get(&(r.ip, r.port)) {
                 None => {
                     ipvs.add_destination(key, &d)?;
@@ -233,41 +226,26 @@ impl IpvsDataplane {
         let kept: BTreeSet<(IpAddr, u16)> = vs.reals.iter().map(|r| (r.ip, r.port)).collect();
         // Upstream drains TCP only: UDP and SCTP real servers go at once.
         let at_once = vs.protocol != Protocol::Tcp;
-        for (addr, d) in dests.iter().filter(|(a, _)| !kept.contains(a)) {
-            writes += self.drain(ipvs, key, d, at_once, addr)?;
+        for (_, d) in dests.iter().filter(|(a, _)| !kept.contains(a)) {
+            writes += drain(ipvs, key, d, at_once)?;
         }
         Ok(writes)
     }
+}
 
-    /// A real server that left: at once (UDP, SCTP), else weight 0 until
-    /// its connections are gone.
-    fn drain(
-        &mut self,
-        ipvs: &mut Ipvs,
-        key: &ServiceKey,
-        d: &Destination,
-        at_once: bool,
-        addr: &(IpAddr, u16),
-    ) -> Result<usize, super::Error> {
-        let id = (key.clone(), addr.0, addr.1);
-        if at_once || d.active + d.inactive == 0 {
-            ipvs.delete_destination(key, d)?;
-            self.draining.remove(&id);
-            return Ok(1);
-        }
-        if d.weight != 0 {
-            ipvs.update_destination(key, &Destination::new(d.address, d.port, 0))?;
-            self.draining.insert(id);
-            return Ok(1);
-        }
-        self.draining.insert(id);
-        Ok(0)
+/// A real server that left: at once (UDP, SCTP), else weight 0 until its
+/// connections are gone. The kernel holds the state: a real server that
+/// is in the table and not in the ruleset is draining.
+fn drain(ipvs: &mut Ipvs, key: &ServiceKey, d: &Destination, at_once: bool) -> Result<usize, super::Error> {
+    if at_once || d.active + d.inactive == 0 {
+        ipvs.delete_destination(key, d)?;
+        return Ok(1);
     }
-
-    /// Real servers still draining.
-    pub fn draining(&self) -> usize {
-        self.draining.len()
+    if d.weight != 0 {
+        ipvs.update_destination(key, &Destination::new(d.address, d.port, 0))?;
+        return Ok(1);
     }
+    Ok(0)
 }
 
 fn service_of(vs: &VirtualServer) -> Service {

@@ -3,12 +3,10 @@
 
 use std::net::IpAddr;
 
-use netlink_packet_core::{ErrorBuffer, NetlinkBuffer};
-use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
+use netlink_sys::protocols::NETLINK_ROUTE;
 
+use super::netlink::{Channel, Error, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
 use crate::kernel::nla::{Writer, attrs, find};
-
-use super::genl::Error;
 
 /// upstream's dummy interface.
 pub const KUBE_IPVS0: &str = "kube-ipvs0";
@@ -19,19 +17,11 @@ const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
-const HEADER: usize = 16;
 const EEXIST: i32 = 17;
 const EADDRNOTAVAIL: i32 = 99;
 const ENODEV: i32 = 19;
@@ -49,26 +39,14 @@ fn octets(ip: &IpAddr) -> Vec<u8> {
 
 /// One rtnetlink socket, for every call of a sync.
 pub struct Rtnl {
-    socket: Socket,
-    seq: u32,
+    channel: Channel,
 }
 
 impl Rtnl {
     pub fn open() -> Result<Rtnl, Error> {
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| Error::Socket(format!("rtnetlink: {e}")))?;
-        socket.bind_auto().map_err(|e| Error::Socket(format!("rtnetlink bind: {e}")))?;
-        let timeout = nix::sys::time::TimeVal::new(10, 0);
-        nix::sys::socket::setsockopt(
-            &std::os::fd::AsFd::as_fd(&socket),
-            nix::sys::socket::sockopt::ReceiveTimeout,
-            &timeout,
-        )
-        .map_err(|e| Error::Socket(format!("rtnetlink timeout: {e}")))?;
-        Ok(Rtnl { socket, seq: std::process::id().wrapping_mul(31) })
+        Ok(Rtnl { channel: Channel::open(NETLINK_ROUTE)? })
     }
 
-    /// Sends one message (header, fixed part, attributes) and returns the
-    /// payloads of its replies until the ack or the dump's end.
     fn exchange(
         &mut self,
         msg_type: u16,
@@ -77,59 +55,7 @@ impl Rtnl {
         attrs: &[u8],
         op: &str,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let len = (HEADER + fixed.len() + attrs.len()) as u32;
-        let mut buf = Vec::with_capacity(len as usize);
-        buf.extend_from_slice(&len.to_ne_bytes());
-        buf.extend_from_slice(&msg_type.to_ne_bytes());
-        buf.extend_from_slice(&flags.to_ne_bytes());
-        buf.extend_from_slice(&seq.to_ne_bytes());
-        buf.extend_from_slice(&0u32.to_ne_bytes());
-        buf.extend_from_slice(fixed);
-        buf.extend_from_slice(attrs);
-        self.socket.send(&buf, 0).map_err(|e| Error::Socket(format!("rtnetlink send: {e}")))?;
-        let mut out = Vec::new();
-        loop {
-            let mut rbuf: Vec<u8> = Vec::with_capacity(1 << 16);
-            let n = self.socket.recv(&mut rbuf, 0).map_err(|e| Error::Socket(format!("rtnetlink ({op}): {e}")))?;
-            let mut at = 0;
-            while at + HEADER <= n.min(rbuf.len()) {
-                let msg = NetlinkBuffer::new_checked(&rbuf[at..]).map_err(|e| Error::Protocol(e.to_string()))?;
-                let mlen = msg.length() as usize;
-                if mlen < HEADER {
-                    return Err(Error::Protocol("a message shorter than its header".into()));
-                }
-                at += (mlen + 3) & !3;
-                if msg.sequence_number() != seq {
-                    continue;
-                }
-                match msg.message_type() {
-                    NLMSG_ERROR => {
-                        let e = ErrorBuffer::new_checked(msg.payload()).map_err(|e| Error::Protocol(e.to_string()))?;
-                        return match e.code() {
-                            Some(code) => Err(Error::Refused { op: op.to_string(), errno: -code.get() }),
-                            None => Ok(out),
-                        };
-                    }
-                    NLMSG_DONE => {
-                        // A dump that failed part-way says so here.
-                        let code = msg.payload().get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        return match code {
-                            Some(c) if c < 0 => Err(Error::Refused { op: op.to_string(), errno: -c }),
-                            _ => Ok(out),
-                        };
-                    }
-                    _ => {
-                        out.push(msg.payload().to_vec());
-                        // A plain request (no ack, no dump) has one answer.
-                        if flags & (NLM_F_ACK | NLM_F_DUMP) == 0 {
-                            return Ok(out);
-                        }
-                    }
-                }
-            }
-        }
+        self.channel.exchange(msg_type, flags, &[fixed, attrs], op)
     }
 }
 
