@@ -52,6 +52,8 @@ pub enum Error {
         "ipvs mode needs the kernel's IPVS (ip_vs module): {0}; load ip_vs or use --proxy-mode nftables or iptables"
     )]
     NoIpvs(String),
+    #[error("ipvs mode needs the ipset tool (Debian package ipset) for upstream's ipsets: {0}")]
+    NoIpset(String),
     /// The object source stopped (its thread ended or panicked): kpx exits
     /// non-zero so that its supervisor restarts it; the kernel keeps the
     /// last rules written.
@@ -110,7 +112,8 @@ pub fn dataplane(config: &Config, family: IpFamily) -> Dataplane {
         ProxyMode::Ipvs => {
             let i = &config.ipvs;
             let timeouts = Timeouts { tcp: i.tcp_timeout, tcp_fin: i.tcpfin_timeout, udp: i.udp_timeout };
-            Dataplane::Ipvs(IpvsDataplane::new(family, i.exclude_cidrs.clone(), timeouts))
+            let iptables = IptablesKernel::new(family, Box::new(SystemExec::default()));
+            Dataplane::Ipvs(IpvsDataplane::new(family, iptables, i.exclude_cidrs.clone(), timeouts))
         }
     }
 }
@@ -145,11 +148,11 @@ pub fn run(config: Config) -> Result<(), Error> {
         if let Err(e) = crate::kernel::ipvs::Ipvs::open() {
             return Err(Error::NoIpvs(e.to_string()));
         }
-        tracing::warn!(
-            "ipvs mode in this kpx writes IPVS and kube-ipvs0 only: not yet upstream's ipsets and iptables rules \
-             (no masquerading of off-node or hairpin traffic, no filter of other ports on Service addresses; \
-             load-balancer IPs with source ranges get no virtual server)"
-        );
+        // upstream too needs ipset (6.0 or later: IPv6 sets) in ipvs mode.
+        use crate::kernel::Exec;
+        if let Err(e) = SystemExec::default().run("ipset", &["version"], None) {
+            return Err(Error::NoIpset(e.to_string()));
+        }
     }
     init(&config);
     let plugin_runtime = plugin_runtime(&config)?;
@@ -245,6 +248,12 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
     for family in families() {
         let removed = IptablesKernel::new(family, Box::new(SystemExec::default())).cleanup()?;
         tracing::info!(%family, chains = removed, "removed iptables rules");
+    }
+    // After the rules that test them: a set in use cannot be destroyed.
+    match crate::kernel::ipvs::sets::cleanup(&SystemExec::default()) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(sets = n, "removed ipvs mode's ipsets"),
+        Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
         // No table (or no nf_tables at all) is fine: nothing to remove.

@@ -102,6 +102,17 @@ pub struct Written {
     pub iptables_rules: Option<(usize, usize)>,
 }
 
+/// What a sync's kernel side reads of the state besides the plugin's
+/// ruleset: what the ruleset may refer to, and what the host writes itself.
+#[derive(Clone, Copy)]
+pub struct StateView<'a> {
+    pub cluster: &'a kpx_rules::model::Cluster,
+    /// The destinations and endpoints a plugin's rules may name.
+    pub scope: &'a crate::validate::Scope,
+    /// The service ports the plugin holds, by key (ipvs mode's ipsets).
+    pub ports: &'a std::collections::BTreeMap<String, kpx_rules::model::ServicePort>,
+}
+
 /// The running mode's kernel side.
 pub enum Dataplane {
     Iptables(iptables::IptablesDataplane),
@@ -125,16 +136,16 @@ impl Dataplane {
         &mut self,
         plugin: &str,
         settings: &kpx_rules::model::Settings,
-        cluster: &kpx_rules::model::Cluster,
+        state: StateView<'_>,
         ruleset: &kpx_rules::ops::Ruleset,
         full: bool,
-        scope: &crate::validate::Scope,
     ) -> std::result::Result<Written, SyncError> {
         use kpx_rules::ops::Ruleset;
+        let StateView { cluster, scope, ports } = state;
         match (self, ruleset) {
             (Dataplane::Iptables(d), Ruleset::Iptables(r)) => d.sync(plugin, settings, r, full, scope),
             (Dataplane::Nftables(d), Ruleset::Nftables(t)) => d.sync(plugin, settings, cluster, t, full, scope),
-            (Dataplane::Ipvs(d), Ruleset::Ipvs(r)) => d.sync(plugin, settings, r, scope),
+            (Dataplane::Ipvs(d), Ruleset::Ipvs(r)) => d.sync(plugin, settings, r, scope, ports.values(), full),
             (d, r) => {
                 let name = |r: &Ruleset| match r {
                     Ruleset::Iptables(_) => "iptables",

@@ -6,6 +6,8 @@
 
 mod service;
 
+pub use service::local_traffic_match;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;

@@ -9,9 +9,9 @@
 //! unequal weights runs as wrr: rr would ignore them); ClientIP affinity
 //! is IPVS persistence. A destination without endpoints keeps its virtual
 //! server with no real servers: IPVS answers port-unreachable (kube-
-//! proxy's REJECT) and the last endpoints are drained, not cut. A
-//! load-balancer IP with source ranges gets no virtual server until the
-//! host writes upstream's source-range filter: closed, not open.
+//! proxy's REJECT) and the last endpoints are drained, not cut.
+//! LoadBalancer source ranges are the host's: its ipsets and iptables
+//! rules filter the load-balancer IPs' traffic before IPVS sees it.
 
 use std::net::IpAddr;
 
@@ -90,14 +90,8 @@ impl IpvsProxier {
         let internal = usable(view.has_endpoints, view.internal_endpoints());
         out.push(server(view.cluster_ip, svc.port, &internal, plan_for(view.internal_local)));
         let (external, plan) = (usable(view.has_endpoints, view.external_endpoints()), plan_for(view.external_local));
-        let ranges = svc.load_balancer_source_ranges.iter().any(|c| c.family() == self.settings.family);
-        for &ip in &view.external_ips {
+        for &ip in view.external_ips.iter().chain(&view.load_balancer_ips) {
             out.push(server(ip, svc.port, &external, plan));
-        }
-        if !ranges {
-            for &ip in &view.load_balancer_ips {
-                out.push(server(ip, svc.port, &external, plan));
-            }
         }
         if svc.node_port != 0 {
             for ip in self.node_port_addresses() {
@@ -214,13 +208,14 @@ mod tests {
     }
 
     #[test]
-    fn weights_make_rr_wrr_and_source_ranges_close_the_lb() {
+    fn weights_make_rr_wrr() {
         let mut svc = web();
         svc.endpoints[0].weight = 3;
         svc.load_balancer_ips = vec![ip("198.51.100.1")];
         svc.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
         let vs = render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc.clone());
-        assert_eq!(vs.iter().map(|v| v.address).collect::<Vec<_>>(), vec![ip("10.96.0.10")]);
+        // The LB IP is served; the host's firewall applies the ranges.
+        assert_eq!(vs.iter().map(|v| v.address).collect::<Vec<_>>(), vec![ip("10.96.0.10"), ip("198.51.100.1")]);
         assert_eq!(vs[0].scheduler, "wrr");
         svc.endpoints.iter_mut().for_each(|e| e.weight = 0);
         let vs = render(Settings::new(IpFamily::V4, ProxyMode::Ipvs), Node::default(), svc);

@@ -104,9 +104,9 @@ fn own_chain((t, name): (ipt::Table, String)) -> wipt::OwnChain {
     wipt::OwnChain { table: table(t), name }
 }
 
-fn ipt_match(m: ipt::Match) -> wipt::Match {
+fn ipt_match(m: ipt::Match) -> Result<wipt::Match> {
     let address = |a: ipt::AddressMatch| wipt::AddressMatch { negate: a.negate, cidr: cidr(&a.cidr) };
-    match m {
+    Ok(match m {
         ipt::Match::Source(a) => wipt::Match::Source(address(a)),
         ipt::Match::Destination(a) => wipt::Match::Destination(address(a)),
         ipt::Match::InInterface(i) => {
@@ -131,7 +131,10 @@ fn ipt_match(m: ipt::Match) -> wipt::Match {
         ipt::Match::RecentSet { name } => wipt::Match::RecentSet(name),
         ipt::Match::HashSlot(s) => wipt::Match::HashSlot(s),
         ipt::Match::Comment(c) => wipt::Match::Comment(c),
-    }
+        host @ (ipt::Match::Set { .. } | ipt::Match::PhysdevIsIn { .. }) => {
+            return Err(format!("{host:?} is written by the host only; the contract has no such match"));
+        }
+    })
 }
 
 fn ipt_target(t: ipt::Target) -> Result<wipt::Target> {
@@ -169,7 +172,9 @@ fn iptables(r: ipt::Ruleset) -> Result<wipt::Ruleset> {
         };
         let match_count = u8::try_from(rule.matches.len())
             .map_err(|_| format!("a rule has {} matches; the contract carries at most 255", rule.matches.len()))?;
-        matches.extend(rule.matches.into_iter().map(ipt_match));
+        for m in rule.matches {
+            matches.push(ipt_match(m)?);
+        }
         rules.push(wipt::Rule { chain, match_count, target: ipt_target(rule.target)? });
     }
     Ok(wipt::Ruleset {

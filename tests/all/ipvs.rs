@@ -17,14 +17,14 @@ use crate::support::{HoldServers, KPX, hold, kpx_args, lab_or_skip, plugin_cache
 
 const TCP: u16 = 6;
 
-fn in_guest() -> bool {
+pub fn in_guest() -> bool {
     std::env::var_os("KPX_IN_GUEST").is_some()
 }
 
 /// Runs `test` where IPVS is: here if this kernel has it (or this is the
 /// guest), else inside the qemu guest with `files` copied in; a skip only
 /// when qemu cannot run.
-fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
+pub fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
     if in_guest() || Ipvs::open().is_ok() {
         return test();
     }
@@ -158,7 +158,7 @@ fn ipvs_client_in_a_real_kernel() {
 
 /// The compiled-plugin cache the guest's kpx starts from: compiling the
 /// components under software emulation would take minutes.
-fn warm_plugin_cache() -> std::path::PathBuf {
+pub fn warm_plugin_cache() -> std::path::PathBuf {
     let dir = std::path::PathBuf::from(plugin_cache());
     let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), Some(dir.clone())).unwrap();
     runtime.load_backend("ipvs", kpx::runtime::builtin::get("ipvs").unwrap()).unwrap();
@@ -195,9 +195,24 @@ fn mode_checks() {
     let (dir, manifests) = run_dirs("ipvs-mode");
     let be: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
     let (be1, be2) = (be[0].as_str(), be[1].as_str());
+    // be1 runs on this node: its hairpin through the Service is masqueraded.
+    let local_be1 = |text: String| {
+        text.replace(
+            &format!("- addresses: [{be1}]\n  conditions: {{ready: true}}\n"),
+            &format!("- addresses: [{be1}]\n  conditions: {{ready: true}}\n  nodeName: node\n"),
+        )
+    };
     write_manifest(
         &manifests.join("web.yaml"),
-        &manifest("web", "10.96.0.10", "  type: NodePort\n", "", &[be1, be2], ""),
+        &local_be1(manifest("web", "10.96.0.10", "  type: NodePort\n", "", &[be1, be2], "")),
+    );
+    // A LoadBalancer open to the client's address only.
+    let lb_spec = "  type: LoadBalancer\n  loadBalancerSourceRanges: [192.168.100.2/32]\n";
+    write_manifest(
+        &manifests.join("lb.yaml"),
+        &manifest("lb", "10.96.0.14", lb_spec, "", &[be1, be2], "")
+            .replace("nodePort: 30080", "nodePort: 30084")
+            .replace("---\n", "status:\n  loadBalancer: {ingress: [{ip: 10.100.0.1}]}\n---\n"),
     );
     let weights = format!("  annotations: {{kpx.dev/weights: \"{be1}=3,{be2}=1\"}}\n");
     let wrr = "  annotations: {kpx.dev/scheduler: wrr}\n";
@@ -220,6 +235,9 @@ fn mode_checks() {
     let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
+    for line in kpx.log().lines().filter(|l| l.contains("ERROR") || l.contains("WARN")) {
+        eprintln!("ipvs: kpx said: {line}");
+    }
     let table = ipvs_in(&lab);
     for (s, d) in &table {
         eprintln!(
@@ -256,6 +274,7 @@ fn mode_checks() {
     assert_eq!(seen.iter().filter(|s| *s == "be1").count(), 6, "wrr 3:1: {seen:?}");
     let seen: Vec<String> = (0..4).map(|_| tcp(&lab, "10.96.0.12:80")).collect();
     assert!(seen.iter().all(|s| s == &seen[0]), "ClientIP affinity: {seen:?}");
+    helper_rules_checks(&lab);
 
     // An endpoint leaves while a connection to it is open: drained at
     // weight 0, not cut; a Service leaves: its virtual servers and its
@@ -272,8 +291,23 @@ fn mode_checks() {
     );
     std::fs::remove_file(manifests.join("sticky.yaml")).unwrap();
     assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
-    std::thread::sleep(Duration::from_millis(1500));
-    let table = ipvs_in(&lab);
+    // A sync may have started before the last file was written: wait until
+    // the table shows all three changes (or a minute passes).
+    let gone_ip = lab.backends.iter().find(|b| b.name == held_by).unwrap().ip.clone();
+    let t = std::time::Instant::now();
+    let table = loop {
+        let table = ipvs_in(&lab);
+        let applied = !table.iter().any(|(s, _)| s.key.address.to_string() == "10.96.0.12")
+            && table.iter().any(|(s, d)| {
+                s.key.address.to_string() == "10.96.0.13"
+                    && d.iter().any(|d| d.address.to_string() == gone_ip && d.weight == 0)
+            });
+        if applied || t.elapsed() > Duration::from_secs(60) {
+            break table;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_millis(500));
     let find = |ip: &str, port: u16| {
         table.iter().find(|(s, _)| s.key.address.to_string() == ip && s.key.port == port).cloned()
     };
@@ -329,7 +363,82 @@ fn mode_checks() {
     let left: Vec<ServiceKey> = ipvs_in(&lab).into_iter().map(|(s, _)| s.key).collect();
     assert_eq!(left, vec![foreign.key], "after --cleanup:\n{}", done.log());
     assert!(lab.node.ip(&["link", "show", "kube-ipvs0"]).is_err(), "kube-ipvs0 survived --cleanup");
+    let sets = lab.node.exec(&["ipset", "list", "-n"]).unwrap();
+    assert!(!sets.contains("KUBE-") && !sets.contains("KPX-"), "ipsets survived --cleanup: {sets}");
+    let rules = lab.node.exec(&["iptables-save"]).unwrap();
+    assert!(!rules.contains("KUBE-"), "iptables rules survived --cleanup:\n{rules}");
     eprintln!("ipvs: kpx in ipvs mode passed");
+}
+
+fn request(lab: &NodeLab, from: Option<&str>, to: &str) -> Reply {
+    let from = from.map(|f| f.parse().unwrap());
+    Request { to: to.parse().unwrap(), from, timeout: Duration::from_secs(3) }.tcp(&lab.client)
+}
+
+/// upstream's ipsets and helper iptables rules, with real traffic:
+/// masquerading of off-cluster clients, hairpin, the LoadBalancer source
+/// ranges, and kube-ipvs0's addresses closed but on Service ports.
+fn helper_rules_checks(lab: &NodeLab) {
+    let list = |set: &str| lab.node.exec(&["ipset", "list", set]).unwrap_or_else(|e| format!("{e}"));
+    for (set, entry) in [
+        ("KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"),
+        ("KUBE-LOOP-BACK", "10.244.1.5,tcp:8080,10.244.1.5"),
+        ("KUBE-NODE-PORT-TCP", "30080"),
+        ("KUBE-LOAD-BALANCER-FW", "10.100.0.1,tcp:80"),
+        ("KUBE-LOAD-BALANCER-SOURCE-CIDR", "10.100.0.1,tcp:80,192.168.100.2"),
+        ("KUBE-IPVS-IPS", "10.100.0.1"),
+    ] {
+        let text = list(set);
+        assert!(
+            text.lines().any(|l| l.trim() == entry || l.trim().starts_with(&format!("{entry} "))),
+            "{set}:\n{text}"
+        );
+    }
+    let rules = lab.node.exec(&["iptables-save"]).unwrap();
+    eprintln!("ipvs: {} iptables rules in ipvs mode", rules.lines().filter(|l| l.starts_with("-A")).count());
+
+    // An off-cluster client is masqueraded (the backend sees the node).
+    match request(lab, None, "10.96.0.10:80") {
+        Reply::Answer { seen_from, .. } => {
+            eprintln!("ipvs: client via the cluster IP seen from {seen_from}");
+            assert!(seen_from.starts_with("10.244."), "not masqueraded: seen from {seen_from}");
+        }
+        other => panic!("cluster IP: {other:?}"),
+    }
+    // Hairpin: be1 reaching itself through the Service is masqueraded.
+    let be1 = &lab.backends[0];
+    let hairpin: Vec<Reply> = (0..4)
+        .map(|_| {
+            let r = Request { to: "10.96.0.10:80".parse().unwrap(), from: None, timeout: Duration::from_secs(3) };
+            r.tcp(&be1.ns)
+        })
+        .collect();
+    eprintln!("ipvs: hairpin {hairpin:?}");
+    assert!(hairpin.iter().all(|r| r.server().is_some()), "hairpin: {hairpin:?}");
+    for r in &hairpin {
+        if let Reply::Answer { server, seen_from } = r
+            && server == "be1"
+        {
+            assert_eq!(seen_from, "10.244.1.1", "be1 to itself must come from the node");
+        }
+    }
+    // Source ranges: the client's address passes, another is dropped.
+    lab.client.ip(&["addr", "add", "192.168.100.3/24", "dev", "eth0"]).unwrap();
+    let allowed = request(lab, None, "10.100.0.1:80");
+    let other = request(lab, Some("192.168.100.3"), "10.100.0.1:80");
+    let other_cluster_ip = request(lab, Some("192.168.100.3"), "10.96.0.14:80");
+    eprintln!("ipvs: LB from the range {allowed:?}, from outside {other:?}, its cluster IP {other_cluster_ip:?}");
+    assert!(allowed.server().is_some(), "the allowed source: {allowed:?}");
+    assert_eq!(other, Reply::Timeout, "a source outside loadBalancerSourceRanges must be dropped");
+    assert!(other_cluster_ip.server().is_some(), "the ranges apply to the LB address only: {other_cluster_ip:?}");
+    // kube-ipvs0's addresses: a node listener answers on the node's
+    // address, not on a Service address.
+    let _node_server = kpx_netlab::EchoServer::start(&lab.node, "node", "0.0.0.0:9999").unwrap();
+    let direct = request(lab, None, &format!("{}:9999", kpx_netlab::node::NODE_IP));
+    let through_vip = request(lab, None, "10.96.0.10:9999");
+    eprintln!("ipvs: node listener direct {direct:?}, through a Service address {through_vip:?}");
+    assert_eq!(direct.server(), Some("node"), "{direct:?}");
+    assert_eq!(through_vip, Reply::Refused, "KUBE-IPVS-FILTER must reject other ports on Service addresses");
 }
 
 #[test]
@@ -391,8 +500,109 @@ fn hostile_virtual_servers_are_refused() {
         let mut instance = plugin.instantiate(&settings).unwrap();
         instance.reset(&Node::default(), &Cluster::default(), &[svc]).unwrap();
         let Ruleset::Ipvs(r) = instance.render(true, 2).unwrap() else { panic!("{name}: not an ipvs ruleset") };
-        let d = IpvsDataplane::new(IpFamily::V4, Vec::new(), Timeouts::default());
+        let iptables =
+            kpx::kernel::iptables::IptablesKernel::new(IpFamily::V4, Box::new(kpx::kernel::SystemExec::default()));
+        let d = IpvsDataplane::new(IpFamily::V4, iptables, Vec::new(), Timeouts::default());
         let refusal = d.check("hostile", &settings, &r, &scope).expect_err(name);
         assert!(refusal.reason.contains(reason), "{name}: {}", refusal.reason);
     }
+}
+
+/// ipvs mode's ipsets and iptables rules in this kernel (no ip_vs needed):
+/// the restore script builds upstream's sets and swaps out entries nobody
+/// wants (a foreign one, a leftover), the rules that test them read back
+/// from iptables-save as the typed rules written, and --cleanup's script
+/// removes both.
+#[test]
+fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
+    use std::collections::BTreeSet;
+
+    use kpx::kernel::iptables::IptablesKernel;
+    use kpx::kernel::iptables::parse::{Line, parse_dump};
+    use kpx::kernel::iptables::render::{Dialect, payload};
+    use kpx::kernel::ipvs::sets::{Kind, NodeFacts, Sets, destroy_script};
+    use kpx::kernel::{Exec, SystemExec};
+    use kpx_rules::model::{Endpoint, IpFamily, LocalTraffic, Protocol, ProxyMode, ServicePort, Settings};
+    use kpx_rules::ops::iptables::{Rule, Table};
+
+    if kpx_netlab::run("ipset", &["version"]).is_err() {
+        return eprintln!("SKIPPED ipvs_sets_and_rules_round_trip_in_the_kernel: no ipset tool");
+    }
+    let Ok(mut lab) = kpx_netlab::Lab::new() else {
+        return eprintln!("SKIPPED ipvs_sets_and_rules_round_trip_in_the_kernel: no network namespaces");
+    };
+    let ns = lab.add("sets").unwrap();
+    let mut svc = ServicePort::new("test", "web", "", Protocol::Tcp, 80)
+        .with_cluster_endpoints(vec![Endpoint::ready("10.244.1.5".parse().unwrap(), 8080)]);
+    svc.cluster_ip = Some("10.96.0.10".parse().unwrap());
+    svc.node_port = 30080;
+    svc.external_ips = vec!["192.0.2.7".parse().unwrap()];
+    svc.load_balancer_ips = vec!["198.51.100.1".parse().unwrap()];
+    svc.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+    svc.endpoints[0].conditions.is_local = true;
+    let bound: BTreeSet<std::net::IpAddr> = ["10.96.0.10".parse().unwrap()].into();
+    let sets = Sets::desired(IpFamily::V4, [&svc], &NodeFacts { node_addresses: &[], bound: &bound });
+    let mut settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
+    settings.local_traffic = LocalTraffic::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+    let frame = kpx::kernel::ipvs::iptables::frame(&settings, &sets);
+    let d = Dialect { family: IpFamily::V4, masquerade_mark: settings.masquerade_mark() };
+    let script = sets.restore_script();
+    let text = payload(&frame, &Default::default(), &[], d);
+    let jumps = frame.jumps.clone();
+    let (saved, dump_text, after_cleanup) = ns
+        .enter(move || {
+            let exec = SystemExec::default();
+            exec.run("ipset", &["restore"], Some(script.as_bytes())).expect("ipset restore");
+            // Someone else's entry and a stale one: the next sync drops both.
+            exec.run("ipset", &["add", "KUBE-CLUSTER-IP", "10.96.9.9,udp:53"], None).unwrap();
+            exec.run("ipset", &["restore"], Some(script.as_bytes())).expect("ipset restore again");
+            let saved = exec.run("ipset", &["save"], None).unwrap();
+            let kernel = IptablesKernel::new(IpFamily::V4, Box::new(SystemExec::default()));
+            kernel.apply(&text).expect("iptables-restore of the ipvs rules");
+            kernel.ensure_jumps(&jumps, d).expect("the jumps");
+            let dump_text = kernel.save().unwrap();
+            kernel.cleanup().expect("iptables cleanup");
+            let names = exec.run("ipset", &["list", "-n"], None).unwrap();
+            exec.run("ipset", &["restore"], Some(destroy_script(&names).as_bytes())).unwrap();
+            let after = (exec.run("ipset", &["list", "-n"], None).unwrap(), kernel.save().unwrap());
+            (saved, dump_text, after)
+        })
+        .unwrap();
+    let adds: BTreeSet<&str> = saved.lines().filter(|l| l.starts_with("add ")).collect();
+    let want: BTreeSet<&str> = [
+        "add KUBE-LOOP-BACK 10.244.1.5,tcp:8080,10.244.1.5",
+        "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80",
+        "add KUBE-EXTERNAL-IP 192.0.2.7,tcp:80",
+        "add KUBE-LOAD-BALANCER 198.51.100.1,tcp:80",
+        "add KUBE-LOAD-BALANCER-FW 198.51.100.1,tcp:80",
+        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.1,tcp:80,203.0.113.0/24",
+        "add KUBE-NODE-PORT-TCP 30080",
+        "add KUBE-IPVS-IPS 10.96.0.10",
+    ]
+    .into();
+    assert_eq!(adds, want, "ipset save:\n{saved}");
+    let created = saved.lines().filter(|l| l.starts_with("create ")).count();
+    assert_eq!(created, Kind::ALL.len(), "every set and no scratch set left:\n{saved}");
+
+    // Read back: every rule of the frame, typed, no foreign line.
+    let dump = parse_dump(&dump_text, d);
+    let mut back: Vec<String> = Vec::new();
+    for table in Table::ALL {
+        for (chain, lines) in &dump.tables[&table].rules {
+            for l in lines {
+                match l {
+                    Line::Rule(r) if r.chain.starts_with("KUBE-") => back.push(format!("{:?}", r.clone().canonical())),
+                    Line::Rule(r) => assert!(frame.jumps.iter().any(|j| j.chain == r.chain), "{chain}: {r:?}"),
+                    Line::Foreign { text, reason } => panic!("{text}: {reason}"),
+                }
+            }
+        }
+    }
+    let mut want: Vec<String> = frame.rules.iter().map(|r| format!("{:?}", Rule::canonical(r.clone()))).collect();
+    back.sort();
+    want.sort();
+    assert_eq!(back, want, "iptables-save:\n{dump_text}");
+    let (sets_left, rules_left) = after_cleanup;
+    assert!(sets_left.trim().is_empty(), "sets after cleanup: {sets_left}");
+    assert!(!rules_left.contains("KUBE-"), "rules after cleanup:\n{rules_left}");
 }

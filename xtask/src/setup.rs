@@ -9,8 +9,13 @@ use anyhow::{Context, Result, bail};
 
 const TARGET: &str = "wasm32-unknown-unknown";
 /// (command that must exist, Debian package providing it)
-const TOOLS: &[(&str, &str)] =
-    &[("iptables-restore", "iptables"), ("ip6tables-restore", "iptables"), ("nft", "nftables"), ("ip", "iproute2")];
+const TOOLS: &[(&str, &str)] = &[
+    ("iptables-restore", "iptables"),
+    ("ip6tables-restore", "iptables"),
+    ("nft", "nftables"),
+    ("ip", "iproute2"),
+    ("ipset", "ipset"),
+];
 
 fn have(command: &str) -> bool {
     ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin"]

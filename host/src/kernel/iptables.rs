@@ -12,7 +12,7 @@ mod tests;
 use std::collections::BTreeSet;
 
 use kpx_rules::model::{IpFamily, Settings};
-use kpx_rules::ops::iptables::{HOST_CHAINS, Hook, Rule, Ruleset, Table, own_chain_name_problem};
+use kpx_rules::ops::iptables::{Hook, Rule, Ruleset, Table, is_host_chain, own_chain_name_problem};
 
 use super::{Cause, Exec, Result, SyncError, Written};
 use crate::validate::iptables::{Checked, Context, Model, check};
@@ -97,13 +97,14 @@ impl IptablesKernel {
         Ok(())
     }
 
-    /// `--cleanup`: unlinks every jump kube-proxy keeps in built-in chains,
-    /// then flushes and deletes the chains kube-proxy (and kpx) create.
-    /// Chains of other software are left alone. Returns the chains removed.
+    /// `--cleanup`: unlinks every jump kube-proxy keeps in built-in chains
+    /// (iptables and ipvs modes), then flushes and deletes the chains
+    /// kube-proxy (and kpx) create. Chains of other software are left
+    /// alone. Returns the chains removed.
     pub fn cleanup(&self) -> Result<usize> {
         let iptables = self.tool("iptables");
         let d = Dialect { family: self.family, masquerade_mark: 1 << 14 };
-        for jump in frame::all_jumps() {
+        for jump in frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps()) {
             let spec = rule_args(&jump, d);
             let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-D", &jump.chain];
             args.extend(spec.iter().map(String::as_str));
@@ -115,11 +116,7 @@ impl IptablesKernel {
             }
         }
         let dump = self.dump(d)?;
-        let ours = |table: Table, chain: &str| {
-            own_chain_name_problem(chain).is_none()
-                || chain == kpx_rules::ops::iptables::FIREWALL_CHAIN
-                || HOST_CHAINS.contains(&(table, chain))
-        };
+        let ours = |_: Table, chain: &str| own_chain_name_problem(chain).is_none() || is_host_chain(chain);
         let mut removed = 0;
         let mut text = String::new();
         for table in Table::ALL {

@@ -4,9 +4,11 @@
 
 pub mod dataplane;
 pub mod genl;
+pub mod iptables;
 pub mod link;
 pub mod msg;
 pub mod netlink;
+pub mod sets;
 
 pub use msg::{Destination, Service, ServiceKey};
 pub use netlink::Error;

@@ -10,7 +10,7 @@ use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, 
 
 use crate::config::Config;
 use crate::kernel::iptables::frame::localhost_nodeports;
-use crate::kernel::{Dataplane, SyncError, interfaces, sysctl::Sysctl};
+use crate::kernel::{Dataplane, StateView, SyncError, interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
@@ -283,7 +283,13 @@ impl FamilyProxier {
         let t = std::time::Instant::now();
         let written = self
             .dataplane
-            .sync(self.plugin.name(), &self.settings, &self.cluster, &ruleset, full, &self.sent.scope)
+            .sync(
+                self.plugin.name(),
+                &self.settings,
+                StateView { cluster: &self.cluster, scope: &self.sent.scope, ports: &self.sent.ports },
+                &ruleset,
+                full,
+            )
             .map_err(|source| Error::Sync { family: self.family, source })?;
         self.sent.scope.forget_removed();
         self.need_full = false;

@@ -411,6 +411,9 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                     return Err(why);
                 }
             }
+            Match::Set { .. } | Match::PhysdevIsIn { .. } => {
+                return Err("ipset and physdev matches are the host's (ipvs mode)".into());
+            }
             Match::HashSlot(slot) if *slot >= ctx.dialect.masquerade_mark => {
                 return Err(format!(
                     "hash slot {slot} is not below the masquerade mark {:#x}",

@@ -36,24 +36,30 @@ impl Context<'_> {
     /// `-s <pod cidr>` / `-i <bridge>`: traffic from a local pod (or, with
     /// `negate`, not from one).
     fn local_match(&self, negate: bool) -> Option<Match> {
-        match &self.settings.local_traffic {
-            LocalTraffic::None => None,
-            LocalTraffic::Cidrs(cidrs) => cidrs
-                .iter()
-                .find(|c| c.family() == self.settings.family)
-                .map(|c| Match::Source(AddressMatch { negate, cidr: *c })),
-            LocalTraffic::BridgeInterface(name) => {
-                Some(Match::InInterface(InterfaceMatch { negate, name: name.clone(), prefix: false }))
-            }
-            LocalTraffic::InterfaceNamePrefix(prefix) => {
-                Some(Match::InInterface(InterfaceMatch { negate, name: prefix.clone(), prefix: true }))
-            }
-        }
+        local_traffic_match(self.settings, negate)
     }
 
     /// A comment, left out (and not formatted) in large-cluster mode.
     fn endpoint_comment(&self, text: impl FnOnce() -> String) -> Option<Match> {
         (!self.large_cluster).then(|| Match::Comment(text()))
+    }
+}
+
+/// `-s <pod cidr>` / `-i <bridge>`: traffic from a local pod (or, with
+/// `negate`, not from one); None when local traffic is not detected.
+pub fn local_traffic_match(settings: &Settings, negate: bool) -> Option<Match> {
+    match &settings.local_traffic {
+        LocalTraffic::None => None,
+        LocalTraffic::Cidrs(cidrs) => cidrs
+            .iter()
+            .find(|c| c.family() == settings.family)
+            .map(|c| Match::Source(AddressMatch { negate, cidr: *c })),
+        LocalTraffic::BridgeInterface(name) => {
+            Some(Match::InInterface(InterfaceMatch { negate, name: name.clone(), prefix: false }))
+        }
+        LocalTraffic::InterfaceNamePrefix(prefix) => {
+            Some(Match::InInterface(InterfaceMatch { negate, name: prefix.clone(), prefix: true }))
+        }
     }
 }
 

@@ -86,6 +86,22 @@ pub const HOST_CHAINS: &[(Table, &str)] = &[
     (Table::Filter, "KUBE-PROXY-FIREWALL"),
 ];
 
+/// Chains the host declares and fills in ipvs mode besides those above
+/// (upstream's ipvs proxier; no plugin writes iptables rules there).
+pub const IPVS_HOST_CHAINS: &[(Table, &str)] = &[
+    (Table::Nat, "KUBE-NODE-PORT"),
+    (Table::Nat, "KUBE-LOAD-BALANCER"),
+    (Table::Filter, "KUBE-NODE-PORT"),
+    (Table::Filter, "KUBE-SOURCE-RANGES-FIREWALL"),
+    (Table::Filter, "KUBE-IPVS-FILTER"),
+    (Table::Filter, "KUBE-IPVS-OUT-FILTER"),
+];
+
+/// Whether a chain is one the host declares in some mode.
+pub fn is_host_chain(chain: &str) -> bool {
+    chain == FIREWALL_CHAIN || HOST_CHAINS.iter().chain(IPVS_HOST_CHAINS).any(|(_, c)| *c == chain)
+}
+
 /// The localnet guard, declared only when localhost node ports are on.
 pub const FIREWALL_CHAIN: &str = "KUBE-FIREWALL";
 /// The host chain that sets the masquerade mark.
@@ -151,6 +167,23 @@ pub struct HashMark {
     pub seed: u32,
 }
 
+/// Which of the packet's fields an ipset match looks up, in the set's
+/// dimension order (`dst,dst,src`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SetDir {
+    Src,
+    Dst,
+}
+
+impl SetDir {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetDir::Src => "src",
+            SetDir::Dst => "dst",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Match {
     Source(AddressMatch),
@@ -202,6 +235,18 @@ pub enum Match {
     /// The slot a [`Target::HashMark`] chose: `-m mark --mark SLOT/SLOTMASK`.
     HashSlot(u32),
     Comment(String),
+    /// Host only (ipvs mode): `-m set [!] --match-set NAME DIRS`: the
+    /// packet's fields named by `dirs` are an entry of the ipset NAME.
+    Set {
+        negate: bool,
+        name: String,
+        dirs: Vec<SetDir>,
+    },
+    /// Host only (ipvs mode): `-m physdev [!] --physdev-is-in`: the packet
+    /// came in through a bridge port.
+    PhysdevIsIn {
+        negate: bool,
+    },
 }
 
 impl Match {

@@ -81,6 +81,11 @@ impl Walker<'_> {
                 }
                 Match::RecentCheck { .. } => false,
                 Match::RecentSet { .. } | Match::Comment(_) => true,
+                // The traced packets never cross a bridge.
+                Match::PhysdevIsIn { negate } => *negate,
+                // Only ipvs mode's host rules test ipsets, and the tracer
+                // runs iptables mode's rules, where the validator refuses them.
+                Match::Set { .. } => false,
             };
             if !hit {
                 return Some(false);

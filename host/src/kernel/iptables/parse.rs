@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use kpx_rules::model::{Cidr, IpFamily, Protocol, split_host_port};
 use kpx_rules::ops::CtStates;
 use kpx_rules::ops::iptables::{
-    AddressMatch, HOST_CHAINS, HashMark, HashTuple, InterfaceMatch, MARK_MASQ_CHAIN, Match, Rule, Table, Target,
+    AddressMatch, HashMark, HashTuple, InterfaceMatch, MARK_MASQ_CHAIN, Match, Rule, SetDir, Table, Target,
+    is_host_chain,
 };
 
 use super::render::Dialect;
@@ -260,6 +261,8 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                         | "recent"
                         | "comment"
                         | "cluster"
+                        | "set"
+                        | "physdev"
                 ) {
                     return Err(format!("match module {module:?} is not one kpx writes"));
                 }
@@ -343,6 +346,23 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                 });
             }
             "--comment" if module == "comment" => rule.matches.push(Match::Comment(value(i)?.to_string())),
+            "--match-set" if module == "set" => {
+                let name = value(i)?.to_string();
+                let dirs = value(i + 1)?
+                    .split(',')
+                    .map(|d| match d {
+                        "src" => Ok(SetDir::Src),
+                        "dst" => Ok(SetDir::Dst),
+                        other => Err(format!("set direction {other:?}")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                rule.matches.push(Match::Set { negate, name, dirs });
+                step = 3;
+            }
+            "--physdev-is-in" if module == "physdev" => {
+                rule.matches.push(Match::PhysdevIsIn { negate });
+                step = 1;
+            }
             // iptables-save's spelling (a one-bit mask) and kpx's (the node).
             "--cluster-local-nodemask" | "--cluster-local-node" if module == "cluster" && !negate => {
                 let v = parse_u32(value(i)?)?;
@@ -375,9 +395,7 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                     "DNAT" | "MASQUERADE" | "MARK" | "HMARK" => Target::None,
                     c if word == "-g" => Target::Goto(c.to_string()),
                     MARK_MASQ_CHAIN => Target::MarkForMasquerade,
-                    c if HOST_CHAINS.iter().any(|(_, h)| *h == c) || c == "KUBE-FIREWALL" => {
-                        Target::HostJump(c.to_string())
-                    }
+                    c if is_host_chain(c) => Target::HostJump(c.to_string()),
                     c if c.starts_with(|ch: char| ch.is_ascii_uppercase()) && c.contains('-') => {
                         Target::Jump(c.to_string())
                     }

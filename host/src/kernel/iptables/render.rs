@@ -92,6 +92,19 @@ fn render_match(out: &mut String, m: &Match, protocol: Option<Protocol>, d: Dial
             push_sanitized_comment(out, text, MAX_COMMENT);
             out.push('"');
         }
+        // Set names are the host's own constants (kernel::ipvs::sets).
+        Match::Set { negate, name, dirs } => {
+            let _ = write!(out, " -m set {}--match-set {name} ", not(*negate));
+            for (i, dir) in dirs.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(dir.as_str());
+            }
+        }
+        Match::PhysdevIsIn { negate } => {
+            let _ = write!(out, " -m physdev {}--physdev-is-in", not(*negate));
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! ipvs mode's kernel side: checks the backend's virtual servers against
-//! the state, binds the Service addresses to kube-ipvs0 and reconciles
-//! the kernel's IPVS table to the ruleset. Real servers that leave are
+//! the state, writes the host's ipsets and iptables rules (from the state,
+//! as upstream's ipvs proxier does), binds the Service addresses to
+//! kube-ipvs0 and reconciles the kernel's IPVS table to the ruleset.
+//! Real servers that leave are
 //! drained, not cut: TCP and SCTP ones keep weight 0 until their
 //! connections are gone (checked at every sync), UDP ones go at once
 //! (upstream's graceful termination).
@@ -8,12 +10,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, Settings};
+use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, ServicePort, Settings};
 use kpx_rules::ops::ipvs::{Ruleset, VirtualServer};
 use kpx_rules::plan::IPVS_SCHEDULERS;
 
 use super::msg::{SVC_F_PERSISTENT, SVC_F_SCHED1};
+use super::sets::{NodeFacts, Sets};
 use super::{Destination, Ipvs, Service, ServiceKey, link};
+use crate::kernel::iptables::IptablesKernel;
+use crate::kernel::iptables::render::payload;
 use crate::kernel::{Error, SyncError, Written};
 use crate::validate::{Rejected, Scope};
 
@@ -31,6 +36,8 @@ pub const MAX_PERSISTENCE: u32 = 86_400;
 
 pub struct IpvsDataplane {
     family: IpFamily,
+    /// The family's iptables tools (and the executor for `ipset`).
+    iptables: IptablesKernel,
     /// `--ipvs-exclude-cidrs`: virtual servers there are not kube-proxy's.
     exclude: Vec<Cidr>,
     timeouts: Timeouts,
@@ -50,8 +57,8 @@ fn protocol_number(p: Protocol) -> u16 {
 }
 
 impl IpvsDataplane {
-    pub fn new(family: IpFamily, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
-        IpvsDataplane { family, exclude, timeouts, timeouts_set: false }
+    pub fn new(family: IpFamily, iptables: IptablesKernel, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
+        IpvsDataplane { family, iptables, exclude, timeouts, timeouts_set: false }
     }
 
     /// Refuses virtual servers outside the state: an address, protocol
@@ -106,15 +113,38 @@ impl IpvsDataplane {
         self.exclude.iter().any(|c| c.contains(ip))
     }
 
-    pub fn sync(
+    /// One sync. `ports`: the state's service ports, which the host's
+    /// ipsets are computed from; `full`: the jumps from built-in chains
+    /// are checked too.
+    pub fn sync<'a>(
         &mut self,
         plugin: &str,
         settings: &Settings,
         ruleset: &Ruleset,
         scope: &Scope,
+        ports: impl IntoIterator<Item = &'a ServicePort>,
+        full: bool,
     ) -> Result<Written, SyncError> {
         self.check(plugin, settings, ruleset, scope)?;
         let mut ipvs = Ipvs::open().map_err(kernel_error)?;
+        let wanted: BTreeSet<IpAddr> =
+            scope.destinations.iter().map(|d| d.0).filter(|ip| self.family.matches(ip)).collect();
+        // The sets and rules first: a virtual server is never reachable
+        // before its masquerading and its firewall are in place.
+        let node_addresses: Vec<IpAddr> = match &settings.nodeport_addresses {
+            NodePortAddresses::Only(cidrs) => cidrs.iter().filter(|c| c.is_host()).map(|c| c.addr).collect(),
+            NodePortAddresses::All => Vec::new(),
+        };
+        let sets = Sets::desired(self.family, ports, &NodeFacts { node_addresses: &node_addresses, bound: &wanted });
+        let script = sets.restore_script();
+        self.iptables.exec().run("ipset", &["restore"], Some(script.as_bytes()))?;
+        let d = crate::kernel::iptables::dialect(settings);
+        let frame = super::iptables::frame(settings, &sets);
+        if full {
+            self.iptables.ensure_jumps(&frame.jumps, d)?;
+        }
+        let text = payload(&frame, &Default::default(), &[], d);
+        self.iptables.apply(&text)?;
         if !self.timeouts_set && self.timeouts != Timeouts::default() {
             let t = self.timeouts;
             // The kernel's refusal here must not stop the table's sync.
@@ -129,8 +159,6 @@ impl IpvsDataplane {
         // without a virtual server is the node's own).
         let mut rtnl = link::Rtnl::open().map_err(kernel_error)?;
         let index = rtnl.ensure().map_err(kernel_error)?;
-        let wanted: BTreeSet<IpAddr> =
-            scope.destinations.iter().map(|d| d.0).filter(|ip| self.family.matches(ip)).collect();
         let bound: BTreeSet<IpAddr> =
             rtnl.addresses(index).map_err(kernel_error)?.into_iter().filter(|ip| self.family.matches(ip)).collect();
         for ip in wanted.difference(&bound) {
@@ -145,7 +173,13 @@ impl IpvsDataplane {
             // What could be written was; the rest is retried in full.
             return Err(SyncError::Kernel(Error::IpvsRefused { count: failures.len(), first: first.clone() }));
         }
-        Ok(Written { bytes: writes, iptables_rules: None })
+        let rules = frame.rules.iter().filter(|r| r.table == kpx_rules::ops::iptables::Table::Nat).count();
+        // The ipset and iptables payloads, and one for each IPVS and
+        // rtnetlink write.
+        Ok(Written {
+            bytes: writes + script.len() + text.len(),
+            iptables_rules: Some((frame.rules.len() - rules, rules)),
+        })
     }
 
     /// Brings the kernel's table to `ruleset`, service by service: one the
@@ -320,7 +354,8 @@ mod tests {
 
     fn check(services: Vec<VirtualServer>) -> Result<(), String> {
         let (settings, scope) = state();
-        let d = IpvsDataplane::new(IpFamily::V4, Vec::new(), Timeouts::default());
+        let iptables = IptablesKernel::new(IpFamily::V4, Box::new(crate::kernel::SystemExec::default()));
+        let d = IpvsDataplane::new(IpFamily::V4, iptables, Vec::new(), Timeouts::default());
         d.check("hostile", &settings, &Ruleset { services }, &scope).map_err(|e| e.reason)
     }
 
