@@ -69,6 +69,9 @@ pub struct Flow {
     /// node ports; an empty virtual server answers port-unreachable).
     #[serde(default)]
     pub expect_ipvs: Option<String>,
+    /// Whether ipvs mode masquerades, where it differs from `masq`.
+    #[serde(default)]
+    pub masq_ipvs: Option<bool>,
     /// Repeated connections from one client stay on one endpoint.
     #[serde(default)]
     pub sticky: bool,
@@ -95,6 +98,14 @@ impl Flow {
 
     pub fn family(&self) -> IpFamily {
         IpFamily::of(&self.destination().0)
+    }
+
+    /// Whether the endpoint sees the node's address in a mode.
+    pub fn masquerades(&self, mode: &str) -> bool {
+        match (mode, self.masq_ipvs) {
+            ("ipvs", Some(m)) => m,
+            _ => self.masq,
+        }
     }
 
     /// The expected outcome in a mode.

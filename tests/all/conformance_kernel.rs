@@ -183,10 +183,10 @@ fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow, mode: &str) -> Result<Str
                             return Err(format!("answered by {server}, want one of {expect}"));
                         }
                         let masqueraded = seen_from != flow.from.to_string();
-                        if masqueraded != flow.masq {
+                        if masqueraded != flow.masquerades(mode) {
                             return Err(format!(
                                 "{server} saw the client as {seen_from}: masquerade {masqueraded}, want {}",
-                                flow.masq
+                                flow.masquerades(mode)
                             ));
                         }
                         seen.insert(server);
