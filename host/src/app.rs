@@ -240,7 +240,7 @@ fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
 /// families), its nftables tables, and its IPVS virtual servers (outside
 /// `--ipvs-exclude-cidrs`) with kube-ipvs0, then returns.
 pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
-    match crate::kernel::ipvs::dataplane::cleanup(&config.ipvs.exclude_cidrs) {
+    match crate::kernel::ipvs::dataplane::cleanup(&config.ipvs.exclude_cidrs, 1 << config.masquerade_bit) {
         Ok(0) => {}
         Ok(n) => tracing::info!(services = n, "removed IPVS virtual servers and kube-ipvs0"),
         Err(e) => tracing::warn!("cannot remove IPVS virtual servers: {e}"),

@@ -6,7 +6,7 @@
 
 mod service;
 
-pub use service::local_traffic_match;
+pub use service::{local_traffic_match, slot_matches};
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -7,7 +7,9 @@
 //! host passes it as the setting `ipvs-scheduler`, default rr); weights
 //! come from the plan or the endpoints (`--ipvs-scheduler` rr with
 //! unequal weights runs as wrr: rr would ignore them); ClientIP affinity
-//! is IPVS persistence. A destination without endpoints keeps its virtual
+//! is IPVS persistence. A slot plan (mh, maglev) goes with its virtual
+//! server for the host to execute (a table over the destination is the
+//! one endpoint it names for that address). A destination without endpoints keeps its virtual
 //! server with no real servers: IPVS answers port-unreachable (kube-
 //! proxy's REJECT) and the last endpoints are drained, not cut.
 //! LoadBalancer source ranges are the host's: its ipsets and iptables
@@ -16,7 +18,7 @@
 use std::net::IpAddr;
 
 use crate::model::{
-    Backend, Change, Cluster, Endpoint, Node, NodePortAddresses, Plan, ProxyMode, ServicePort, Settings,
+    Backend, Change, Cluster, Endpoint, HashField, Node, NodePortAddresses, Plan, ProxyMode, ServicePort, Settings,
 };
 use crate::ops::Ruleset as AnyRuleset;
 use crate::ops::ipvs::{RealServer, Ruleset, VirtualServer};
@@ -56,11 +58,21 @@ impl IpvsProxier {
         let Some(view) = svc.view(self.settings.family) else { return };
         let plan_for = |local: bool| if local { view.local_plan } else { view.cluster_plan };
         let server = |address: IpAddr, port: u16, eps: &[&Endpoint], plan: Option<&Plan>| {
-            let (mut scheduler, flags, mut weights): (String, u8, Vec<u32>) =
-                match plan.filter(|p| p.check(eps.len()).is_ok()) {
-                    Some(Plan::Kernel(k)) => (k.scheduler.clone(), k.flags, k.weights.clone()),
-                    _ => (self.scheduler().to_string(), 0, eps.iter().map(|e| u32::from(e.weight)).collect()),
-                };
+            let plan = plan.filter(|p| p.check(eps.len()).is_ok());
+            // A table over the destination picks one endpoint per address.
+            let one;
+            let (eps, slots) = match plan {
+                Some(Plan::Slots(t)) if t.field == HashField::Destination => {
+                    one = [eps[t.candidate_of(address) as usize]];
+                    (&one[..], None)
+                }
+                Some(Plan::Slots(t)) => (eps, Some(t.clone())),
+                _ => (eps, None),
+            };
+            let (mut scheduler, flags, mut weights): (String, u8, Vec<u32>) = match plan {
+                Some(Plan::Kernel(k)) => (k.scheduler.clone(), k.flags, k.weights.clone()),
+                _ => (self.scheduler().to_string(), 0, eps.iter().map(|e| u32::from(e.weight)).collect()),
+            };
             // As the other modes: every weight 0 is no weighting at all.
             if weights.iter().all(|&w| w == 0) {
                 weights.iter_mut().for_each(|w| *w = 1);
@@ -80,6 +92,7 @@ impl IpvsProxier {
                     .zip(weights)
                     .map(|(e, weight)| RealServer { ip: e.ip, port: e.port, weight })
                     .collect(),
+                slots,
             }
         };
         // Endpoints only while some endpoint serves (upstream's

@@ -153,7 +153,10 @@ impl Plan {
         use crate::model::ProxyMode;
         match self {
             Plan::Kernel(_) => mode == ProxyMode::Ipvs,
-            _ => mode != ProxyMode::Ipvs,
+            // ipvs mode: the host marks each connection with its slot's
+            // endpoint (firewall-mark virtual servers).
+            Plan::Slots(_) => true,
+            Plan::Weighted(_) | Plan::Sequence(_) => mode != ProxyMode::Ipvs,
         }
     }
 }

@@ -199,20 +199,37 @@ macro_rules! wit_conversions {
                 }
             }
 
+            pub fn to_wit_slot_table(t: &model::SlotTable) -> wit::SlotTable {
+                wit::SlotTable {
+                    field: match t.field {
+                        model::HashField::Source => wit::HashField::Source,
+                        model::HashField::Destination => wit::HashField::Destination,
+                    },
+                    seed: t.seed,
+                    rows: t.rows,
+                    cols: t.cols,
+                    slots: t.slots.clone(),
+                }
+            }
+
+            pub fn from_wit_slot_table(t: wit::SlotTable) -> model::SlotTable {
+                model::SlotTable {
+                    field: match t.field {
+                        wit::HashField::Source => model::HashField::Source,
+                        wit::HashField::Destination => model::HashField::Destination,
+                    },
+                    seed: t.seed,
+                    rows: t.rows,
+                    cols: t.cols,
+                    slots: t.slots,
+                }
+            }
+
             pub fn to_wit_plan(p: &model::Plan) -> wit::Plan {
                 match p {
                     model::Plan::Weighted(w) => wit::Plan::Weighted(w.clone()),
                     model::Plan::Sequence(s) => wit::Plan::Sequence(s.clone()),
-                    model::Plan::Slots(t) => wit::Plan::Slots(wit::SlotTable {
-                        field: match t.field {
-                            model::HashField::Source => wit::HashField::Source,
-                            model::HashField::Destination => wit::HashField::Destination,
-                        },
-                        seed: t.seed,
-                        rows: t.rows,
-                        cols: t.cols,
-                        slots: t.slots.clone(),
-                    }),
+                    model::Plan::Slots(t) => wit::Plan::Slots(to_wit_slot_table(t)),
                     model::Plan::Kernel(k) => wit::Plan::Kernel(wit::KernelPlan {
                         scheduler: k.scheduler.clone(),
                         weights: k.weights.clone(),
@@ -225,16 +242,7 @@ macro_rules! wit_conversions {
                 match p {
                     wit::Plan::Weighted(w) => model::Plan::Weighted(w),
                     wit::Plan::Sequence(s) => model::Plan::Sequence(s),
-                    wit::Plan::Slots(t) => model::Plan::Slots(model::SlotTable {
-                        field: match t.field {
-                            wit::HashField::Source => model::HashField::Source,
-                            wit::HashField::Destination => model::HashField::Destination,
-                        },
-                        seed: t.seed,
-                        rows: t.rows,
-                        cols: t.cols,
-                        slots: t.slots,
-                    }),
+                    wit::Plan::Slots(t) => model::Plan::Slots(from_wit_slot_table(t)),
                     wit::Plan::Kernel(k) => model::Plan::Kernel(model::KernelPlan {
                         scheduler: k.scheduler,
                         weights: k.weights,

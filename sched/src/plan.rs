@@ -32,7 +32,11 @@ pub fn plan_for(mode: ProxyMode, name: &str, params: &[(String, String)], dests:
     }
     let p = |known: &[&str]| Params::new(name, params, known);
     let flags = match name {
-        "sh" | "mh" => {
+        // The same slot table as in the other modes, which the host
+        // executes with firewall marks: one client reaches the same
+        // endpoint in every mode (not the kernel's own mh).
+        "mh" | "maglev" => return plan(name, params, dests),
+        "sh" => {
             let params = p(&["fallback", "port"])?;
             u8::from(params.flag("fallback")?) | (u8::from(params.flag("port")?) << 1)
         }
@@ -40,7 +44,7 @@ pub fn plan_for(mode: ProxyMode, name: &str, params: &[(String, String)], dests:
             p(&[])?;
             0
         }
-        "random" | "maglev" => {
+        "random" => {
             return Err(format!(
                 "{name} is not an IPVS scheduler: ipvs mode cannot execute it (the iptables and nftables modes can)"
             ));
@@ -310,8 +314,14 @@ mod tests {
         assert_eq!(plan_for(ProxyMode::Ipvs, "wrr", &[], &d), k("wrr", vec![3, 0, 1], 0));
         let fallback = [("fallback".to_string(), "true".to_string())];
         assert_eq!(plan_for(ProxyMode::Ipvs, "sh", &fallback, &d), k("sh", vec![3, 0, 1], 1));
-        let e = plan_for(ProxyMode::Ipvs, "maglev", &[], &d).unwrap_err();
-        assert!(e.contains("maglev is not an IPVS scheduler") && e.contains("ipvs mode"), "{e}");
+        let e = plan_for(ProxyMode::Ipvs, "random", &[], &d).unwrap_err();
+        assert!(e.contains("random is not an IPVS scheduler") && e.contains("ipvs mode"), "{e}");
+        // mh and maglev: the very table the other modes run.
+        for name in ["mh", "maglev"] {
+            let ipvs = plan_for(ProxyMode::Ipvs, name, &[], &d).unwrap();
+            assert!(matches!(ipvs, Plan::Slots(_)), "{name}: {ipvs:?}");
+            assert_eq!(Ok(ipvs), plan_for(ProxyMode::Nftables, name, &[], &d), "{name}");
+        }
         assert!(plan_for(ProxyMode::Ipvs, "rr", &fallback, &d).is_err());
         // The other modes take their own plans, and refuse what only IPVS does.
         assert!(matches!(plan_for(ProxyMode::Nftables, "sh", &[], &d), Ok(Plan::Slots(_))));

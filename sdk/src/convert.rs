@@ -11,7 +11,7 @@ use crate::__bindings::kpx::proxier::iptables as wipt;
 use crate::__bindings::kpx::proxier::ipvs as wipvs;
 use crate::__bindings::kpx::proxier::nftables as wnft;
 use crate::__bindings::kpx::proxier::types as wt;
-use crate::wit_convert::{to_wit_cidr, to_wit_ip};
+use crate::wit_convert::{to_wit_cidr, to_wit_ip, to_wit_slot_table};
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -43,6 +43,7 @@ fn ipvs(r: ops::ipvs::Ruleset) -> wipvs::Ruleset {
                         weight: r.weight,
                     })
                     .collect(),
+                slots: s.slots.as_ref().map(to_wit_slot_table),
             })
             .collect(),
     }

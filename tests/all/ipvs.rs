@@ -69,7 +69,7 @@ fn tcp(lab: &NodeLab, to: &str) -> String {
 }
 
 fn key(port: u16) -> ServiceKey {
-    ServiceKey { address: "10.96.0.10".parse().unwrap(), protocol: TCP, port }
+    ServiceKey::new("10.96.0.10".parse().unwrap(), TCP, port)
 }
 
 /// Runs IPVS calls inside the node's namespace (IPVS is per namespace).
@@ -347,7 +347,7 @@ fn mode_checks() {
     // --cleanup: the virtual servers (but one in --ipvs-exclude-cidrs)
     // and kube-ipvs0 go.
     let foreign = Service {
-        key: ServiceKey { address: "172.30.0.1".parse().unwrap(), protocol: TCP, port: 443 },
+        key: ServiceKey::new("172.30.0.1".parse().unwrap(), TCP, 443),
         scheduler: "rr".into(),
         flags: 0,
         timeout: 0,
@@ -544,7 +544,7 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
     let sets = Sets::desired(IpFamily::V4, [&svc], &NodeFacts { node_addresses: &[], bound: &bound });
     let mut settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
     settings.local_traffic = LocalTraffic::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
-    let frame = kpx::kernel::ipvs::iptables::frame(&settings, &sets);
+    let frame = kpx::kernel::ipvs::iptables::frame(&settings, &sets, Vec::new());
     let d = Dialect { family: IpFamily::V4, masquerade_mark: settings.masquerade_mark() };
     let script = sets.restore_script();
     let text = payload(&frame, &Default::default(), &[], d);

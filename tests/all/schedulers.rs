@@ -330,3 +330,69 @@ fn least_connection_from_live_load_iptables() {
 fn least_connection_from_live_load_nftables() {
     load_scenario("nftables");
 }
+
+/// ipvs mode, where IPVS is (the qemu guest here): maglev and mh run the
+/// very slot tables the other modes run (firewall marks the host sets per
+/// slot), so each client reaches the endpoint the plan predicts, as in
+/// the iptables and nftables scenarios above; the kernel's own sh and dh
+/// keep one client on one endpoint.
+fn ipvs_scenario() {
+    let Some(lab) = lab_or_skip(4, "schedulers_in_ipvs_mode_in_a_real_kernel") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("schedulers-ipvs");
+    let ips: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
+    let all: Vec<&str> = ips.iter().map(String::as_str).collect();
+    write_service(&manifests, "maglev", "10.96.0.23", &[("kpx.dev/scheduler", "maglev")], &all, &[]);
+    write_service(&manifests, "mh", "10.96.0.26", &[("kpx.dev/scheduler", "mh")], &all, &[]);
+    write_service(&manifests, "sh", "10.96.0.24", &[("kpx.dev/scheduler", "sh")], &all, &[]);
+    write_service(&manifests, "dh", "10.96.0.27", &[("kpx.dev/scheduler", "dh")], &all, &[]);
+    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
+    let clients = client_addresses(&lab, 16);
+    let d = dests(&lab, &[1, 1, 1, 1]);
+    for (vip, name) in
+        [("10.96.0.23:80", "maglev"), ("10.96.0.26:80", "mh"), ("10.96.0.24:80", "sh"), ("10.96.0.27:80", "dh")]
+    {
+        let plan = ["maglev", "mh"].contains(&name).then(|| kpx_sched::plan::plan(name, &[], &d).unwrap());
+        let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
+        for &c in &clients {
+            let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), vip)).collect();
+            assert!(answers.iter().all(|a| a == &answers[0]), "ipvs: {name} sent client {c} to {answers:?}");
+            assert!(answers[0].starts_with("be"), "ipvs: {name}: {answers:?}\n{}", kpx.log());
+            if let Some(plan) = &plan
+                && answers[0] != predicted(&lab, plan, c)
+            {
+                let nat = lab.node.exec(&["iptables-save", "-t", "nat"]).unwrap_or_default();
+                let table = lab.node.exec(&["ipvsadm", "-Ln"]).unwrap_or_default();
+                let slots: Vec<&str> = nat.lines().filter(|l| l.contains("SLOTS")).take(12).collect();
+                panic!(
+                    "ipvs: {name} sent {c} to {} and not to {}, as the plan says\n{}\n{table}",
+                    answers[0],
+                    predicted(&lab, plan, c),
+                    slots.join("\n")
+                );
+            }
+            per_client.insert(c, answers[0].clone());
+        }
+        let spread: std::collections::BTreeSet<_> = per_client.values().collect();
+        eprintln!("ipvs: {name}: {} clients reached {spread:?}", clients.len());
+        // dh hashes the destination: one endpoint for every client.
+        let want = if name == "dh" { 1 } else { 3 };
+        assert!(spread.len() >= want, "ipvs: {name} does not spread clients: {per_client:?}");
+    }
+    assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+}
+
+#[test]
+fn schedulers_in_ipvs_mode_in_a_real_kernel() {
+    use crate::ipvs::{in_guest, warm_plugin_cache, where_ipvs_is};
+    let files: Vec<std::path::PathBuf> = if in_guest() || kpx::kernel::ipvs::Ipvs::open().is_ok() {
+        Vec::new()
+    } else {
+        vec![KPX.into(), warm_plugin_cache()]
+    };
+    let refs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
+    where_ipvs_is("schedulers::schedulers_in_ipvs_mode_in_a_real_kernel", &refs, ipvs_scenario);
+}

@@ -9,6 +9,7 @@ pub mod link;
 pub mod msg;
 pub mod netlink;
 pub mod sets;
+pub mod slots;
 
 pub use msg::{Destination, Service, ServiceKey};
 pub use netlink::Error;
@@ -24,18 +25,12 @@ impl Ipvs {
         Ok(Ipvs { genl: genl::Genl::open(msg::IPVS_GENL_NAME, msg::IPVS_GENL_VERSION)? })
     }
 
-    /// Every virtual service (firewall-mark services left out).
+    /// Every virtual service, firewall-mark ones included.
     pub fn services(&mut self) -> Result<Vec<Service>, Error> {
         let mut nest = crate::kernel::nla::Writer::new();
         nest.nested(1, |_| {});
         let replies = self.genl.dump(msg::CMD_GET_SERVICE, &nest, "listing IPVS services")?;
-        let mut out = Vec::new();
-        for r in replies {
-            if let Some(s) = msg::parse_service(&r).map_err(Error::Protocol)? {
-                out.push(s);
-            }
-        }
-        Ok(out)
+        replies.iter().map(|r| msg::parse_service(r).map_err(Error::Protocol)).collect()
     }
 
     /// The real servers of a service, with their connection counts.
@@ -95,6 +90,9 @@ fn protocol_name(p: u16) -> &'static str {
 }
 
 fn describe(key: &ServiceKey) -> String {
+    if key.fwmark != 0 {
+        return format!("IPVS firewall-mark service {:#x}", key.fwmark);
+    }
     format!("IPVS service {} {}", protocol_name(key.protocol), kpx_rules::model::join_host_port(&key.address, key.port))
 }
 

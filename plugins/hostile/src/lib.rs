@@ -55,7 +55,8 @@ pub struct Hostile {
 impl Hostile {
     /// ipvs mode: a virtual server on an address no Service has
     /// (hostile-ipvs-address), a real server that is no endpoint
-    /// (hostile-ipvs-real), a scheduler IPVS lacks (hostile-ipvs-scheduler).
+    /// (hostile-ipvs-real), a scheduler IPVS lacks (hostile-ipvs-scheduler),
+    /// a slot table naming a real server that is not there (hostile-ipvs-slots).
     fn ipvs(&self, r: &mut kpx_sdk::ops::ipvs::Ruleset) {
         use kpx_sdk::ops::ipvs::{RealServer, VirtualServer};
         let outside = VirtualServer {
@@ -66,6 +67,7 @@ impl Hostile {
             scheduler_flags: 0,
             persistence_seconds: 0,
             reals: Vec::new(),
+            slots: None,
         };
         if self.asks("ipvs-address") {
             r.services.push(outside);
@@ -76,6 +78,10 @@ impl Hostile {
             }
             if self.asks("ipvs-scheduler") {
                 vs.scheduler = "evil".into();
+            }
+            if self.asks("ipvs-slots") {
+                let field = kpx_sdk::HashField::Source;
+                vs.slots = Some(kpx_sdk::SlotTable { field, seed: 0, rows: 1, cols: 2, slots: vec![0, 7] });
             }
         }
     }

@@ -63,6 +63,34 @@ pub fn local_traffic_match(settings: &Settings, negate: bool) -> Option<Match> {
     }
 }
 
+/// A slot table over the source address as xt_cluster tests, in order:
+/// (candidate, matches) for one rule per slot (a row whose slots agree:
+/// one rule for the row); with `catch_all_last`, the last one has no test
+/// (for terminating targets: it catches what is left). Without it, every
+/// packet matches exactly one rule. The same hash as nftables' `jhash`
+/// and the plan's [`crate::plan::SlotTable::slot_of`].
+pub fn slot_matches(table: &crate::plan::SlotTable, catch_all_last: bool) -> Vec<(u32, Vec<Match>)> {
+    let (rows, cols) = (usize::from(table.rows), usize::from(table.cols));
+    let mut rules = Vec::new();
+    for row in 0..rows {
+        let row_match =
+            (rows > 1).then(|| Match::ClusterHash { total: table.rows, node: row as u8 + 1, seed: table.row_seed() });
+        let slots = &table.slots[row * cols..(row + 1) * cols];
+        if slots.iter().all(|&c| c == slots[0]) {
+            rules.push((slots[0], row_match.into_iter().collect::<Vec<_>>()));
+            continue;
+        }
+        for (col, &c) in slots.iter().enumerate() {
+            let col_match = Match::ClusterHash { total: table.cols, node: col as u8 + 1, seed: table.seed };
+            rules.push((c, row_match.iter().cloned().chain([col_match]).collect()));
+        }
+    }
+    if let Some(last) = rules.last_mut().filter(|_| catch_all_last) {
+        last.1.clear();
+    }
+    rules
+}
+
 /// `-p PROTO -d IP --dport PORT` with a comment first, as upstream orders them.
 fn to_destination(svc: &ServicePort, comment: String, ip: IpAddr, port: u16) -> [Match; 4] {
     [Match::Comment(comment), Match::Protocol(svc.protocol), Match::destination_ip(ip), Match::DestinationPort(port)]
@@ -388,30 +416,7 @@ fn write_endpoint_choice<'e>(
             }
         }
         Some(Plan::Slots(table)) if table.field == HashField::Source => {
-            // One rule per slot (a row whose slots agree: one rule), the
-            // last one catching what is left.
-            let (rows, cols) = (usize::from(table.rows), usize::from(table.cols));
-            let mut rules = Vec::new();
-            for row in 0..rows {
-                let row_match = (rows > 1).then(|| Match::ClusterHash {
-                    total: table.rows,
-                    node: row as u8 + 1,
-                    seed: table.row_seed(),
-                });
-                let slots = &table.slots[row * cols..(row + 1) * cols];
-                if slots.iter().all(|&c| c == slots[0]) {
-                    rules.push((slots[0], row_match.into_iter().collect::<Vec<_>>()));
-                    continue;
-                }
-                for (col, &c) in slots.iter().enumerate() {
-                    let col_match = Match::ClusterHash { total: table.cols, node: col as u8 + 1, seed: table.seed };
-                    rules.push((c, row_match.iter().cloned().chain([col_match]).collect()));
-                }
-            }
-            if let Some(last) = rules.last_mut() {
-                last.1.clear();
-            }
-            for (c, matches) in rules {
+            for (c, matches) in slot_matches(table, true) {
                 out.push(to(c as usize, matches));
             }
         }

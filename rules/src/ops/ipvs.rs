@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 
 use crate::model::Protocol;
+use crate::plan::SlotTable;
 
 /// One real server of a virtual server.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -26,6 +27,9 @@ pub struct VirtualServer {
     /// ClientIP affinity: persistence in seconds (0: none).
     pub persistence_seconds: u32,
     pub reals: Vec<RealServer>,
+    /// A slot table over the source address, slots naming positions in
+    /// `reals`, that the host executes (firewall marks).
+    pub slots: Option<SlotTable>,
 }
 
 /// The whole table the backend wants.

@@ -16,7 +16,7 @@ use kpx_rules::plan::IPVS_SCHEDULERS;
 
 use super::msg::{SVC_F_PERSISTENT, SVC_F_SCHED1};
 use super::sets::{NodeFacts, Sets};
-use super::{Destination, Ipvs, Service, ServiceKey, link};
+use super::{Destination, Ipvs, Service, ServiceKey, link, slots};
 use crate::kernel::iptables::IptablesKernel;
 use crate::kernel::iptables::render::payload;
 use crate::kernel::{Error, SyncError, Written};
@@ -42,6 +42,8 @@ pub struct IpvsDataplane {
     exclude: Vec<Cidr>,
     timeouts: Timeouts,
     timeouts_set: bool,
+    /// The firewall marks of slot plans' real servers.
+    marks: slots::Marks,
 }
 
 fn kernel_error(e: super::Error) -> SyncError {
@@ -58,7 +60,7 @@ fn protocol_number(p: Protocol) -> u16 {
 
 impl IpvsDataplane {
     pub fn new(family: IpFamily, iptables: IptablesKernel, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
-        IpvsDataplane { family, iptables, exclude, timeouts, timeouts_set: false }
+        IpvsDataplane { family, iptables, exclude, timeouts, timeouts_set: false, marks: slots::Marks::default() }
     }
 
     /// Refuses virtual servers outside the state: an address, protocol
@@ -96,6 +98,16 @@ impl IpvsDataplane {
             if vs.scheduler_flags > 0b111 || vs.persistence_seconds > MAX_PERSISTENCE {
                 return Err(refuse(format!("scheduler flags past bit 2, or a persistence past {MAX_PERSISTENCE} s")));
             }
+            if let Some(table) = &vs.slots {
+                if table.field != kpx_rules::model::HashField::Source {
+                    return Err(refuse(
+                        "a slot table over the destination: return the one real server it names instead".into(),
+                    ));
+                }
+                if let Err(why) = kpx_rules::model::Plan::Slots(table.clone()).check(vs.reals.len()) {
+                    return Err(refuse(format!("its slot table: {why}")));
+                }
+            }
             let mut reals = BTreeSet::new();
             for r in &vs.reals {
                 if !self.family.matches(&r.ip) || !scope.endpoints.contains(&(r.ip, r.port)) {
@@ -127,6 +139,28 @@ impl IpvsDataplane {
     ) -> Result<Written, SyncError> {
         self.check(plugin, settings, ruleset, scope)?;
         let mut ipvs = Ipvs::open().map_err(kernel_error)?;
+        let masquerade_mark = settings.masquerade_mark();
+        // Every service of the family, so that one in an excluded range
+        // is found (and left alone) rather than added again.
+        let current: BTreeMap<ServiceKey, Service> = ipvs
+            .services()
+            .map_err(kernel_error)?
+            .into_iter()
+            .filter(|s| self.family.matches(&s.key.address))
+            .map(|s| (s.key.clone(), s))
+            .collect();
+        let held: BTreeSet<u32> =
+            current.keys().map(|k| k.fwmark).filter(|m| slots::is_own_mark(*m, masquerade_mark)).collect();
+        let work = self.marks.plan(ruleset, masquerade_mark, &held);
+        if work.unmarked > 0 {
+            tracing::warn!(
+                family = %self.family,
+                "{} real servers of slot plans got no firewall mark (all {} below the masquerade bit are taken): \
+                 their virtual servers use their own IPVS scheduler",
+                work.unmarked,
+                masquerade_mark - 1
+            );
+        }
         let wanted: BTreeSet<IpAddr> =
             scope.destinations.iter().map(|d| d.0).filter(|ip| self.family.matches(ip)).collect();
         // The sets and rules first: a virtual server is never reachable
@@ -139,7 +173,7 @@ impl IpvsDataplane {
         let script = sets.restore_script();
         self.iptables.exec().run("ipset", &["restore"], Some(script.as_bytes()))?;
         let d = crate::kernel::iptables::dialect(settings);
-        let frame = super::iptables::frame(settings, &sets);
+        let frame = super::iptables::frame(settings, &sets, work.rules.clone());
         if full {
             self.iptables.ensure_jumps(&frame.jumps, d)?;
         }
@@ -153,7 +187,8 @@ impl IpvsDataplane {
                 Err(e) => tracing::error!(family = %self.family, "cannot set the IPVS timeouts: {e}"),
             }
         }
-        let (mut writes, failures) = self.reconcile(&mut ipvs, ruleset).map_err(kernel_error)?;
+        let (mut writes, failures) =
+            self.reconcile(&mut ipvs, ruleset, &work.services, &current, masquerade_mark).map_err(kernel_error)?;
         // Every Service address on kube-ipvs0, bound once its virtual
         // servers exist: traffic to it is local, so IPVS sees it (a port
         // without a virtual server is the node's own).
@@ -182,89 +217,116 @@ impl IpvsDataplane {
         })
     }
 
-    /// Brings the kernel's table to `ruleset`, service by service: one the
-    /// kernel refuses (a scheduler module it lacks, say) is reported and
-    /// the others are still written. The number of writes and the
+    /// Brings the kernel's table (`current`) to `ruleset` and the slot
+    /// plans' firewall-mark services, service by service: one the kernel
+    /// refuses (a scheduler module it lacks, say) is reported and the
+    /// others are still written. kpx's firewall-mark services that are no
+    /// longer wanted drain like real servers. The number of writes and the
     /// refusals.
-    fn reconcile(&mut self, ipvs: &mut Ipvs, ruleset: &Ruleset) -> Result<(usize, Vec<String>), super::Error> {
+    fn reconcile(
+        &mut self,
+        ipvs: &mut Ipvs,
+        ruleset: &Ruleset,
+        marked: &[(Service, Destination)],
+        current: &BTreeMap<ServiceKey, Service>,
+        masquerade_mark: u32,
+    ) -> Result<(usize, Vec<String>), super::Error> {
         let mut writes = 0;
         let mut failures = Vec::new();
-        // Every service of the family, so that one in an excluded range
-        // is found (and left alone) rather than added again.
-        let current: BTreeMap<ServiceKey, Service> = ipvs
-            .services()?
-            .into_iter()
-            .filter(|s| self.family.matches(&s.key.address))
-            .map(|s| (s.key.clone(), s))
-            .collect();
         let mut wanted_keys = BTreeSet::new();
-        for vs in &ruleset.services {
-            let service = service_of(vs);
+        let address_services = ruleset.services.iter().map(|vs| {
+            let reals: Vec<Destination> = vs.reals.iter().map(|r| Destination::new(r.ip, r.port, r.weight)).collect();
+            // Upstream drains TCP only: UDP and SCTP real servers go at once.
+            (service_of(vs), reals, vs.protocol != Protocol::Tcp)
+        });
+        let mark_services = marked.iter().map(|(s, d)| (s.clone(), vec![d.clone()], false));
+        for (service, reals, at_once) in address_services.chain(mark_services) {
             wanted_keys.insert(service.key.clone());
-            match self.reconcile_one(ipvs, vs, &service, current.get(&service.key)) {
+            match reconcile_one(ipvs, &service, &reals, at_once, current.get(&service.key)) {
                 Ok(n) => writes += n,
                 Err(e) => failures.push(e.to_string()),
             }
         }
-        let stale: Vec<&ServiceKey> =
-            current.keys().filter(|k| !wanted_keys.contains(*k) && !self.excluded(&k.address)).collect();
-        for key in stale {
-            match ipvs.delete_service(key) {
-                Ok(()) => writes += 1,
+        for key in current.keys().filter(|k| !wanted_keys.contains(*k)) {
+            let result = if key.fwmark != 0 {
+                if !slots::is_own_mark(key.fwmark, masquerade_mark) {
+                    continue;
+                }
+                drain_service(ipvs, key)
+            } else if self.excluded(&key.address) {
+                continue;
+            } else {
+                ipvs.delete_service(key).map(|()| 1)
+            };
+            match result {
+                Ok(n) => writes += n,
                 Err(e) => failures.push(e.to_string()),
             }
         }
         Ok((writes, failures))
     }
+}
 
-    /// One virtual server and its real servers.
-    fn reconcile_one(
-        &mut self,
-        ipvs: &mut Ipvs,
-        vs: &VirtualServer,
-        service: &Service,
-        have: Option<&Service>,
-    ) -> Result<usize, super::Error> {
-        let mut writes = 0;
-        let key = &service.key;
-        match have {
+/// One virtual service and its real servers.
+fn reconcile_one(
+    ipvs: &mut Ipvs,
+    service: &Service,
+    reals: &[Destination],
+    at_once: bool,
+    have: Option<&Service>,
+) -> Result<usize, super::Error> {
+    let mut writes = 0;
+    let key = &service.key;
+    match have {
+        None => {
+            ipvs.add_service(service)?;
+            writes += 1;
+        }
+        Some(have) if have != service => {
+            ipvs.update_service(service)?;
+            writes += 1;
+        }
+        Some(_) => {}
+    }
+    let dests: BTreeMap<(IpAddr, u16), Destination> = if have.is_some() {
+        ipvs.destinations(key)?.into_iter().map(|d| ((d.address, d.port), d)).collect()
+    } else {
+        BTreeMap::new()
+    };
+    for d in reals {
+        match dests.get(&(d.address, d.port)) {
             None => {
-                ipvs.add_service(service)?;
+                ipvs.add_destination(key, d)?;
                 writes += 1;
             }
-            Some(have) if have != service => {
-                ipvs.update_service(service)?;
+            Some(h) if h.weight != d.weight => {
+                ipvs.update_destination(key, d)?;
                 writes += 1;
             }
             Some(_) => {}
         }
-        let dests: BTreeMap<(IpAddr, u16), Destination> = if have.is_some() {
-            ipvs.destinations(key)?.into_iter().map(|d| ((d.address, d.port), d)).collect()
-        } else {
-            BTreeMap::new()
-        };
-        for r in &vs.reals {
-            let d = Destination::new(r.ip, r.port, r.weight);
-            match dests.get(&(r.ip, r.port)) {
-                None => {
-                    ipvs.add_destination(key, &d)?;
-                    writes += 1;
-                }
-                Some(h) if h.weight != r.weight => {
-                    ipvs.update_destination(key, &d)?;
-                    writes += 1;
-                }
-                Some(_) => {}
-            }
-        }
-        let kept: BTreeSet<(IpAddr, u16)> = vs.reals.iter().map(|r| (r.ip, r.port)).collect();
-        // Upstream drains TCP only: UDP and SCTP real servers go at once.
-        let at_once = vs.protocol != Protocol::Tcp;
-        for (_, d) in dests.iter().filter(|(a, _)| !kept.contains(a)) {
-            writes += drain(ipvs, key, d, at_once)?;
-        }
-        Ok(writes)
     }
+    let kept: BTreeSet<(IpAddr, u16)> = reals.iter().map(|d| (d.address, d.port)).collect();
+    for (_, d) in dests.iter().filter(|(a, _)| !kept.contains(a)) {
+        writes += drain(ipvs, key, d, at_once)?;
+    }
+    Ok(writes)
+}
+
+/// A firewall-mark service no slot plan needs: its real servers drain
+/// (weight 0 while they hold connections), then it goes.
+fn drain_service(ipvs: &mut Ipvs, key: &ServiceKey) -> Result<usize, super::Error> {
+    let dests = ipvs.destinations(key)?;
+    if dests.iter().all(|d| d.active + d.inactive == 0) {
+        ipvs.delete_service(key)?;
+        return Ok(1);
+    }
+    let mut writes = 0;
+    for d in dests.iter().filter(|d| d.weight != 0) {
+        ipvs.update_destination(key, &Destination::new(d.address, d.port, 0))?;
+        writes += 1;
+    }
+    Ok(writes)
 }
 
 /// A real server that left: at once (UDP, SCTP), else weight 0 until its
@@ -288,17 +350,18 @@ fn service_of(vs: &VirtualServer) -> Service {
         flags |= SVC_F_PERSISTENT;
     }
     Service {
-        key: ServiceKey { address: vs.address, protocol: protocol_number(vs.protocol), port: vs.port },
+        key: ServiceKey::new(vs.address, protocol_number(vs.protocol), vs.port),
         scheduler: vs.scheduler.clone(),
         flags,
         timeout: vs.persistence_seconds,
     }
 }
 
-/// `--cleanup`: every virtual server outside `exclude`, and kube-ipvs0.
+/// `--cleanup`: every virtual server outside `exclude` (and kpx's
+/// firewall-mark ones), and kube-ipvs0.
 /// A node whose kernel has not loaded ip_vs has none (and asking would
 /// load it).
-pub fn cleanup(exclude: &[Cidr]) -> Result<usize, super::Error> {
+pub fn cleanup(exclude: &[Cidr], masquerade_mark: u32) -> Result<usize, super::Error> {
     if !std::path::Path::new("/proc/net/ip_vs").exists() {
         return Ok(0);
     }
@@ -309,7 +372,11 @@ pub fn cleanup(exclude: &[Cidr]) -> Result<usize, super::Error> {
     };
     let mut removed = 0;
     for s in ipvs.services()? {
-        if !exclude.iter().any(|c| c.contains(&s.key.address)) {
+        let ours = match s.key.fwmark {
+            0 => !exclude.iter().any(|c| c.contains(&s.key.address)),
+            mark => slots::is_own_mark(mark, masquerade_mark),
+        };
+        if ours {
             ipvs.delete_service(&s.key)?;
             removed += 1;
         }
@@ -349,6 +416,7 @@ mod tests {
             scheduler_flags: 0,
             persistence_seconds: 0,
             reals: vec![RealServer { ip: ip(real), port: 8080, weight: 1 }],
+            slots: None,
         }
     }
 
@@ -379,5 +447,15 @@ mod tests {
         let mut long = vs("10.96.0.10", 80, "10.244.1.5");
         long.persistence_seconds = 86_401;
         assert!(check(vec![long]).is_err());
+        // Slot tables: over the source, naming real servers that are there.
+        use kpx_rules::model::{HashField, SlotTable};
+        let table = |field, slots: Vec<u32>| SlotTable { field, seed: 1, rows: 1, cols: slots.len() as u8, slots };
+        let mut slotted = vs("10.96.0.10", 80, "10.244.1.5");
+        slotted.slots = Some(table(HashField::Source, vec![0, 0]));
+        assert_eq!(check(vec![slotted.clone()]), Ok(()));
+        slotted.slots = Some(table(HashField::Source, vec![0, 1]));
+        assert!(check(vec![slotted.clone()]).unwrap_err().contains("slot table"));
+        slotted.slots = Some(table(HashField::Destination, vec![0, 0]));
+        assert!(check(vec![slotted]).unwrap_err().contains("over the destination"));
     }
 }

@@ -25,7 +25,7 @@ const IPVS_OUT_FILTER: &str = "KUBE-IPVS-OUT-FILTER";
 
 /// upstream's `iptablesChains`, the chains each sync declares (flushes)
 /// and fills.
-const CHAINS: [(Table, &str); 11] = [
+const CHAINS: [(Table, &str); 12] = [
     (Table::Nat, SERVICES),
     (Table::Nat, POSTROUTING),
     (Table::Nat, NODE_PORT),
@@ -37,6 +37,7 @@ const CHAINS: [(Table, &str); 11] = [
     (Table::Filter, SOURCE_RANGES),
     (Table::Filter, IPVS_FILTER),
     (Table::Filter, IPVS_OUT_FILTER),
+    (Table::Nat, super::slots::CHAIN),
 ];
 
 use SetDir::{Dst, Src};
@@ -67,7 +68,9 @@ pub fn jumps() -> Vec<Rule> {
 
 /// The rules of one sync, from the sets it writes: a rule that tests a
 /// set is written only while the set has entries, as upstream does.
-pub fn frame(settings: &Settings, sets: &Sets) -> Frame {
+/// `slot_rules`: nat KUBE-IPVS-SLOTS, which marks connections for slot
+/// plans (slots.rs), jumped to first when it has rules.
+pub fn frame(settings: &Settings, sets: &Sets, slot_rules: Vec<Rule>) -> Frame {
     use Table::{Filter, Nat};
     let has = |kind: Kind| !sets.is_empty(kind);
     let mark = settings.masquerade_mark();
@@ -83,6 +86,10 @@ pub fn frame(settings: &Settings, sets: &Sets) -> Frame {
             .with(Match::Source(AddressMatch { negate: false, cidr: loopback }))
             .target(Target::Return),
     );
+    if !slot_rules.is_empty() {
+        rules.push(Rule::chain(Nat, SERVICES).target(Target::HostJump(super::slots::CHAIN.into())));
+        rules.extend(slot_rules);
+    }
 
     // upstream's ipsetWithIptablesChain, in its order.
     let with_set = |table: Table, from: &str, protocol: Option<Protocol>, kind: Kind, dirs: &[SetDir], to: Target| {
@@ -254,7 +261,7 @@ mod tests {
 
     /// The frame's rules of one chain, as iptables-save prints them.
     fn chain(table: Table, name: &str) -> Vec<String> {
-        let frame = frame(&settings(), &sets());
+        let frame = frame(&settings(), &sets(), Vec::new());
         let text = payload(&frame, &Ruleset::default(), &[], d());
         text.split("COMMIT\n")
             .find(|t| t.starts_with(&format!("*{}", table.name())))
@@ -315,7 +322,7 @@ mod tests {
     fn without_a_local_detector_the_nodes_own_connections_are_masqueraded() {
         let mut s = settings();
         s.local_traffic = LocalTraffic::None;
-        let f = frame(&s, &sets());
+        let f = frame(&s, &sets(), Vec::new());
         let masq: Vec<&Rule> =
             f.rules.iter().filter(|r| r.chain == "KUBE-SERVICES" && r.target == Target::MarkForMasquerade).collect();
         assert_eq!(masq.len(), 1);
@@ -328,7 +335,7 @@ mod tests {
     fn every_rule_reads_back() {
         let mut all = sets();
         all.entries.entry(Kind::ExternalIp).or_default().insert(super::super::sets::Entry::Port(1));
-        let f = frame(&settings(), &all);
+        let f = frame(&settings(), &all, Vec::new());
         assert!(f.rules.iter().any(|r| r.matches.contains(&Match::PhysdevIsIn { negate: true })));
         let text = payload(&f, &Ruleset::default(), &[], d());
         let dump = parse_dump(&text, d());

@@ -70,13 +70,32 @@ pub const SVC_F_SCHED2: u32 = 0x10;
 /// IP_VS_CONN_F_MASQ: NAT to the destination.
 pub const FWD_MASQ: u32 = 0;
 
-/// What identifies a virtual service.
+/// What identifies a virtual service: an address, protocol and port, or
+/// a firewall mark (then the address is the family's unspecified one,
+/// protocol and port 0, as the kernel reports such a service).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
     pub address: IpAddr,
     /// IPPROTO_TCP / UDP / SCTP.
     pub protocol: u16,
     pub port: u16,
+    /// Non-zero: a firewall-mark service (any packet with this mark).
+    pub fwmark: u32,
+}
+
+impl ServiceKey {
+    pub fn new(address: IpAddr, protocol: u16, port: u16) -> ServiceKey {
+        ServiceKey { address, protocol, port, fwmark: 0 }
+    }
+
+    /// The firewall-mark service of a family.
+    pub fn fwmark(family_of: &IpAddr, mark: u32) -> ServiceKey {
+        let address = match family_of {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        ServiceKey { address, protocol: 0, port: 0, fwmark: mark }
+    }
 }
 
 /// A virtual service.
@@ -123,8 +142,12 @@ fn addr16(ip: &IpAddr) -> [u8; 16] {
 
 /// The identifying attributes of a service.
 fn key_attrs(w: &mut Writer, key: &ServiceKey) {
-    w.u16_ne(SVC_ATTR_AF, af(&key.address))
-        .u16_ne(SVC_ATTR_PROTOCOL, key.protocol)
+    w.u16_ne(SVC_ATTR_AF, af(&key.address));
+    if key.fwmark != 0 {
+        w.u32_ne(SVC_ATTR_FWMARK, key.fwmark);
+        return;
+    }
+    w.u16_ne(SVC_ATTR_PROTOCOL, key.protocol)
         .bytes(SVC_ATTR_ADDR, &addr16(&key.address))
         .bytes(SVC_ATTR_PORT, &key.port.to_be_bytes());
 }
@@ -202,30 +225,36 @@ fn address(family: u16, a: Attr) -> Result<IpAddr, String> {
     }
 }
 
-/// A GET_SERVICE reply (the attributes after the genetlink header); None
-/// for a firewall-mark service (kpx writes none).
-pub fn parse_service(payload: &[u8]) -> Result<Option<Service>, String> {
+/// A GET_SERVICE reply (the attributes after the genetlink header).
+pub fn parse_service(payload: &[u8]) -> Result<Service, String> {
     let top = attrs(payload)?;
     let nest = need(&top, CMD_ATTR_SERVICE, "a service reply")?.nested()?;
-    if find(&nest, SVC_ATTR_FWMARK).is_some_and(|a| u32_ne(a).is_ok_and(|m| m != 0)) {
-        return Ok(None);
-    }
     let family = u16_ne(need(&nest, SVC_ATTR_AF, "a service")?)?;
-    let key = ServiceKey {
-        address: address(family, need(&nest, SVC_ATTR_ADDR, "a service")?)?,
-        protocol: u16_ne(need(&nest, SVC_ATTR_PROTOCOL, "a service")?)?,
-        port: port(need(&nest, SVC_ATTR_PORT, "a service")?)?,
+    let fwmark = find(&nest, SVC_ATTR_FWMARK).map(u32_ne).transpose()?.unwrap_or(0);
+    let key = if fwmark != 0 {
+        let any = match family {
+            AF_INET => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            AF_INET6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            other => return Err(format!("a firewall-mark service of family {other}")),
+        };
+        ServiceKey::fwmark(&any, fwmark)
+    } else {
+        ServiceKey::new(
+            address(family, need(&nest, SVC_ATTR_ADDR, "a service")?)?,
+            u16_ne(need(&nest, SVC_ATTR_PROTOCOL, "a service")?)?,
+            port(need(&nest, SVC_ATTR_PORT, "a service")?)?,
+        )
     };
     let flags = match find(&nest, SVC_ATTR_FLAGS) {
         Some(a) if a.value.len() >= 4 => u32::from_ne_bytes(a.value[..4].try_into().expect("4 bytes")),
         _ => 0,
     };
-    Ok(Some(Service {
+    Ok(Service {
         key,
         scheduler: need(&nest, SVC_ATTR_SCHED_NAME, "a service")?.string()?,
         flags: flags & !SVC_F_HASHED,
         timeout: find(&nest, SVC_ATTR_TIMEOUT).map(u32_ne).transpose()?.unwrap_or(0),
-    }))
+    })
 }
 
 /// A GET_DEST reply; `family` is the service's (older kernels send no
@@ -255,7 +284,7 @@ mod tests {
     use super::*;
 
     fn key() -> ServiceKey {
-        ServiceKey { address: "10.96.0.10".parse().unwrap(), protocol: 6, port: 80 }
+        ServiceKey::new("10.96.0.10".parse().unwrap(), 6, 80)
     }
 
     /// Bytes written out by hand from the kernel's structures (x86-64,
@@ -282,7 +311,7 @@ mod tests {
     #[test]
     fn ipv6_netmask_is_a_prefix_length() {
         let s = Service {
-            key: ServiceKey { address: "fd00::10".parse().unwrap(), protocol: 17, port: 53 },
+            key: ServiceKey::new("fd00::10".parse().unwrap(), 17, 53),
             scheduler: "sh".into(),
             flags: 0,
             timeout: 0,
@@ -291,6 +320,29 @@ mod tests {
         assert_eq!(&buf[buf.len() - 8..], &[8, 0, 9, 0, 128, 0, 0, 0]);
         assert_eq!(&buf[4..8], &[6, 0, 1, 0], "AF attribute");
         assert_eq!(&buf[8..10], &[10, 0], "AF_INET6");
+    }
+
+    #[test]
+    fn firewall_mark_service_bytes() {
+        let s = Service {
+            key: ServiceKey::fwmark(&"10.0.0.1".parse().unwrap(), 0x1002),
+            scheduler: "rr".into(),
+            flags: 0,
+            timeout: 0,
+        };
+        #[rustfmt::skip]
+        let want: Vec<u8> = vec![
+            // CMD_ATTR_SERVICE nest: 4 + 8+8+8+12+8+8 = 56
+            56, 0, 0x01, 0x80,
+            6, 0, 1, 0, 2, 0, 0, 0,                // AF = AF_INET
+            8, 0, 5, 0, 0x02, 0x10, 0, 0,          // FWMARK 0x1002 (host order)
+            7, 0, 6, 0, b'r', b'r', 0, 0,          // SCHED_NAME
+            12, 0, 7, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+            8, 0, 8, 0, 0, 0, 0, 0,                // TIMEOUT
+            8, 0, 9, 0, 0xff, 0xff, 0xff, 0xff,    // NETMASK
+        ];
+        assert_eq!(service(&s).buf, want);
+        assert_eq!(parse_service(&want).unwrap(), s, "read back as written");
     }
 
     #[test]
@@ -330,7 +382,7 @@ mod tests {
         // The kernel's reply carries the same nest (plus HASHED and stats).
         let mut s =
             Service { key: key(), scheduler: "wrr".into(), flags: SVC_F_PERSISTENT | SVC_F_HASHED, timeout: 60 };
-        let parsed = parse_service(&service(&s).buf).unwrap().unwrap();
+        let parsed = parse_service(&service(&s).buf).unwrap();
         s.flags = SVC_F_PERSISTENT;
         assert_eq!(parsed, s);
         let d = Destination::new("10.244.1.5".parse().unwrap(), 8080, 3);

@@ -11,7 +11,7 @@ use super::kpx::proxier::iptables as wipt;
 use super::kpx::proxier::ipvs as wipvs;
 use super::kpx::proxier::nftables as wnft;
 use super::kpx::proxier::types as wt;
-use super::wit_convert::from_wit_ip;
+use super::wit_convert::{from_wit_ip, from_wit_slot_table};
 
 pub fn ruleset(r: wb::Ruleset) -> Result<ops::Ruleset, String> {
     Ok(match r {
@@ -42,6 +42,7 @@ fn ipvs(r: wipvs::Ruleset) -> ops::ipvs::Ruleset {
                         weight: r.weight,
                     })
                     .collect(),
+                slots: s.slots.map(from_wit_slot_table),
             })
             .collect(),
     }
