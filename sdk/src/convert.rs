@@ -132,7 +132,7 @@ fn ipt_match(m: ipt::Match) -> Result<wipt::Match> {
         ipt::Match::RecentSet { name } => wipt::Match::RecentSet(name),
         ipt::Match::HashSlot(s) => wipt::Match::HashSlot(s),
         ipt::Match::Comment(c) => wipt::Match::Comment(c),
-        host @ (ipt::Match::Set { .. } | ipt::Match::PhysdevIsIn { .. }) => {
+        host @ (ipt::Match::Set { .. } | ipt::Match::PhysdevIsIn { .. } | ipt::Match::IpvsVirtual { .. }) => {
             return Err(format!("{host:?} is written by the host only; the contract has no such match"));
         }
     })

@@ -261,6 +261,7 @@ fn run(mode: &str) {
         return;
     }
     let (mut passed, mut skipped, mut failures) = (0, 0, Vec::new());
+    let mut passed_v6 = 0;
     for case in Case::load_all() {
         let lab = build(&case, mode).unwrap_or_else(|e| panic!("{}: building the lab: {e}", case.label()));
         let (dir, manifests) = run_dirs("conformance");
@@ -301,7 +302,10 @@ fn run(mode: &str) {
                 continue;
             }
             match check_flow(&case, &lab, flow, mode) {
-                Ok(_) => passed += 1,
+                Ok(_) => {
+                    passed += 1;
+                    passed_v6 += usize::from(flow.family() == IpFamily::V6);
+                }
                 Err(e) => failures.push(format!(
                     "{} / {}: {} -> {} {}: {e}\n    (the case: {})",
                     case.label(),
@@ -327,6 +331,11 @@ fn run(mode: &str) {
         }
         drop(lab);
     }
-    eprintln!("conformance (kernel, {mode}): {passed} flows passed, {skipped} traced only, {} failed", failures.len());
+    // "ipvs:" lines of the guest's console are shown by the host.
+    eprintln!(
+        "{}conformance (kernel, {mode}): {passed} flows passed ({passed_v6} IPv6), {skipped} traced only, {} failed",
+        if mode == "ipvs" { "ipvs: " } else { "" },
+        failures.len()
+    );
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

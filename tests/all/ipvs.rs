@@ -431,6 +431,25 @@ fn helper_rules_checks(lab: &NodeLab) {
     assert!(allowed.server().is_some(), "the allowed source: {allowed:?}");
     assert_eq!(other, Reply::Timeout, "a source outside loadBalancerSourceRanges must be dropped");
     assert!(other_cluster_ip.server().is_some(), "the ranges apply to the LB address only: {other_cluster_ip:?}");
+    // The node itself may not reach the LB address (its address is in no
+    // source range): KUBE-IPVS-OUT-FILTER drops it at OUTPUT.
+    let from_node =
+        Request { to: "10.100.0.1:80".parse().unwrap(), from: None, timeout: Duration::from_secs(3) }.tcp(&lab.node);
+    eprintln!("ipvs: the node to the firewalled LB {from_node:?}");
+    assert_eq!(from_node, Reply::Timeout, "the node must not pass the LB's source ranges");
+    // What kpx wrote reads back: every line of its chains is a rule kpx writes.
+    let d = kpx::kernel::iptables::render::Dialect { family: kpx_rules::model::IpFamily::V4, masquerade_mark: 0x4000 };
+    let dump = kpx::kernel::iptables::parse::parse_dump(&rules, d);
+    for table in dump.tables.values() {
+        for (chain, lines) in &table.rules {
+            for line in lines {
+                if let kpx::kernel::iptables::parse::Line::Foreign { text, reason } = line {
+                    assert!(!chain.starts_with("KUBE-"), "{chain}: {text}: {reason}");
+                }
+            }
+        }
+    }
+    assert!(rules.contains("-A KUBE-IPVS-OUT-FILTER -s 10.100.0.1/32 -m ipvs"), "{rules}");
     // kube-ipvs0's addresses: a node listener answers on the node's
     // address, not on a Service address.
     let _node_server = kpx_netlab::EchoServer::start(&lab.node, "node", "0.0.0.0:9999").unwrap();
@@ -490,6 +509,7 @@ fn hostile_virtual_servers_are_refused() {
         ("hostile-ipvs-address", "neither a Service destination"),
         ("hostile-ipvs-real", "no endpoint of the state"),
         ("hostile-ipvs-scheduler", "IPVS has no scheduler"),
+        ("hostile-ipvs-slots", "slot table"),
     ] {
         let settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
         let mut svc = ServicePort::new("test", name, "", Protocol::Tcp, 80)
@@ -541,7 +561,10 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
     svc.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
     svc.endpoints[0].conditions.is_local = true;
     let bound: BTreeSet<std::net::IpAddr> = ["10.96.0.10".parse().unwrap()].into();
-    let sets = Sets::desired(IpFamily::V4, [&svc], &NodeFacts { node_addresses: &[], bound: &bound });
+    // A node address inside the source range: no KUBE-IPVS-OUT-FILTER rule
+    // (its ipvs match needs ip_vs, which this kernel lacks).
+    let node_addresses = ["203.0.113.5".parse().unwrap()];
+    let sets = Sets::desired(IpFamily::V4, [&svc], &NodeFacts { node_addresses: &node_addresses, bound: &bound });
     let mut settings = Settings::new(IpFamily::V4, ProxyMode::Ipvs);
     settings.local_traffic = LocalTraffic::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
     let frame = kpx::kernel::ipvs::iptables::frame(&settings, &sets, Vec::new());
@@ -576,6 +599,7 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
         "add KUBE-LOAD-BALANCER 198.51.100.1,tcp:80",
         "add KUBE-LOAD-BALANCER-FW 198.51.100.1,tcp:80",
         "add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.1,tcp:80,203.0.113.0/24",
+        "add KUBE-LOAD-BALANCER-SOURCE-IP 198.51.100.1,tcp:80,198.51.100.1",
         "add KUBE-NODE-PORT-TCP 30080",
         "add KUBE-IPVS-IPS 10.96.0.10",
     ]

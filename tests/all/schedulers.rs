@@ -92,6 +92,8 @@ fn scenario(mode: &str) {
     );
     write_service(&manifests, "maglev", "10.96.0.23", &[("kpx.dev/scheduler", "maglev")], &all, &[]);
     write_service(&manifests, "sh", "10.96.0.24", &[("kpx.dev/scheduler", "sh")], &all, &[]);
+    write_service(&manifests, "mh", "10.96.0.26", &[("kpx.dev/scheduler", "mh")], &all, &[]);
+    write_service(&manifests, "dh", "10.96.0.27", &[("kpx.dev/scheduler", "dh")], &all, &[]);
     write_service(
         &manifests,
         "bad",
@@ -138,24 +140,29 @@ fn scenario(mode: &str) {
         share * 100.0
     );
 
-    // maglev and sh: one client, one endpoint; clients spread; and maglev's
-    // endpoint is the one the plan predicts (the same in every mode).
+    // maglev, mh, sh and dh: one client, one endpoint; clients spread (dh:
+    // one endpoint per destination); and maglev's and mh's endpoint is the
+    // one the plan predicts (the same in every mode).
     let clients = client_addresses(&lab, 24);
-    let plan = kpx_sched::plan::plan("maglev", &[], &dests(&lab, &[1, 1, 1, 1])).unwrap();
-    for (vip, name) in [("10.96.0.23:80", "maglev"), ("10.96.0.24:80", "sh")] {
+    let four = dests(&lab, &[1, 1, 1, 1]);
+    for (vip, name) in
+        [("10.96.0.23:80", "maglev"), ("10.96.0.26:80", "mh"), ("10.96.0.24:80", "sh"), ("10.96.0.27:80", "dh")]
+    {
+        let plan = ["maglev", "mh"].contains(&name).then(|| kpx_sched::plan::plan(name, &[], &four).unwrap());
         let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
         for &c in &clients {
             let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), vip)).collect();
             assert!(answers.iter().all(|a| a == &answers[0]), "{mode}: {name} sent client {c} to {answers:?}");
             assert!(answers[0].starts_with("be"), "{mode}: {name}: {answers:?}");
-            if name == "maglev" {
-                assert_eq!(answers[0], predicted(&lab, &plan, c), "{mode}: maglev sent {c} elsewhere than the plan");
+            if let Some(plan) = &plan {
+                assert_eq!(answers[0], predicted(&lab, plan, c), "{mode}: {name} sent {c} elsewhere than the plan");
             }
             per_client.insert(c, answers[0].clone());
         }
         let spread: std::collections::BTreeSet<_> = per_client.values().collect();
         eprintln!("{mode}: {name}: {} clients reached {spread:?}", clients.len());
-        assert!(spread.len() >= 3, "{mode}: {name} does not spread clients: {per_client:?}");
+        let want = if name == "dh" { 1 } else { 3 };
+        assert!(spread.len() >= want, "{mode}: {name} does not spread clients: {per_client:?}");
     }
 
     // A bad parameter: logged against the Service, which keeps the default.
@@ -167,7 +174,7 @@ fn scenario(mode: &str) {
     // slot table (client addresses hash into it uniformly), for each
     // endpoint going in turn; then checked against the kernel for the
     // test's clients when the third goes.
-    let four = dests(&lab, &[1, 1, 1, 1]);
+    let plan = kpx_sched::plan::plan("maglev", &[], &four).unwrap();
     let plan_without = |gone: usize| {
         let rest: Vec<Dest> = four.iter().enumerate().filter(|(i, _)| *i != gone).map(|(_, d)| d.clone()).collect();
         (kpx_sched::plan::plan("maglev", &[], &rest).unwrap(), rest)

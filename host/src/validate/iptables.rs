@@ -411,8 +411,8 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                     return Err(why);
                 }
             }
-            Match::Set { .. } | Match::PhysdevIsIn { .. } => {
-                return Err("ipset and physdev matches are the host's (ipvs mode)".into());
+            Match::Set { .. } | Match::PhysdevIsIn { .. } | Match::IpvsVirtual { .. } => {
+                return Err("ipset, physdev and ipvs matches are the host's (ipvs mode)".into());
             }
             Match::HashSlot(slot) if *slot >= ctx.dialect.masquerade_mark => {
                 return Err(format!(

@@ -248,6 +248,13 @@ pub enum Match {
     PhysdevIsIn {
         negate: bool,
     },
+    /// Host only (ipvs mode): `-m ipvs --vproto P --vaddr A --vport N`:
+    /// IPVS handles the packet for that virtual server.
+    IpvsVirtual {
+        address: IpAddr,
+        protocol: Protocol,
+        port: u16,
+    },
 }
 
 impl Match {

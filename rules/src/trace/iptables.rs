@@ -85,7 +85,7 @@ impl Walker<'_> {
                 Match::PhysdevIsIn { negate } => *negate,
                 // Only ipvs mode's host rules test ipsets, and the tracer
                 // runs iptables mode's rules, where the validator refuses them.
-                Match::Set { .. } => false,
+                Match::Set { .. } | Match::IpvsVirtual { .. } => false,
             };
             if !hit {
                 return Some(false);

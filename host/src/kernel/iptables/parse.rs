@@ -225,6 +225,7 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
     let mut statistic_mode = String::new();
     let mut recent: Option<(bool, String, u32, bool)> = None; // (check, name, seconds, reap)
     let (mut hmark_tuple, mut hmark_seed, mut hmark_mod, mut hmark_offset) = (None, None, None, None);
+    let mut ipvs: (Option<Protocol>, Option<IpAddr>, Option<u16>) = (None, None, None);
     let mut i = 0;
     let value = |i: usize| words.get(i + 1).map(String::as_str).ok_or_else(|| format!("{} has no value", words[i]));
     while i < words.len() {
@@ -263,6 +264,7 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                         | "cluster"
                         | "set"
                         | "physdev"
+                        | "ipvs"
                 ) {
                     return Err(format!("match module {module:?} is not one kpx writes"));
                 }
@@ -363,6 +365,25 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                 rule.matches.push(Match::PhysdevIsIn { negate });
                 step = 1;
             }
+            "--vproto" if module == "ipvs" && !negate => {
+                ipvs.0 = Some(match value(i)? {
+                    "6" | "tcp" => Protocol::Tcp,
+                    "17" | "udp" => Protocol::Udp,
+                    "132" | "sctp" => Protocol::Sctp,
+                    other => return Err(format!("ipvs --vproto {other} is not one kpx writes")),
+                })
+            }
+            "--vaddr" if module == "ipvs" && !negate => {
+                let cidr = parse_cidr(value(i)?)?;
+                if !cidr.is_host() {
+                    return Err("ipvs --vaddr of a whole network is not what kpx writes".into());
+                }
+                ipvs.1 = Some(cidr.addr);
+            }
+            "--vport" if module == "ipvs" && !negate => {
+                let v = value(i)?;
+                ipvs.2 = Some(v.parse().map_err(|_| format!("--vport {v:?}"))?);
+            }
             // iptables-save's spelling (a one-bit mask) and kpx's (the node).
             "--cluster-local-nodemask" | "--cluster-local-node" if module == "cluster" && !negate => {
                 let v = parse_u32(value(i)?)?;
@@ -448,6 +469,14 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
         }
         negate = false;
         i += step;
+        // The ipvs match is complete once its three options are read.
+        if let (Some(protocol), Some(address), Some(port)) = ipvs {
+            rule.matches.push(Match::IpvsVirtual { address, protocol, port });
+            ipvs = (None, None, None);
+        }
+    }
+    if ipvs != (None, None, None) {
+        return Err("an ipvs match without the options kpx writes".into());
     }
     if target_name == "HMARK" {
         let (Some(tuple), Some(seed), Some(modulus), Some(offset)) = (hmark_tuple, hmark_seed, hmark_mod, hmark_offset)

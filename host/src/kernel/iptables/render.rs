@@ -105,6 +105,20 @@ fn render_match(out: &mut String, m: &Match, protocol: Option<Protocol>, d: Dial
         Match::PhysdevIsIn { negate } => {
             let _ = write!(out, " -m physdev {}--physdev-is-in", not(*negate));
         }
+        // libxt_ipvs prints the protocol as a number, then the address
+        // with its mask, then the port.
+        Match::IpvsVirtual { address, protocol, port } => {
+            let number = match protocol {
+                Protocol::Tcp => 6,
+                Protocol::Udp => 17,
+                Protocol::Sctp => 132,
+            };
+            let _ = write!(
+                out,
+                " -m ipvs --vproto {number} --vaddr {} --vport {port}",
+                kpx_rules::model::Cidr::host(*address)
+            );
+        }
     }
 }
 

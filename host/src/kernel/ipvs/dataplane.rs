@@ -149,16 +149,20 @@ impl IpvsDataplane {
             .filter(|s| self.family.matches(&s.key.address))
             .map(|s| (s.key.clone(), s))
             .collect();
-        let held: BTreeSet<u32> =
-            current.keys().map(|k| k.fwmark).filter(|m| slots::is_own_mark(*m, masquerade_mark)).collect();
+        let held: BTreeSet<u32> = current
+            .values()
+            .filter(|s| s.key.fwmark != 0 && slots::is_own(s, masquerade_mark))
+            .map(|s| s.key.fwmark)
+            .collect();
         let work = self.marks.plan(ruleset, masquerade_mark, &held);
-        if work.unmarked > 0 {
+        if work.unslotted > 0 {
             tracing::warn!(
                 family = %self.family,
-                "{} real servers of slot plans got no firewall mark (all {} below the masquerade bit are taken): \
-                 their virtual servers use their own IPVS scheduler",
-                work.unmarked,
-                masquerade_mark - 1
+                "{} virtual servers with slot plans run their own IPVS scheduler instead: no firewall mark was free \
+                 (kpx gives out {} below the masquerade bit) or their rules would pass {}",
+                work.unslotted,
+                slots::MAX_MARKS,
+                slots::MAX_RULES
             );
         }
         let wanted: BTreeSet<IpAddr> =
@@ -169,11 +173,15 @@ impl IpvsDataplane {
             NodePortAddresses::Only(cidrs) => cidrs.iter().filter(|c| c.is_host()).map(|c| c.addr).collect(),
             NodePortAddresses::All => Vec::new(),
         };
-        let sets = Sets::desired(self.family, ports, &NodeFacts { node_addresses: &node_addresses, bound: &wanted });
+        let mut sets =
+            Sets::desired(self.family, ports, &NodeFacts { node_addresses: &node_addresses, bound: &wanted });
+        for (address, protocol, port) in &work.slotted {
+            sets.add(super::sets::Kind::Slotted, super::sets::Entry::IpPort(*address, *protocol, *port));
+        }
         let script = sets.restore_script();
         self.iptables.exec().run("ipset", &["restore"], Some(script.as_bytes()))?;
         let d = crate::kernel::iptables::dialect(settings);
-        let frame = super::iptables::frame(settings, &sets, work.rules.clone());
+        let frame = super::iptables::frame(settings, &sets, work.rules);
         if full {
             self.iptables.ensure_jumps(&frame.jumps, d)?;
         }
@@ -247,12 +255,16 @@ impl IpvsDataplane {
                 Err(e) => failures.push(e.to_string()),
             }
         }
-        for key in current.keys().filter(|k| !wanted_keys.contains(*k)) {
+        for (key, service) in current.iter().filter(|(k, _)| !wanted_keys.contains(*k)) {
             let result = if key.fwmark != 0 {
-                if !slots::is_own_mark(key.fwmark, masquerade_mark) {
+                if !slots::is_own(service, masquerade_mark) {
                     continue;
                 }
-                drain_service(ipvs, key)
+                if self.marks.drains(key.fwmark, masquerade_mark) {
+                    drain_service(ipvs, key)
+                } else {
+                    ipvs.delete_service(key).map(|()| 1)
+                }
             } else if self.excluded(&key.address) {
                 continue;
             } else {
@@ -374,7 +386,7 @@ pub fn cleanup(exclude: &[Cidr], masquerade_mark: u32) -> Result<usize, super::E
     for s in ipvs.services()? {
         let ours = match s.key.fwmark {
             0 => !exclude.iter().any(|c| c.contains(&s.key.address)),
-            mark => slots::is_own_mark(mark, masquerade_mark),
+            _ => slots::is_own(&s, masquerade_mark),
         };
         if ours {
             ipvs.delete_service(&s.key)?;

@@ -86,8 +86,13 @@ pub fn frame(settings: &Settings, sets: &Sets, slot_rules: Vec<Rule>) -> Frame {
             .with(Match::Source(AddressMatch { negate: false, cidr: loopback }))
             .target(Target::Return),
     );
-    if !slot_rules.is_empty() {
-        rules.push(Rule::chain(Nat, SERVICES).target(Target::HostJump(super::slots::CHAIN.into())));
+    // Only the slotted virtual servers' new connections walk the slot rules.
+    if !slot_rules.is_empty() && has(Kind::Slotted) {
+        rules.push(
+            Rule::chain(Nat, SERVICES)
+                .with(set(sets, Kind::Slotted, &[Dst, Dst]))
+                .target(Target::HostJump(super::slots::CHAIN.into())),
+        );
         rules.extend(slot_rules);
     }
 
@@ -168,6 +173,18 @@ pub fn frame(settings: &Settings, sets: &Sets, slot_rules: Vec<Rule>) -> Frame {
     );
     rules.push(Rule::chain(Nat, LOAD_BALANCER).target(masq()));
     rules.push(Rule::chain(Filter, SOURCE_RANGES).target(Target::Drop));
+    // The node's own connections to a firewalled load-balancer address it
+    // is not allowed to reach: IPVS takes them at LOCAL_OUT, so they never
+    // pass filter INPUT; their source is the address itself (it is on
+    // kube-ipvs0). upstream: kubernetes#119656.
+    for (address, protocol, port) in &sets.no_node_access {
+        rules.push(
+            Rule::chain(Filter, IPVS_OUT_FILTER)
+                .with(Match::source_ip(*address))
+                .with(Match::IpvsVirtual { address: *address, protocol: *protocol, port: *port })
+                .target(Target::Drop),
+        );
+    }
     // Accept what IPVS serves, whatever other rules in the chain's
     // callers would do; last in KUBE-SERVICES.
     for kind in [Kind::ClusterIp, Kind::LoadBalancer] {
@@ -335,8 +352,18 @@ mod tests {
     fn every_rule_reads_back() {
         let mut all = sets();
         all.entries.entry(Kind::ExternalIp).or_default().insert(super::super::sets::Entry::Port(1));
-        let f = frame(&settings(), &all, Vec::new());
+        all.entries.entry(Kind::Slotted).or_default().insert(super::super::sets::Entry::Port(1));
+        all.no_node_access.insert(("198.51.100.1".parse().unwrap(), Protocol::Tcp, 80));
+        let slot = Rule::chain(Table::Nat, super::super::slots::CHAIN)
+            .with(Match::destination_ip("10.96.0.10".parse().unwrap()))
+            .with(Match::Protocol(Protocol::Tcp))
+            .with(Match::DestinationPort(80))
+            .with(Match::ClusterHash { total: 4, node: 2, seed: 9 })
+            .target(Target::SetMark { value: 0x3ffe, mask: 0x3fff });
+        let f = frame(&settings(), &all, vec![slot]);
         assert!(f.rules.iter().any(|r| r.matches.contains(&Match::PhysdevIsIn { negate: true })));
+        assert!(f.rules.iter().any(|r| r.matches.iter().any(|m| matches!(m, Match::IpvsVirtual { .. }))));
+        assert!(f.rules.iter().any(|r| r.target == Target::HostJump(super::super::slots::CHAIN.into())));
         let text = payload(&f, &Ruleset::default(), &[], d());
         let dump = parse_dump(&text, d());
         let mut back = Vec::new();

@@ -58,10 +58,13 @@ pub enum Kind {
     NodePortLocalSctp,
     HealthCheckNodePort,
     IpvsIps,
+    /// kpx's own: the virtual servers whose slot plan the host executes
+    /// (nat KUBE-SERVICES jumps to KUBE-IPVS-SLOTS for these only).
+    Slotted,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::LoopBack,
         Kind::ClusterIp,
         Kind::ExternalIp,
@@ -79,6 +82,7 @@ impl Kind {
         Kind::NodePortLocalSctp,
         Kind::HealthCheckNodePort,
         Kind::IpvsIps,
+        Kind::Slotted,
     ];
 
     /// The IPv4 name, the type and upstream's comment.
@@ -154,18 +158,22 @@ impl Kind {
                 ("KUBE-HEALTH-CHECK-NODE-PORT", BitmapPort, "Kubernetes health check node port")
             }
             Kind::IpvsIps => ("KUBE-IPVS-IPS", HashIp, "Addresses on the ipvs interface"),
+            Kind::Slotted => ("KPX-IPVS-SLOTTED", HashIpPort, "kpx: virtual servers whose slot plan the host runs"),
         }
     }
 
-    /// The set's name in a family: IPv6 sets are `KUBE-6-…`, cut to the
-    /// kernel's 31 characters (as upstream does, so that both proxies
-    /// name the same sets).
+    /// The set's name in a family: IPv6 sets are `KUBE-6-…` (kpx's own
+    /// `KPX-6-…`), cut to the kernel's 31 characters (as upstream does, so
+    /// that both proxies name the same sets).
     pub fn name(self, family: IpFamily) -> String {
         let base = self.info().0;
         match family {
             IpFamily::V4 => base.to_string(),
             IpFamily::V6 => {
-                let mut name = base.replacen("KUBE-", "KUBE-6-", 1);
+                let mut name = match base.strip_prefix("KUBE-") {
+                    Some(rest) => format!("KUBE-6-{rest}"),
+                    None => base.replacen("KPX-", "KPX-6-", 1),
+                };
                 name.truncate(MAX_NAME);
                 name
             }
@@ -180,14 +188,12 @@ impl Kind {
         self.info().2
     }
 
-    /// The scratch set a sync fills before swapping it in.
+    /// The scratch set a sync fills before swapping it in: named from the
+    /// set's name (FNV-1a), so that one a crash left behind has the same
+    /// type whatever order later versions list the sets in.
     fn scratch_name(self, family: IpFamily) -> String {
-        let index = Kind::ALL.iter().position(|k| *k == self).expect("every kind is in ALL");
-        let f = match family {
-            IpFamily::V4 => 4,
-            IpFamily::V6 => 6,
-        };
-        format!("KPX-SCRATCH-{f}-{index}")
+        let hash = self.name(family).bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        format!("KPX-SCRATCH-{hash:08x}")
     }
 }
 
@@ -220,6 +226,10 @@ impl fmt::Display for Entry {
 pub struct Sets {
     pub family: IpFamily,
     pub entries: BTreeMap<Kind, BTreeSet<Entry>>,
+    /// Firewalled load-balancer destinations whose source ranges hold no
+    /// address of the node: the node's own connections to them are
+    /// dropped (KUBE-IPVS-OUT-FILTER; they never pass filter INPUT).
+    pub no_node_access: BTreeSet<(IpAddr, Protocol, u16)>,
 }
 
 /// What the sets are computed from besides the Service ports.
@@ -235,13 +245,13 @@ impl Sets {
         self.entries.get(&kind).is_none_or(BTreeSet::is_empty)
     }
 
-    fn add(&mut self, kind: Kind, entry: Entry) {
+    pub fn add(&mut self, kind: Kind, entry: Entry) {
         self.entries.entry(kind).or_default().insert(entry);
     }
 
     /// upstream's entries for these service ports (syncProxyRules).
     pub fn desired<'a>(family: IpFamily, ports: impl IntoIterator<Item = &'a ServicePort>, node: &NodeFacts) -> Sets {
-        let mut sets = Sets { family, entries: BTreeMap::new() };
+        let mut sets = Sets { family, entries: BTreeMap::new(), no_node_access: BTreeSet::new() };
         for ip in node.bound.iter().filter(|ip| family.matches(ip)) {
             sets.add(Kind::IpvsIps, Entry::Ip(*ip));
         }
@@ -264,10 +274,12 @@ impl Sets {
                 if view.external_local {
                     sets.add(Kind::LoadBalancerLocal, entry);
                 }
-                if svc.load_balancer_source_ranges.is_empty() {
+                // Ranges of this family only (as upstream's service info
+                // holds them); a zero-length one opens the address to all
+                // (and hash:ip,port,net refuses a /0: upstream leaves it out).
+                if ranges.is_empty() || ranges.iter().any(|r| r.prefix_len == 0) {
                     continue;
                 }
-                // Source ranges of the other family only: nobody may pass.
                 sets.add(Kind::LoadBalancerFw, entry);
                 for range in &ranges {
                     sets.add(Kind::LoadBalancerSourceCidr, Entry::IpPortNet(*ip, p, svc.port, **range));
@@ -276,6 +288,8 @@ impl Sets {
                 // (it is on kube-ipvs0): let it, when a range holds the node.
                 if ranges.iter().any(|r| node.node_addresses.iter().any(|a| r.contains(a))) {
                     sets.add(Kind::LoadBalancerSourceIp, Entry::IpPortIp(*ip, p, svc.port, *ip));
+                } else {
+                    sets.no_node_access.insert((*ip, p, svc.port));
                 }
             }
             if svc.node_port != 0 {
@@ -392,8 +406,10 @@ mod tests {
         // upstream's truncation of "KUBE-6-LOAD-BALANCER-SOURCE-CIDR".
         assert_eq!(Kind::LoadBalancerSourceCidr.name(IpFamily::V6), "KUBE-6-LOAD-BALANCER-SOURCE-CID");
         assert_eq!(Kind::NodePortTcp.name(IpFamily::V6), "KUBE-6-NODE-PORT-TCP");
+        assert_eq!(Kind::Slotted.name(IpFamily::V6), "KPX-6-IPVS-SLOTTED");
+        // Unique across both families: the kernel's set names are global.
+        let mut names = BTreeSet::new();
         for family in [IpFamily::V4, IpFamily::V6] {
-            let mut names = BTreeSet::new();
             for kind in Kind::ALL {
                 for name in [kind.name(family), kind.scratch_name(family)] {
                     assert!(name.len() <= MAX_NAME, "{name}");
@@ -442,16 +458,22 @@ mod tests {
         assert_eq!(get(Kind::NodePortLocalTcp).unwrap(), ["30080"]);
         assert_eq!(get(Kind::HealthCheckNodePort).unwrap(), ["31000"]);
 
-        // IPv6: the LB address of that family, and its source ranges are
-        // all IPv4, so nobody passes the firewall.
+        // IPv6: the LB address of that family; its source ranges are all
+        // IPv4, so none applies to it (upstream keeps ranges per family).
         let v6 = Sets::desired(IpFamily::V6, [&web()], &node);
         assert!(v6.is_empty(Kind::ClusterIp), "no IPv6 cluster IP: nothing of it is programmed");
         let mut dual = web();
         dual.cluster_ip = Some(ip("fd00::10"));
         let v6 = Sets::desired(IpFamily::V6, [&dual], &node);
         let get6 = |k: Kind| v6.entries.get(&k).map(|s| s.iter().map(ToString::to_string).collect::<Vec<_>>());
-        assert_eq!(get6(Kind::LoadBalancerFw).unwrap(), ["fd00::1,tcp:80"]);
+        assert_eq!(get6(Kind::LoadBalancerFw), None);
         assert_eq!(get6(Kind::LoadBalancerSourceCidr), None);
+        // 0.0.0.0/0 opens the address: no firewall entry (and no /0 entry,
+        // which the kernel would refuse, failing the whole restore).
+        let mut open = web();
+        open.load_balancer_source_ranges.push("0.0.0.0/0".parse().unwrap());
+        let sets = Sets::desired(IpFamily::V4, [&open], &node);
+        assert!(sets.is_empty(Kind::LoadBalancerFw) && sets.is_empty(Kind::LoadBalancerSourceCidr));
         assert_eq!(get6(Kind::IpvsIps).unwrap(), ["fd00::10"]);
     }
 
@@ -478,11 +500,11 @@ mod tests {
             &lines[..6],
             [
                 "create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536 -exist",
-                "create KPX-SCRATCH-4-0 hash:ip,port,ip family inet hashsize 1024 maxelem 65536 -exist",
-                "flush KPX-SCRATCH-4-0",
-                "add KPX-SCRATCH-4-0 10.244.1.5,tcp:8080,10.244.1.5 -exist",
-                "swap KPX-SCRATCH-4-0 KUBE-LOOP-BACK",
-                "destroy KPX-SCRATCH-4-0",
+                "create KPX-SCRATCH-22988fb3 hash:ip,port,ip family inet hashsize 1024 maxelem 65536 -exist",
+                "flush KPX-SCRATCH-22988fb3",
+                "add KPX-SCRATCH-22988fb3 10.244.1.5,tcp:8080,10.244.1.5 -exist",
+                "swap KPX-SCRATCH-22988fb3 KUBE-LOOP-BACK",
+                "destroy KPX-SCRATCH-22988fb3",
             ]
         );
         assert!(lines.contains(&"create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 -exist"));

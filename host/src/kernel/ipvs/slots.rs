@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kpx_rules::iptables::slot_matches;
-use kpx_rules::model::HashField;
+use kpx_rules::model::{HashField, Protocol};
 use kpx_rules::ops::iptables::{Match, Rule, Table, Target};
 use kpx_rules::ops::ipvs::{RealServer, Ruleset};
 
@@ -32,17 +32,45 @@ use super::{Destination, Service, ServiceKey};
 
 pub const CHAIN: &str = "KUBE-IPVS-SLOTS";
 
-/// Whether a firewall-mark service is one of kpx's: a mark below the
-/// masquerade bit, with or without that bit.
-pub fn is_own_mark(mark: u32, masquerade_mark: u32) -> bool {
-    let low = mark & !masquerade_mark;
-    low != 0 && low < masquerade_mark && mark & !(masquerade_mark | (masquerade_mark - 1)) == 0
+/// The most marks kpx gives out: the top of the values below the
+/// masquerade bit (0x3000-0x3fff with the default bit 14), away from the
+/// small marks other software tends to use (keepalived's `fwmark 1`).
+pub const MAX_MARKS: u32 = 4096;
+
+/// The most slot rules one sync writes (a 1021-entry table is up to 1024
+/// rules): the virtual servers past it use their own IPVS scheduler.
+pub const MAX_RULES: usize = 16 * 1024;
+
+/// The marks kpx gives out, lowest and highest, for a masquerade mark.
+fn range(masquerade_mark: u32) -> (u32, u32) {
+    let high = masquerade_mark - 1;
+    (high.saturating_sub(MAX_MARKS - 1).max(1), high)
+}
+
+/// Whether a firewall-mark service looks like one of kpx's: a mark in
+/// kpx's range (with or without the masquerade bit), scheduler rr, no
+/// flags, no persistence. Another program's service there is taken for
+/// kpx's only if it has that very shape.
+pub fn is_own(service: &Service, masquerade_mark: u32) -> bool {
+    let mark = service.key.fwmark;
+    let (low, high) = range(masquerade_mark);
+    let value = mark & !masquerade_mark;
+    mark & !(masquerade_mark | high) == 0
+        && (low..=high).contains(&value)
+        && service.scheduler == "rr"
+        && service.flags == 0
+        && service.timeout == 0
 }
 
 /// The marks of the real servers in slot plans.
 #[derive(Debug, Default)]
 pub struct Marks {
     by_real: BTreeMap<(IpAddr, u16), u32>,
+    /// Whether only TCP virtual servers used a mark: a mark no plan needs
+    /// any more drains then (weight 0 while connections remain); else its
+    /// services go at once (UDP flows would keep a weight-0 one alive).
+    /// Kept while the kernel holds the mark's services.
+    tcp_only: BTreeMap<u32, bool>,
 }
 
 /// What one sync writes for the slot plans.
@@ -50,56 +78,70 @@ pub struct Marks {
 pub struct SlotWork {
     /// nat KUBE-IPVS-SLOTS.
     pub rules: Vec<Rule>,
+    /// The slotted virtual servers (address, protocol, port): only their
+    /// new connections walk KUBE-IPVS-SLOTS.
+    pub slotted: Vec<(IpAddr, Protocol, u16)>,
     /// The firewall-mark services, each with its one real server.
     pub services: Vec<(Service, Destination)>,
-    /// Real servers left on their virtual server's own scheduler: no mark
-    /// was free.
-    pub unmarked: usize,
+    /// Virtual servers left on their own IPVS scheduler: no mark was free
+    /// for a real server, or the rules would pass [`MAX_RULES`].
+    pub unslotted: usize,
 }
 
 impl Marks {
     /// Marks for the ruleset's slotted real servers (kept for those that
-    /// had one; the smallest free one for a new one, never one in `held`:
-    /// the kernel's own firewall-mark services), the rules that set them
+    /// had one; the highest free one for a new one, never one in `held`:
+    /// marks of kpx's services the kernel holds), the rules that set them
     /// and the services that take them.
     pub fn plan(&mut self, ruleset: &Ruleset, masquerade_mark: u32, held: &BTreeSet<u32>) -> SlotWork {
+        let (low, high) = range(masquerade_mark);
         let slot_mask = masquerade_mark - 1;
-        let wanted: BTreeSet<(IpAddr, u16)> = ruleset
-            .services
-            .iter()
-            .filter(|vs| vs.slots.as_ref().is_some_and(|t| t.field == HashField::Source))
-            .flat_map(|vs| vs.reals.iter().map(|r| (r.ip, r.port)))
-            .collect();
-        self.by_real.retain(|real, _| wanted.contains(real));
+        let held: BTreeSet<u32> = held.iter().map(|m| m & slot_mask).collect();
+        self.tcp_only.retain(|mark, _| held.contains(mark));
+        let slotted =
+            || ruleset.services.iter().filter(|vs| vs.slots.as_ref().is_some_and(|t| t.field == HashField::Source));
+        let mut wanted: BTreeMap<(IpAddr, u16), bool> = BTreeMap::new();
+        for vs in slotted() {
+            for r in &vs.reals {
+                *wanted.entry((r.ip, r.port)).or_insert(true) &= vs.protocol == Protocol::Tcp;
+            }
+        }
+        self.by_real.retain(|real, _| wanted.contains_key(real));
         let mut taken: BTreeSet<u32> = self.by_real.values().copied().collect();
-        taken.extend(held.iter().map(|m| m & slot_mask));
-        let mut next = 1;
-        let mut work = SlotWork::default();
-        for real in &wanted {
+        taken.extend(&held);
+        let mut next = high;
+        for real in wanted.keys() {
             if self.by_real.contains_key(real) {
                 continue;
             }
-            while taken.contains(&next) {
-                next += 1;
+            while next >= low && taken.contains(&next) {
+                next -= 1;
             }
-            if next > slot_mask {
-                work.unmarked += 1;
-                continue;
+            if next < low {
+                break;
             }
             taken.insert(next);
             self.by_real.insert(*real, next);
         }
-        for vs in &ruleset.services {
-            let Some(table) = vs.slots.as_ref().filter(|t| t.field == HashField::Source) else { continue };
+        for (real, mark) in &self.by_real {
+            let tcp = wanted[real];
+            self.tcp_only.entry(*mark).and_modify(|t| *t &= tcp).or_insert(tcp);
+        }
+        let mut work = SlotWork::default();
+        for vs in slotted() {
+            let table = vs.slots.as_ref().expect("slotted");
             let mark_of = |r: &RealServer| self.by_real.get(&(r.ip, r.port)).copied();
-            if vs.reals.iter().any(|r| mark_of(r).is_none()) {
-                continue;
-            }
-            let base =
-                [Match::destination_ip(vs.address), Match::Protocol(vs.protocol), Match::DestinationPort(vs.port)];
             // MARK does not end the chain: no catch-all rule, or it would
             // overwrite every mark before it.
-            for (candidate, matches) in slot_matches(table, false) {
+            let matches = slot_matches(table, false);
+            if vs.reals.iter().any(|r| mark_of(r).is_none()) || work.rules.len() + matches.len() > MAX_RULES {
+                work.unslotted += 1;
+                continue;
+            }
+            work.slotted.push((vs.address, vs.protocol, vs.port));
+            let base =
+                [Match::destination_ip(vs.address), Match::Protocol(vs.protocol), Match::DestinationPort(vs.port)];
+            for (candidate, matches) in matches {
                 let mark = mark_of(&vs.reals[candidate as usize]).expect("every real server has a mark");
                 work.rules.push(
                     Rule::chain(Table::Nat, CHAIN)
@@ -117,6 +159,12 @@ impl Marks {
             }
         }
         work
+    }
+
+    /// Whether a mark no plan needs may drain (only TCP used it, as far as
+    /// this process knows; after a restart nobody knows: at once).
+    pub fn drains(&self, mark: u32, masquerade_mark: u32) -> bool {
+        self.tcp_only.get(&(mark & (masquerade_mark - 1))) == Some(&true)
     }
 }
 
@@ -158,7 +206,8 @@ mod tests {
         };
         let mut marks = Marks::default();
         let work = marks.plan(&rs, 0x4000, &BTreeSet::new());
-        // Marks by real server, in address order: .1.5 -> 1, .2.5 -> 2.
+        // Marks from the top, by real server in address order: .1.5 ->
+        // 0x3fff, .2.5 -> 0x3ffe.
         let set: Vec<u32> = work
             .rules
             .iter()
@@ -170,14 +219,16 @@ mod tests {
                 ref t => panic!("{t:?}"),
             })
             .collect();
-        assert_eq!(set, [2, 1, 2]);
+        assert_eq!(set, [0x3ffe, 0x3fff, 0x3ffe]);
         // Exactly one rule matches a packet: the last one tests its slot too.
         assert!(work.rules.iter().all(|r| r.matches.iter().any(|m| matches!(m, Match::ClusterHash { .. }))));
         assert!(work.rules.iter().all(|r| r.matches.contains(&Match::destination_ip(ip("10.96.0.10")))));
+        assert_eq!(work.slotted, [(ip("10.96.0.10"), Protocol::Tcp, 80)]);
         let keys: Vec<u32> = work.services.iter().map(|(s, _)| s.key.fwmark).collect();
-        assert_eq!(keys, [1, 0x4001, 2, 0x4002]);
+        assert_eq!(keys, [0x3fff, 0x7fff, 0x3ffe, 0x7ffe]);
         assert_eq!(work.services[2].1.address, ip("10.244.2.5"));
-        assert_eq!(work.unmarked, 0);
+        assert!(work.services.iter().all(|(s, _)| is_own(s, 0x4000)));
+        assert_eq!(work.unslotted, 0);
     }
 
     #[test]
@@ -185,26 +236,55 @@ mod tests {
         let two = Ruleset { services: vec![vs("10.96.0.10", &["10.244.1.5", "10.244.2.5"], Some(table(vec![0, 1])))] };
         let mut marks = Marks::default();
         marks.plan(&two, 0x4000, &BTreeSet::new());
-        // .1.5 leaves; its service (mark 1) still drains in the kernel.
+        // .1.5 leaves; its services (0x3fff) still drain in the kernel.
         let one = Ruleset { services: vec![vs("10.96.0.10", &["10.244.2.5", "10.244.3.5"], Some(table(vec![0, 1])))] };
-        let work = marks.plan(&one, 0x4000, &[1, 0x4001, 2, 0x4002].into());
-        let by: BTreeMap<IpAddr, u32> = work.services.iter().map(|(s, d)| (d.address, s.key.fwmark)).collect();
-        assert_eq!(by[&ip("10.244.2.5")] & 0x3fff, 2, "kept");
-        assert_eq!(by[&ip("10.244.3.5")] & 0x3fff, 3, "not the draining mark 1");
+        let work = marks.plan(&one, 0x4000, &[0x3fff, 0x7fff, 0x3ffe, 0x7ffe].into());
+        let by: BTreeMap<IpAddr, u32> = work.services.iter().map(|(s, d)| (d.address, s.key.fwmark & 0x3fff)).collect();
+        assert_eq!(by[&ip("10.244.2.5")], 0x3ffe, "kept");
+        assert_eq!(by[&ip("10.244.3.5")], 0x3ffd, "not the draining 0x3fff");
+        assert!(marks.drains(0x7fff, 0x4000), "only TCP used it: it drains");
+        let mut udp = one.clone();
+        udp.services[0].protocol = Protocol::Udp;
+        marks.plan(&udp, 0x4000, &[0x3fff, 0x3ffe, 0x3ffd].into());
+        assert!(!marks.drains(0x3ffd, 0x4000), "UDP used it: at once");
+        assert!(!Marks::default().drains(0x3ffe, 0x4000), "unknown (a restart): at once");
     }
 
     #[test]
-    fn own_marks_are_below_the_masquerade_bit() {
-        assert!(is_own_mark(1, 0x4000) && is_own_mark(0x4001, 0x4000) && is_own_mark(0x3fff, 0x4000));
-        assert!(!is_own_mark(0x4000, 0x4000) && !is_own_mark(0x8001, 0x4000) && !is_own_mark(0x10000, 0x4000));
+    fn only_kpxs_shape_and_range_are_its_own() {
+        let svc = |mark: u32, scheduler: &str| Service {
+            key: ServiceKey::fwmark(&ip("10.0.0.1"), mark),
+            scheduler: scheduler.into(),
+            flags: 0,
+            timeout: 0,
+        };
+        assert!(is_own(&svc(0x3fff, "rr"), 0x4000) && is_own(&svc(0x7000, "rr"), 0x4000));
+        // keepalived's fwmark 1, the masquerade bit alone, above it, another shape.
+        for foreign in [svc(1, "rr"), svc(0x2fff, "rr"), svc(0x4000, "rr"), svc(0x8fff, "rr"), svc(0x3fff, "wlc")] {
+            assert!(!is_own(&foreign, 0x4000), "{foreign:?}");
+        }
+        let mut persistent = svc(0x3fff, "rr");
+        persistent.flags = 1;
+        assert!(!is_own(&persistent, 0x4000));
     }
 
     #[test]
-    fn no_free_mark_leaves_the_virtual_servers_scheduler() {
+    fn past_the_marks_or_the_rules_a_virtual_server_keeps_its_scheduler() {
         let rs = Ruleset { services: vec![vs("10.96.0.10", &["10.244.1.5", "10.244.2.5"], Some(table(vec![0, 1])))] };
-        let mut marks = Marks::default();
         // Masquerade bit 1: one mark (1), held by the kernel.
-        let work = marks.plan(&rs, 0b10, &[1].into());
-        assert_eq!((work.unmarked, work.rules.len()), (2, 0));
+        let work = Marks::default().plan(&rs, 0b10, &[1].into());
+        assert_eq!((work.unslotted, work.rules.len(), work.slotted.len()), (1, 0, 0));
+        let big = SlotTable {
+            field: HashField::Source,
+            seed: 7,
+            rows: 32,
+            cols: 32,
+            slots: (0..1024).map(|i| i % 2).collect(),
+        };
+        let many: Vec<VirtualServer> =
+            (0..20).map(|i| vs(&format!("10.96.1.{i}"), &["10.244.1.5", "10.244.2.5"], Some(big.clone()))).collect();
+        let work = Marks::default().plan(&Ruleset { services: many }, 0x4000, &BTreeSet::new());
+        assert!(work.rules.len() <= MAX_RULES, "{}", work.rules.len());
+        assert_eq!((work.slotted.len(), work.unslotted), (16, 4));
     }
 }
