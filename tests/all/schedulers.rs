@@ -195,7 +195,9 @@ fn scenario(mode: &str) {
         shown.join(", "),
         mean * 100.0
     );
-    assert!(mean <= 0.25 + 0.02, "maglev remapped {:.1}% of clients on average", mean * 100.0);
+    // The tolerance, for every endpoint that may go: at most 1/N + 2 points.
+    let worst = fractions.iter().cloned().fold(0.0, f64::max);
+    assert!(worst <= 0.25 + 0.02, "maglev remapped {:.2}% of clients when one of 4 went", worst * 100.0);
     let (after, survivors) = plan_without(2);
     let name_after = |i: u32| {
         let ip = survivors[i as usize].ip.to_string();
