@@ -232,7 +232,21 @@ fn mode_checks() {
         &manifests.join("sticky.yaml"),
         &manifest("sticky", "10.96.0.12", sticky, "", &[be1, be2], "").replace("nodePort: 30080", "nodePort: 30082"),
     );
-    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
+    // Other software's virtual servers: one in --ipvs-exclude-cidrs, a
+    // firewall-mark one as keepalived writes it (mark 1), one in kpx's mark
+    // range but not of kpx's shape. No sync and no --cleanup touches them.
+    let foreign_service =
+        |key: ServiceKey, scheduler: &str| Service { key, scheduler: scheduler.into(), flags: 0, timeout: 0 };
+    let any = "0.0.0.0".parse().unwrap();
+    let foreign = vec![
+        foreign_service(ServiceKey::new("172.30.0.1".parse().unwrap(), TCP, 443), "rr"),
+        foreign_service(ServiceKey::fwmark(&any, 1), "rr"),
+        foreign_service(ServiceKey::fwmark(&any, 0x3f00), "wlc"),
+    ];
+    let f = foreign.clone();
+    node_ipvs(&lab, move |ipvs| f.iter().for_each(|s| ipvs.add_service(s).unwrap()));
+    let foreign_keys: std::collections::BTreeSet<ServiceKey> = foreign.iter().map(|s| s.key.clone()).collect();
+    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs", "--ipvs-exclude-cidrs=172.30.0.0/16"]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
     for line in kpx.log().lines().filter(|l| l.contains("ERROR") || l.contains("WARN")) {
@@ -342,26 +356,38 @@ fn mode_checks() {
     let seen: Vec<String> = (0..3).map(|_| tcp(&lab, "10.96.0.10:80")).collect();
     assert!(seen.iter().all(|s| s == "be1"), "after be2 left: {seen:?}");
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    let table_keys = |lab: &NodeLab| -> std::collections::BTreeSet<ServiceKey> {
+        ipvs_in(lab).into_iter().map(|(s, _)| s.key).collect()
+    };
+    let before = table_keys(&lab);
+    assert!(before.is_superset(&foreign_keys), "other software's services went: {before:?}");
     drop(kpx);
 
-    // --cleanup: the virtual servers (but one in --ipvs-exclude-cidrs)
-    // and kube-ipvs0 go.
-    let foreign = Service {
-        key: ServiceKey::new("172.30.0.1".parse().unwrap(), TCP, 443),
-        scheduler: "rr".into(),
-        flags: 0,
-        timeout: 0,
+    // A restart converges from what the kernel holds: the same table, no
+    // failed sync, traffic served.
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx-again.log")).expect("start kpx again");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
+    std::thread::sleep(Duration::from_millis(500));
+    let after = table_keys(&lab);
+    let kpxs = |keys: &std::collections::BTreeSet<ServiceKey>| -> Vec<ServiceKey> {
+        keys.iter().filter(|k| !foreign_keys.contains(*k)).cloned().collect()
     };
-    let f = foreign.clone();
-    node_ipvs(&lab, move |ipvs| ipvs.add_service(&f).unwrap());
+    assert_eq!(kpxs(&after), kpxs(&before), "the table after a restart");
+    assert!(after.is_superset(&foreign_keys), "other software's services went at the restart: {after:?}");
+    let seen: Vec<String> = (0..3).map(|_| tcp(&lab, "10.96.0.10:80")).collect();
+    assert!(seen.iter().all(|s| s == "be1"), "after the restart: {seen:?}");
+    assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    drop(kpx);
+
+    // --cleanup: kpx's virtual servers and kube-ipvs0 go; other software's
+    // (the excluded range, the firewall marks that are not kpx's) stay.
     let cleanup = kpx_args(&manifests, &["--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16"]);
     let mut done = lab.start_kpx(KPX.as_ref(), &cleanup, &dir.join("cleanup.log")).expect("kpx --cleanup");
     let t = std::time::Instant::now();
     while done.is_running() && t.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let left: Vec<ServiceKey> = ipvs_in(&lab).into_iter().map(|(s, _)| s.key).collect();
-    assert_eq!(left, vec![foreign.key], "after --cleanup:\n{}", done.log());
+    assert_eq!(table_keys(&lab), foreign_keys, "after --cleanup:\n{}", done.log());
     assert!(lab.node.ip(&["link", "show", "kube-ipvs0"]).is_err(), "kube-ipvs0 survived --cleanup");
     let sets = lab.node.exec(&["ipset", "list", "-n"]).unwrap();
     assert!(!sets.contains("KUBE-") && !sets.contains("KPX-"), "ipsets survived --cleanup: {sets}");
