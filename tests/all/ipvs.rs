@@ -227,6 +227,13 @@ fn mode_checks() {
             .replace("nodePort: 30080", "nodePort: 30083")
             .replace("8080", "9090"),
     );
+    // UDP: a leaving real server goes at once, flows or not.
+    let udp = |eps: &[&str]| {
+        manifest("udp", "10.96.0.15", "", "", eps, "")
+            .replace("nodePort: 30080", "nodePort: 30085")
+            .replace("protocol: TCP", "protocol: UDP")
+    };
+    write_manifest(&manifests.join("udp.yaml"), &udp(&[be1, be2]));
     let sticky = "  sessionAffinity: ClientIP\n";
     write_manifest(
         &manifests.join("sticky.yaml"),
@@ -304,6 +311,11 @@ fn mode_checks() {
             .replace("8080", "9090"),
     );
     std::fs::remove_file(manifests.join("sticky.yaml")).unwrap();
+    // Flows to both UDP endpoints first: IPVS keeps an entry for each.
+    for _ in 0..4 {
+        let _ = kpx_netlab::udp_request(&lab.client, "10.96.0.15:80", Duration::from_secs(2));
+    }
+    write_manifest(&manifests.join("udp.yaml"), &udp(&[be1]));
     assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
     // A sync may have started before the last file was written: wait until
     // the table shows all three changes (or a minute passes).
@@ -311,7 +323,9 @@ fn mode_checks() {
     let t = std::time::Instant::now();
     let table = loop {
         let table = ipvs_in(&lab);
-        let applied = !table.iter().any(|(s, _)| s.key.address.to_string() == "10.96.0.12")
+        let udp_done = table.iter().any(|(s, d)| s.key.address.to_string() == "10.96.0.15" && d.len() == 1);
+        let applied = udp_done
+            && !table.iter().any(|(s, _)| s.key.address.to_string() == "10.96.0.12")
             && table.iter().any(|(s, d)| {
                 s.key.address.to_string() == "10.96.0.13"
                     && d.iter().any(|d| d.address.to_string() == gone_ip && d.weight == 0)
@@ -325,6 +339,10 @@ fn mode_checks() {
     let find = |ip: &str, port: u16| {
         table.iter().find(|(s, _)| s.key.address.to_string() == ip && s.key.port == port).cloned()
     };
+    let (_, udp_dests) = find("10.96.0.15", 80).unwrap();
+    let udp_left: Vec<String> = udp_dests.iter().map(|d| d.address.to_string()).collect();
+    eprintln!("ipvs: UDP real servers after be2 left: {udp_left:?}");
+    assert_eq!(udp_left, [be1], "a UDP real server goes at once, not drained");
     let (_, hold_dests) = find("10.96.0.13", 80).unwrap();
     let gone = lab.backends.iter().find(|b| b.name == held_by).unwrap().ip.clone();
     let draining = hold_dests.iter().find(|d| d.address.to_string() == gone);
