@@ -405,3 +405,69 @@ fn schedulers_in_ipvs_mode_in_a_real_kernel() {
     let refs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
     where_ipvs_is("schedulers::schedulers_in_ipvs_mode_in_a_real_kernel", &refs, ipvs_scenario);
 }
+
+/// ipvs mode (the qemu guest here): lc, sed and nq are the kernel's own,
+/// per connection. With connections held open on be1 and be2 (be3 at
+/// weight 0), be3 back at weight 1 takes the new ones while it is the
+/// least loaded, and every new connection goes to a least-loaded endpoint.
+fn ipvs_load_scenario() {
+    let Some(lab) = lab_or_skip(3, "least_connection_in_ipvs_mode_in_a_real_kernel") else {
+        return;
+    };
+    let _servers = HoldServers::start(&lab);
+    let (dir, manifests) = run_dirs("load-ipvs");
+    let ips: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
+    let all: Vec<&str> = ips.iter().map(String::as_str).collect();
+    let no_be3 = format!("{}=0", ips[2]);
+    let schedulers = [("lc", "10.96.0.30"), ("sed", "10.96.0.31"), ("nq", "10.96.0.32")];
+    for (s, ip) in schedulers {
+        write_hold_service(&manifests, s, ip, s, &all, &no_be3);
+    }
+    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "{}", kpx.log());
+    let mut streams = Vec::new();
+    for (s, ip) in schedulers {
+        let vip = format!("{ip}:80");
+        let mut active: BTreeMap<String, usize> = BTreeMap::new();
+        for _ in 0..4 {
+            let (name, stream) = hold(&lab, &vip);
+            *active.entry(name).or_default() += 1;
+            streams.push(stream);
+        }
+        assert!(!active.contains_key("be3"), "ipvs {s}: a weight-0 endpoint took a connection: {active:?}");
+        let synced = kpx.log().matches("synced rules family=IPv4").count();
+        write_hold_service(&manifests, s, ip, s, &all, "");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
+        std::thread::sleep(Duration::from_millis(500));
+        let mut fresh = Vec::new();
+        for _ in 0..6 {
+            let least = ["be1", "be2", "be3"].iter().map(|b| active.get(*b).copied().unwrap_or(0)).min().unwrap();
+            let (name, stream) = hold(&lab, &vip);
+            streams.push(stream);
+            let had = active.get(&name).copied().unwrap_or(0);
+            assert_eq!(
+                had, least,
+                "ipvs {s}: a new connection went to {name} holding {had}, not to a least-loaded one: {active:?}"
+            );
+            *active.entry(name.clone()).or_default() += 1;
+            fresh.push(name);
+        }
+        eprintln!("ipvs: {s}: 6 new connections went to {fresh:?}");
+        assert_eq!(&fresh[..2], ["be3", "be3"], "ipvs {s}: the idle endpoint first");
+    }
+    assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    drop(streams);
+}
+
+#[test]
+fn least_connection_in_ipvs_mode_in_a_real_kernel() {
+    use crate::ipvs::{in_guest, warm_plugin_cache, where_ipvs_is};
+    let files: Vec<std::path::PathBuf> = if in_guest() || kpx::kernel::ipvs::Ipvs::open().is_ok() {
+        Vec::new()
+    } else {
+        vec![KPX.into(), warm_plugin_cache()]
+    };
+    let refs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
+    where_ipvs_is("schedulers::least_connection_in_ipvs_mode_in_a_real_kernel", &refs, ipvs_load_scenario);
+}
