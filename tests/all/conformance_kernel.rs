@@ -225,14 +225,9 @@ fn nftables_mode_passes_every_case_in_the_kernel() {
 /// cases, kpx and its compiled plugins copied in).
 #[test]
 fn ipvs_mode_passes_every_case_in_the_kernel() {
-    use crate::ipvs::{in_guest, warm_plugin_cache, where_ipvs_is};
-    let mut files: Vec<std::path::PathBuf> = Vec::new();
-    if !in_guest() && kpx::kernel::ipvs::Ipvs::open().is_err() {
-        let cases = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cases");
-        files = vec![KPX.into(), warm_plugin_cache(), cases.canonicalize().unwrap()];
-    }
-    let refs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
-    where_ipvs_is("conformance_kernel::ipvs_mode_passes_every_case_in_the_kernel", &refs, || run("ipvs"));
+    let cases = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cases");
+    let name = "conformance_kernel::ipvs_mode_passes_every_case_in_the_kernel";
+    crate::ipvs::kpx_where_ipvs_is(name, &[cases.canonicalize().unwrap()], || run("ipvs"));
 }
 
 /// The runner itself: with no rules at all, a flow that must be dropped is

@@ -504,15 +504,21 @@ fn helper_rules_checks(lab: &NodeLab) {
     assert_eq!(through_vip, Reply::Refused, "KUBE-IPVS-FILTER must reject other ports on Service addresses");
 }
 
+/// [`where_ipvs_is`] for a test that runs kpx: the guest gets kpx, its
+/// compiled plugins and `extra` files.
+pub fn kpx_where_ipvs_is(name: &str, extra: &[std::path::PathBuf], test: fn()) {
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    if !in_guest() && Ipvs::open().is_err() {
+        files = vec![std::path::PathBuf::from(KPX), warm_plugin_cache()];
+        files.extend(extra.iter().cloned());
+    }
+    let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    where_ipvs_is(name, &refs, test);
+}
+
 #[test]
 fn kpx_ipvs_mode_in_a_real_kernel() {
-    let files: Vec<std::path::PathBuf> = if in_guest() || Ipvs::open().is_ok() {
-        Vec::new()
-    } else {
-        vec![std::path::PathBuf::from(KPX), warm_plugin_cache()]
-    };
-    let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-    where_ipvs_is("ipvs::kpx_ipvs_mode_in_a_real_kernel", &refs, mode_checks);
+    kpx_where_ipvs_is("ipvs::kpx_ipvs_mode_in_a_real_kernel", &[], mode_checks);
 }
 
 /// Where the kernel has no ip_vs, ipvs mode says so and exits non-zero

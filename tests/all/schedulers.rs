@@ -72,6 +72,33 @@ fn predicted(lab: &NodeLab, plan: &Plan, client: IpAddr) -> String {
     lab.backends[table.candidate_of(client) as usize].name.clone()
 }
 
+/// maglev (10.96.0.23), mh (.26), sh (.24) and dh (.27) over the four
+/// backends: each client stays on one endpoint, clients spread (dh: one
+/// endpoint per destination), and maglev's and mh's endpoint is the one
+/// the plan predicts, the same computation in every mode.
+fn hashing_checks(lab: &NodeLab, mode: &str, clients: &[IpAddr]) {
+    let four = dests(lab, &[1, 1, 1, 1]);
+    for (vip, name) in
+        [("10.96.0.23:80", "maglev"), ("10.96.0.26:80", "mh"), ("10.96.0.24:80", "sh"), ("10.96.0.27:80", "dh")]
+    {
+        let plan = ["maglev", "mh"].contains(&name).then(|| kpx_sched::plan::plan(name, &[], &four).unwrap());
+        let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
+        for &c in clients {
+            let answers: Vec<String> = (0..3).map(|_| tcp_from(lab, Some(c), vip)).collect();
+            assert!(answers.iter().all(|a| a == &answers[0]), "{mode}: {name} sent client {c} to {answers:?}");
+            assert!(answers[0].starts_with("be"), "{mode}: {name}: {answers:?}");
+            if let Some(plan) = &plan {
+                assert_eq!(answers[0], predicted(lab, plan, c), "{mode}: {name} sent {c} elsewhere than the plan");
+            }
+            per_client.insert(c, answers[0].clone());
+        }
+        let spread: std::collections::BTreeSet<_> = per_client.values().collect();
+        eprintln!("{mode}: {name}: {} clients reached {spread:?}", clients.len());
+        let want = if name == "dh" { 1 } else { 3 };
+        assert!(spread.len() >= want, "{mode}: {name} does not spread clients: {per_client:?}");
+    }
+}
+
 fn scenario(mode: &str) {
     let Some(lab) = lab_or_skip(4, &format!("schedulers_with_real_traffic ({mode})")) else {
         return;
@@ -144,26 +171,7 @@ fn scenario(mode: &str) {
     // one endpoint per destination); and maglev's and mh's endpoint is the
     // one the plan predicts (the same in every mode).
     let clients = client_addresses(&lab, 24);
-    let four = dests(&lab, &[1, 1, 1, 1]);
-    for (vip, name) in
-        [("10.96.0.23:80", "maglev"), ("10.96.0.26:80", "mh"), ("10.96.0.24:80", "sh"), ("10.96.0.27:80", "dh")]
-    {
-        let plan = ["maglev", "mh"].contains(&name).then(|| kpx_sched::plan::plan(name, &[], &four).unwrap());
-        let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
-        for &c in &clients {
-            let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), vip)).collect();
-            assert!(answers.iter().all(|a| a == &answers[0]), "{mode}: {name} sent client {c} to {answers:?}");
-            assert!(answers[0].starts_with("be"), "{mode}: {name}: {answers:?}");
-            if let Some(plan) = &plan {
-                assert_eq!(answers[0], predicted(&lab, plan, c), "{mode}: {name} sent {c} elsewhere than the plan");
-            }
-            per_client.insert(c, answers[0].clone());
-        }
-        let spread: std::collections::BTreeSet<_> = per_client.values().collect();
-        eprintln!("{mode}: {name}: {} clients reached {spread:?}", clients.len());
-        let want = if name == "dh" { 1 } else { 3 };
-        assert!(spread.len() >= want, "{mode}: {name} does not spread clients: {per_client:?}");
-    }
+    hashing_checks(&lab, mode, &clients);
 
     // A bad parameter: logged against the Service, which keeps the default.
     assert!(kpx.log().contains("test/bad:tcp") && kpx.log().contains("table-size=\"1000\""), "{}", kpx.log());
@@ -174,6 +182,7 @@ fn scenario(mode: &str) {
     // slot table (client addresses hash into it uniformly), for each
     // endpoint going in turn; then checked against the kernel for the
     // test's clients when the third goes.
+    let four = dests(&lab, &[1, 1, 1, 1]);
     let plan = kpx_sched::plan::plan("maglev", &[], &four).unwrap();
     let plan_without = |gone: usize| {
         let rest: Vec<Dest> = four.iter().enumerate().filter(|(i, _)| *i != gone).map(|(_, d)| d.clone()).collect();
@@ -252,6 +261,17 @@ fn counts(names: &[String]) -> BTreeMap<String, usize> {
 /// lc, sed and nq from live load (conntrack, measured every 2 s): with
 /// long-lived connections held on some endpoints, new connections go to
 /// the idle ones.
+/// lc, sed and nq, each a Service over three backends holding on 9090.
+const LOAD_SCHEDULERS: [(&str, &str); 3] = [("lc", "10.96.0.30"), ("sed", "10.96.0.31"), ("nq", "10.96.0.32")];
+
+/// The [`LOAD_SCHEDULERS`] Services, be3 at weight 0.
+fn write_load_services(manifests: &std::path::Path, all: &[&str]) {
+    let no_be3 = format!("{}=0", all[2]);
+    for (s, ip) in LOAD_SCHEDULERS {
+        write_hold_service(manifests, s, ip, s, all, &no_be3);
+    }
+}
+
 fn load_scenario(mode: &str) {
     let Some(lab) = lab_or_skip(3, &format!("least_connection_from_live_load ({mode})")) else {
         return;
@@ -260,11 +280,8 @@ fn load_scenario(mode: &str) {
     let (dir, manifests) = run_dirs(&format!("load-{mode}"));
     let ips: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
     let all: Vec<&str> = ips.iter().map(String::as_str).collect();
-    let no_be3 = format!("{}=0", ips[2]);
-    let schedulers = [("lc", "10.96.0.30"), ("sed", "10.96.0.31"), ("nq", "10.96.0.32")];
-    for (s, ip) in schedulers {
-        write_hold_service(&manifests, s, ip, s, &all, &no_be3);
-    }
+    let schedulers = LOAD_SCHEDULERS;
+    write_load_services(&manifests, &all);
     let args = kpx_args(&manifests, &["--proxy-mode", mode]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{}", kpx.log());
@@ -360,50 +377,13 @@ fn ipvs_scenario() {
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
     let clients = client_addresses(&lab, 16);
-    let d = dests(&lab, &[1, 1, 1, 1]);
-    for (vip, name) in
-        [("10.96.0.23:80", "maglev"), ("10.96.0.26:80", "mh"), ("10.96.0.24:80", "sh"), ("10.96.0.27:80", "dh")]
-    {
-        let plan = ["maglev", "mh"].contains(&name).then(|| kpx_sched::plan::plan(name, &[], &d).unwrap());
-        let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
-        for &c in &clients {
-            let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), vip)).collect();
-            assert!(answers.iter().all(|a| a == &answers[0]), "ipvs: {name} sent client {c} to {answers:?}");
-            assert!(answers[0].starts_with("be"), "ipvs: {name}: {answers:?}\n{}", kpx.log());
-            if let Some(plan) = &plan
-                && answers[0] != predicted(&lab, plan, c)
-            {
-                let nat = lab.node.exec(&["iptables-save", "-t", "nat"]).unwrap_or_default();
-                let table = lab.node.exec(&["ipvsadm", "-Ln"]).unwrap_or_default();
-                let slots: Vec<&str> = nat.lines().filter(|l| l.contains("SLOTS")).take(12).collect();
-                panic!(
-                    "ipvs: {name} sent {c} to {} and not to {}, as the plan says\n{}\n{table}",
-                    answers[0],
-                    predicted(&lab, plan, c),
-                    slots.join("\n")
-                );
-            }
-            per_client.insert(c, answers[0].clone());
-        }
-        let spread: std::collections::BTreeSet<_> = per_client.values().collect();
-        eprintln!("ipvs: {name}: {} clients reached {spread:?}", clients.len());
-        // dh hashes the destination: one endpoint for every client.
-        let want = if name == "dh" { 1 } else { 3 };
-        assert!(spread.len() >= want, "ipvs: {name} does not spread clients: {per_client:?}");
-    }
+    hashing_checks(&lab, "ipvs", &clients);
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
 }
 
 #[test]
 fn schedulers_in_ipvs_mode_in_a_real_kernel() {
-    use crate::ipvs::{in_guest, warm_plugin_cache, where_ipvs_is};
-    let files: Vec<std::path::PathBuf> = if in_guest() || kpx::kernel::ipvs::Ipvs::open().is_ok() {
-        Vec::new()
-    } else {
-        vec![KPX.into(), warm_plugin_cache()]
-    };
-    let refs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
-    where_ipvs_is("schedulers::schedulers_in_ipvs_mode_in_a_real_kernel", &refs, ipvs_scenario);
+    crate::ipvs::kpx_where_ipvs_is("schedulers::schedulers_in_ipvs_mode_in_a_real_kernel", &[], ipvs_scenario);
 }
 
 /// ipvs mode (the qemu guest here): lc, sed and nq are the kernel's own,
@@ -418,11 +398,8 @@ fn ipvs_load_scenario() {
     let (dir, manifests) = run_dirs("load-ipvs");
     let ips: Vec<String> = lab.backends.iter().map(|b| b.ip.clone()).collect();
     let all: Vec<&str> = ips.iter().map(String::as_str).collect();
-    let no_be3 = format!("{}=0", ips[2]);
-    let schedulers = [("lc", "10.96.0.30"), ("sed", "10.96.0.31"), ("nq", "10.96.0.32")];
-    for (s, ip) in schedulers {
-        write_hold_service(&manifests, s, ip, s, &all, &no_be3);
-    }
+    let schedulers = LOAD_SCHEDULERS;
+    write_load_services(&manifests, &all);
     let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "{}", kpx.log());
@@ -462,12 +439,6 @@ fn ipvs_load_scenario() {
 
 #[test]
 fn least_connection_in_ipvs_mode_in_a_real_kernel() {
-    use crate::ipvs::{in_guest, warm_plugin_cache, where_ipvs_is};
-    let files: Vec<std::path::PathBuf> = if in_guest() || kpx::kernel::ipvs::Ipvs::open().is_ok() {
-        Vec::new()
-    } else {
-        vec![KPX.into(), warm_plugin_cache()]
-    };
-    let refs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
-    where_ipvs_is("schedulers::least_connection_in_ipvs_mode_in_a_real_kernel", &refs, ipvs_load_scenario);
+    let name = "schedulers::least_connection_in_ipvs_mode_in_a_real_kernel";
+    crate::ipvs::kpx_where_ipvs_is(name, &[], ipvs_load_scenario);
 }
