@@ -98,7 +98,8 @@ impl From<nftables::netlink::Error> for SyncError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
     pub bytes: usize,
-    /// iptables mode: the rules kube-proxy owns now, (filter, nat).
+    /// iptables and ipvs modes: the iptables rules kube-proxy owns now,
+    /// (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,
 }
 

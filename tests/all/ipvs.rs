@@ -227,6 +227,19 @@ fn mode_checks() {
             .replace("nodePort: 30080", "nodePort: 30083")
             .replace("8080", "9090"),
     );
+    // An external IP that is the node's own address: served, but never put
+    // on kube-ipvs0 (KUBE-IPVS-FILTER would close the node's other ports).
+    let ext_spec = format!("  externalIPs: [{}]\n", kpx_netlab::node::NODE_IP);
+    write_manifest(
+        &manifests.join("ext.yaml"),
+        &manifest("ext", "10.96.0.16", &ext_spec, "", &[be1], "").replace("nodePort: 30080", "nodePort: 30086"),
+    );
+    // A slot plan: its firewall marks survive a restart (below).
+    write_manifest(
+        &manifests.join("maglev.yaml"),
+        &manifest("maglev", "10.96.0.17", "", "  annotations: {kpx.dev/scheduler: maglev}\n", &[be1, be2], "")
+            .replace("nodePort: 30080", "nodePort: 30087"),
+    );
     // UDP: a leaving real server goes at once, flows or not.
     let udp = |eps: &[&str]| {
         manifest("udp", "10.96.0.15", "", "", eps, "")
@@ -381,8 +394,9 @@ fn mode_checks() {
     assert!(before.is_superset(&foreign_keys), "other software's services went: {before:?}");
     drop(kpx);
 
-    // A restart converges from what the kernel holds: the same table, no
-    // failed sync, traffic served.
+    // A restart converges from what the kernel holds: the same table (the
+    // slot plan's firewall marks kept), no failed sync, traffic served.
+    assert!(before.iter().any(|k| k.fwmark != 0 && !foreign_keys.contains(k)), "no slot plan's marks: {before:?}");
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx-again.log")).expect("start kpx again");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
     std::thread::sleep(Duration::from_millis(500));
@@ -410,7 +424,7 @@ fn mode_checks() {
     let sets = lab.node.exec(&["ipset", "list", "-n"]).unwrap();
     assert!(!sets.contains("KUBE-") && !sets.contains("KPX-"), "ipsets survived --cleanup: {sets}");
     let rules = lab.node.exec(&["iptables-save"]).unwrap();
-    assert!(!rules.contains("KUBE-"), "iptables rules survived --cleanup:\n{rules}");
+    assert!(!rules.contains("KUBE-") && !rules.contains("KPX-"), "iptables rules survived --cleanup:\n{rules}");
     eprintln!("ipvs: kpx in ipvs mode passed");
 }
 
@@ -500,7 +514,11 @@ fn helper_rules_checks(lab: &NodeLab) {
     let direct = request(lab, None, &format!("{}:9999", kpx_netlab::node::NODE_IP));
     let through_vip = request(lab, None, "10.96.0.10:9999");
     eprintln!("ipvs: node listener direct {direct:?}, through a Service address {through_vip:?}");
-    assert_eq!(direct.server(), Some("node"), "{direct:?}");
+    assert_eq!(direct.server(), Some("node"), "the node's own port, with its address an external IP: {direct:?}");
+    let bound = lab.node.ip(&["-4", "addr", "show", "dev", "kube-ipvs0"]).unwrap();
+    assert!(!bound.contains(kpx_netlab::node::NODE_IP), "the node's own address on kube-ipvs0: {bound}");
+    let ext = request(lab, None, &format!("{}:80", kpx_netlab::node::NODE_IP));
+    assert_eq!(ext.server(), Some("be1"), "the external IP that is the node's: {ext:?}");
     assert_eq!(through_vip, Reply::Refused, "KUBE-IPVS-FILTER must reject other ports on Service addresses");
 }
 
@@ -626,7 +644,7 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
         .enter(move || {
             let exec = SystemExec::default();
             exec.run("ipset", &["restore"], Some(script.as_bytes())).expect("ipset restore");
-            // Someone else's entry and a stale one: the next sync drops both.
+            // Someone else's entry: the next sync drops it.
             exec.run("ipset", &["add", "KUBE-CLUSTER-IP", "10.96.9.9,udp:53"], None).unwrap();
             exec.run("ipset", &["restore"], Some(script.as_bytes())).expect("ipset restore again");
             let saved = exec.run("ipset", &["save"], None).unwrap();

@@ -95,7 +95,7 @@ pub const IPVS_HOST_CHAINS: &[(Table, &str)] = &[
     (Table::Filter, "KUBE-SOURCE-RANGES-FIREWALL"),
     (Table::Filter, "KUBE-IPVS-FILTER"),
     (Table::Filter, "KUBE-IPVS-OUT-FILTER"),
-    (Table::Nat, "KUBE-IPVS-SLOTS"),
+    (Table::Nat, "KPX-IPVS-SLOTS"),
 ];
 
 /// Whether a chain is one the host declares in some mode.

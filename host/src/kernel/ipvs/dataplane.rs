@@ -44,6 +44,9 @@ pub struct IpvsDataplane {
     timeouts_set: bool,
     /// The firewall marks of slot plans' real servers.
     marks: slots::Marks,
+    /// Slotted virtual servers last left on their own scheduler (warned
+    /// about when the number changes).
+    unslotted: usize,
 }
 
 fn kernel_error(e: super::Error) -> SyncError {
@@ -60,7 +63,15 @@ fn protocol_number(p: Protocol) -> u16 {
 
 impl IpvsDataplane {
     pub fn new(family: IpFamily, iptables: IptablesKernel, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
-        IpvsDataplane { family, iptables, exclude, timeouts, timeouts_set: false, marks: slots::Marks::default() }
+        IpvsDataplane {
+            family,
+            iptables,
+            exclude,
+            timeouts,
+            timeouts_set: false,
+            marks: slots::Marks::default(),
+            unslotted: 0,
+        }
     }
 
     /// Refuses virtual servers outside the state: an address, protocol
@@ -142,31 +153,71 @@ impl IpvsDataplane {
         let masquerade_mark = settings.masquerade_mark();
         // Every service of the family, so that one in an excluded range
         // is found (and left alone) rather than added again.
-        let current: BTreeMap<ServiceKey, Service> = ipvs
+        let mut current: BTreeMap<ServiceKey, Service> = ipvs
             .services()
             .map_err(kernel_error)?
             .into_iter()
             .filter(|s| self.family.matches(&s.key.address))
             .map(|s| (s.key.clone(), s))
             .collect();
-        let held: BTreeSet<u32> = current
-            .values()
-            .filter(|s| s.key.fwmark != 0 && slots::is_own(s, masquerade_mark))
-            .map(|s| s.key.fwmark)
-            .collect();
-        let work = self.marks.plan(ruleset, masquerade_mark, &held);
-        if work.unslotted > 0 {
-            tracing::warn!(
-                family = %self.family,
-                "{} virtual servers with slot plans run their own IPVS scheduler instead: no firewall mark was free \
-                 (kpx gives out {} below the masquerade bit) or their rules would pass {}",
-                work.unslotted,
-                slots::MAX_MARKS,
-                slots::MAX_RULES
-            );
+        // After a restart, kpx's firewall-mark services tell which real
+        // server had which mark: kept, established connections go on.
+        if !self.marks.adopted() {
+            let mut found = Vec::new();
+            for s in
+                current.values().filter(|s| s.key.fwmark & masquerade_mark == 0 && slots::is_own(s, masquerade_mark))
+            {
+                if let [d] = ipvs.destinations(&s.key).map_err(kernel_error)?.as_slice() {
+                    found.push((s.key.fwmark, d.address, d.port));
+                }
+            }
+            self.marks.adopt(found);
         }
-        let wanted: BTreeSet<IpAddr> =
-            scope.destinations.iter().map(|d| d.0).filter(|ip| self.family.matches(ip)).collect();
+        // Every firewall mark in the kernel is taken, kpx's or not.
+        let held: BTreeSet<u32> = current.keys().map(|k| k.fwmark).filter(|m| *m != 0).collect();
+        let work = self.marks.plan(ruleset, masquerade_mark, &held);
+        if work.unslotted.len() != self.unslotted {
+            self.unslotted = work.unslotted.len();
+            if let Some(first) = work.unslotted.first() {
+                tracing::warn!(
+                    family = %self.family,
+                    "{} virtual servers with slot plans (first {}) run their own IPVS scheduler instead: no \
+                     firewall mark was free (kpx gives out {} below the masquerade bit) or their rules would pass {}",
+                    work.unslotted.len(),
+                    first,
+                    slots::MAX_MARKS,
+                    slots::MAX_RULES
+                );
+            }
+        }
+        // The firewall-mark services first: they take nothing until the
+        // rules below mark connections for them.
+        let mut writes = 0;
+        let mut failures = Vec::new();
+        for (service, real) in &work.services {
+            match reconcile_one(&mut ipvs, service, std::slice::from_ref(real), false, current.get(&service.key)) {
+                Ok(n) => {
+                    writes += n;
+                    current.insert(service.key.clone(), service.clone());
+                }
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        // The node's own addresses are never bound to kube-ipvs0 (an
+        // external IP may be one): KUBE-IPVS-FILTER would close the node's
+        // other ports on them.
+        let kube_ipvs0 = link::index_of_kube_ipvs0();
+        let node_own: BTreeSet<IpAddr> = crate::kernel::interfaces::local_addresses_by_interface()?
+            .into_iter()
+            .filter(|(index, _)| Some(*index) != kube_ipvs0)
+            .map(|(_, ip)| ip)
+            .collect();
+        let wanted: BTreeSet<IpAddr> = scope
+            .destinations
+            .iter()
+            .map(|d| d.0)
+            .filter(|ip| self.family.matches(ip) && !node_own.contains(ip))
+            .collect();
         // The sets and rules first: a virtual server is never reachable
         // before its masquerading and its firewall are in place.
         let node_addresses: Vec<IpAddr> = match &settings.nodeport_addresses {
@@ -195,8 +246,10 @@ impl IpvsDataplane {
                 Err(e) => tracing::error!(family = %self.family, "cannot set the IPVS timeouts: {e}"),
             }
         }
-        let (mut writes, failures) =
+        let (more, more_failures) =
             self.reconcile(&mut ipvs, ruleset, &work.services, &current, masquerade_mark).map_err(kernel_error)?;
+        writes += more;
+        failures.extend(more_failures);
         // Every Service address on kube-ipvs0, bound once its virtual
         // servers exist: traffic to it is local, so IPVS sees it (a port
         // without a virtual server is the node's own).

@@ -66,9 +66,10 @@ pub fn jumps() -> Vec<Rule> {
     ]
 }
 
-/// The rules of one sync, from the sets it writes: a rule that tests a
-/// set is written only while the set has entries, as upstream does.
-/// `slot_rules`: nat KUBE-IPVS-SLOTS, which marks connections for slot
+/// The rules of one sync, from the sets it writes: upstream's set rules
+/// are written only while their set has entries (KUBE-IPVS-FILTER's and
+/// the health-check rule always), as upstream does.
+/// `slot_rules`: nat KPX-IPVS-SLOTS, which marks connections for slot
 /// plans (slots.rs), jumped to first when it has rules.
 pub fn frame(settings: &Settings, sets: &Sets, slot_rules: Vec<Rule>) -> Frame {
     use Table::{Filter, Nat};

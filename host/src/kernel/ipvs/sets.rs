@@ -59,7 +59,7 @@ pub enum Kind {
     HealthCheckNodePort,
     IpvsIps,
     /// kpx's own: the virtual servers whose slot plan the host executes
-    /// (nat KUBE-SERVICES jumps to KUBE-IPVS-SLOTS for these only).
+    /// (nat KUBE-SERVICES jumps to KPX-IPVS-SLOTS for these only).
     Slotted,
 }
 

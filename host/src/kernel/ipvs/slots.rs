@@ -6,7 +6,7 @@
 //! slotted virtual server a mark (below the masquerade bit) and two
 //! firewall-mark services holding that real server alone: one for the
 //! mark, one for the mark with the masquerade bit (which nat KUBE-SERVICES
-//! may set before IPVS sees the packet). Rules in nat KUBE-IPVS-SLOTS
+//! may set before IPVS sees the packet). Rules in nat KPX-IPVS-SLOTS
 //! test the virtual server's address, protocol and port and the slot
 //! (xt_cluster: the jhash of the connection's source, as the plan
 //! computes it) and set the slot's real server's mark; the slot tests
@@ -30,7 +30,8 @@ use kpx_rules::ops::ipvs::{RealServer, Ruleset};
 
 use super::{Destination, Service, ServiceKey};
 
-pub const CHAIN: &str = "KUBE-IPVS-SLOTS";
+/// kpx's own chain (upstream has no slot plans), in nat.
+pub const CHAIN: &str = "KPX-IPVS-SLOTS";
 
 /// The most marks kpx gives out: the top of the values below the
 /// masquerade bit (0x3000-0x3fff with the default bit 14), away from the
@@ -66,6 +67,8 @@ pub fn is_own(service: &Service, masquerade_mark: u32) -> bool {
 #[derive(Debug, Default)]
 pub struct Marks {
     by_real: BTreeMap<(IpAddr, u16), u32>,
+    /// Whether the kernel's marks were read back (the first sync).
+    adopted: bool,
     /// Whether only TCP virtual servers used a mark: a mark no plan needs
     /// any more drains then (weight 0 while connections remain); else its
     /// services go at once (UDP flows would keep a weight-0 one alive).
@@ -76,19 +79,35 @@ pub struct Marks {
 /// What one sync writes for the slot plans.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SlotWork {
-    /// nat KUBE-IPVS-SLOTS.
+    /// nat KPX-IPVS-SLOTS.
     pub rules: Vec<Rule>,
     /// The slotted virtual servers (address, protocol, port): only their
-    /// new connections walk KUBE-IPVS-SLOTS.
+    /// new connections walk KPX-IPVS-SLOTS.
     pub slotted: Vec<(IpAddr, Protocol, u16)>,
     /// The firewall-mark services, each with its one real server.
     pub services: Vec<(Service, Destination)>,
-    /// Virtual servers left on their own IPVS scheduler: no mark was free
-    /// for a real server, or the rules would pass [`MAX_RULES`].
-    pub unslotted: usize,
+    /// Virtual servers left on their own IPVS scheduler (as `address
+    /// protocol port`): no mark was free for a real server, or the rules
+    /// would pass [`MAX_RULES`].
+    pub unslotted: Vec<String>,
 }
 
 impl Marks {
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// The marks the kernel's own firewall-mark services show (mark, real
+    /// server), read once at start: a restart keeps them, so established
+    /// connections are not cut. Their protocols are unknown: if no plan
+    /// needs them any more, they go at once.
+    pub fn adopt(&mut self, found: impl IntoIterator<Item = (u32, IpAddr, u16)>) {
+        for (mark, ip, port) in found {
+            self.by_real.entry((ip, port)).or_insert(mark);
+        }
+        self.adopted = true;
+    }
+
     /// Marks for the ruleset's slotted real servers (kept for those that
     /// had one; the highest free one for a new one, never one in `held`:
     /// marks of kpx's services the kernel holds), the rules that set them
@@ -135,7 +154,8 @@ impl Marks {
             // overwrite every mark before it.
             let matches = slot_matches(table, false);
             if vs.reals.iter().any(|r| mark_of(r).is_none()) || work.rules.len() + matches.len() > MAX_RULES {
-                work.unslotted += 1;
+                let address = kpx_rules::model::join_host_port(&vs.address, vs.port);
+                work.unslotted.push(format!("{} {address}", vs.protocol.as_str()));
                 continue;
             }
             work.slotted.push((vs.address, vs.protocol, vs.port));
@@ -228,7 +248,7 @@ mod tests {
         assert_eq!(keys, [0x3fff, 0x7fff, 0x3ffe, 0x7ffe]);
         assert_eq!(work.services[2].1.address, ip("10.244.2.5"));
         assert!(work.services.iter().all(|(s, _)| is_own(s, 0x4000)));
-        assert_eq!(work.unslotted, 0);
+        assert!(work.unslotted.is_empty());
     }
 
     #[test]
@@ -248,6 +268,19 @@ mod tests {
         marks.plan(&udp, 0x4000, &[0x3fff, 0x3ffe, 0x3ffd].into());
         assert!(!marks.drains(0x3ffd, 0x4000), "UDP used it: at once");
         assert!(!Marks::default().drains(0x3ffe, 0x4000), "unknown (a restart): at once");
+    }
+
+    #[test]
+    fn a_restart_keeps_the_kernels_marks() {
+        let rs = Ruleset { services: vec![vs("10.96.0.10", &["10.244.1.5", "10.244.2.5"], Some(table(vec![0, 1])))] };
+        let mut marks = Marks::default();
+        marks.adopt([(0x3001, ip("10.244.2.5"), 8080), (0x3002, ip("10.244.9.5"), 8080)]);
+        let work = marks.plan(&rs, 0x4000, &[0x3001, 0x7001, 0x3002, 0x7002].into());
+        let by: BTreeMap<IpAddr, u32> = work.services.iter().map(|(s, d)| (d.address, s.key.fwmark & 0x3fff)).collect();
+        assert_eq!(by[&ip("10.244.2.5")], 0x3001, "the kernel's mark kept");
+        assert_eq!(by[&ip("10.244.1.5")], 0x3fff);
+        assert!(marks.drains(0x3001, 0x4000), "a TCP plan uses it now");
+        assert!(!marks.drains(0x3002, 0x4000), "no plan needs it and its protocols are unknown: at once");
     }
 
     #[test]
@@ -273,7 +306,10 @@ mod tests {
         let rs = Ruleset { services: vec![vs("10.96.0.10", &["10.244.1.5", "10.244.2.5"], Some(table(vec![0, 1])))] };
         // Masquerade bit 1: one mark (1), held by the kernel.
         let work = Marks::default().plan(&rs, 0b10, &[1].into());
-        assert_eq!((work.unslotted, work.rules.len(), work.slotted.len()), (1, 0, 0));
+        assert_eq!(
+            (work.unslotted, work.rules.len(), work.slotted.len()),
+            (vec!["tcp 10.96.0.10:80".to_string()], 0, 0)
+        );
         let big = SlotTable {
             field: HashField::Source,
             seed: 7,
@@ -285,6 +321,6 @@ mod tests {
             (0..20).map(|i| vs(&format!("10.96.1.{i}"), &["10.244.1.5", "10.244.2.5"], Some(big.clone()))).collect();
         let work = Marks::default().plan(&Ruleset { services: many }, 0x4000, &BTreeSet::new());
         assert!(work.rules.len() <= MAX_RULES, "{}", work.rules.len());
-        assert_eq!((work.slotted.len(), work.unslotted), (16, 4));
+        assert_eq!((work.slotted.len(), work.unslotted.len()), (16, 4));
     }
 }
