@@ -285,6 +285,10 @@ fn load_scenario(mode: &str) {
     let all: Vec<&str> = ips.iter().map(String::as_str).collect();
     let schedulers = LOAD_SCHEDULERS;
     write_load_services(&manifests, &all);
+    // A bad parameter to a scheduler that plans from load: refused at
+    // every re-plan (every 2 s), said once.
+    let bad = [("kpx.dev/scheduler", "lc"), ("kpx.dev/scheduler-params", "nope=1")];
+    write_service(&manifests, "lcbad", "10.96.0.33", &bad, &all, &[]);
     let args = kpx_args(&manifests, &["--proxy-mode", mode]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{}", kpx.log());
@@ -345,6 +349,13 @@ fn load_scenario(mode: &str) {
     assert!(
         after.iter().all(|a| least_loaded.contains(&a.as_str())),
         "{mode}: lc after the re-plan sent {after:?}; the least loaded are {least_loaded:?}"
+    );
+    let said = kpx.log().lines().filter(|l| l.contains("WARN") && l.contains("test/lcbad")).count();
+    let replans = kpx.log().matches("re-planned").count();
+    assert!(
+        said == 1 && replans >= 2,
+        "{mode}: the bad parameter was logged {said} times over {replans} re-plans (once wanted):\n{}",
+        kpx.log()
     );
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
     drop(streams);

@@ -43,12 +43,25 @@ pub struct Planner {
     /// The last conntrack measurement and when it was taken.
     load: Option<(Instant, Load)>,
     load_failed: bool,
+    /// The last warning logged for each service port: the same one is not
+    /// repeated at every plan (both endpoint sets, every sync, every
+    /// re-plan), a new one is, and a plan that succeeds forgets it.
+    warned: HashMap<String, String>,
 }
 
 impl Planner {
     pub fn new(mode: ProxyMode, family: IpFamily, plugins: Vec<Arc<SchedulerPlugin>>) -> Planner {
         let instances = plugins.iter().map(|_| None).collect();
-        Planner { mode, family, plugins, instances, uses_load: HashMap::new(), load: None, load_failed: false }
+        Planner {
+            mode,
+            family,
+            plugins,
+            instances,
+            uses_load: HashMap::new(),
+            load: None,
+            load_failed: false,
+            warned: HashMap::new(),
+        }
     }
 
     /// Whether `port`'s scheduler plans from live load.
@@ -135,7 +148,7 @@ impl Planner {
         let name = choice.name.as_str();
         let mode = self.mode;
         if self.instance_for(name).is_none() {
-            tracing::warn!(service = %key, "no scheduler is named {name:?}; the Service keeps the default");
+            self.warn(key, format!("no scheduler is named {name:?}; the Service keeps the default"));
             return Outcome::Plan(None);
         }
         let load = if self.uses_load(port) {
@@ -150,22 +163,26 @@ impl Planner {
         };
         let Some(instance) = self.instance_for(name) else { return Outcome::Failed };
         let request = ScheduleRequest { name, parameters: &choice.parameters, mode, port, candidates, load };
+        let plugin = instance.plugin().to_string();
         match instance.schedule(&request) {
             Ok(plan) => match plan.check(candidates.len()) {
-                Ok(()) => Outcome::Plan(plan.normalized(candidates.len())),
+                Ok(()) => {
+                    self.warned.remove(key);
+                    Outcome::Plan(plan.normalized(candidates.len()))
+                }
                 Err(why) => {
-                    tracing::warn!(
-                        service = %key,
-                        "scheduler {name} ({}) returned a plan {} mode cannot execute: {why}; the Service keeps the default",
-                        instance.plugin(),
-                        mode
+                    self.warn(
+                        key,
+                        format!(
+                            "scheduler {name} ({plugin}) returned a plan {mode} mode cannot execute: {why}; the Service keeps the default"
+                        ),
                     );
                     Outcome::Failed
                 }
             },
             Err(e) => {
-                tracing::warn!(service = %key, %mode, "scheduler {name}: {e}; the Service keeps the default");
                 let trapped = e.needs_fresh_instance();
+                self.warn(key, format!("scheduler {name} in {mode} mode: {e}; the Service keeps the default"));
                 if trapped {
                     self.drop_instance_of(name);
                 }
@@ -173,6 +190,15 @@ impl Planner {
                 // default; a fault: the last plan.
                 if trapped { Outcome::Failed } else { Outcome::Plan(None) }
             }
+        }
+    }
+
+    /// Logs `message` against the service port unless it was the last one
+    /// logged for it.
+    fn warn(&mut self, key: &str, message: String) {
+        if self.warned.get(key) != Some(&message) {
+            tracing::warn!(service = %key, family = %self.family, "{message}");
+            self.warned.insert(key.to_string(), message);
         }
     }
 
