@@ -12,6 +12,7 @@ pub mod source;
 pub mod state;
 pub mod sync;
 pub mod trace;
+pub mod userspace;
 pub mod validate;
 
 /// What `kpx --version` prints.

@@ -1,0 +1,205 @@
+//! TCP relaying, as upstream's userspace proxier does it
+//! (pkg/proxy/userspace/proxysocket.go): a new connection dials an
+//! endpoint the [`Chooser`] names, and if the dial fails, another, with
+//! upstream's growing timeouts (250 ms, 500 ms, 1 s, 2 s); then bytes are
+//! copied both ways through bounded buffers, and a side that ends its
+//! writing (a half-close) has that passed on while the other direction
+//! goes on.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+
+/// upstream's `EndpointDialTimeouts`: one dial per entry, each to the
+/// endpoint chosen for that attempt.
+pub const DIAL_TIMEOUTS: [Duration; 4] =
+    [Duration::from_millis(250), Duration::from_millis(500), Duration::from_secs(1), Duration::from_secs(2)];
+
+/// Each direction's copy buffer: a slow reader holds at most this much per
+/// connection and direction in kpx.
+pub const BUFFER: usize = 64 * 1024;
+
+/// Who picks the endpoint of a new connection.
+pub trait Chooser: Send + Sync {
+    /// The endpoint for attempt `attempt` (0-based) of `client`'s
+    /// connection, the endpoints that already failed it in `failed`; None
+    /// when there is none to try (no endpoints: the client is refused).
+    fn choose(&self, client: SocketAddr, attempt: usize, failed: &[SocketAddr]) -> Option<SocketAddr>;
+}
+
+/// Why a connection was not relayed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no endpoint to try for {client}")]
+    NoEndpoint { client: SocketAddr },
+    #[error("every dial for {client} failed: {}", failures.iter().map(|(a, e)| format!("{a}: {e}")).collect::<Vec<_>>().join("; "))]
+    Unreachable { client: SocketAddr, failures: Vec<(SocketAddr, String)> },
+}
+
+/// Dials an endpoint for `client`: the chooser's pick for each attempt,
+/// within that attempt's timeout.
+pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStream, SocketAddr), Error> {
+    let mut failures: Vec<(SocketAddr, String)> = Vec::new();
+    for (attempt, timeout) in DIAL_TIMEOUTS.iter().enumerate() {
+        let failed: Vec<SocketAddr> = failures.iter().map(|(a, _)| *a).collect();
+        let Some(endpoint) = chooser.choose(client, attempt, &failed) else {
+            if failures.is_empty() {
+                return Err(Error::NoEndpoint { client });
+            }
+            break;
+        };
+        match tokio::time::timeout(*timeout, TcpStream::connect(endpoint)).await {
+            Ok(Ok(stream)) => return Ok((stream, endpoint)),
+            Ok(Err(e)) => failures.push((endpoint, e.to_string())),
+            Err(_) => failures.push((endpoint, format!("no answer within {} ms", timeout.as_millis()))),
+        }
+    }
+    Err(Error::Unreachable { client, failures })
+}
+
+/// Copies both ways until both sides are done; a side's end of writing is
+/// passed on to the other (shutdown of its write half). The bytes copied
+/// (client to endpoint, endpoint to client).
+pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream) -> io::Result<(u64, u64)> {
+    let _ = client.set_nodelay(true);
+    let _ = endpoint.set_nodelay(true);
+    tokio::io::copy_bidirectional_with_sizes(&mut client, &mut endpoint, BUFFER, BUFFER).await
+}
+
+/// Accepts connections on `listener` and relays each to an endpoint, until
+/// the task is dropped. A connection with no endpoint to reach is closed
+/// at once (the client sees its connection end without data).
+pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) -> io::Result<()> {
+    loop {
+        let (client, peer) = listener.accept().await?;
+        let chooser = Arc::clone(&chooser);
+        tokio::spawn(async move {
+            match dial(chooser.as_ref(), peer).await {
+                Ok((endpoint, _)) => {
+                    let _ = relay(client, endpoint).await;
+                }
+                Err(e) => tracing::debug!("userspace: {e}"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Round robin over `endpoints`, skipping those that failed this
+    /// connection (upstream's default).
+    struct RoundRobin {
+        endpoints: Vec<SocketAddr>,
+        next: Mutex<usize>,
+    }
+
+    impl Chooser for RoundRobin {
+        fn choose(&self, _: SocketAddr, _: usize, failed: &[SocketAddr]) -> Option<SocketAddr> {
+            let mut next = self.next.lock().unwrap();
+            for _ in 0..self.endpoints.len() {
+                let e = self.endpoints[*next % self.endpoints.len()];
+                *next += 1;
+                if !failed.contains(&e) {
+                    return Some(e);
+                }
+            }
+            None
+        }
+    }
+
+    /// A server that names itself, then echoes everything until the
+    /// client ends its writing, then ends its own.
+    async fn echo(name: &'static str) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    s.write_all(name.as_bytes()).await.unwrap();
+                    let (mut r, mut w) = s.split();
+                    tokio::io::copy(&mut r, &mut w).await.unwrap();
+                    w.shutdown().await.unwrap();
+                });
+            }
+        });
+        addr
+    }
+
+    /// An address nothing listens on (connections refused).
+    async fn closed() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    }
+
+    async fn proxy(endpoints: Vec<SocketAddr>) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin { endpoints, next: Mutex::new(0) });
+        tokio::spawn(serve(listener, chooser));
+        addr
+    }
+
+    /// Sends `data`, ends writing, reads all: (name, echoed bytes). A
+    /// half-close that is not passed on would hang: 20 s is a failure.
+    async fn exchange(to: SocketAddr, data: &[u8]) -> (String, Vec<u8>) {
+        tokio::time::timeout(Duration::from_secs(20), exchange_inner(to, data)).await.expect("the exchange hung")
+    }
+
+    async fn exchange_inner(to: SocketAddr, data: &[u8]) -> (String, Vec<u8>) {
+        let mut s = TcpStream::connect(to).await.unwrap();
+        let mut name = [0u8; 3];
+        s.read_exact(&mut name).await.unwrap();
+        s.write_all(data).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).await.unwrap();
+        (String::from_utf8_lossy(&name).into_owned(), back)
+    }
+
+    #[tokio::test]
+    async fn relays_both_ways_with_half_close_and_large_transfers() {
+        let be1 = echo("be1").await;
+        let to = proxy(vec![be1]).await;
+        // 4 MiB, far past both buffers: the echo only ends after our half-close.
+        let data: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let (name, back) = exchange(to, &data).await;
+        assert_eq!(name, "be1");
+        assert_eq!(back.len(), data.len());
+        assert!(back == data, "the bytes came back changed");
+    }
+
+    #[tokio::test]
+    async fn a_refused_endpoint_is_retried_on_another() {
+        let dead = closed().await;
+        let be2 = echo("be2").await;
+        let to = proxy(vec![dead, be2]).await;
+        // Round robin starts at the dead one every other connection: all
+        // must still reach be2.
+        for _ in 0..6 {
+            let (name, back) = exchange(to, b"ping").await;
+            assert_eq!((name.as_str(), back.as_slice()), ("be2", &b"ping"[..]));
+        }
+    }
+
+    #[tokio::test]
+    async fn dials_give_up_with_every_failure_named() {
+        let (a, b) = (closed().await, closed().await);
+        let chooser = RoundRobin { endpoints: vec![a, b], next: Mutex::new(0) };
+        let client: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let err = dial(&chooser, client).await.unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&a.to_string()) && text.contains(&b.to_string()), "{text}");
+        let none = RoundRobin { endpoints: Vec::new(), next: Mutex::new(0) };
+        assert!(matches!(dial(&none, client).await, Err(Error::NoEndpoint { .. })));
+    }
+}
