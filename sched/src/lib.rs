@@ -12,6 +12,7 @@
 
 pub mod ipvs;
 pub mod params;
+pub mod pick;
 pub mod plan;
 pub mod tables;
 

@@ -41,7 +41,29 @@ pub struct Request {
     pub load: Option<Load>,
 }
 
-/// A scheduler component: plain functions, no state between calls.
+/// One new connection to place (userspace mode): the candidates with their
+/// exact live counts.
+#[derive(Clone, Debug)]
+pub struct PickRequest {
+    pub name: String,
+    pub parameters: Vec<(String, String)>,
+    /// The service port's key: what state between picks is kept under.
+    pub service: String,
+    pub client: std::net::IpAddr,
+    pub destination: std::net::IpAddr,
+    /// Per candidate: its address, weight, active and inactive connections.
+    pub endpoints: Vec<(std::net::IpAddr, u16)>,
+    pub weights: Vec<u32>,
+    pub active: Vec<u32>,
+    pub inactive: Vec<u32>,
+    /// Candidates that already failed this connection.
+    pub failed: Vec<u32>,
+    /// A fresh random number from the host.
+    pub random: u32,
+}
+
+/// A scheduler component. `plan` is a plain function; `pick` may keep
+/// state between calls (in the component's own memory), by service.
 pub trait Scheduler {
     /// The names it answers to.
     fn names() -> Vec<String>;
@@ -49,6 +71,11 @@ pub trait Scheduler {
     fn uses_load(name: &str) -> bool;
     /// A plan over `request.candidates`, or why not (naming the parameter).
     fn plan(request: Request) -> Result<Plan, String>;
+    /// The candidate for one new connection, None when none may take it.
+    /// A scheduler without per-connection picks says so.
+    fn pick(request: PickRequest) -> Result<Option<u32>, String> {
+        Err(format!("{} has no per-connection pick", request.name))
+    }
 }
 
 #[doc(hidden)]
@@ -78,6 +105,22 @@ impl<S: Scheduler> wit::Guest for SchedulerExport<S> {
             load: request.load.map(|l| Load { active: l.active, inactive: l.inactive }),
         };
         S::plan(request).map(|p| convert::to_wit_plan(&p))
+    }
+
+    fn pick(request: wit::PickRequest) -> Result<Option<u32>, String> {
+        S::pick(PickRequest {
+            name: request.name,
+            parameters: request.parameters,
+            service: request.service,
+            client: convert::from_wit_ip(&request.client),
+            destination: convert::from_wit_ip(&request.destination),
+            endpoints: request.endpoints.iter().map(|e| (convert::from_wit_ip(&e.address), e.port)).collect(),
+            weights: request.weights,
+            active: request.active,
+            inactive: request.inactive,
+            failed: request.failed,
+            random: request.random,
+        })
     }
 }
 

@@ -3,10 +3,16 @@
 //! mh, random and maglev.
 #![forbid(unsafe_code)]
 
-use kpx_sched::{Dest, Plan};
-use kpx_sdk::scheduler::{Request, Scheduler};
+use std::sync::Mutex;
+
+use kpx_sched::pick::Picks;
+use kpx_sched::{Connection, Dest, Plan};
+use kpx_sdk::scheduler::{PickRequest, Request, Scheduler};
 
 struct BuiltIn;
+
+/// The per-connection pickers' state, in the component's own memory.
+static PICKS: Mutex<Option<Picks>> = Mutex::new(None);
 
 impl Scheduler for BuiltIn {
     fn names() -> Vec<String> {
@@ -32,6 +38,29 @@ impl Scheduler for BuiltIn {
             })
             .collect::<Result<_, String>>()?;
         kpx_sched::plan::plan_for(request.mode, &request.name, &request.parameters, &dests)
+    }
+
+    fn pick(r: PickRequest) -> Result<Option<u32>, String> {
+        let n = r.endpoints.len();
+        if [r.weights.len(), r.active.len(), r.inactive.len()] != [n, n, n] {
+            return Err(format!(
+                "{n} candidates but {} weights and {} + {} counts",
+                r.weights.len(),
+                r.active.len(),
+                r.inactive.len()
+            ));
+        }
+        let dests: Vec<Dest> = (0..n)
+            .map(|i| {
+                let (ip, port) = r.endpoints[i];
+                Dest { ip, port, weight: r.weights[i], active: r.active[i], inactive: r.inactive[i], overloaded: false }
+            })
+            .collect();
+        let conn = Connection { source: r.client, destination: r.destination };
+        let mut picks = PICKS.lock().map_err(|_| "the pickers' state is poisoned".to_string())?;
+        let picks = picks.get_or_insert_with(Picks::default);
+        let picked = picks.pick(&r.service, &r.name, &r.parameters, &dests, &r.failed, conn, r.random)?;
+        Ok(picked.map(|i| i as u32))
     }
 }
 

@@ -81,6 +81,21 @@ pub struct ScheduleRequest<'a> {
     pub load: Option<(Vec<u32>, Vec<u32>)>,
 }
 
+/// One new connection, as the host asks a scheduler to place it.
+pub struct PickRequest<'a> {
+    pub name: &'a str,
+    pub parameters: &'a [(String, String)],
+    pub service: &'a str,
+    pub client: std::net::IpAddr,
+    pub destination: std::net::IpAddr,
+    pub endpoints: &'a [(std::net::IpAddr, u16)],
+    pub weights: &'a [u32],
+    pub active: &'a [u32],
+    pub inactive: &'a [u32],
+    pub failed: &'a [u32],
+    pub random: u32,
+}
+
 #[derive(Clone)]
 pub struct SchedulerInstance(Arc<sched::SchedulerPlugin>);
 
@@ -116,6 +131,35 @@ impl SchedulerInstance {
         };
         let out = self.0.kpx_proxier_scheduler().call_schedule(store, &request)?;
         Ok(out.map(wit_convert::from_wit_plan))
+    }
+
+    pub fn pick(
+        &self,
+        store: &mut Store<PluginState>,
+        r: &PickRequest,
+    ) -> wasmtime::Result<Result<Option<u32>, String>> {
+        use sched::exports::kpx::proxier::scheduler::PickRequest as Wire;
+        let request = Wire {
+            name: r.name.to_string(),
+            parameters: r.parameters.to_vec(),
+            service: r.service.to_string(),
+            client: wit_convert::to_wit_ip(&r.client),
+            destination: wit_convert::to_wit_ip(&r.destination),
+            endpoints: r
+                .endpoints
+                .iter()
+                .map(|(ip, port)| self::kpx::proxier::types::EndpointAddress {
+                    address: wit_convert::to_wit_ip(ip),
+                    port: *port,
+                })
+                .collect(),
+            weights: r.weights.to_vec(),
+            active: r.active.to_vec(),
+            inactive: r.inactive.to_vec(),
+            failed: r.failed.to_vec(),
+            random: r.random,
+        };
+        self.0.kpx_proxier_scheduler().call_pick(store, &request)
     }
 }
 
