@@ -5,7 +5,7 @@
 //! other mode gives the client), a weighted draw for random.
 //!
 //! State (rr's turn, lblc's table, the hashing tables) is kept per service
-//! port and scheduler, and rebuilt when the candidates, their weights or
+//! port, and rebuilt when its scheduler, the candidates, their weights or
 //! the parameters change. Candidates that already failed the connection
 //! are taken as unavailable.
 
@@ -26,10 +26,27 @@ enum Chooser {
     Random,
 }
 
-/// The pickers of every service port, by (service port, scheduler).
+struct Entry {
+    name: String,
+    built_for: Fingerprint,
+    chooser: Chooser,
+}
+
+impl Entry {
+    /// Whether it was built for this scheduler, these parameters and
+    /// these candidates (compared in place: a pick allocates nothing here).
+    fn fits(&self, name: &str, params: &[(String, String)], dests: &[Dest]) -> bool {
+        self.name == name
+            && self.built_for.1 == params
+            && self.built_for.0.len() == dests.len()
+            && self.built_for.0.iter().zip(dests).all(|(a, d)| *a == (d.ip, d.port, d.weight))
+    }
+}
+
+/// The pickers of every service port (one scheduler each at a time).
 #[derive(Default)]
 pub struct Picks {
-    state: HashMap<(String, String), (Fingerprint, Chooser)>,
+    state: HashMap<String, Entry>,
 }
 
 fn chooser(name: &str, params: &[(String, String)], dests: &[Dest]) -> Result<Chooser, String> {
@@ -70,22 +87,28 @@ impl Picks {
         conn: Connection,
         random: u32,
     ) -> Result<Option<usize>, String> {
-        let fingerprint: Fingerprint = (dests.iter().map(|d| (d.ip, d.port, d.weight)).collect(), params.to_vec());
-        let key = (service.to_string(), name.to_string());
-        let fresh = self.state.get(&key).is_none_or(|(f, _)| *f != fingerprint);
-        if fresh {
-            let c = chooser(name, params, dests)?;
-            self.state.insert(key.clone(), (fingerprint, c));
+        if !self.state.get(service).is_some_and(|e| e.fits(name, params, dests)) {
+            let built_for: Fingerprint = (dests.iter().map(|d| (d.ip, d.port, d.weight)).collect(), params.to_vec());
+            let chooser = chooser(name, params, dests)?;
+            self.state.insert(service.to_string(), Entry { name: name.to_string(), built_for, chooser });
         }
-        let mut usable: Vec<Dest> = dests.to_vec();
-        for &i in failed {
-            if let Some(d) = usable.get_mut(i as usize) {
-                d.weight = 0;
+        // Failed candidates count as unavailable (a copy only then).
+        let copied: Vec<Dest>;
+        let usable: &[Dest] = if failed.is_empty() {
+            dests
+        } else {
+            let mut v = dests.to_vec();
+            for &i in failed {
+                if let Some(d) = v.get_mut(i as usize) {
+                    d.weight = 0;
+                }
             }
-        }
-        let (_, chooser) = self.state.get_mut(&key).expect("just built");
+            copied = v;
+            &copied
+        };
+        let chooser = &mut self.state.get_mut(service).expect("just built").chooser;
         Ok(match chooser {
-            Chooser::Picker(p) => p.pick(&usable, conn),
+            Chooser::Picker(p) => p.pick(usable, conn),
             Chooser::Random => {
                 let total: u64 = usable.iter().map(|d| u64::from(d.weight)).sum();
                 if total == 0 {
@@ -113,7 +136,7 @@ impl Picks {
 
     /// Forgets the service ports not in `keep` (they left the state).
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.state.retain(|(service, _), _| keep(service));
+        self.state.retain(|service, _| keep(service));
     }
 }
 
