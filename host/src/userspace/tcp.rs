@@ -71,10 +71,19 @@ pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream) -> io::Result
 
 /// Accepts connections on `listener` and relays each to an endpoint, until
 /// the task is dropped. A connection with no endpoint to reach is closed
-/// at once (the client sees its connection end without data).
-pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) -> io::Result<()> {
+/// at once (the client sees its connection end without data). A failed
+/// accept (out of file descriptors, say) is logged and retried after a
+/// pause, as upstream does: the port stays served.
+pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) {
     loop {
-        let (client, peer) = listener.accept().await?;
+        let (client, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!("userspace: accept on {:?}: {e}", listener.local_addr().ok());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let chooser = Arc::clone(&chooser);
         tokio::spawn(async move {
             match dial(chooser.as_ref(), peer).await {

@@ -6,7 +6,6 @@
 //! datagram starts a new one (and may reach another endpoint).
 
 use std::collections::HashMap;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,13 +24,21 @@ struct Session {
 
 type Sessions = Arc<Mutex<HashMap<SocketAddr, Session>>>;
 
-/// Relays datagrams arriving on `socket` until the task is dropped.
-pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration) -> io::Result<()> {
+/// Relays datagrams arriving on `socket` until the task is dropped (a
+/// failed receive is logged and the port stays served).
+pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration) {
     let socket = Arc::new(socket);
     let sessions: Sessions = Arc::new(Mutex::new(HashMap::new()));
     let mut buf = vec![0u8; DATAGRAM];
     loop {
-        let (n, client) = socket.recv_from(&mut buf).await?;
+        let (n, client) = match socket.recv_from(&mut buf).await {
+            Ok(received) => received,
+            Err(e) => {
+                tracing::warn!("userspace: receive on {:?}: {e}", socket.local_addr().ok());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let existing = {
             let mut table = sessions.lock().expect("sessions");
             table.get_mut(&client).map(|s| {
@@ -45,7 +52,13 @@ pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration)
                 // UDP has no failed dial to retry: the first choice holds.
                 let Some(to) = chooser.choose(client, 0, &[]) else { continue };
                 let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("address");
-                let endpoint = Arc::new(UdpSocket::bind(bind).await?);
+                let endpoint = match UdpSocket::bind(bind).await {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        tracing::warn!("userspace: a session socket for {client} to {to}: {e}");
+                        continue;
+                    }
+                };
                 if endpoint.connect(to).await.is_err() {
                     continue;
                 }
