@@ -98,32 +98,10 @@ pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-
-    /// Round robin over `endpoints`, skipping those that failed this
-    /// connection (upstream's default).
-    struct RoundRobin {
-        endpoints: Vec<SocketAddr>,
-        next: Mutex<usize>,
-    }
-
-    impl Chooser for RoundRobin {
-        fn choose(&self, _: SocketAddr, _: usize, failed: &[SocketAddr]) -> Option<SocketAddr> {
-            let mut next = self.next.lock().unwrap();
-            for _ in 0..self.endpoints.len() {
-                let e = self.endpoints[*next % self.endpoints.len()];
-                *next += 1;
-                if !failed.contains(&e) {
-                    return Some(e);
-                }
-            }
-            None
-        }
-    }
+    use crate::userspace::RoundRobin;
 
     /// A server that names itself, then echoes everything until the
     /// client ends its writing, then ends its own.
@@ -153,7 +131,7 @@ mod tests {
     async fn proxy(endpoints: Vec<SocketAddr>) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin { endpoints, next: Mutex::new(0) });
+        let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
         tokio::spawn(serve(listener, chooser));
         addr
     }
@@ -203,12 +181,12 @@ mod tests {
     #[tokio::test]
     async fn dials_give_up_with_every_failure_named() {
         let (a, b) = (closed().await, closed().await);
-        let chooser = RoundRobin { endpoints: vec![a, b], next: Mutex::new(0) };
+        let chooser = RoundRobin::new(vec![a, b]);
         let client: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let err = dial(&chooser, client).await.unwrap_err();
         let text = err.to_string();
         assert!(text.contains(&a.to_string()) && text.contains(&b.to_string()), "{text}");
-        let none = RoundRobin { endpoints: Vec::new(), next: Mutex::new(0) };
+        let none = RoundRobin::new(Vec::new());
         assert!(matches!(dial(&none, client).await, Err(Error::NoEndpoint { .. })));
     }
 }

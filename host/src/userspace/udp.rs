@@ -110,21 +110,7 @@ async fn replies(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Round robin over `endpoints`.
-    struct RoundRobin {
-        endpoints: Vec<SocketAddr>,
-        next: Mutex<usize>,
-    }
-
-    impl Chooser for RoundRobin {
-        fn choose(&self, _: SocketAddr, _: usize, _: &[SocketAddr]) -> Option<SocketAddr> {
-            let mut next = self.next.lock().unwrap();
-            let e = self.endpoints.get(*next % self.endpoints.len().max(1)).copied();
-            *next += 1;
-            e
-        }
-    }
+    use crate::userspace::RoundRobin;
 
     /// A UDP server answering each datagram with its name.
     async fn named(name: &'static str) -> SocketAddr {
@@ -155,7 +141,7 @@ mod tests {
         // Longer than upstream's 250 ms default: a loaded test machine must
         // not end a session between two of the client's datagrams.
         let idle = Duration::from_secs(1);
-        let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin { endpoints, next: Mutex::new(0) });
+        let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
         tokio::spawn(serve(socket, chooser, idle));
         let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let first: Vec<String> = {
