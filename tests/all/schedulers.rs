@@ -292,6 +292,7 @@ fn load_scenario(mode: &str) {
     let args = kpx_args(&manifests, &["--proxy-mode", mode]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{}", kpx.log());
+    let started = std::time::Instant::now();
     let mut streams = Vec::new();
     let mut lc_active: BTreeMap<String, usize> = BTreeMap::new();
     for (s, ip) in schedulers {
@@ -350,13 +351,13 @@ fn load_scenario(mode: &str) {
         after.iter().all(|a| least_loaded.contains(&a.as_str())),
         "{mode}: lc after the re-plan sent {after:?}; the least loaded are {least_loaded:?}"
     );
+    // lcbad is planned again at every load measurement (every 2 s, whether
+    // or not a plan changes) and refused each time: after 6 s, said once.
+    if let Some(rest) = Duration::from_secs(6).checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
+    }
     let said = kpx.log().lines().filter(|l| l.contains("WARN") && l.contains("test/lcbad")).count();
-    let replans = kpx.log().matches("re-planned").count();
-    assert!(
-        said == 1 && replans >= 2,
-        "{mode}: the bad parameter was logged {said} times over {replans} re-plans (once wanted):\n{}",
-        kpx.log()
-    );
+    assert!(said == 1, "{mode}: the bad parameter was logged {said} times in 6 s (once wanted):\n{}", kpx.log());
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
     drop(streams);
 }
