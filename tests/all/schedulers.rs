@@ -428,10 +428,30 @@ fn ipvs_load_scenario() {
             streams.push(stream);
         }
         assert!(!active.contains_key("be3"), "ipvs {s}: a weight-0 endpoint took a connection: {active:?}");
-        let synced = kpx.log().matches("synced rules family=IPv4").count();
         write_hold_service(&manifests, s, ip, s, &all, "");
-        assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
-        std::thread::sleep(Duration::from_millis(500));
+        // Until IPVS holds be3 at weight 1 (a sync counted here may have
+        // started before the file changed).
+        let key = kpx::kernel::ipvs::ServiceKey::new(ip.parse().unwrap(), 6, 80);
+        let t = std::time::Instant::now();
+        loop {
+            let k = key.clone();
+            let weights = lab
+                .node
+                .enter(move || {
+                    let mut ipvs = kpx::kernel::ipvs::Ipvs::open().expect("IPVS in the node");
+                    ipvs.destinations(&k).map(|d| d.iter().map(|d| d.weight).collect::<Vec<u32>>()).unwrap_or_default()
+                })
+                .unwrap();
+            if weights.len() == 3 && weights.iter().all(|w| *w == 1) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "ipvs {s}: be3 never got weight 1: {weights:?}\n{}",
+                kpx.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let mut fresh = Vec::new();
         for _ in 0..6 {
             let least = ["be1", "be2", "be3"].iter().map(|b| active.get(*b).copied().unwrap_or(0)).min().unwrap();
