@@ -112,6 +112,9 @@ pub struct StateView<'a> {
     pub scope: &'a crate::validate::Scope,
     /// The service ports the plugin holds, by key (ipvs mode's ipsets).
     pub ports: &'a std::collections::BTreeMap<String, kpx_rules::model::ServicePort>,
+    /// ipvs mode: the node's own addresses (kube-ipvs0's and link-local
+    /// ones left out), read once per sync; never bound to kube-ipvs0.
+    pub local_addresses: &'a [std::net::IpAddr],
 }
 
 /// The running mode's kernel side.
@@ -142,11 +145,11 @@ impl Dataplane {
         full: bool,
     ) -> std::result::Result<Written, SyncError> {
         use kpx_rules::ops::Ruleset;
-        let StateView { cluster, scope, ports } = state;
+        let StateView { cluster, scope, .. } = state;
         match (self, ruleset) {
             (Dataplane::Iptables(d), Ruleset::Iptables(r)) => d.sync(plugin, settings, r, full, scope),
             (Dataplane::Nftables(d), Ruleset::Nftables(t)) => d.sync(plugin, settings, cluster, t, full, scope),
-            (Dataplane::Ipvs(d), Ruleset::Ipvs(r)) => d.sync(plugin, settings, r, scope, ports.values(), full),
+            (Dataplane::Ipvs(d), Ruleset::Ipvs(r)) => d.sync(plugin, settings, r, state, full),
             (d, r) => {
                 let name = |r: &Ruleset| match r {
                     Ruleset::Iptables(_) => "iptables",

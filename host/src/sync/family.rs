@@ -286,7 +286,12 @@ impl FamilyProxier {
             .sync(
                 self.plugin.name(),
                 &self.settings,
-                StateView { cluster: &self.cluster, scope: &self.sent.scope, ports: &self.sent.ports },
+                StateView {
+                    cluster: &self.cluster,
+                    scope: &self.sent.scope,
+                    ports: &self.sent.ports,
+                    local_addresses: &self.local_addresses,
+                },
                 &ruleset,
                 full,
             )

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, ServicePort, Settings};
+use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, Settings};
 use kpx_rules::ops::ipvs::{Ruleset, VirtualServer};
 use kpx_rules::plan::IPVS_SCHEDULERS;
 
@@ -139,15 +139,16 @@ impl IpvsDataplane {
     /// One sync. `ports`: the state's service ports, which the host's
     /// ipsets are computed from; `full`: the jumps from built-in chains
     /// are checked too.
-    pub fn sync<'a>(
+    pub fn sync(
         &mut self,
         plugin: &str,
         settings: &Settings,
         ruleset: &Ruleset,
-        scope: &Scope,
-        ports: impl IntoIterator<Item = &'a ServicePort>,
+        state: crate::kernel::StateView<'_>,
         full: bool,
     ) -> Result<Written, SyncError> {
+        let crate::kernel::StateView { scope, ports, local_addresses, .. } = state;
+        let ports = ports.values();
         self.check(plugin, settings, ruleset, scope)?;
         let mut ipvs = Ipvs::open().map_err(kernel_error)?;
         let masquerade_mark = settings.masquerade_mark();
@@ -206,12 +207,7 @@ impl IpvsDataplane {
         // The node's own addresses are never bound to kube-ipvs0 (an
         // external IP may be one): KUBE-IPVS-FILTER would close the node's
         // other ports on them.
-        let kube_ipvs0 = link::index_of_kube_ipvs0();
-        let node_own: BTreeSet<IpAddr> = crate::kernel::interfaces::local_addresses_by_interface()?
-            .into_iter()
-            .filter(|(index, _)| Some(*index) != kube_ipvs0)
-            .map(|(_, ip)| ip)
-            .collect();
+        let node_own: BTreeSet<IpAddr> = local_addresses.iter().copied().collect();
         let wanted: BTreeSet<IpAddr> = scope
             .destinations
             .iter()
@@ -246,8 +242,9 @@ impl IpvsDataplane {
                 Err(e) => tracing::error!(family = %self.family, "cannot set the IPVS timeouts: {e}"),
             }
         }
+        let marked: BTreeSet<&ServiceKey> = work.services.iter().map(|(s, _)| &s.key).collect();
         let (more, more_failures) =
-            self.reconcile(&mut ipvs, ruleset, &work.services, &current, masquerade_mark).map_err(kernel_error)?;
+            self.reconcile(&mut ipvs, ruleset, &marked, &current, masquerade_mark).map_err(kernel_error)?;
         writes += more;
         failures.extend(more_failures);
         // Every Service address on kube-ipvs0, bound once its virtual
@@ -278,8 +275,9 @@ impl IpvsDataplane {
         })
     }
 
-    /// Brings the kernel's table (`current`) to `ruleset` and the slot
-    /// plans' firewall-mark services, service by service: one the kernel
+    /// Brings the kernel's table (`current`) to `ruleset` (the slot plans'
+    /// firewall-mark services, `marked`, were written first), service by
+    /// service: one the kernel
     /// refuses (a scheduler module it lacks, say) is reported and the
     /// others are still written. kpx's firewall-mark services that are no
     /// longer wanted drain like real servers. The number of writes and the
@@ -288,20 +286,19 @@ impl IpvsDataplane {
         &mut self,
         ipvs: &mut Ipvs,
         ruleset: &Ruleset,
-        marked: &[(Service, Destination)],
+        marked: &BTreeSet<&ServiceKey>,
         current: &BTreeMap<ServiceKey, Service>,
         masquerade_mark: u32,
     ) -> Result<(usize, Vec<String>), super::Error> {
         let mut writes = 0;
         let mut failures = Vec::new();
-        let mut wanted_keys = BTreeSet::new();
-        let address_services = ruleset.services.iter().map(|vs| {
+        // The firewall-mark services were reconciled first (sync): wanted,
+        // not written again.
+        let mut wanted_keys: BTreeSet<ServiceKey> = marked.iter().map(|k| (*k).clone()).collect();
+        for vs in &ruleset.services {
             let reals: Vec<Destination> = vs.reals.iter().map(|r| Destination::new(r.ip, r.port, r.weight)).collect();
             // Upstream drains TCP only: UDP and SCTP real servers go at once.
-            (service_of(vs), reals, vs.protocol != Protocol::Tcp)
-        });
-        let mark_services = marked.iter().map(|(s, d)| (s.clone(), vec![d.clone()], false));
-        for (service, reals, at_once) in address_services.chain(mark_services) {
+            let (service, at_once) = (service_of(vs), vs.protocol != Protocol::Tcp);
             wanted_keys.insert(service.key.clone());
             match reconcile_one(ipvs, &service, &reals, at_once, current.get(&service.key)) {
                 Ok(n) => writes += n,
