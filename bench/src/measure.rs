@@ -197,7 +197,7 @@ enum Native {
 impl Native {
     fn new(mode: ProxyMode, settings: Settings) -> Native {
         match mode {
-            ProxyMode::Iptables => Native::Iptables(IptablesProxier::new(settings)),
+            ProxyMode::Iptables | ProxyMode::Userspace => Native::Iptables(IptablesProxier::new(settings)),
             ProxyMode::Nftables | ProxyMode::Ipvs => Native::Nftables(NftablesProxier::new(settings)),
         }
     }
@@ -329,7 +329,7 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     eprintln!("== {mode} {services} services x {endpoints} endpoints");
     let text = cluster::manifests(services, endpoints, None);
     let proxy_mode: ProxyMode = mode.parse().map_err(anyhow::Error::msg)?;
-    if proxy_mode == ProxyMode::Ipvs {
+    if matches!(proxy_mode, ProxyMode::Ipvs | ProxyMode::Userspace) {
         anyhow::bail!("the benchmark measures the iptables and nftables modes (this kernel has no IPVS)");
     }
 

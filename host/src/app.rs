@@ -19,7 +19,9 @@ use crate::serve::{Endpoints, Telemetry};
 use crate::source::manifests::ManifestSource;
 use crate::state::State;
 use crate::sync::planner::Planner;
-use crate::sync::{self, FamilyProxier, Periods};
+use crate::sync::{self, FamilyProxier, Periods, Proxier};
+use crate::userspace::UserspaceProxier;
+use crate::userspace::balancer::Picker;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -102,8 +104,8 @@ pub fn families() -> Vec<IpFamily> {
     out
 }
 
-/// The mode's kernel side for one family.
-pub fn dataplane(config: &Config, family: IpFamily) -> Dataplane {
+/// The mode's kernel side for one family (the rule modes).
+fn dataplane(config: &Config, family: IpFamily) -> Dataplane {
     match config.mode {
         ProxyMode::Iptables => {
             Dataplane::Iptables(IptablesDataplane::new(IptablesKernel::new(family, Box::new(SystemExec::default()))))
@@ -115,7 +117,53 @@ pub fn dataplane(config: &Config, family: IpFamily) -> Dataplane {
             let iptables = IptablesKernel::new(family, Box::new(SystemExec::default()));
             Dataplane::Ipvs(IpvsDataplane::new(family, iptables, i.exclude_cidrs.clone(), timeouts))
         }
+        ProxyMode::Userspace => unreachable!("userspace mode has no backend dataplane"),
     }
+}
+
+/// upstream's oldest iptables requirement (`-C` and `-w`).
+const IPTABLES_MIN: (u32, u32, u32) = (1, 4, 11);
+
+/// The version `iptables --version` prints (`iptables v1.8.10 (nf_tables)`).
+fn iptables_version(text: &str) -> Option<(u32, u32, u32)> {
+    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next().flatten().unwrap_or(0)))
+}
+
+/// upstream's v1.12 rule for a blank `--proxy-mode`: the best mode
+/// available, iptables, unless its own needs are missing (upstream's
+/// `CanUseIPTablesProxier`: iptables 1.4.11 or later, and the kernel's
+/// `route_localnet`), then userspace. The mode and why.
+pub fn default_mode(iptables: Result<String, String>, route_localnet: bool) -> (ProxyMode, String) {
+    let version = match iptables {
+        Err(e) => return (ProxyMode::Userspace, format!("cannot run iptables --version ({e})")),
+        Ok(text) => iptables_version(&text),
+    };
+    match version {
+        None => (ProxyMode::Userspace, "iptables --version names no version".into()),
+        Some(v) if v < IPTABLES_MIN => (
+            ProxyMode::Userspace,
+            format!("iptables {}.{}.{} is older than 1.4.11 (iptables mode needs -C and -w)", v.0, v.1, v.2),
+        ),
+        Some(_) if !route_localnet => {
+            (ProxyMode::Userspace, "the kernel has no net.ipv4.conf.all.route_localnet".into())
+        }
+        Some(v) => (ProxyMode::Iptables, format!("iptables {}.{}.{} and route_localnet are here", v.0, v.1, v.2)),
+    }
+}
+
+/// Applies [`default_mode`] to a blank `--proxy-mode` on this node.
+fn choose_default_mode(config: &mut Config) {
+    if !config.mode_defaulted {
+        return;
+    }
+    use crate::kernel::Exec;
+    let iptables = SystemExec::default().run("iptables", &["--version"], None).map_err(|e| e.to_string());
+    let route_localnet = Path::new("/proc/sys/net/ipv4/conf/all/route_localnet").exists();
+    let (mode, why) = default_mode(iptables, route_localnet);
+    tracing::info!(mode = %mode, "--proxy-mode is blank: {mode} ({why})");
+    config.mode = mode;
 }
 
 /// `--init-only`: the setup that needs full root privileges (conntrack
@@ -140,8 +188,9 @@ fn set_oom_score_adj(value: i32) {
 }
 
 /// Runs kpx until the source stops, which is an error.
-pub fn run(config: Config) -> Result<(), Error> {
+pub fn run(mut config: Config) -> Result<(), Error> {
     set_oom_score_adj(config.extra.oom_score_adj);
+    choose_default_mode(&mut config);
     if config.mode == ProxyMode::Ipvs {
         // Upstream falls back to iptables here; kpx refuses instead: an
         // operator who asked for IPVS gets it or a clear failure.
@@ -156,24 +205,58 @@ pub fn run(config: Config) -> Result<(), Error> {
     }
     init(&config);
     let plugin_runtime = plugin_runtime(&config)?;
-    let plugin = Arc::new(load_backend_with(&config, &plugin_runtime)?);
     let schedulers = load_schedulers(&plugin_runtime)?;
     let config = Arc::new(config);
-    tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
-    let proxiers: Vec<FamilyProxier> = families()
-        .into_iter()
-        .map(|family| {
-            FamilyProxier::new(
-                config.clone(),
-                family,
-                plugin.clone(),
-                Planner::new(config.mode, family, schedulers.clone()),
-                dataplane(&config, family)
-                    .with_max_bytes(usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX)),
-                Sysctl::default(),
-            )
-        })
-        .collect();
+    // userspace mode's relays: a runtime of their own, apart from the
+    // sync loop (kept alive by this frame while kpx runs).
+    let relays = match config.mode {
+        ProxyMode::Userspace => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("relay")
+                .enable_all()
+                .build()
+                .map_err(Error::Runtime)?,
+        ),
+        _ => None,
+    };
+    let proxiers: Vec<Proxier> = match &relays {
+        Some(relays) => {
+            tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
+            let picker = Arc::new(Picker::new(schedulers.clone()));
+            families()
+                .into_iter()
+                .map(|family| {
+                    Proxier::Userspace(UserspaceProxier::new(
+                        config.clone(),
+                        family,
+                        relays.handle().clone(),
+                        picker.clone(),
+                        IptablesKernel::new(family, Box::new(SystemExec::default())),
+                    ))
+                })
+                .collect()
+        }
+        None => {
+            let plugin = Arc::new(load_backend_with(&config, &plugin_runtime)?);
+            tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
+            families()
+                .into_iter()
+                .map(|family| {
+                    Proxier::Rules(Box::new(FamilyProxier::new(
+                        config.clone(),
+                        family,
+                        plugin.clone(),
+                        Planner::new(config.mode, family, schedulers.clone()),
+                        dataplane(&config, family).with_max_bytes(
+                            usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
+                        ),
+                        Sysctl::default(),
+                    )))
+                })
+                .collect()
+        }
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = match &config.source {
         Source::Manifests(path) => {
@@ -190,7 +273,7 @@ pub fn run(config: Config) -> Result<(), Error> {
         }
     }
     .expect("spawn the source thread");
-    let families: Vec<IpFamily> = proxiers.iter().map(FamilyProxier::family).collect();
+    let families: Vec<IpFamily> = proxiers.iter().map(Proxier::family).collect();
     // upstream: a change not programmed within twice the sync period is unhealthy.
     let health = ProxyHealth::new(2 * config.sync_period, families);
     let telemetry = Arc::new(Telemetry::new(health, config.mode, config.configz().to_string()));

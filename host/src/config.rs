@@ -300,6 +300,10 @@ pub struct Flags {
     #[arg(long = "udp-timeout", default_value = "250ms", allow_hyphen_values = true)]
     pub udp_timeout: String,
 
+    /// kpx: in nftables mode, serve node ports on 127.0.0.1 through kpx's own TCP relay (nftables cannot DNAT 127.0.0.1; upstream's nftables mode has no localhost node ports).
+    #[arg(long = "localhost-nodeports-proxy", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
+    pub localhost_nodeports_proxy: bool,
+
     /// Removed from kube-proxy (v1.12-v1.16 documented it): the Azure container registry configuration; no effect.
     #[arg(long = "azure-container-registry-config", default_value = "")]
     pub azure_container_registry_config: String,
@@ -360,6 +364,12 @@ pub struct Flags {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub mode: ProxyMode,
+    /// `--proxy-mode` was blank: upstream's v1.12 rule picks the mode at
+    /// start (iptables, or userspace when iptables mode's own needs are
+    /// missing; `app::default_mode`).
+    pub mode_defaulted: bool,
+    /// userspace mode's flags.
+    pub userspace: Userspace,
     pub source: Source,
     pub extra: Extra,
     /// --healthz-bind-address (None: disabled).
@@ -386,6 +396,25 @@ pub struct Config {
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
+}
+
+/// userspace mode's flags (`--proxy-port-range`, `--udp-timeout`) and
+/// kpx's `--localhost-nodeports-proxy`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Userspace {
+    /// The ports listeners take, inclusive; None: any port the kernel
+    /// hands out (upstream's default, an empty range).
+    pub port_range: Option<(u16, u16)>,
+    /// A UDP session idle this long ends.
+    pub udp_timeout: Duration,
+    /// nftables mode: node ports on 127.0.0.1 served by kpx's TCP relay.
+    pub localhost_nodeports_proxy: bool,
+}
+
+impl Default for Userspace {
+    fn default() -> Userspace {
+        Userspace { port_range: None, udp_timeout: Duration::from_millis(250), localhost_nodeports_proxy: false }
+    }
 }
 
 /// `--ipvs-*`.
@@ -678,12 +707,28 @@ impl Config {
 
 /// `beginPort-endPort`, `port` or `beginPort+offset` (upstream's PortRange).
 fn port_range_ok(text: &str) -> bool {
-    let port = |s: &str| s.trim().parse::<u16>().is_ok();
-    match (text.split_once('-'), text.split_once('+')) {
-        (Some((a, b)), None) => port(a) && port(b) && a.trim().parse::<u16>().ok() <= b.trim().parse::<u16>().ok(),
-        (None, Some((a, b))) => port(a) && port(b),
-        (None, None) => port(text),
-        _ => false,
+    port_range(text).is_some()
+}
+
+/// The inclusive range `text` names (upstream's PortRange: `a-b`, `a`, or
+/// `a+offset` for a..=a+offset); `0-0` and `0` are the empty range (any
+/// port), which is also None's meaning to callers.
+fn port_range(text: &str) -> Option<Option<(u16, u16)>> {
+    let port = |s: &str| s.trim().parse::<u16>().ok();
+    let (a, b) = match (text.split_once('-'), text.split_once('+')) {
+        (Some((a, b)), None) => (port(a)?, port(b)?),
+        (None, Some((a, b))) => {
+            let a = port(a)?;
+            (a, a.checked_add(port(b)?)?)
+        }
+        (None, None) => (port(text)?, port(text)?),
+        _ => return None,
+    };
+    match (a, b) {
+        (0, 0) => Some(None),
+        (0, _) => None,
+        (a, b) if a <= b => Some(Some((a, b))),
+        _ => None,
     }
 }
 
@@ -861,17 +906,10 @@ impl Flags {
         let mode: ProxyMode = match self.proxy_mode.as_str() {
             // upstream: empty means the platform's default.
             "" => ProxyMode::Iptables,
-            "userspace" => {
-                return Err(invalid(
-                    "proxy-mode",
-                    "userspace",
-                    "the userspace mode is not in this kpx yet; use iptables or nftables",
-                ));
-            }
             "kernelspace" => return Err(invalid("proxy-mode", "kernelspace", "Windows only")),
             other => other
                 .parse()
-                .map_err(|_| invalid("proxy-mode", other, "this kpx supports: iptables, nftables, ipvs"))?,
+                .map_err(|_| invalid("proxy-mode", other, "this kpx supports: iptables, nftables, ipvs, userspace"))?,
         };
         let node_name = if self.hostname_override.trim().is_empty() {
             std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::NodeName)?.trim().to_lowercase()
@@ -1033,8 +1071,25 @@ impl Flags {
             ("metrics-port", self.metrics_port),
         )?;
         let extra = self.check_compatibility_flags()?;
+        let userspace = Userspace {
+            port_range: port_range(&self.proxy_port_range).flatten(),
+            udp_timeout: parse_duration(&self.udp_timeout).map_err(|e| invalid("udp-timeout", &self.udp_timeout, e))?,
+            localhost_nodeports_proxy: self.localhost_nodeports_proxy,
+        };
+        if userspace.udp_timeout.is_zero() {
+            return Err(invalid("udp-timeout", &self.udp_timeout, "must be greater than 0"));
+        }
+        if userspace.localhost_nodeports_proxy && mode != ProxyMode::Nftables {
+            return Err(invalid(
+                "localhost-nodeports-proxy",
+                "true",
+                "only for --proxy-mode nftables (iptables mode serves localhost node ports itself; ipvs mode has none)",
+            ));
+        }
         Ok(Config {
             mode,
+            mode_defaulted: self.proxy_mode.is_empty(),
+            userspace,
             source,
             extra,
             healthz_bind_address,

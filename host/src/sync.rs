@@ -8,6 +8,65 @@ pub mod planner;
 
 pub use family::FamilyProxier;
 
+use crate::userspace::UserspaceProxier;
+
+/// One family's proxier: the rule modes' (a backend plugin's rules), or
+/// userspace mode's (the host's relays).
+pub enum Proxier {
+    Rules(Box<FamilyProxier>),
+    Userspace(UserspaceProxier),
+}
+
+impl Proxier {
+    pub fn family(&self) -> kpx_rules::model::IpFamily {
+        match self {
+            Proxier::Rules(p) => p.family(),
+            Proxier::Userspace(p) => p.family(),
+        }
+    }
+
+    fn uses_load(&self) -> bool {
+        matches!(self, Proxier::Rules(p) if p.uses_load())
+    }
+
+    fn refresh_load(&mut self) -> bool {
+        match self {
+            Proxier::Rules(p) => p.refresh_load(),
+            Proxier::Userspace(_) => false,
+        }
+    }
+
+    fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<family::Report, family::Error> {
+        match self {
+            Proxier::Rules(p) => p.sync(state, changes, full),
+            Proxier::Userspace(p) => p.sync(state, changes, full),
+        }
+    }
+
+    /// The backend plugin, in the rule modes.
+    fn rules(&self) -> Option<&FamilyProxier> {
+        match self {
+            Proxier::Rules(p) => Some(p),
+            Proxier::Userspace(_) => None,
+        }
+    }
+
+    fn mode(&self) -> ProxyMode {
+        match self {
+            Proxier::Rules(p) => p.mode(),
+            Proxier::Userspace(_) => ProxyMode::Userspace,
+        }
+    }
+
+    /// The name the plugin metrics carry.
+    fn plugin_name(&self) -> &str {
+        match self {
+            Proxier::Rules(p) => p.plugin_name(),
+            Proxier::Userspace(_) => "userspace",
+        }
+    }
+}
+
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -206,7 +265,7 @@ impl PluginCounts {
 }
 
 /// A failed sync, counted as upstream (and kpx) count them.
-fn count_failure(telemetry: &Telemetry, proxier: &FamilyProxier, e: &family::Error) {
+fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
     let m = &telemetry.metrics;
     let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
     match e {
@@ -215,7 +274,7 @@ fn count_failure(telemetry: &Telemetry, proxier: &FamilyProxier, e: &family::Err
         }
         family::Error::Plugin(_) => {}
         family::Error::Sync { source: SyncError::Kernel(_), .. } => match proxier.mode() {
-            ProxyMode::Iptables => {
+            ProxyMode::Iptables | ProxyMode::Userspace => {
                 m.iptables_restore_failures.inc();
             }
             ProxyMode::Nftables => {
@@ -235,7 +294,7 @@ fn count_failure(telemetry: &Telemetry, proxier: &FamilyProxier, e: &family::Err
 pub fn run(
     mut state: State,
     events: Receiver<Event>,
-    mut proxiers: Vec<FamilyProxier>,
+    mut proxiers: Vec<Proxier>,
     periods: Periods,
     telemetry: &Telemetry,
 ) {
@@ -251,7 +310,7 @@ pub fn run(
         let received = if state.is_synced() {
             let now = Instant::now();
             let mut wake = schedule.next(now);
-            if proxiers.iter().any(FamilyProxier::uses_load) {
+            if proxiers.iter().any(Proxier::uses_load) {
                 wake = wake.min(next_load);
             }
             events.recv_timeout(wake.saturating_duration_since(now))
@@ -355,7 +414,7 @@ pub fn run(
             changes = Changes::default();
             pending.clear(telemetry);
         }
-        if let Some(p) = proxiers.first() {
+        if let Some(p) = proxiers.first().and_then(Proxier::rules) {
             plugin_counts.update(p, telemetry);
         }
         schedule.done(Instant::now(), ok, full);

@@ -75,6 +75,11 @@ pub fn run(args: &TraceArgs) -> Result<String, Error> {
         ProxyMode::Ipvs => Err(Error::Untraceable(
             "kpx trace follows iptables and nftables rules; in ipvs mode, read the table with ipvsadm -Ln".into(),
         )),
+        ProxyMode::Userspace => Err(Error::Untraceable(
+            "kpx trace follows iptables and nftables rules; in userspace mode kpx relays each connection itself \
+             (the REDIRECT rules: iptables-save -t nat | grep KUBE-PORTALS; the choices: kpx's log)"
+                .into(),
+        )),
     }
 }
 

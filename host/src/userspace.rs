@@ -1,12 +1,23 @@
-//! userspace mode's proxying (issue 11, in progress): the host opens a
-//! port per service port and relays each connection to an endpoint it
-//! chooses. This module is the relay itself, independent of how the
-//! endpoint is chosen; the mode around it (listeners per service port,
-//! the REDIRECT rules, the scheduler's per-connection pick) is not built
-//! yet.
+//! userspace mode: the host opens a port per side of each service port
+//! (`listeners`), upstream's REDIRECT rules send the Service's traffic
+//! there (`rules`, host-owned: no plugin can express them), and each new
+//! connection or UDP session is relayed to an endpoint the Service's
+//! scheduler component picks with the exact live counts (`balancer`),
+//! after ClientIP affinity, retrying another endpoint when a dial fails
+//! (`tcp`, `udp`). `proxier` is one family's sync. The relays run in a
+//! tokio runtime of their own, apart from the sync loop.
+//!
+//! The endpoint sees the connection come from the node (the proxy's own
+//! socket): a userspace proxy cannot keep the client's source address.
 
+pub mod balancer;
+pub mod listeners;
+pub mod proxier;
+pub mod rules;
 pub mod tcp;
 pub mod udp;
+
+pub use proxier::UserspaceProxier;
 
 /// A chooser for the relays' tests: round robin, skipping the endpoints
 /// that failed the connection (upstream's default).

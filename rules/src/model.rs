@@ -478,16 +478,20 @@ pub enum ProxyMode {
     Iptables,
     Nftables,
     Ipvs,
+    /// The host relays each connection itself (a listener per service
+    /// port); no backend is instantiated, schedulers pick per connection.
+    Userspace,
 }
 
 impl ProxyMode {
-    pub const ALL: [ProxyMode; 3] = [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs];
+    pub const ALL: [ProxyMode; 4] = [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs, ProxyMode::Userspace];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ProxyMode::Iptables => "iptables",
             ProxyMode::Nftables => "nftables",
             ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }

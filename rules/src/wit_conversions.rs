@@ -281,6 +281,7 @@ macro_rules! wit_conversions {
                         model::ProxyMode::Iptables => wit::ProxyMode::Iptables,
                         model::ProxyMode::Nftables => wit::ProxyMode::Nftables,
                         model::ProxyMode::Ipvs => wit::ProxyMode::Ipvs,
+                        model::ProxyMode::Userspace => wit::ProxyMode::Userspace,
                     },
                     local_traffic: match &s.local_traffic {
                         model::LocalTraffic::None => wit::LocalTraffic::None,
@@ -311,6 +312,7 @@ macro_rules! wit_conversions {
                         wit::ProxyMode::Iptables => model::ProxyMode::Iptables,
                         wit::ProxyMode::Nftables => model::ProxyMode::Nftables,
                         wit::ProxyMode::Ipvs => model::ProxyMode::Ipvs,
+                        wit::ProxyMode::Userspace => model::ProxyMode::Userspace,
                     },
                     local_traffic: match s.local_traffic {
                         wit::LocalTraffic::None => model::LocalTraffic::None,

@@ -157,7 +157,10 @@ fn ipt_target(t: ipt::Target) -> Result<wipt::Target> {
             modulus: h.modulus,
             seed: h.seed,
         }),
-        host @ (ipt::Target::Masquerade { .. } | ipt::Target::SetMark { .. } | ipt::Target::HostJump(_)) => {
+        host @ (ipt::Target::Masquerade { .. }
+        | ipt::Target::SetMark { .. }
+        | ipt::Target::HostJump(_)
+        | ipt::Target::Redirect(_)) => {
             return Err(format!("{host:?} is written by the host only; the contract has no such target"));
         }
     })

@@ -95,6 +95,7 @@ impl<S: Scheduler> wit::Guest for SchedulerExport<S> {
             wt::ProxyMode::Iptables => ProxyMode::Iptables,
             wt::ProxyMode::Nftables => ProxyMode::Nftables,
             wt::ProxyMode::Ipvs => ProxyMode::Ipvs,
+            wt::ProxyMode::Userspace => ProxyMode::Userspace,
         };
         let request = Request {
             name: request.name,

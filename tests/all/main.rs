@@ -18,3 +18,4 @@ mod sandbox;
 mod schedulers;
 mod servers;
 mod support;
+mod userspace;

@@ -104,7 +104,8 @@ impl IptablesKernel {
     pub fn cleanup(&self) -> Result<usize> {
         let iptables = self.tool("iptables");
         let d = Dialect { family: self.family, masquerade_mark: 1 << 14 };
-        for jump in frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps()) {
+        let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps());
+        for jump in jumps.chain(crate::userspace::rules::jumps()) {
             let spec = rule_args(&jump, d);
             let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-D", &jump.chain];
             args.extend(spec.iter().map(String::as_str));

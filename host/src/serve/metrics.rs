@@ -155,7 +155,8 @@ impl Metrics {
             m.service_changes_pending.clone(),
         );
         match mode {
-            ProxyMode::Iptables => {
+            // userspace mode writes its REDIRECT rules with iptables-restore too.
+            ProxyMode::Iptables | ProxyMode::Userspace => {
                 r.register(
                     "kubeproxy_sync_proxy_rules_iptables_restore_failures",
                     "Cumulative proxy iptables restore failures",

@@ -28,6 +28,23 @@ pub trait Chooser: Send + Sync {
     /// connection, the endpoints that already failed it in `failed`; None
     /// when there is none to try (no endpoints: the client is refused).
     fn choose(&self, client: SocketAddr, attempt: usize, failed: &[SocketAddr]) -> Option<SocketAddr>;
+
+    /// A connection (or UDP session) `choose` placed on `endpoint` is over
+    /// (its dial failed, or it ended): the live counts drop it.
+    fn release(&self, _endpoint: SocketAddr) {}
+}
+
+/// Releases a placed connection's endpoint when dropped, however the
+/// connection ends (its task dropped with the port included).
+pub(super) struct Placed {
+    pub chooser: Arc<dyn Chooser>,
+    pub endpoint: SocketAddr,
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        self.chooser.release(self.endpoint);
+    }
 }
 
 /// Why a connection was not relayed.
@@ -56,6 +73,7 @@ pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStrea
             Ok(Err(e)) => failures.push((endpoint, e.to_string())),
             Err(_) => failures.push((endpoint, format!("no answer within {} ms", timeout.as_millis()))),
         }
+        chooser.release(endpoint);
     }
     Err(Error::Unreachable { client, failures })
 }
@@ -87,7 +105,8 @@ pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) {
         let chooser = Arc::clone(&chooser);
         tokio::spawn(async move {
             match dial(chooser.as_ref(), peer).await {
-                Ok((endpoint, _)) => {
+                Ok((endpoint, to)) => {
+                    let _placed = Placed { chooser: Arc::clone(&chooser), endpoint: to };
                     let _ = relay(client, endpoint).await;
                 }
                 Err(e) => tracing::debug!("userspace: {e}"),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
 
-use super::tcp::Chooser;
+use super::tcp::{Chooser, Placed};
 
 /// The largest datagram relayed.
 const DATAGRAM: usize = 64 * 1024;
@@ -60,13 +60,22 @@ pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration)
                     }
                 };
                 if endpoint.connect(to).await.is_err() {
+                    chooser.release(to);
                     continue;
                 }
                 sessions
                     .lock()
                     .expect("sessions")
                     .insert(client, Session { endpoint: Arc::clone(&endpoint), last: Instant::now() });
-                tokio::spawn(replies(Arc::clone(&socket), Arc::clone(&endpoint), client, Arc::clone(&sessions), idle));
+                let ended = Placed { chooser: Arc::clone(&chooser), endpoint: to };
+                tokio::spawn(replies(
+                    Arc::clone(&socket),
+                    Arc::clone(&endpoint),
+                    client,
+                    Arc::clone(&sessions),
+                    idle,
+                    ended,
+                ));
                 endpoint
             }
         };
@@ -82,6 +91,7 @@ async fn replies(
     client: SocketAddr,
     sessions: Sessions,
     idle: Duration,
+    _ended: Placed,
 ) {
     let mut buf = vec![0u8; DATAGRAM];
     loop {

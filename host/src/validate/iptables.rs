@@ -475,7 +475,7 @@ fn check_target(
         }
         Target::Accept if nat || filter_hook(Hook::FilterNodePorts) => Ok(()),
         Target::Drop | Target::Reject if !nat => Ok(()),
-        Target::Masquerade { .. } | Target::SetMark { .. } | Target::HostJump(_) => {
+        Target::Masquerade { .. } | Target::SetMark { .. } | Target::HostJump(_) | Target::Redirect(_) => {
             Err("that target is written by the host only".into())
         }
         other => Err(format!("{other:?} is not allowed in the {} table here", rule.table.name())),

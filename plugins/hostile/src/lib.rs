@@ -277,7 +277,8 @@ impl Hostile {
 impl Backend for Hostile {
     fn new(settings: Settings) -> Self {
         let inner = match settings.mode {
-            ProxyMode::Iptables => Inner::Iptables(IptablesProxier::new(settings.clone())),
+            // userspace mode instantiates no backend.
+            ProxyMode::Iptables | ProxyMode::Userspace => Inner::Iptables(IptablesProxier::new(settings.clone())),
             ProxyMode::Nftables => Inner::Nftables(NftablesProxier::new(settings.clone())),
             ProxyMode::Ipvs => Inner::Ipvs(IpvsProxier::new(settings.clone())),
         };

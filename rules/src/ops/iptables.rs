@@ -98,9 +98,21 @@ pub const IPVS_HOST_CHAINS: &[(Table, &str)] = &[
     (Table::Nat, "KPX-IPVS-SLOTS"),
 ];
 
+/// Chains the host declares and fills in userspace mode (upstream's
+/// userspace proxier's, and kpx's refusal of ports without endpoints).
+pub const USERSPACE_HOST_CHAINS: &[(Table, &str)] = &[
+    (Table::Nat, "KUBE-PORTALS-CONTAINER"),
+    (Table::Nat, "KUBE-PORTALS-HOST"),
+    (Table::Nat, "KUBE-NODEPORT-CONTAINER"),
+    (Table::Nat, "KUBE-NODEPORT-HOST"),
+    (Table::Filter, "KUBE-NODEPORT-NON-LOCAL"),
+    (Table::Filter, "KPX-PORTALS-REJECT"),
+];
+
 /// Whether a chain is one the host declares in some mode.
 pub fn is_host_chain(chain: &str) -> bool {
-    chain == FIREWALL_CHAIN || HOST_CHAINS.iter().chain(IPVS_HOST_CHAINS).any(|(_, c)| *c == chain)
+    chain == FIREWALL_CHAIN
+        || HOST_CHAINS.iter().chain(IPVS_HOST_CHAINS).chain(USERSPACE_HOST_CHAINS).any(|(_, c)| *c == chain)
 }
 
 /// The localnet guard, declared only when localhost node ports are on.
@@ -308,6 +320,9 @@ pub enum Target {
     },
     /// Host only: a jump to a host chain.
     HostJump(String),
+    /// Host only (userspace mode): `-j REDIRECT --to-ports N`, to a port
+    /// the host itself listens on.
+    Redirect(u16),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

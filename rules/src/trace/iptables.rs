@@ -160,6 +160,11 @@ impl Walker<'_> {
                     flow.masquerade = true;
                     Some(Exit::Accept)
                 }
+                // userspace mode's portals: to the node's own port.
+                Target::Redirect(port) => {
+                    flow.dnat = Some((flow.dst(self.packet).0, *port));
+                    Some(Exit::Accept)
+                }
                 Target::MarkForMasquerade => {
                     jump(MARK_MASQ_CHAIN, false, flow, &mut out)?;
                     return Ok(out);

@@ -413,7 +413,7 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                     "DROP" => Target::Drop,
                     "RETURN" => Target::Return,
                     "REJECT" => Target::Reject,
-                    "DNAT" | "MASQUERADE" | "MARK" | "HMARK" => Target::None,
+                    "DNAT" | "MASQUERADE" | "MARK" | "HMARK" | "REDIRECT" => Target::None,
                     c if word == "-g" => Target::Goto(c.to_string()),
                     MARK_MASQ_CHAIN => Target::MarkForMasquerade,
                     c if is_host_chain(c) => Target::HostJump(c.to_string()),
@@ -430,6 +430,15 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                 let v = value(i)?;
                 let (ip, port) = split_host_port(v).ok_or_else(|| format!("DNAT to {v:?} is not one address:port"))?;
                 target = Target::Dnat(ip, port);
+            }
+            "--to-ports" if target_name == "REDIRECT" => {
+                let v = value(i)?;
+                let port = v
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p > 0 && p.to_string() == v)
+                    .ok_or_else(|| format!("REDIRECT to {v:?} is not one port"))?;
+                target = Target::Redirect(port);
             }
             "--reject-with" if target_name == "REJECT" => {
                 let v = value(i)?;

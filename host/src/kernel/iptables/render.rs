@@ -166,6 +166,9 @@ fn render_target(out: &mut String, target: &Target, d: Dialect) {
         Target::SetMark { value, mask } => {
             let _ = write!(out, " -j MARK --set-xmark {value:#x}/{mask:#x}");
         }
+        Target::Redirect(port) => {
+            let _ = write!(out, " -j REDIRECT --to-ports {port}");
+        }
         Target::HashMark(_) => unreachable!("hash-mark targets are rendered as two rules"),
     }
 }

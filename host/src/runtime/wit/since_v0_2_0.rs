@@ -121,6 +121,7 @@ impl SchedulerInstance {
                 ProxyMode::Iptables => self::kpx::proxier::types::ProxyMode::Iptables,
                 ProxyMode::Nftables => self::kpx::proxier::types::ProxyMode::Nftables,
                 ProxyMode::Ipvs => self::kpx::proxier::types::ProxyMode::Ipvs,
+                ProxyMode::Userspace => self::kpx::proxier::types::ProxyMode::Userspace,
             },
             port: wit_convert::to_wit_service_port(r.port),
             candidates: r.candidates.to_vec(),

@@ -1,0 +1,399 @@
+//! Per-connection choice of an endpoint in userspace mode: the Service's
+//! scheduler component is asked for every new connection (or UDP session)
+//! with the exact live counts the host keeps, after upstream's ClientIP
+//! affinity; a scheduler that fails (unknown name, refusal, trap) leaves
+//! the port served by round robin, logged once per reason.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kpx_rules::model::{SchedulerChoice, ServicePort, TrafficPolicy};
+
+use super::tcp::Chooser;
+use crate::runtime::{PickRequest, SchedulerInstance, SchedulerPlugin};
+
+/// upstream's userspace proxier: round robin unless the Service says otherwise.
+pub const DEFAULT_SCHEDULER: &str = "rr";
+/// The default for endpoints with weights (`kpx.dev/weights`).
+pub const DEFAULT_WEIGHTED: &str = "wrr";
+
+/// The scheduler components, one live instance each, shared by every
+/// service port of the mode (a pick holds the lock for about 2 µs).
+pub struct Picker {
+    plugins: Vec<Arc<SchedulerPlugin>>,
+    instances: Mutex<Vec<Option<SchedulerInstance>>>,
+}
+
+impl Picker {
+    pub fn new(plugins: Vec<Arc<SchedulerPlugin>>) -> Picker {
+        let instances = Mutex::new(plugins.iter().map(|_| None).collect());
+        Picker { plugins, instances }
+    }
+
+    /// The scheduler's pick; Err with the reason when no component
+    /// implements the name, or it refused, trapped or ran out of fuel (a
+    /// trapped instance is replaced at the next pick).
+    pub fn pick(&self, request: &PickRequest) -> Result<Option<u32>, String> {
+        let mut instances = self.instances.lock().expect("scheduler instances");
+        for (i, plugin) in self.plugins.iter().enumerate() {
+            if instances[i].is_none() {
+                match plugin.instantiate() {
+                    Ok(instance) => instances[i] = Some(instance),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            let Some(instance) = instances[i].as_mut() else { continue };
+            if !instance.names().iter().any(|n| n == request.name) {
+                continue;
+            }
+            return match instance.pick(request) {
+                Ok(picked) => Ok(picked),
+                Err(e) => {
+                    if e.needs_fresh_instance() {
+                        instances[i] = None;
+                    }
+                    Err(e.to_string())
+                }
+            };
+        }
+        Err(format!("no scheduler is named {:?}", request.name))
+    }
+}
+
+/// Which of a service port's addresses a listener serves: its cluster IP
+/// (internalTrafficPolicy), or its node port, external IPs and
+/// load-balancer IPs (externalTrafficPolicy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Internal,
+    External,
+}
+
+/// The candidates of one side.
+#[derive(Default)]
+struct Candidates {
+    /// The key the scheduler keeps this side's state under.
+    service: String,
+    endpoints: Vec<(IpAddr, u16)>,
+    weights: Vec<u32>,
+}
+
+struct Inner {
+    choice: SchedulerChoice,
+    destination: IpAddr,
+    internal: Candidates,
+    external: Candidates,
+    /// Connections and sessions open per endpoint.
+    active: HashMap<SocketAddr, u32>,
+    /// ClientIP affinity's timeout, if on.
+    affinity: Option<Duration>,
+    sticky: HashMap<IpAddr, (SocketAddr, Instant)>,
+    /// The last failure logged (one line per new reason).
+    warned: Option<String>,
+    /// Round robin's turn when the scheduler fails.
+    turn: usize,
+    random: u32,
+}
+
+/// One service port's choice of endpoints, shared by its listeners.
+pub struct Balancer {
+    key: String,
+    picker: Arc<Picker>,
+    inner: Mutex<Inner>,
+}
+
+fn side_of(port: &ServicePort, policy: TrafficPolicy, service: String) -> Candidates {
+    let which = if policy == TrafficPolicy::Local { &port.local_endpoints } else { &port.cluster_endpoints };
+    let endpoints = which.iter().filter_map(|&i| port.endpoints.get(i as usize)).map(|e| (e.ip, e.port)).collect();
+    let weights = which.iter().filter_map(|&i| port.endpoints.get(i as usize)).map(|e| u32::from(e.weight)).collect();
+    Candidates { service, endpoints, weights }
+}
+
+impl Balancer {
+    pub fn new(port: &ServicePort, picker: Arc<Picker>) -> Balancer {
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos());
+        let inner = Inner {
+            choice: SchedulerChoice { name: DEFAULT_SCHEDULER.into(), parameters: Vec::new() },
+            destination: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            internal: Candidates::default(),
+            external: Candidates::default(),
+            active: HashMap::new(),
+            affinity: None,
+            sticky: HashMap::new(),
+            warned: None,
+            turn: 0,
+            random: seed | 1,
+        };
+        let balancer = Balancer { key: port.key.clone(), picker, inner: Mutex::new(inner) };
+        balancer.update(port);
+        balancer
+    }
+
+    /// Takes the port's current endpoints, policies, affinity and
+    /// scheduler; affinity to an endpoint that is no longer a candidate
+    /// is dropped, open connections keep their counts.
+    pub fn update(&self, port: &ServicePort) {
+        let mut inner = self.inner.lock().expect("balancer");
+        let weighted = port.endpoints.iter().any(|e| e.weight != 1);
+        inner.choice = port.scheduler.clone().unwrap_or_else(|| SchedulerChoice {
+            name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
+            parameters: Vec::new(),
+        });
+        inner.destination = port.cluster_ip.unwrap_or(inner.destination);
+        inner.internal = side_of(port, port.internal_traffic_policy, port.key.clone());
+        let mut external = side_of(port, port.external_traffic_policy, port.key.clone());
+        if external.endpoints != inner.internal.endpoints {
+            // Another candidate list: the scheduler keeps its turn apart.
+            external.service = format!("{} (external)", port.key);
+        }
+        inner.external = external;
+        inner.affinity =
+            (port.affinity_timeout_seconds > 0).then(|| Duration::from_secs(u64::from(port.affinity_timeout_seconds)));
+        let Inner { sticky, internal, external, affinity, .. } = &mut *inner;
+        let candidate =
+            |e: &SocketAddr| [&internal.endpoints, &external.endpoints].iter().any(|c| c.contains(&(e.ip(), e.port())));
+        if affinity.is_none() {
+            sticky.clear();
+        } else {
+            sticky.retain(|_, (e, _)| candidate(e));
+        }
+    }
+
+    /// Whether `side` has any endpoint to choose (else its traffic is
+    /// refused by the host's rules).
+    pub fn has_candidates(&self, side: Side) -> bool {
+        let inner = self.inner.lock().expect("balancer");
+        !match side {
+            Side::Internal => &inner.internal,
+            Side::External => &inner.external,
+        }
+        .endpoints
+        .is_empty()
+    }
+
+    /// Connections and sessions open per endpoint now.
+    pub fn active(&self) -> HashMap<SocketAddr, u32> {
+        self.inner.lock().expect("balancer").active.clone()
+    }
+
+    fn choose(&self, side: Side, client: SocketAddr, attempt: usize, failed: &[SocketAddr]) -> Option<SocketAddr> {
+        let mut guard = self.inner.lock().expect("balancer");
+        let inner = &mut *guard;
+        let now = Instant::now();
+        let candidates = match side {
+            Side::Internal => &inner.internal,
+            Side::External => &inner.external,
+        };
+        if candidates.endpoints.is_empty() {
+            return None;
+        }
+        let is_candidate = |e: &SocketAddr| candidates.endpoints.contains(&(e.ip(), e.port()));
+        if let Some(timeout) = inner.affinity
+            && attempt == 0
+            && let Some((endpoint, last)) = inner.sticky.get_mut(&client.ip())
+            && now.duration_since(*last) < timeout
+            && is_candidate(endpoint)
+        {
+            *last = now;
+            let endpoint = *endpoint;
+            *inner.active.entry(endpoint).or_default() += 1;
+            return Some(endpoint);
+        }
+        let addr = |(ip, port): &(IpAddr, u16)| SocketAddr::new(*ip, *port);
+        let active: Vec<u32> =
+            candidates.endpoints.iter().map(|e| inner.active.get(&addr(e)).copied().unwrap_or(0)).collect();
+        let failed_at: Vec<u32> = candidates
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| failed.contains(&addr(e)))
+            .map(|(i, _)| i as u32)
+            .collect();
+        // xorshift32: the scheduler's random number (it has no source).
+        let mut r = inner.random;
+        r ^= r << 13;
+        r ^= r >> 17;
+        r ^= r << 5;
+        inner.random = r;
+        let inactive = vec![0; candidates.endpoints.len()];
+        let request = PickRequest {
+            name: &inner.choice.name,
+            parameters: &inner.choice.parameters,
+            service: &candidates.service,
+            client: client.ip(),
+            destination: inner.destination,
+            endpoints: &candidates.endpoints,
+            weights: &candidates.weights,
+            active: &active,
+            inactive: &inactive,
+            failed: &failed_at,
+            random: r,
+        };
+        let picked = match self.picker.pick(&request) {
+            Ok(Some(i)) => Some(addr(&candidates.endpoints[i as usize])),
+            Ok(None) => None,
+            Err(why) => {
+                let message = format!("scheduler {}: {why}; round robin instead", inner.choice.name);
+                if inner.warned.as_ref() != Some(&message) {
+                    tracing::warn!(service = %self.key, "{message}");
+                    inner.warned = Some(message);
+                }
+                let n = candidates.endpoints.len();
+                let open: Vec<SocketAddr> =
+                    candidates.endpoints.iter().map(addr).filter(|e| !failed.contains(e)).collect();
+                let pick = (!open.is_empty()).then(|| open[inner.turn % open.len()]);
+                inner.turn = (inner.turn + 1) % n.max(1);
+                pick
+            }
+        };
+        let endpoint = picked?;
+        if inner.affinity.is_some() {
+            inner.sticky.insert(client.ip(), (endpoint, now));
+        }
+        *inner.active.entry(endpoint).or_default() += 1;
+        Some(endpoint)
+    }
+
+    fn release(&self, endpoint: SocketAddr) {
+        let mut inner = self.inner.lock().expect("balancer");
+        if let Some(n) = inner.active.get_mut(&endpoint) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inner.active.remove(&endpoint);
+            }
+        }
+    }
+}
+
+/// A listener's view of its service port's balancer.
+pub struct SideChooser {
+    pub balancer: Arc<Balancer>,
+    pub side: Side,
+}
+
+impl Chooser for SideChooser {
+    fn choose(&self, client: SocketAddr, attempt: usize, failed: &[SocketAddr]) -> Option<SocketAddr> {
+        self.balancer.choose(self.side, client, attempt, failed)
+    }
+
+    fn release(&self, endpoint: SocketAddr) {
+        self.balancer.release(endpoint);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kpx_rules::model::{Endpoint, Protocol};
+
+    use super::*;
+    use crate::runtime::{Limits, Runtime, builtin};
+
+    fn picker() -> Arc<Picker> {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let plugin = runtime.load_scheduler("schedulers", builtin::get("schedulers").unwrap()).unwrap();
+        Arc::new(Picker::new(vec![Arc::new(plugin)]))
+    }
+
+    fn port(endpoints: &[&str]) -> ServicePort {
+        let eps = endpoints.iter().map(|ip| Endpoint::ready(ip.parse().unwrap(), 8080)).collect();
+        let mut p = ServicePort::new("ns", "web", "http", Protocol::Tcp, 80).with_cluster_endpoints(eps);
+        p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        p
+    }
+
+    fn client(n: u8) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, n)), 40000)
+    }
+
+    fn ep(ip: &str) -> SocketAddr {
+        SocketAddr::new(ip.parse().unwrap(), 8080)
+    }
+
+    #[test]
+    fn round_robin_by_default_with_exact_counts() {
+        let b = Balancer::new(&port(&["10.1.0.1", "10.1.0.2"]), picker());
+        let picks: Vec<SocketAddr> = (0..4).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
+        assert_eq!(picks, [ep("10.1.0.1"), ep("10.1.0.2"), ep("10.1.0.1"), ep("10.1.0.2")]);
+        assert_eq!(b.active()[&ep("10.1.0.1")], 2);
+        b.release(ep("10.1.0.1"));
+        b.release(ep("10.1.0.1"));
+        assert!(!b.active().contains_key(&ep("10.1.0.1")));
+        // A failed endpoint is not offered again for that connection.
+        let again = b.choose(Side::Internal, client(1), 1, &[ep("10.1.0.1")]).unwrap();
+        assert_eq!(again, ep("10.1.0.2"));
+    }
+
+    #[test]
+    fn least_connection_reads_the_live_counts() {
+        let mut p = port(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
+        p.scheduler = Some(SchedulerChoice { name: "lc".into(), parameters: Vec::new() });
+        let b = Balancer::new(&p, picker());
+        let first: Vec<SocketAddr> = (0..3).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
+        let mut sorted = first.clone();
+        sorted.sort();
+        assert_eq!(sorted, [ep("10.1.0.1"), ep("10.1.0.2"), ep("10.1.0.3")], "one each: {first:?}");
+        b.release(ep("10.1.0.2"));
+        assert_eq!(b.choose(Side::Internal, client(1), 0, &[]).unwrap(), ep("10.1.0.2"), "the only idle one");
+    }
+
+    #[test]
+    fn affinity_sticks_until_its_timeout_and_drops_gone_endpoints() {
+        let mut p = port(&["10.1.0.1", "10.1.0.2"]);
+        p.affinity_timeout_seconds = 3600;
+        let b = Balancer::new(&p, picker());
+        let first = b.choose(Side::Internal, client(1), 0, &[]).unwrap();
+        for _ in 0..5 {
+            assert_eq!(b.choose(Side::Internal, client(1), 0, &[]).unwrap(), first);
+        }
+        assert_ne!(b.choose(Side::Internal, client(2), 0, &[]).unwrap(), first, "another client, the next turn");
+        // The endpoint goes: the client moves to the other one.
+        let other = if first == ep("10.1.0.1") { "10.1.0.2" } else { "10.1.0.1" };
+        b.update(&port(&[other]).tap_affinity(3600));
+        assert_eq!(b.choose(Side::Internal, client(1), 0, &[]).unwrap(), ep(other));
+    }
+
+    #[test]
+    fn local_external_policy_chooses_among_local_endpoints_only() {
+        let mut local = Endpoint::ready("10.1.0.2".parse().unwrap(), 8080);
+        local.conditions.is_local = true;
+        let mut p = port(&["10.1.0.1"]);
+        p.endpoints.push(local);
+        p.cluster_endpoints = vec![0, 1];
+        p.local_endpoints = vec![1];
+        p.external_traffic_policy = TrafficPolicy::Local;
+        let b = Balancer::new(&p, picker());
+        for _ in 0..4 {
+            assert_eq!(b.choose(Side::External, client(1), 0, &[]).unwrap(), ep("10.1.0.2"));
+        }
+        let internal: std::collections::BTreeSet<SocketAddr> =
+            (0..4).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
+        assert_eq!(internal.len(), 2);
+    }
+
+    #[test]
+    fn an_unknown_scheduler_falls_back_to_round_robin() {
+        let mut p = port(&["10.1.0.1", "10.1.0.2"]);
+        p.scheduler = Some(SchedulerChoice { name: "nope".into(), parameters: Vec::new() });
+        let b = Balancer::new(&p, picker());
+        let picks: std::collections::BTreeSet<SocketAddr> =
+            (0..4).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
+        assert_eq!(picks.len(), 2);
+        assert!(b.choose(Side::Internal, client(1), 1, &[ep("10.1.0.1"), ep("10.1.0.2")]).is_none());
+        let empty = Balancer::new(&port(&[]), picker());
+        assert!(empty.choose(Side::Internal, client(1), 0, &[]).is_none());
+        assert!(!empty.has_candidates(Side::Internal));
+    }
+
+    trait TapAffinity {
+        fn tap_affinity(self, seconds: u32) -> Self;
+    }
+
+    impl TapAffinity for ServicePort {
+        fn tap_affinity(mut self, seconds: u32) -> Self {
+            self.affinity_timeout_seconds = seconds;
+            self
+        }
+    }
+}

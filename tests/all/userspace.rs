@@ -1,0 +1,266 @@
+//! userspace mode with real traffic: kpx listens on ports of
+//! --proxy-port-range, its REDIRECT rules send the Service's traffic
+//! there, and it relays each connection to the endpoint the scheduler
+//! component picks: round robin by default, another endpoint when a dial
+//! is refused, UDP sessions that last --udp-timeout, and lc/sed/nq from
+//! the exact live counts, checked connection by connection.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kpx_netlab::node::{Kpx, NodeLab};
+use kpx_netlab::{Reply, Request};
+
+use crate::support::*;
+
+const WEB: &str = "10.96.0.10:80";
+
+fn start(lab: &NodeLab, tag: &str, extra: &[&str], manifests: impl FnOnce(&std::path::Path)) -> Kpx {
+    start_in(lab, tag, extra, manifests).0
+}
+
+/// kpx in userspace mode, and its manifests folder.
+fn start_in(
+    lab: &NodeLab,
+    tag: &str,
+    extra: &[&str],
+    manifests: impl FnOnce(&std::path::Path),
+) -> (Kpx, std::path::PathBuf) {
+    let (dir, dir_manifests) = run_dirs(tag);
+    manifests(&dir_manifests);
+    let mut args: Vec<&str> = vec!["--proxy-mode", "userspace", "--proxy-port-range", "36000-36099"];
+    args.extend(extra);
+    let args = kpx_args(&dir_manifests, &args);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "no sync:\n{}", kpx.log());
+    (kpx, dir_manifests)
+}
+
+fn answer(reply: Reply) -> (String, String) {
+    match reply {
+        Reply::Answer { server, seen_from } => (server, seen_from),
+        other => (format!("{other:?}"), String::new()),
+    }
+}
+
+#[test]
+fn userspace_mode_relays_tcp_and_udp_through_host_owned_redirects() {
+    let Some(lab) = lab_or_skip(3, "userspace_mode_relays_tcp_and_udp_through_host_owned_redirects") else {
+        return;
+    };
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let kpx = start(&lab, "userspace-basic", &[], |m| write_web(m, &ips));
+    // Round robin, upstream's default: each backend in turn.
+    let names: Vec<String> = (0..6).map(|_| answer(request(&lab, Proto::Tcp, WEB)).0).collect();
+    let first: Vec<&String> = names[..3].iter().collect();
+    let mut distinct = first.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "one round over the three: {names:?}\n{}", kpx.log());
+    assert_eq!(names[..3], names[3..], "the same order again: {names:?}");
+    // The endpoint sees the node (its address on the endpoint's link): the
+    // proxy's own connection.
+    let (_, seen_from) = answer(request(&lab, Proto::Tcp, WEB));
+    let node_addresses = lab.node.exec(&["ip", "-o", "addr"]).unwrap();
+    assert!(
+        seen_from != kpx_netlab::node::CLIENT_IP && node_addresses.contains(&format!(" {seen_from}/")),
+        "a userspace proxy cannot keep the client's address: the endpoint saw {seen_from}"
+    );
+    let udp = servers_seen(&lab, Proto::Udp, WEB, 6);
+    assert_eq!(udp.len(), 3, "UDP reaches every backend (each request a new client port): {udp:?}");
+    // The rules are the host's REDIRECTs to ports of the range.
+    let rules = kernel_rules(&lab);
+    let redirect = rules
+        .lines()
+        .find(|l| l.starts_with("-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp"))
+        .unwrap_or_else(|| panic!("no portal rule:\n{rules}"));
+    let port: u16 = redirect.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((36000..=36099).contains(&port), "{redirect}");
+    assert!(
+        rules.lines().any(|l| l.starts_with("-A PREROUTING") && l.ends_with("-j KUBE-PORTALS-CONTAINER")),
+        "{rules}"
+    );
+    // The node's own traffic goes through OUTPUT's portals.
+    let from_node = Request { to: WEB.parse().unwrap(), from: None, timeout: Duration::from_secs(1) }.tcp(&lab.node);
+    assert!(matches!(from_node, Reply::Answer { .. }), "{from_node:?}");
+}
+
+#[test]
+fn userspace_refuses_a_service_without_endpoints_and_retries_a_refused_endpoint() {
+    let Some(lab) = lab_or_skip(2, "userspace_refuses_a_service_without_endpoints_and_retries_a_refused_endpoint")
+    else {
+        return;
+    };
+    // The client's own address serves nothing on 8080: a dial there is
+    // refused, and the proxy must go on to a backend, every time.
+    let dead = kpx_netlab::node::CLIENT_IP;
+    let (be1, be2) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
+    let (mut kpx, manifests) = start_in(&lab, "userspace-retry", &[], |m| {
+        write_web(m, &[dead, &be1, &be2]);
+        write_manifest(
+            &m.join("empty.yaml"),
+            &format!("{}---\n{}", service("empty", "10.96.0.11"), slice("empty", &[])),
+        );
+    });
+    let seen = servers_seen(&lab, Proto::Tcp, WEB, 12);
+    assert_eq!(seen.values().sum::<usize>(), 12);
+    assert!(seen.keys().all(|k| k.starts_with("be")), "every connection reached a backend: {seen:?}");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    // No endpoints: refused at once, by the host's REJECT.
+    let t = Instant::now();
+    assert_eq!(request(&lab, Proto::Tcp, "10.96.0.11:80"), Reply::Refused, "{}", kpx.log());
+    assert!(t.elapsed() < Duration::from_millis(500));
+    assert_eq!(request(&lab, Proto::Udp, "10.96.0.11:80"), Reply::Refused);
+    // Its first endpoint arrives: served.
+    let before = kpx.log().matches("synced rules family=IPv4").count();
+    write_manifest(
+        &manifests.join("empty.yaml"),
+        &format!("{}---\n{}", service("empty", "10.96.0.11"), slice("empty", &[&be2])),
+    );
+    assert!(kpx.wait_for_log("synced rules family=IPv4", before + 1, Duration::from_secs(10)));
+    let t0 = Instant::now();
+    let mut got = answer(request(&lab, Proto::Tcp, "10.96.0.11:80")).0;
+    while got != lab.backends[1].name && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+        got = answer(request(&lab, Proto::Tcp, "10.96.0.11:80")).0;
+    }
+    assert_eq!(got, lab.backends[1].name);
+}
+
+#[test]
+fn userspace_udp_sessions_last_the_udp_timeout() {
+    let Some(lab) = lab_or_skip(2, "userspace_udp_sessions_last_the_udp_timeout") else {
+        return;
+    };
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let kpx = start(&lab, "userspace-udp", &["--udp-timeout", "1s"], |m| write_web(m, &ips));
+    // One client socket (one source port) for the whole test.
+    let to: std::net::SocketAddr = WEB.parse().unwrap();
+    let socket = lab
+        .client
+        .enter(|| {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s
+        })
+        .expect("enter");
+    let ask = || {
+        socket.send_to(b"who\n", to).unwrap();
+        let mut buf = [0u8; 256];
+        let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("no reply: {e}\n{}", kpx.log()));
+        String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_string()
+    };
+    let within: Vec<String> = (0..8)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(200));
+            ask()
+        })
+        .collect();
+    assert!(within.iter().all(|s| s == &within[0]), "one session within 1 s gaps: {within:?}");
+    std::thread::sleep(Duration::from_millis(1600));
+    let after = ask();
+    assert_ne!(after, within[0], "idle past --udp-timeout: a new session, the next endpoint by round robin");
+}
+
+/// A Service `hold-SCHEDULER` on TCP 9090 (the backends' holding servers)
+/// at `ip`, with that scheduler and weights.
+fn write_hold(manifests: &std::path::Path, scheduler: &str, ip: &str, ips: &[&str], weights: &[u32]) {
+    let w: Vec<String> = ips.iter().zip(weights).map(|(ip, w)| format!("{ip}={w}")).collect();
+    let mut text = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: hold-{scheduler}\n  namespace: test\n  annotations: {{kpx.dev/scheduler: \"{scheduler}\"}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: tcp, port: 9090, targetPort: 9090, protocol: TCP}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: hold-{scheduler}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: hold-{scheduler}}}\n  annotations: {{kpx.dev/weights: \"{}\"}}\naddressType: IPv4\nports:\n- {{name: tcp, port: 9090, protocol: TCP}}\nendpoints:\n",
+        w.join(",")
+    );
+    for ip in ips {
+        text.push_str(&format!("- addresses: [{ip}]\n  conditions: {{ready: true}}\n"));
+    }
+    write_manifest(&manifests.join(format!("hold-{scheduler}.yaml")), &text);
+}
+
+/// IPVS's formulas over the live counts: the endpoints a new connection
+/// may go to (all those tied at the best value).
+fn best(scheduler: &str, active: &[u32], weights: &[u32]) -> Vec<usize> {
+    let n = active.len();
+    // Compare (a+1)/w as (a+1)*w' against (b+1)*w in integers.
+    let overhead = |i: usize| match scheduler {
+        "lc" => (u64::from(active[i]), 1u64),
+        _ => (u64::from(active[i]) + 1, u64::from(weights[i])),
+    };
+    if scheduler == "nq"
+        && let Some(_) = (0..n).find(|&i| active[i] == 0 && weights[i] > 0)
+    {
+        return (0..n).filter(|&i| active[i] == 0 && weights[i] > 0).collect();
+    }
+    let less = |i: usize, j: usize| {
+        let ((a, wa), (b, wb)) = (overhead(i), overhead(j));
+        a * wb < b * wa
+    };
+    let mut out: Vec<usize> = Vec::new();
+    for i in (0..n).filter(|&i| weights[i] > 0) {
+        match out.first() {
+            None => out.push(i),
+            Some(&j) if less(i, j) => out = vec![i],
+            Some(&j) if !less(j, i) => out.push(i),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn userspace_lc_sed_nq_place_each_connection_by_the_live_counts() {
+    let Some(lab) = lab_or_skip(3, "userspace_lc_sed_nq_place_each_connection_by_the_live_counts") else {
+        return;
+    };
+    let _servers = HoldServers::start(&lab);
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let names: Vec<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let weights = [1u32, 2, 3];
+    // One Service per scheduler: each has its own counts.
+    let services = [("lc", "10.96.0.30"), ("sed", "10.96.0.31"), ("nq", "10.96.0.32")];
+    let kpx = start(&lab, "userspace-lc", &[], |m| {
+        for (scheduler, ip) in services {
+            write_hold(m, scheduler, ip, &ips, &weights);
+        }
+    });
+    for (scheduler, ip) in services {
+        let to = format!("{ip}:9090");
+        let mut held: Vec<(usize, std::net::TcpStream)> = Vec::new();
+        let mut active = [0u32; 3];
+        let mut placed = BTreeMap::new();
+        let mut open = |k: usize, active: &mut [u32; 3], held: &mut Vec<(usize, std::net::TcpStream)>| {
+            let allowed = best(scheduler, active, &weights);
+            let (name, stream) = hold(&lab, &to);
+            let i = names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("{scheduler}: answered by {name}"));
+            assert!(
+                allowed.contains(&i),
+                "{scheduler}: connection {k} went to {name} with counts {active:?} (weights {weights:?}); the formula allows {:?}\n{}",
+                allowed.iter().map(|&j| &names[j]).collect::<Vec<_>>(),
+                kpx.log()
+            );
+            active[i] += 1;
+            *placed.entry(name).or_insert(0) += 1;
+            held.push((i, stream));
+        };
+        // 12 connections held open: each must go where the formula says
+        // given those already open.
+        for k in 0..12 {
+            open(k, &mut active, &mut held);
+        }
+        // Two of the busiest endpoint's connections end (reset by the
+        // client: the relay ends with them): the counts drop, and the next
+        // connections must fill that gap, which a rotation would not.
+        let busiest = (0..3).max_by_key(|&i| active[i]).unwrap();
+        for _ in 0..2 {
+            let at = held.iter().position(|(i, _)| *i == busiest).unwrap();
+            let (_, stream) = held.remove(at);
+            socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)).unwrap();
+            drop(stream);
+            active[busiest] -= 1;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        for k in 12..16 {
+            open(k, &mut active, &mut held);
+        }
+        eprintln!("userspace {scheduler}: 16 held connections placed {placed:?} (weights {weights:?}, 2 ended)");
+    }
+}
