@@ -29,8 +29,10 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
     let mut s = Settings::new(family, config.mode);
     s.masquerade_all = config.masquerade_all;
     s.masquerade_bit = config.masquerade_bit;
-    // Localhost node ports are an iptables-mode feature.
-    s.localhost_nodeports = config.localhost_nodeports && config.mode == ProxyMode::Iptables;
+    // Localhost node ports are an iptables-mode feature (userspace mode
+    // serves them through its OUTPUT redirects).
+    s.localhost_nodeports =
+        config.localhost_nodeports && matches!(config.mode, ProxyMode::Iptables | ProxyMode::Userspace);
     s.conntrack_tcp_be_liberal = config.conntrack_tcp_be_liberal;
     s.local_traffic = match &config.detect_local_mode {
         DetectLocalMode::None => LocalTraffic::None,

@@ -72,6 +72,10 @@ pub struct Flow {
     /// Whether ipvs mode masquerades, where it differs from `masq`.
     #[serde(default)]
     pub masq_ipvs: Option<bool>,
+    /// Where kpx's userspace mode differs, with the reason in the case.
+    /// (Its relay always masquerades: the endpoint sees the node.)
+    #[serde(default)]
+    pub expect_userspace: Option<String>,
     /// Repeated connections from one client stay on one endpoint.
     #[serde(default)]
     pub sticky: bool,
@@ -103,6 +107,9 @@ impl Flow {
     /// Whether the endpoint sees the node's address in a mode.
     pub fn masquerades(&self, mode: &str) -> bool {
         match (mode, self.masq_ipvs) {
+            // The proxy's own connection: a userspace proxy cannot keep the
+            // client's address.
+            ("userspace", _) => true,
             ("ipvs", Some(m)) => m,
             _ => self.masq,
         }
@@ -110,8 +117,8 @@ impl Flow {
 
     /// The expected outcome in a mode.
     pub fn expected(&self, mode: &str) -> &str {
-        match (mode, &self.expect_nftables, &self.expect_ipvs) {
-            ("nftables", Some(e), _) | ("ipvs", _, Some(e)) => e,
+        match (mode, &self.expect_nftables, &self.expect_ipvs, &self.expect_userspace) {
+            ("nftables", Some(e), _, _) | ("ipvs", _, Some(e), _) | ("userspace", _, _, Some(e)) => e,
             _ => &self.expect,
         }
     }

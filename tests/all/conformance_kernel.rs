@@ -221,6 +221,14 @@ fn nftables_mode_passes_every_case_in_the_kernel() {
     run("nftables");
 }
 
+/// userspace mode relays every connection itself: the endpoint sees the
+/// node, and where the mode differs by nature the case says so
+/// (`expect_userspace`).
+#[test]
+fn userspace_mode_passes_every_case_in_the_kernel() {
+    run("userspace");
+}
+
 /// ipvs mode needs a kernel with ip_vs: inside the qemu guest here (the
 /// cases, kpx and its compiled plugins copied in).
 #[test]

@@ -62,13 +62,20 @@ impl Picker {
     }
 }
 
-/// Which of a service port's addresses a listener serves: its cluster IP
-/// (internalTrafficPolicy), or its node port, external IPs and
-/// load-balancer IPs (externalTrafficPolicy).
+/// Which of a service port's traffic a listener serves: to its cluster IP
+/// (internalTrafficPolicy's endpoints), to its node port, external IPs
+/// and load-balancer IPs (externalTrafficPolicy's), or, under a Local
+/// external policy, the node's and local pods' traffic to those external
+/// addresses, which upstream short-circuits to the cluster endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Side {
     Internal,
     External,
+    Cluster,
+}
+
+impl Side {
+    pub const ALL: [Side; 3] = [Side::Internal, Side::External, Side::Cluster];
 }
 
 /// The candidates of one side.
@@ -85,6 +92,7 @@ struct Inner {
     destination: IpAddr,
     internal: Candidates,
     external: Candidates,
+    cluster: Candidates,
     /// Connections and sessions open per endpoint.
     active: HashMap<SocketAddr, u32>,
     /// ClientIP affinity's timeout, if on.
@@ -104,6 +112,16 @@ pub struct Balancer {
     inner: Mutex<Inner>,
 }
 
+impl Inner {
+    fn side(&self, side: Side) -> &Candidates {
+        match side {
+            Side::Internal => &self.internal,
+            Side::External => &self.external,
+            Side::Cluster => &self.cluster,
+        }
+    }
+}
+
 fn side_of(port: &ServicePort, policy: TrafficPolicy, service: String) -> Candidates {
     let which = if policy == TrafficPolicy::Local { &port.local_endpoints } else { &port.cluster_endpoints };
     let endpoints = which.iter().filter_map(|&i| port.endpoints.get(i as usize)).map(|e| (e.ip, e.port)).collect();
@@ -119,6 +137,7 @@ impl Balancer {
             destination: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             internal: Candidates::default(),
             external: Candidates::default(),
+            cluster: Candidates::default(),
             active: HashMap::new(),
             affinity: None,
             sticky: HashMap::new(),
@@ -144,16 +163,24 @@ impl Balancer {
         inner.destination = port.cluster_ip.unwrap_or(inner.destination);
         inner.internal = side_of(port, port.internal_traffic_policy, port.key.clone());
         let mut external = side_of(port, port.external_traffic_policy, port.key.clone());
+        let mut cluster = side_of(port, TrafficPolicy::Cluster, port.key.clone());
+        // Another candidate list: the scheduler keeps its turn apart.
         if external.endpoints != inner.internal.endpoints {
-            // Another candidate list: the scheduler keeps its turn apart.
             external.service = format!("{} (external)", port.key);
         }
+        if cluster.endpoints != inner.internal.endpoints {
+            cluster.service = format!("{} (cluster)", port.key);
+        }
         inner.external = external;
+        inner.cluster = cluster;
         inner.affinity =
             (port.affinity_timeout_seconds > 0).then(|| Duration::from_secs(u64::from(port.affinity_timeout_seconds)));
-        let Inner { sticky, internal, external, affinity, .. } = &mut *inner;
-        let candidate =
-            |e: &SocketAddr| [&internal.endpoints, &external.endpoints].iter().any(|c| c.contains(&(e.ip(), e.port())));
+        let Inner { sticky, internal, external, cluster, affinity, .. } = &mut *inner;
+        let candidate = |e: &SocketAddr| {
+            [&internal.endpoints, &external.endpoints, &cluster.endpoints]
+                .iter()
+                .any(|c| c.contains(&(e.ip(), e.port())))
+        };
         if affinity.is_none() {
             sticky.clear();
         } else {
@@ -164,13 +191,7 @@ impl Balancer {
     /// Whether `side` has any endpoint to choose (else its traffic is
     /// refused by the host's rules).
     pub fn has_candidates(&self, side: Side) -> bool {
-        let inner = self.inner.lock().expect("balancer");
-        !match side {
-            Side::Internal => &inner.internal,
-            Side::External => &inner.external,
-        }
-        .endpoints
-        .is_empty()
+        !self.inner.lock().expect("balancer").side(side).endpoints.is_empty()
     }
 
     /// Connections and sessions open per endpoint now.
@@ -185,6 +206,7 @@ impl Balancer {
         let candidates = match side {
             Side::Internal => &inner.internal,
             Side::External => &inner.external,
+            Side::Cluster => &inner.cluster,
         };
         if candidates.endpoints.is_empty() {
             return None;

@@ -11,33 +11,43 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpx_rules::model::{IpFamily, Protocol, ServicePort};
+use kpx_rules::model::{IpFamily, Node, Protocol, ServicePort, Settings, TrafficPolicy};
 use kpx_rules::ops::iptables::Table;
 
 use super::balancer::{Balancer, Picker, Side, SideChooser};
 use super::listeners::{self, Listener};
-use super::rules::{self, NodePorts, Portal};
+use super::rules::{self, Portal};
 use crate::config::Config;
 use crate::kernel::iptables::IptablesKernel;
 use crate::kernel::iptables::render::{Dialect, payload};
 use crate::kernel::{SyncError, interfaces};
+use crate::settings;
 use crate::state::{Changes, ServiceName, State};
 use crate::sync::family::{Error, Report};
 
 struct Served {
     port: ServicePort,
     balancer: Arc<Balancer>,
-    internal: Option<Listener>,
-    external: Option<Listener>,
+    /// A listener per side (`Side::ALL`'s order).
+    listeners: [Option<Listener>; 3],
 }
 
 impl Served {
     fn wants(&self, side: Side) -> bool {
         let p = &self.port;
+        let external = p.node_port != 0 || !p.external_ips.is_empty() || !p.load_balancer_ips.is_empty();
         match side {
             Side::Internal => p.cluster_ip.is_some(),
-            Side::External => p.node_port != 0 || !p.external_ips.is_empty() || !p.load_balancer_ips.is_empty(),
+            Side::External => external,
+            Side::Cluster => external && p.external_traffic_policy == TrafficPolicy::Local,
         }
+    }
+
+    /// The port traffic of `side` is redirected to: its listener's, when
+    /// it has one and the side has endpoints.
+    fn portal(&self, side: Side) -> Option<u16> {
+        let listener = self.listeners[side as usize].as_ref()?;
+        self.balancer.has_candidates(side).then_some(listener.port)
     }
 }
 
@@ -49,9 +59,13 @@ pub struct UserspaceProxier {
     kernel: IptablesKernel,
     served: BTreeMap<String, Served>,
     keys_of: BTreeMap<ServiceName, Vec<String>>,
-    /// --nodeport-addresses: the node's addresses it selects (read on
-    /// full syncs).
-    nodeport_addresses: Vec<IpAddr>,
+    /// The node's interface addresses (read on full syncs when
+    /// --nodeport-addresses selects among them).
+    local_addresses: Vec<IpAddr>,
+    node: Node,
+    /// What the rules read of the node's settings: local traffic
+    /// detection, node port addresses, localhost node ports.
+    settings: Settings,
     /// SCTP service ports already logged as not served.
     sctp: BTreeSet<String>,
     need_full: bool,
@@ -73,7 +87,9 @@ impl UserspaceProxier {
             kernel,
             served: BTreeMap::new(),
             keys_of: BTreeMap::new(),
-            nodeport_addresses: Vec::new(),
+            local_addresses: Vec::new(),
+            node: Node::default(),
+            settings: Settings::new(family, kpx_rules::model::ProxyMode::Userspace),
             sctp: BTreeSet::new(),
             need_full: true,
         }
@@ -127,7 +143,7 @@ impl UserspaceProxier {
                 }
                 _ => {
                     let balancer = Arc::new(Balancer::new(&port, Arc::clone(&self.picker)));
-                    let served = Served { port, balancer, internal: None, external: None };
+                    let served = Served { port, balancer, listeners: [None, None, None] };
                     if let Some(old) = self.served.insert(served.port.key.clone(), served) {
                         gone.push(old);
                     }
@@ -146,12 +162,9 @@ impl UserspaceProxier {
         let range = self.config.userspace.port_range;
         let udp_timeout = self.config.userspace.udp_timeout;
         for served in self.served.values_mut() {
-            for side in [Side::Internal, Side::External] {
+            for side in Side::ALL {
                 let wanted = served.wants(side);
-                let slot = match side {
-                    Side::Internal => &mut served.internal,
-                    Side::External => &mut served.external,
-                };
+                let slot = &mut served.listeners[side as usize];
                 if !wanted {
                     *slot = None;
                     continue;
@@ -167,14 +180,6 @@ impl UserspaceProxier {
                     }
                 }
             }
-        }
-    }
-
-    fn nodeports(&self) -> NodePorts<'_> {
-        if self.config.nodeport_addresses.match_all() {
-            NodePorts::All
-        } else {
-            NodePorts::Only(&self.nodeport_addresses)
         }
     }
 
@@ -196,15 +201,9 @@ impl UserspaceProxier {
             for name in &names {
                 changed += self.update_service(state, name, &mut gone);
             }
-            if !self.config.nodeport_addresses.match_all() {
+            if !self.config.nodeport_addresses.cidrs.is_empty() {
                 match interfaces::local_addresses() {
-                    Ok(all) => {
-                        self.nodeport_addresses = all
-                            .into_iter()
-                            .filter(|ip| IpFamily::of(ip) == self.family)
-                            .filter(|ip| self.config.nodeport_addresses.cidrs.iter().any(|c| c.contains(ip)))
-                            .collect()
-                    }
+                    Ok(all) => self.local_addresses = all,
                     Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
                 }
             }
@@ -213,22 +212,22 @@ impl UserspaceProxier {
                 changed += self.update_service(state, name, &mut gone);
             }
         }
+        if full || changes.node {
+            self.node = settings::node_for_plugins(&self.config, state.node(self.family), self.family);
+        }
+        self.settings = settings::settings_for(&self.config, self.family, &self.node, &self.local_addresses);
         self.open_listeners();
         let portals: Vec<Portal> = self
             .served
             .values()
-            .map(|s| {
-                let listening = |side: Side, l: &Option<Listener>| {
-                    l.as_ref().filter(|_| s.balancer.has_candidates(side)).map(|l| l.port)
-                };
-                Portal {
-                    port: &s.port,
-                    internal: listening(Side::Internal, &s.internal),
-                    external: listening(Side::External, &s.external),
-                }
+            .map(|s| Portal {
+                port: &s.port,
+                internal: s.portal(Side::Internal),
+                external: s.portal(Side::External),
+                cluster: s.portal(Side::Cluster),
             })
             .collect();
-        let frame = rules::frame(&portals, &self.nodeports());
+        let frame = rules::frame(&portals, &self.settings);
         let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
         let text = payload(&frame, &Default::default(), &[], d);
         let write = || -> crate::kernel::Result<()> {

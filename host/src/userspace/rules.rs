@@ -8,11 +8,12 @@
 
 use std::net::IpAddr;
 
-use kpx_rules::model::{Protocol, ServicePort};
+use kpx_rules::iptables::local_traffic_match;
+use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, ServicePort, Settings};
 use kpx_rules::ops::CtStates;
 use kpx_rules::ops::iptables::{AddressMatch, Match, Rule, Table, Target, USERSPACE_HOST_CHAINS};
 
-use crate::kernel::iptables::frame::Frame;
+use crate::kernel::iptables::frame::{Frame, localhost_nodeports};
 
 const CONTAINER: &str = "KUBE-PORTALS-CONTAINER";
 const HOST: &str = "KUBE-PORTALS-HOST";
@@ -27,14 +28,9 @@ pub struct Portal<'a> {
     pub port: &'a ServicePort,
     pub internal: Option<u16>,
     pub external: Option<u16>,
-}
-
-/// Which node addresses node ports answer on.
-pub enum NodePorts<'a> {
-    /// Every local address (`-m addrtype --dst-type LOCAL`).
-    All,
-    /// Only these (`--nodeport-addresses`).
-    Only(&'a [IpAddr]),
+    /// Local external policy: the node's and local pods' traffic to the
+    /// external addresses (upstream's short-circuit to cluster endpoints).
+    pub cluster: Option<u16>,
 }
 
 fn jump(table: Table, from: &str, to: &str, comment: &str, matches: Vec<Match>) -> Rule {
@@ -72,16 +68,45 @@ fn to(port: &ServicePort, dst: Option<IpAddr>) -> Vec<Match> {
     m
 }
 
+/// What a side with no listener to send to does: a port with endpoints
+/// elsewhere (a Local policy without local ones) drops, as upstream's
+/// KUBE-EXT and KUBE-SVL chains do; one with none at all is refused.
+fn refusal(port: &ServicePort) -> Target {
+    // upstream's hasEndpoints: some endpoint ready, or serving and terminating.
+    let has_endpoints =
+        port.endpoints.iter().any(|e| e.conditions.ready || (e.conditions.serving && e.conditions.terminating));
+    if has_endpoints { Target::Drop } else { Target::Reject }
+}
+
+/// The node ports' destinations: every local address (addrtype in the
+/// jump, and no loopback unless localhost node ports are on), or the
+/// selected addresses.
+fn nodeport_destinations(settings: &Settings) -> Vec<Vec<Match>> {
+    match &settings.nodeport_addresses {
+        NodePortAddresses::All if localhost_nodeports(settings) => vec![vec![]],
+        NodePortAddresses::All => {
+            let loopback: Cidr =
+                if settings.family == IpFamily::V4 { "127.0.0.0/8" } else { "::1/128" }.parse().expect("cidr");
+            vec![vec![Match::Destination(AddressMatch { negate: true, cidr: loopback })]]
+        }
+        NodePortAddresses::Only(cidrs) => cidrs
+            .iter()
+            .filter(|c| c.family() == settings.family)
+            .filter(|c| !c.addr.is_loopback() || localhost_nodeports(settings))
+            .map(|c| vec![Match::Destination(AddressMatch { negate: false, cidr: *c })])
+            .collect(),
+    }
+}
+
 /// The rules for these portals: both chains for traffic from elsewhere
 /// (PREROUTING) and from the node itself (OUTPUT).
-pub fn frame(portals: &[Portal], nodeports: &NodePorts) -> Frame {
+pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
     use Table::{Filter, Nat};
     let mut rules = Vec::new();
-    let redirect = |rules: &mut Vec<Rule>, matches: Vec<Match>, listener: u16, chains: [&str; 2]| {
-        for chain in chains {
-            rules.push(Rule::chain(Nat, chain).with_all(matches.clone()).target(Target::Redirect(listener)));
-        }
+    let nat = |chain: &str, matches: &[Match], listener: u16| {
+        Rule::chain(Nat, chain).with_all(matches.to_vec()).target(Target::Redirect(listener))
     };
+    let local_pods = local_traffic_match(settings, false);
     for p in portals {
         let port = p.port;
         if port.protocol == Protocol::Sctp {
@@ -90,56 +115,70 @@ pub fn frame(portals: &[Portal], nodeports: &NodePorts) -> Frame {
         // The cluster IP.
         if let Some(ip) = port.cluster_ip {
             match p.internal {
-                Some(listener) => redirect(&mut rules, to(port, Some(ip)), listener, [CONTAINER, HOST]),
-                None => rules.push(Rule::chain(Filter, REJECT).with_all(to(port, Some(ip))).target(Target::Reject)),
-            }
-        }
-        // External IPs and load-balancer IPs (with their source ranges).
-        let external = port.external_ips.iter().map(|ip| (ip, false));
-        let balancers = port.load_balancer_ips.iter().map(|ip| (ip, true));
-        for (ip, balancer) in external.chain(balancers) {
-            let matches = to(port, Some(*ip));
-            match p.external {
-                Some(listener) if balancer && !port.load_balancer_source_ranges.is_empty() => {
-                    for range in &port.load_balancer_source_ranges {
-                        if range.family() != port_family(ip) {
-                            continue;
-                        }
-                        let mut m = matches.clone();
-                        m.insert(1, Match::Source(AddressMatch { negate: false, cidr: *range }));
-                        redirect(&mut rules, m, listener, [CONTAINER, HOST]);
-                    }
-                    // The sources outside the ranges were not redirected.
-                    rules.push(Rule::chain(Filter, REJECT).with_all(matches).target(Target::Drop));
+                Some(listener) => {
+                    rules.push(nat(CONTAINER, &to(port, Some(ip)), listener));
+                    rules.push(nat(HOST, &to(port, Some(ip)), listener));
                 }
-                Some(listener) => redirect(&mut rules, matches, listener, [CONTAINER, HOST]),
-                None => rules.push(Rule::chain(Filter, REJECT).with_all(matches).target(Target::Reject)),
+                None => rules.push(Rule::chain(Filter, REJECT).with_all(to(port, Some(ip))).target(refusal(port))),
             }
         }
-        // The node port, on the node's addresses.
-        if port.node_port != 0 {
-            let addresses: Vec<Option<IpAddr>> = match nodeports {
-                NodePorts::All => vec![None],
-                NodePorts::Only(ips) => ips.iter().map(|ip| Some(*ip)).collect(),
+        // The external addresses: external IPs and load-balancer IPs (with
+        // their source ranges), and the node port on the node's addresses.
+        let mut external: Vec<(Vec<Match>, [&str; 2], Vec<Option<Cidr>>)> = Vec::new();
+        for ip in &port.external_ips {
+            external.push((to(port, Some(*ip)), [CONTAINER, HOST], vec![None]));
+        }
+        for ip in &port.load_balancer_ips {
+            let ranges: Vec<Option<Cidr>> = if port.load_balancer_source_ranges.is_empty() {
+                vec![None]
+            } else {
+                let mine = port.load_balancer_source_ranges.iter().filter(|r| r.family() == IpFamily::of(ip));
+                mine.map(|r| Some(*r)).collect()
             };
-            for address in addresses {
+            external.push((to(port, Some(*ip)), [CONTAINER, HOST], ranges));
+        }
+        if port.node_port != 0 {
+            for destination in nodeport_destinations(settings) {
                 let mut matches = to(port, None);
-                if let Some(ip) = address {
-                    matches.insert(1, Match::destination_ip(ip));
+                matches.splice(1..1, destination);
+                external.push((matches, [NODEPORT_CONTAINER, NODEPORT_HOST], vec![None]));
+            }
+        }
+        for (matches, [container, host], ranges) in external {
+            let restricted = ranges.iter().any(Option::is_some);
+            for range in &ranges {
+                let mut m = matches.clone();
+                if let Some(cidr) = range {
+                    m.insert(1, Match::Source(AddressMatch { negate: false, cidr: *cidr }));
                 }
-                match p.external {
-                    Some(listener) => redirect(&mut rules, matches, listener, [NODEPORT_CONTAINER, NODEPORT_HOST]),
-                    None => {
-                        if address.is_none() {
-                            matches.push(Match::DestinationTypeLocal { negate: false });
-                        }
-                        rules.push(Rule::chain(Filter, REJECT).with_all(matches).target(Target::Reject));
+                // Local policy: the node's own and local pods' traffic goes
+                // to the cluster endpoints.
+                if let Some(listener) = p.cluster {
+                    if let Some(local) = &local_pods {
+                        let mut pods = m.clone();
+                        pods.insert(1, local.clone());
+                        rules.push(nat(container, &pods, listener));
                     }
+                    rules.push(nat(host, &m, listener));
                 }
+                if let Some(listener) = p.external {
+                    rules.push(nat(container, &m, listener));
+                    rules.push(nat(host, &m, listener));
+                }
+            }
+            // What was not redirected: refused, dropped, or outside the
+            // source ranges (dropped, as upstream's firewall chains do).
+            let mut m = matches;
+            if container == NODEPORT_CONTAINER && !m.iter().any(|x| matches!(x, Match::Destination(a) if !a.negate)) {
+                m.push(Match::DestinationTypeLocal { negate: false });
+            }
+            let target = if p.external.is_some() && restricted { Target::Drop } else { refusal(port) };
+            if p.external.is_none() || restricted {
+                rules.push(Rule::chain(Filter, REJECT).with_all(m).target(target));
             }
         }
         // The listeners take what was redirected to them.
-        for listener in [p.internal, p.external].into_iter().flatten() {
+        for listener in [p.internal, p.external, p.cluster].into_iter().flatten() {
             rules.push(
                 Rule::chain(Filter, NON_LOCAL)
                     .with(Match::comment(port.key.clone()))
@@ -153,13 +192,9 @@ pub fn frame(portals: &[Portal], nodeports: &NodePorts) -> Frame {
     Frame { chains: USERSPACE_HOST_CHAINS.to_vec(), rules, trailing: Vec::new(), jumps: jumps() }
 }
 
-fn port_family(ip: &IpAddr) -> kpx_rules::model::IpFamily {
-    kpx_rules::model::IpFamily::of(ip)
-}
-
 #[cfg(test)]
 mod tests {
-    use kpx_rules::model::{Endpoint, IpFamily};
+    use kpx_rules::model::{Endpoint, LocalTraffic, ProxyMode};
 
     use super::*;
     use crate::kernel::iptables::render::{Dialect, payload};
@@ -168,9 +203,20 @@ mod tests {
         Dialect { family: IpFamily::V4, masquerade_mark: 0x4000 }
     }
 
-    fn lines(portals: &[Portal], nodeports: &NodePorts) -> Vec<String> {
-        let text = payload(&frame(portals, nodeports), &Default::default(), &[], d4());
+    fn settings() -> Settings {
+        let mut s = Settings::new(IpFamily::V4, ProxyMode::Userspace);
+        s.localhost_nodeports = false;
+        s
+    }
+
+    fn lines(portals: &[Portal], settings: &Settings) -> Vec<String> {
+        let text = payload(&frame(portals, settings), &Default::default(), &[], d4());
         text.lines().filter(|l| l.starts_with("-A")).map(str::to_string).collect()
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
     }
 
     #[test]
@@ -180,7 +226,8 @@ mod tests {
         port.cluster_ip = Some("172.30.0.41".parse().unwrap());
         port.external_ips = vec!["192.0.2.10".parse().unwrap()];
         port.node_port = 30080;
-        let got = lines(&[Portal { port: &port, internal: Some(36001), external: Some(36002) }], &NodePorts::All);
+        let portal = Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None };
+        let got = lines(&[portal], &settings());
         let want = [
             "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack --ctstate DNAT -m tcp --dport 36001 -j ACCEPT",
             "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack --ctstate DNAT -m tcp --dport 36002 -j ACCEPT",
@@ -188,14 +235,16 @@ mod tests {
             "-A KUBE-PORTALS-HOST -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",
             "-A KUBE-PORTALS-CONTAINER -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
             "-A KUBE-PORTALS-HOST -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
-            "-A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
-            "-A KUBE-NODEPORT-HOST -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
+            // No localhost node ports unless asked for (iptables mode's flag).
+            "-A KUBE-NODEPORT-CONTAINER ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
+            "-A KUBE-NODEPORT-HOST ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
         ];
-        let mut got_sorted = got.clone();
-        got_sorted.sort();
-        let mut want_sorted: Vec<String> = want.iter().map(|s| s.to_string()).collect();
-        want_sorted.sort();
-        assert_eq!(got_sorted, want_sorted, "{got:#?}");
+        assert_eq!(sorted(got.clone()), sorted(want.iter().map(|s| s.to_string()).collect()), "{got:#?}");
+        let mut localhost = settings();
+        localhost.localhost_nodeports = true;
+        let got =
+            lines(&[Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None }], &localhost);
+        assert!(got.contains(&"-A KUBE-NODEPORT-HOST -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002".to_string()), "{got:#?}");
     }
 
     #[test]
@@ -205,7 +254,7 @@ mod tests {
         port.load_balancer_ips = vec!["198.51.100.7".parse().unwrap()];
         port.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
         port.node_port = 30053;
-        let none = lines(&[Portal { port: &port, internal: None, external: None }], &NodePorts::All);
+        let none = lines(&[Portal { port: &port, internal: None, external: None, cluster: None }], &settings());
         assert!(
             none.iter().all(|l| l.starts_with("-A KPX-PORTALS-REJECT")
                 && l.ends_with("-j REJECT --reject-with icmp-port-unreachable")),
@@ -213,11 +262,36 @@ mod tests {
         );
         assert_eq!(none.len(), 3);
         assert!(none.iter().any(|l| l.contains("-m addrtype --dst-type LOCAL") && l.contains("--dport 30053")));
-        let only = ["192.168.0.2".parse().unwrap()];
-        let some =
-            lines(&[Portal { port: &port, internal: Some(36001), external: Some(36002) }], &NodePorts::Only(&only));
-        assert!(some.contains(&"-A KUBE-PORTALS-CONTAINER -s 203.0.113.0/25 -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 53 -j REDIRECT --to-ports 36002".to_string()), "{some:#?}");
-        assert!(some.contains(&"-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 53 -j DROP".to_string()), "{some:#?}");
-        assert!(some.contains(&"-A KUBE-NODEPORT-CONTAINER -d 192.168.0.2/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 30053 -j REDIRECT --to-ports 36002".to_string()), "{some:#?}");
+        let mut only = settings();
+        only.nodeport_addresses = NodePortAddresses::Only(vec!["192.168.0.2/32".parse().unwrap()]);
+        let some = lines(&[Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None }], &only);
+        for want in [
+            "-A KUBE-PORTALS-CONTAINER -s 203.0.113.0/25 -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 53 -j REDIRECT --to-ports 36002",
+            "-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 53 -j DROP",
+            "-A KUBE-NODEPORT-CONTAINER -d 192.168.0.2/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 30053 -j REDIRECT --to-ports 36002",
+        ] {
+            assert!(some.contains(&want.to_string()), "{want}\n{some:#?}");
+        }
+    }
+
+    #[test]
+    fn local_policy_short_circuits_the_node_and_local_pods_and_drops_the_rest() {
+        let mut port = ServicePort::new("ns1", "loc", "", Protocol::Tcp, 80)
+            .with_cluster_endpoints(vec![Endpoint::ready("10.180.0.1".parse().unwrap(), 8080)]);
+        port.external_ips = vec!["192.0.2.10".parse().unwrap()];
+        port.external_traffic_policy = kpx_rules::model::TrafficPolicy::Local;
+        let mut s = settings();
+        s.local_traffic = LocalTraffic::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
+        // No local endpoint: only the node and local pods are redirected
+        // (to the cluster endpoints); everyone else is dropped.
+        let got = lines(&[Portal { port: &port, internal: None, external: None, cluster: Some(36003) }], &s);
+        for want in [
+            "-A KUBE-PORTALS-CONTAINER -s 10.0.0.0/8 -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc\" -m tcp --dport 80 -j REDIRECT --to-ports 36003",
+            "-A KUBE-PORTALS-HOST -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc\" -m tcp --dport 80 -j REDIRECT --to-ports 36003",
+            "-A KPX-PORTALS-REJECT -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc\" -m tcp --dport 80 -j DROP",
+        ] {
+            assert!(got.contains(&want.to_string()), "{want}\n{got:#?}");
+        }
+        assert_eq!(got.iter().filter(|l| l.contains("REDIRECT")).count(), 2, "{got:#?}");
     }
 }
