@@ -227,13 +227,13 @@ pub fn run(mut config: Config) -> Result<(), Error> {
             families()
                 .into_iter()
                 .map(|family| {
-                    Proxier::Userspace(UserspaceProxier::new(
+                    Proxier::Userspace(Box::new(UserspaceProxier::new(
                         config.clone(),
                         family,
                         relays.handle().clone(),
                         picker.clone(),
                         IptablesKernel::new(family, Box::new(SystemExec::default())),
-                    ))
+                    )))
                 })
                 .collect()
         }

@@ -14,7 +14,7 @@ use crate::userspace::UserspaceProxier;
 /// userspace mode's (the host's relays).
 pub enum Proxier {
     Rules(Box<FamilyProxier>),
-    Userspace(UserspaceProxier),
+    Userspace(Box<UserspaceProxier>),
 }
 
 impl Proxier {

@@ -124,7 +124,10 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
         }
         // The external addresses: external IPs and load-balancer IPs (with
         // their source ranges), and the node port on the node's addresses.
-        let mut external: Vec<(Vec<Match>, [&str; 2], Vec<Option<Cidr>>)> = Vec::new();
+        // (what to match, the chains for others' and the node's traffic,
+        // the source ranges: None for any source)
+        type Destination<'c> = (Vec<Match>, [&'c str; 2], Vec<Option<Cidr>>);
+        let mut external: Vec<Destination> = Vec::new();
         for ip in &port.external_ips {
             external.push((to(port, Some(*ip)), [CONTAINER, HOST], vec![None]));
         }
