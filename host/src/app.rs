@@ -22,6 +22,7 @@ use crate::sync::planner::Planner;
 use crate::sync::{self, FamilyProxier, Periods, Proxier};
 use crate::userspace::UserspaceProxier;
 use crate::userspace::balancer::Picker;
+use crate::userspace::localhost::LocalhostNodePorts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -209,8 +210,9 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let config = Arc::new(config);
     // userspace mode's relays: a runtime of their own, apart from the
     // sync loop (kept alive by this frame while kpx runs).
-    let relays = match config.mode {
-        ProxyMode::Userspace => Some(
+    let relaying = config.mode == ProxyMode::Userspace || config.userspace.localhost_nodeports_proxy;
+    let relays = match relaying {
+        true => Some(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .thread_name("relay")
@@ -218,12 +220,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                 .build()
                 .map_err(Error::Runtime)?,
         ),
-        _ => None,
+        false => None,
     };
+    let picker = Arc::new(Picker::new(schedulers.clone()));
     let proxiers: Vec<Proxier> = match &relays {
-        Some(relays) => {
+        Some(relays) if config.mode == ProxyMode::Userspace => {
             tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
-            let picker = Arc::new(Picker::new(schedulers.clone()));
             families()
                 .into_iter()
                 .map(|family| {
@@ -237,22 +239,31 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                 })
                 .collect()
         }
-        None => {
+        _ => {
             let plugin = Arc::new(load_backend_with(&config, &plugin_runtime)?);
             tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
             families()
                 .into_iter()
                 .map(|family| {
-                    Proxier::Rules(Box::new(FamilyProxier::new(
-                        config.clone(),
-                        family,
-                        plugin.clone(),
-                        Planner::new(config.mode, family, schedulers.clone()),
-                        dataplane(&config, family).with_max_bytes(
-                            usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
-                        ),
-                        Sysctl::default(),
-                    )))
+                    Proxier::Rules(
+                        Box::new(FamilyProxier::new(
+                            config.clone(),
+                            family,
+                            plugin.clone(),
+                            Planner::new(config.mode, family, schedulers.clone()),
+                            dataplane(&config, family).with_max_bytes(
+                                usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
+                            ),
+                            Sysctl::default(),
+                        )),
+                        // Localhost node ports are IPv4's (127.0.0.1), as upstream's.
+                        relays.as_ref().filter(|_| family == IpFamily::V4).map(|r| {
+                            tracing::info!(
+                                "node ports on 127.0.0.1 are served by kpx's TCP relay (--localhost-nodeports-proxy)"
+                            );
+                            Box::new(LocalhostNodePorts::new(r.handle().clone(), picker.clone()))
+                        }),
+                    )
                 })
                 .collect()
         }
@@ -352,6 +363,24 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blank_mode_is_iptables_unless_its_needs_are_missing() {
+        let ok = |v: &str| Ok::<String, String>(v.to_string());
+        assert_eq!(default_mode(ok("iptables v1.8.10 (nf_tables)"), true).0, ProxyMode::Iptables);
+        assert_eq!(default_mode(ok("iptables v1.4.11"), true).0, ProxyMode::Iptables);
+        let (mode, why) = default_mode(ok("iptables v1.4.10"), true);
+        assert_eq!(
+            (mode, why.as_str()),
+            (ProxyMode::Userspace, "iptables 1.4.10 is older than 1.4.11 (iptables mode needs -C and -w)")
+        );
+        let (mode, why) = default_mode(ok("iptables v1.8.7 (legacy)"), false);
+        assert_eq!((mode, why.as_str()), (ProxyMode::Userspace, "the kernel has no net.ipv4.conf.all.route_localnet"));
+        let (mode, why) = default_mode(Err("cannot run iptables: No such file".into()), true);
+        assert_eq!(mode, ProxyMode::Userspace);
+        assert!(why.contains("No such file"), "{why}");
+        assert_eq!(default_mode(ok("something else"), true).0, ProxyMode::Userspace);
+    }
 
     #[test]
     fn a_source_that_stops_is_an_error_that_says_why() {

@@ -74,8 +74,8 @@ pub struct Flags {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub version: Option<String>,
 
-    /// Which proxy mode to use: 'iptables' (default) or 'nftables'.
-    #[arg(long = "proxy-mode", default_value = "iptables")]
+    /// Which proxy mode to use: 'iptables', 'nftables', 'ipvs' or 'userspace'. Blank (the default): the best available, iptables, falling back to userspace when iptables mode's own needs are missing (kube-proxy v1.12's rule).
+    #[arg(long = "proxy-mode", default_value = "")]
     pub proxy_mode: String,
 
     /// kpx: read objects from a YAML or JSON file, or a directory of them

@@ -9,36 +9,45 @@ pub mod planner;
 pub use family::FamilyProxier;
 
 use crate::userspace::UserspaceProxier;
+use crate::userspace::localhost::LocalhostNodePorts;
 
 /// One family's proxier: the rule modes' (a backend plugin's rules), or
 /// userspace mode's (the host's relays).
 pub enum Proxier {
-    Rules(Box<FamilyProxier>),
+    /// With, in nftables mode, the relay for localhost node ports
+    /// (`--localhost-nodeports-proxy`, IPv4).
+    Rules(Box<FamilyProxier>, Option<Box<LocalhostNodePorts>>),
     Userspace(Box<UserspaceProxier>),
 }
 
 impl Proxier {
     pub fn family(&self) -> kpx_rules::model::IpFamily {
         match self {
-            Proxier::Rules(p) => p.family(),
+            Proxier::Rules(p, _) => p.family(),
             Proxier::Userspace(p) => p.family(),
         }
     }
 
     fn uses_load(&self) -> bool {
-        matches!(self, Proxier::Rules(p) if p.uses_load())
+        matches!(self, Proxier::Rules(p, _) if p.uses_load())
     }
 
     fn refresh_load(&mut self) -> bool {
         match self {
-            Proxier::Rules(p) => p.refresh_load(),
+            Proxier::Rules(p, _) => p.refresh_load(),
             Proxier::Userspace(_) => false,
         }
     }
 
     fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<family::Report, family::Error> {
         match self {
-            Proxier::Rules(p) => p.sync(state, changes, full),
+            Proxier::Rules(p, localhost) => {
+                let report = p.sync(state, changes, full)?;
+                if let Some(l) = localhost {
+                    l.sync(state, changes, report.full);
+                }
+                Ok(report)
+            }
             Proxier::Userspace(p) => p.sync(state, changes, full),
         }
     }
@@ -46,14 +55,14 @@ impl Proxier {
     /// The backend plugin, in the rule modes.
     fn rules(&self) -> Option<&FamilyProxier> {
         match self {
-            Proxier::Rules(p) => Some(p),
+            Proxier::Rules(p, _) => Some(p),
             Proxier::Userspace(_) => None,
         }
     }
 
     fn mode(&self) -> ProxyMode {
         match self {
-            Proxier::Rules(p) => p.mode(),
+            Proxier::Rules(p, _) => p.mode(),
             Proxier::Userspace(_) => ProxyMode::Userspace,
         }
     }
@@ -61,7 +70,7 @@ impl Proxier {
     /// The name the plugin metrics carry.
     fn plugin_name(&self) -> &str {
         match self {
-            Proxier::Rules(p) => p.plugin_name(),
+            Proxier::Rules(p, _) => p.plugin_name(),
             Proxier::Userspace(_) => "userspace",
         }
     }

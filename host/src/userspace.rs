@@ -12,6 +12,7 @@
 
 pub mod balancer;
 pub mod listeners;
+pub mod localhost;
 pub mod proxier;
 pub mod rules;
 pub mod tcp;

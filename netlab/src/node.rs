@@ -70,11 +70,23 @@ impl NodeLab {
 
     /// Starts kpx in the node namespace; its log goes to `log`.
     pub fn start_kpx<S: AsRef<std::ffi::OsStr>>(&self, kpx: &Path, args: &[S], log: &Path) -> Result<Kpx> {
+        self.start_kpx_with_env(kpx, args, log, &[])
+    }
+
+    /// [`NodeLab::start_kpx`] with these environment variables set.
+    pub fn start_kpx_with_env<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        kpx: &Path,
+        args: &[S],
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Kpx> {
         let file = std::fs::File::create(log)?;
         let child = self
             .node
             .command(kpx.to_str().unwrap_or("kpx"))
             .args(args)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)

@@ -264,3 +264,87 @@ fn userspace_lc_sed_nq_place_each_connection_by_the_live_counts() {
         eprintln!("userspace {scheduler}: 16 held connections placed {placed:?} (weights {weights:?}, 2 ended)");
     }
 }
+
+/// A NodePort Service `np` (TCP 80 → 8080, node port 30080).
+fn write_nodeport(manifests: &std::path::Path, ips: &[&str]) {
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: test}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.40\n  ports:\n  - {name: tcp, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}\n";
+    write_manifest(&manifests.join("np.yaml"), &format!("{service}---\n{}", slice("np", ips)));
+}
+
+/// nftables mode cannot DNAT 127.0.0.1; with --localhost-nodeports-proxy
+/// kpx's relay answers the node ports there, and without it nothing does.
+#[test]
+fn nftables_localhost_nodeports_through_the_relay_behind_a_flag() {
+    let Some(lab) = lab_or_skip(2, "nftables_localhost_nodeports_through_the_relay_behind_a_flag") else {
+        return;
+    };
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let localhost = Request { to: "127.0.0.1:30080".parse().unwrap(), from: None, timeout: Duration::from_secs(1) };
+    for flag in [false, true] {
+        let (dir, manifests) = run_dirs("localhost-proxy");
+        write_nodeport(&manifests, &ips);
+        // Node ports on every address but loopback (nftables mode's default
+        // is the primary address, and this lab has no Node object).
+        let mut extra = vec!["--proxy-mode", "nftables", "--nodeport-addresses", "0.0.0.0/0"];
+        if flag {
+            extra.push("--localhost-nodeports-proxy");
+        }
+        let args = kpx_args(&manifests, &extra);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        // The node port on the node's own address works either way.
+        let own = Request { to: format!("{}:30080", kpx_netlab::node::NODE_IP).parse().unwrap(), ..localhost.clone() };
+        assert!(matches!(own.tcp(&lab.client), Reply::Answer { .. }));
+        let seen: std::collections::BTreeSet<String> = (0..6).map(|_| answer(localhost.tcp(&lab.node)).0).collect();
+        if flag {
+            let want: std::collections::BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+            assert_eq!(seen, want, "127.0.0.1:30080 relayed to both endpoints\n{}", kpx.log());
+        } else {
+            assert_eq!(
+                seen.into_iter().collect::<Vec<_>>(),
+                ["Refused"],
+                "upstream's nftables mode: no localhost node ports"
+            );
+        }
+    }
+}
+
+/// upstream v1.12: a blank --proxy-mode is iptables unless iptables mode's
+/// own needs are missing; here iptables says it is 1.4.10 (older than
+/// 1.4.11, without -C and -w), so kpx falls back to userspace, says why,
+/// and serves the Service that way.
+#[test]
+fn a_blank_proxy_mode_falls_back_to_userspace_on_an_old_iptables() {
+    let Some(lab) = lab_or_skip(2, "a_blank_proxy_mode_falls_back_to_userspace_on_an_old_iptables") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("blank-mode");
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    write_web(&manifests, &ips);
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let real = ["/usr/sbin/iptables", "/sbin/iptables", "/usr/bin/iptables"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("iptables");
+    let shim = bin.join("iptables");
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'iptables v1.4.10'; exit 0; fi\nexec {real} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let args = kpx_args(&manifests, &[]);
+    let mut kpx =
+        lab.start_kpx_with_env(KPX.as_ref(), &args, &dir.join("kpx.log"), &[("PATH", &path)]).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let log = kpx.log();
+    assert!(
+        log.contains("--proxy-mode is blank: userspace (iptables 1.4.10 is older than 1.4.11"),
+        "the choice and its reason are logged:\n{log}"
+    );
+    assert!(kernel_rules(&lab).contains("KUBE-PORTALS-CONTAINER"));
+    let seen = servers_seen(&lab, Proto::Tcp, WEB, 4);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}

@@ -95,8 +95,30 @@ pub fn open(
     chooser: Arc<dyn Chooser>,
     udp_timeout: Duration,
 ) -> Result<Listener, Error> {
-    let io = |source| Error::Io { protocol, source };
     let (s, port) = bind(any(family), protocol, range)?;
+    serve(runtime, s, port, protocol, chooser, udp_timeout)
+}
+
+/// Listens for TCP on exactly `address` (localhost node ports).
+pub fn open_at(
+    runtime: &tokio::runtime::Handle,
+    address: SocketAddr,
+    chooser: Arc<dyn Chooser>,
+) -> Result<Listener, Error> {
+    let protocol = Protocol::Tcp;
+    let s = socket(address.ip(), protocol, address.port()).map_err(|source| Error::Io { protocol, source })?;
+    serve(runtime, s, address.port(), protocol, chooser, Duration::ZERO)
+}
+
+fn serve(
+    runtime: &tokio::runtime::Handle,
+    s: Socket,
+    port: u16,
+    protocol: Protocol,
+    chooser: Arc<dyn Chooser>,
+    udp_timeout: Duration,
+) -> Result<Listener, Error> {
+    let io = |source| Error::Io { protocol, source };
     let _in = runtime.enter();
     let task = match protocol {
         Protocol::Udp => {
