@@ -293,7 +293,7 @@ fn nftables_localhost_nodeports_through_the_relay_behind_a_flag() {
         let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
         assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
         // The node port on the node's own address works either way.
-        let own = Request { to: format!("{}:30080", kpx_netlab::node::NODE_IP).parse().unwrap(), ..localhost.clone() };
+        let own = Request { to: format!("{}:30080", kpx_netlab::node::NODE_IP).parse().unwrap(), ..localhost };
         assert!(matches!(own.tcp(&lab.client), Reply::Answer { .. }));
         let seen: std::collections::BTreeSet<String> = (0..6).map(|_| answer(localhost.tcp(&lab.node)).0).collect();
         if flag {
