@@ -20,9 +20,9 @@ use crate::source::manifests::ManifestSource;
 use crate::state::State;
 use crate::sync::planner::Planner;
 use crate::sync::{self, FamilyProxier, Periods, Proxier};
-use crate::userspace::UserspaceProxier;
 use crate::userspace::balancer::Picker;
 use crate::userspace::localhost::LocalhostNodePorts;
+use crate::userspace::{Relays, UserspaceProxier};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -211,10 +211,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     // userspace mode's relays: a runtime of their own, apart from the
     // sync loop (kept alive by this frame while kpx runs).
     let relaying = config.mode == ProxyMode::Userspace || config.userspace.localhost_nodeports_proxy;
-    let relays = match relaying {
+    let relay_runtime = match relaying {
         true => Some(
             tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                // A thread per core, up to 4: a connection's two directions
+                // run in one task.
+                .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().min(4)))
                 .thread_name("relay")
                 .enable_all()
                 .build()
@@ -223,6 +225,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         false => None,
     };
     let picker = Arc::new(Picker::new(schedulers.clone()));
+    let relays = relay_runtime.as_ref().map(|r| Relays::new(r.handle().clone(), config.userspace.udp_timeout));
     let proxiers: Vec<Proxier> = match &relays {
         Some(relays) if config.mode == ProxyMode::Userspace => {
             tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
@@ -232,7 +235,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                     Proxier::Userspace(Box::new(UserspaceProxier::new(
                         config.clone(),
                         family,
-                        relays.handle().clone(),
+                        relays.clone(),
                         picker.clone(),
                         IptablesKernel::new(family, Box::new(SystemExec::default())),
                     )))
@@ -261,7 +264,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                             tracing::info!(
                                 "node ports on 127.0.0.1 are served by kpx's TCP relay (--localhost-nodeports-proxy)"
                             );
-                            Box::new(LocalhostNodePorts::new(r.handle().clone(), picker.clone()))
+                            Box::new(LocalhostNodePorts::new(r.clone(), picker.clone()))
                         }),
                     )
                 })

@@ -20,6 +20,31 @@ pub mod udp;
 
 pub use proxier::UserspaceProxier;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The most TCP connections and UDP sessions kpx relays at once (all
+/// ports together): past it, listeners stop accepting (the kernel's
+/// backlog holds new connections) and new UDP clients' datagrams are
+/// dropped. Each holds at most two buffers of [`tcp::BUFFER`] (a UDP
+/// session one datagram buffer): about 1 GiB at the cap.
+pub const MAX_RELAYS: usize = 16_384;
+
+/// Where the relays run and what bounds them, shared by every listener.
+#[derive(Clone)]
+pub struct Relays {
+    pub runtime: tokio::runtime::Handle,
+    pub limit: Arc<tokio::sync::Semaphore>,
+    /// A UDP session idle this long ends (`--udp-timeout`).
+    pub udp_timeout: Duration,
+}
+
+impl Relays {
+    pub fn new(runtime: tokio::runtime::Handle, udp_timeout: Duration) -> Relays {
+        Relays { runtime, limit: Arc::new(tokio::sync::Semaphore::new(MAX_RELAYS)), udp_timeout }
+    }
+}
+
 /// A chooser for the relays' tests: round robin, skipping the endpoints
 /// that failed the connection (upstream's default).
 #[cfg(test)]

@@ -5,11 +5,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kpx_rules::model::{IpFamily, Protocol};
 use socket2::{Domain, Socket, Type};
 
+use super::Relays;
 use super::tcp::Chooser;
 
 /// Why no port could be taken.
@@ -88,46 +88,42 @@ fn bind(address: IpAddr, protocol: Protocol, range: Option<(u16, u16)>) -> Resul
 /// Listens for `protocol` on a port of `range` and relays what arrives
 /// through `chooser`, in `runtime`.
 pub fn open(
-    runtime: &tokio::runtime::Handle,
+    relays: &Relays,
     family: IpFamily,
     protocol: Protocol,
     range: Option<(u16, u16)>,
     chooser: Arc<dyn Chooser>,
-    udp_timeout: Duration,
 ) -> Result<Listener, Error> {
     let (s, port) = bind(any(family), protocol, range)?;
-    serve(runtime, s, port, protocol, chooser, udp_timeout)
+    serve(relays, s, port, protocol, chooser)
 }
 
 /// Listens for TCP on exactly `address` (localhost node ports).
-pub fn open_at(
-    runtime: &tokio::runtime::Handle,
-    address: SocketAddr,
-    chooser: Arc<dyn Chooser>,
-) -> Result<Listener, Error> {
+pub fn open_at(relays: &Relays, address: SocketAddr, chooser: Arc<dyn Chooser>) -> Result<Listener, Error> {
     let protocol = Protocol::Tcp;
     let s = socket(address.ip(), protocol, address.port()).map_err(|source| Error::Io { protocol, source })?;
-    serve(runtime, s, address.port(), protocol, chooser, Duration::ZERO)
+    serve(relays, s, address.port(), protocol, chooser)
 }
 
 fn serve(
-    runtime: &tokio::runtime::Handle,
+    relays: &Relays,
     s: Socket,
     port: u16,
     protocol: Protocol,
     chooser: Arc<dyn Chooser>,
-    udp_timeout: Duration,
 ) -> Result<Listener, Error> {
     let io = |source| Error::Io { protocol, source };
+    let runtime = &relays.runtime;
+    let limit = Arc::clone(&relays.limit);
     let _in = runtime.enter();
     let task = match protocol {
         Protocol::Udp => {
             let socket = tokio::net::UdpSocket::from_std(s.into()).map_err(io)?;
-            runtime.spawn(super::udp::serve(socket, chooser, udp_timeout))
+            runtime.spawn(super::udp::serve(socket, chooser, relays.udp_timeout, limit))
         }
         _ => {
             let listener = tokio::net::TcpListener::from_std(s.into()).map_err(io)?;
-            runtime.spawn(super::tcp::serve(listener, chooser))
+            runtime.spawn(super::tcp::serve(listener, chooser, limit))
         }
     };
     Ok(Listener { port, task: task.abort_handle() })

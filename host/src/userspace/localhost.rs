@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, Protocol, ServicePort};
 
+use super::Relays;
 use super::balancer::{Balancer, Picker, Side, SideChooser};
 use super::listeners::{self, Listener};
 use crate::state::{Changes, State};
@@ -24,14 +25,14 @@ struct Served {
 }
 
 pub struct LocalhostNodePorts {
-    runtime: tokio::runtime::Handle,
+    relays: Relays,
     picker: Arc<Picker>,
     served: BTreeMap<String, Served>,
 }
 
 impl LocalhostNodePorts {
-    pub fn new(runtime: tokio::runtime::Handle, picker: Arc<Picker>) -> LocalhostNodePorts {
-        LocalhostNodePorts { runtime, picker, served: BTreeMap::new() }
+    pub fn new(relays: Relays, picker: Arc<Picker>) -> LocalhostNodePorts {
+        LocalhostNodePorts { relays, picker, served: BTreeMap::new() }
     }
 
     /// The node port served on 127.0.0.1 for a service port, if any.
@@ -82,7 +83,7 @@ impl LocalhostNodePorts {
         for s in self.served.values_mut().filter(|s| s.listener.is_none()) {
             let at = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), s.port.node_port);
             let chooser = Arc::new(SideChooser { balancer: Arc::clone(&s.balancer), side: Side::Cluster });
-            match listeners::open_at(&self.runtime, at, chooser) {
+            match listeners::open_at(&self.relays, at, chooser) {
                 Ok(l) => s.listener = Some(l),
                 Err(e) => tracing::error!(service = %s.port.key, "cannot serve the node port on {at}: {e}"),
             }

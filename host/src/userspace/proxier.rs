@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use kpx_rules::model::{IpFamily, Node, Protocol, ServicePort, Settings, TrafficPolicy};
 use kpx_rules::ops::iptables::Table;
 
+use super::Relays;
 use super::balancer::{Balancer, Picker, Side, SideChooser};
 use super::listeners::{self, Listener};
 use super::rules::{self, Portal};
@@ -54,7 +55,7 @@ impl Served {
 pub struct UserspaceProxier {
     family: IpFamily,
     config: Arc<Config>,
-    runtime: tokio::runtime::Handle,
+    relays: Relays,
     picker: Arc<Picker>,
     kernel: IptablesKernel,
     served: BTreeMap<String, Served>,
@@ -75,14 +76,14 @@ impl UserspaceProxier {
     pub fn new(
         config: Arc<Config>,
         family: IpFamily,
-        runtime: tokio::runtime::Handle,
+        relays: Relays,
         picker: Arc<Picker>,
         kernel: IptablesKernel,
     ) -> UserspaceProxier {
         UserspaceProxier {
             family,
             config,
-            runtime,
+            relays,
             picker,
             kernel,
             served: BTreeMap::new(),
@@ -160,7 +161,6 @@ impl UserspaceProxier {
     /// those it no longer needs.
     fn open_listeners(&mut self) {
         let range = self.config.userspace.port_range;
-        let udp_timeout = self.config.userspace.udp_timeout;
         for served in self.served.values_mut() {
             for side in Side::ALL {
                 let wanted = served.wants(side);
@@ -173,7 +173,7 @@ impl UserspaceProxier {
                     continue;
                 }
                 let chooser = Arc::new(SideChooser { balancer: Arc::clone(&served.balancer), side });
-                match listeners::open(&self.runtime, self.family, served.port.protocol, range, chooser, udp_timeout) {
+                match listeners::open(&self.relays, self.family, served.port.protocol, range, chooser) {
                     Ok(listener) => *slot = Some(listener),
                     Err(e) => {
                         tracing::error!(service = %served.port.key, family = %self.family, "cannot open a listener: {e}")

@@ -22,6 +22,10 @@ pub const DIAL_TIMEOUTS: [Duration; 4] =
 /// connection and direction in kpx.
 pub const BUFFER: usize = 64 * 1024;
 
+/// What a direction's pipe holds at most (splice moves page references:
+/// the bytes stay in the kernel).
+pub const PIPE: usize = 1024 * 1024;
+
 /// Who picks the endpoint of a new connection.
 pub trait Chooser: Send + Sync {
     /// The endpoint for attempt `attempt` (0-based) of `client`'s
@@ -78,13 +82,64 @@ pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStrea
     Err(Error::Unreachable { client, failures })
 }
 
-/// Copies both ways until both sides are done; a side's end of writing is
-/// passed on to the other (shutdown of its write half). The bytes copied
-/// (client to endpoint, endpoint to client).
+/// Moves bytes both ways until both sides are done; a side's end of
+/// writing is passed on to the other (shutdown of its write half). The
+/// bytes moved (client to endpoint, endpoint to client). The kernel moves
+/// them (splice through a pipe per direction, never copied into kpx);
+/// where no pipe can be had (out of file descriptors), kpx copies them
+/// through its buffers.
 pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream) -> io::Result<(u64, u64)> {
     let _ = client.set_nodelay(true);
     let _ = endpoint.set_nodelay(true);
-    tokio::io::copy_bidirectional_with_sizes(&mut client, &mut endpoint, BUFFER, BUFFER).await
+    let flags = nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC;
+    match (nix::unistd::pipe2(flags), nix::unistd::pipe2(flags)) {
+        (Ok(up), Ok(down)) => {
+            for (_, pipe_in) in [&up, &down] {
+                // Fewer, larger moves; a pipe that stays smaller is fine.
+                let _ = nix::fcntl::fcntl(pipe_in, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE as i32));
+            }
+            tokio::try_join!(splice_one_way(&client, &endpoint, up), splice_one_way(&endpoint, &client, down))
+        }
+        _ => tokio::io::copy_bidirectional_with_sizes(&mut client, &mut endpoint, BUFFER, BUFFER).await,
+    }
+}
+
+/// `from`'s bytes into `to` through `pipe`, until `from` ends its writing,
+/// which is then passed on. At most [`PIPE`] bytes are in the pipe.
+async fn splice_one_way(
+    from: &TcpStream,
+    to: &TcpStream,
+    (pipe_out, pipe_in): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+) -> io::Result<u64> {
+    use nix::fcntl::{SpliceFFlags, splice};
+    use tokio::io::Interest;
+    let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
+    let mut total = 0u64;
+    loop {
+        // The pipe is empty here: EAGAIN can only be the socket's.
+        let n = loop {
+            from.readable().await?;
+            match from.try_io(Interest::READABLE, || Ok(splice(from, None, &pipe_in, None, PIPE, flags)?)) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)?;
+            return Ok(total);
+        }
+        let mut left = n;
+        while left > 0 {
+            to.writable().await?;
+            match to.try_io(Interest::WRITABLE, || Ok(splice(&pipe_out, None, to, None, left, flags)?)) {
+                Ok(m) => left -= m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        total += n as u64;
+    }
 }
 
 /// Accepts connections on `listener` and relays each to an endpoint, until
@@ -92,8 +147,10 @@ pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream) -> io::Result
 /// at once (the client sees its connection end without data). A failed
 /// accept (out of file descriptors, say) is logged and retried after a
 /// pause, as upstream does: the port stays served.
-pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) {
+pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>, limit: Arc<tokio::sync::Semaphore>) {
     loop {
+        // At the cap, new connections wait in the kernel's backlog.
+        let Ok(permit) = Arc::clone(&limit).acquire_owned().await else { return };
         let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -104,6 +161,7 @@ pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>) {
         };
         let chooser = Arc::clone(&chooser);
         tokio::spawn(async move {
+            let _permit = permit;
             match dial(chooser.as_ref(), peer).await {
                 Ok((endpoint, to)) => {
                     let _placed = Placed { chooser: Arc::clone(&chooser), endpoint: to };
@@ -151,7 +209,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
-        tokio::spawn(serve(listener, chooser));
+        tokio::spawn(serve(listener, chooser, Arc::new(tokio::sync::Semaphore::new(crate::userspace::MAX_RELAYS))));
         addr
     }
 

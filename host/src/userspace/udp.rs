@@ -26,7 +26,7 @@ type Sessions = Arc<Mutex<HashMap<SocketAddr, Session>>>;
 
 /// Relays datagrams arriving on `socket` until the task is dropped (a
 /// failed receive is logged and the port stays served).
-pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration) {
+pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration, limit: Arc<tokio::sync::Semaphore>) {
     let socket = Arc::new(socket);
     let sessions: Sessions = Arc::new(Mutex::new(HashMap::new()));
     let mut buf = vec![0u8; DATAGRAM];
@@ -49,6 +49,11 @@ pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration)
         let endpoint = match existing {
             Some(e) => e,
             None => {
+                // At the cap, a new client's datagram is dropped.
+                let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
+                    tracing::debug!("userspace: {} relays open; a datagram from {client} dropped", super::MAX_RELAYS);
+                    continue;
+                };
                 // UDP has no failed dial to retry: the first choice holds.
                 let Some(to) = chooser.choose(client, 0, &[]) else { continue };
                 let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("address");
@@ -67,7 +72,7 @@ pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration)
                     .lock()
                     .expect("sessions")
                     .insert(client, Session { endpoint: Arc::clone(&endpoint), last: Instant::now() });
-                let ended = Placed { chooser: Arc::clone(&chooser), endpoint: to };
+                let ended = (Placed { chooser: Arc::clone(&chooser), endpoint: to }, permit);
                 tokio::spawn(replies(
                     Arc::clone(&socket),
                     Arc::clone(&endpoint),
@@ -91,7 +96,7 @@ async fn replies(
     client: SocketAddr,
     sessions: Sessions,
     idle: Duration,
-    _ended: Placed,
+    _ended: (Placed, tokio::sync::OwnedSemaphorePermit),
 ) {
     let mut buf = vec![0u8; DATAGRAM];
     loop {
@@ -152,7 +157,7 @@ mod tests {
         // not end a session between two of the client's datagrams.
         let idle = Duration::from_secs(1);
         let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
-        tokio::spawn(serve(socket, chooser, idle));
+        tokio::spawn(serve(socket, chooser, idle, Arc::new(tokio::sync::Semaphore::new(crate::userspace::MAX_RELAYS))));
         let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let first: Vec<String> = {
             let mut v = Vec::new();

@@ -1,0 +1,313 @@
+//! userspace mode's relay, measured (`kpx-bench --modes userspace`): the
+//! per-connection pick through the daemon's own code (the balancer asking
+//! the built-in scheduler component, and releasing), then real traffic in
+//! namespaces with the real daemon: bulk TCP throughput, per-connection
+//! latency (p50/p99) and the connection rate, each through the relay and
+//! straight to the endpoint over the same node (kernel forwarding), in one
+//! run.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use kpx::userspace::balancer::{Balancer, Picker, Side, SideChooser};
+use kpx::userspace::tcp::Chooser;
+use kpx_netlab::Ns;
+use kpx_netlab::node::{NODE_IP, NodeLab};
+use kpx_rules::model::{Endpoint, Protocol, SchedulerChoice, ServicePort};
+use serde_json::json;
+
+use crate::Args;
+
+const SERVICE: &str = "10.96.0.10";
+const BULK_PORT: u16 = 9000;
+const PING_PORT: u16 = 9001;
+/// Bytes per bulk transfer, and transfers per path.
+const BULK_BYTES: u64 = 1 << 30;
+const BULK_RUNS: usize = 5;
+const CONNECTIONS: usize = 2000;
+const RATE_THREADS: usize = 4;
+const RATE_SECONDS: u64 = 3;
+
+pub struct PickCost {
+    pub scheduler: &'static str,
+    pub candidates: usize,
+    pub micros: f64,
+}
+
+pub struct Relay {
+    pub picks: Vec<PickCost>,
+    /// MB/s (10^6 bytes), best of the runs: direct, through the relay.
+    pub direct_mbps: f64,
+    pub relay_mbps: f64,
+    /// Per-connection time (connect, one byte each way, close), µs.
+    pub direct_p50: f64,
+    pub direct_p99: f64,
+    pub relay_p50: f64,
+    pub relay_p99: f64,
+    /// Connections per second with RATE_THREADS clients.
+    pub direct_rate: f64,
+    pub relay_rate: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The daemon's per-connection path: `Chooser::choose` on a service
+/// port's balancer (one `pick` into the component, with the live counts),
+/// then `release`.
+fn pick_cost(scheduler: &'static str, candidates: usize) -> Result<PickCost> {
+    let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), None)?;
+    let picker = Arc::new(Picker::new(kpx::app::load_schedulers(&runtime)?));
+    let endpoints =
+        (0..candidates).map(|i| Endpoint::ready(format!("10.244.{}.{}", i / 250, 1 + i % 250).parse().unwrap(), 8080));
+    let mut port =
+        ServicePort::new("bench", "web", "http", Protocol::Tcp, 80).with_cluster_endpoints(endpoints.collect());
+    port.cluster_ip = Some(SERVICE.parse()?);
+    port.scheduler = Some(SchedulerChoice { name: scheduler.into(), parameters: Vec::new() });
+    let chooser = SideChooser { balancer: Arc::new(Balancer::new(&port, picker)), side: Side::Internal };
+    let client: SocketAddr = "192.168.100.2:40000".parse()?;
+    let n = 100_000;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..n {
+            let e = chooser.choose(client, 0, &[]).context("no pick")?;
+            chooser.release(e);
+        }
+        runs.push(t.elapsed().as_secs_f64() * 1e6 / f64::from(n));
+    }
+    Ok(PickCost { scheduler, candidates, micros: median(runs) })
+}
+
+/// Servers in the endpoint's namespace: bulk (reads to the end, answers
+/// the count) and ping (one byte back for one byte).
+fn start_servers(ns: &Ns, stop: Arc<AtomicBool>) -> Result<()> {
+    for (port, bulk) in [(BULK_PORT, true), (PING_PORT, false)] {
+        let listener = ns.enter(move || TcpListener::bind(("0.0.0.0", port)))??;
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(mut s) = stream else { continue };
+                std::thread::spawn(move || {
+                    let _ = s.set_nodelay(true);
+                    if bulk {
+                        let mut buf = vec![0u8; 256 << 10];
+                        let mut total = 0u64;
+                        while let Ok(n) = s.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            total += n as u64;
+                        }
+                        let _ = s.write_all(&total.to_be_bytes());
+                    } else {
+                        let mut b = [0u8; 1];
+                        if s.read_exact(&mut b).is_ok() {
+                            let _ = s.write_all(&b);
+                        }
+                    }
+                });
+            }
+        });
+    }
+    Ok(())
+}
+
+/// One bulk transfer from the client: the time until the endpoint has
+/// counted every byte.
+fn bulk(client: &Ns, to: SocketAddr) -> Result<Duration> {
+    client.enter(move || -> Result<Duration> {
+        let t = Instant::now();
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        let chunk = vec![7u8; 256 << 10];
+        let mut sent = 0u64;
+        while sent < BULK_BYTES {
+            s.write_all(&chunk)?;
+            sent += chunk.len() as u64;
+        }
+        s.shutdown(std::net::Shutdown::Write)?;
+        let mut count = [0u8; 8];
+        s.read_exact(&mut count)?;
+        if u64::from_be_bytes(count) != sent {
+            bail!("the endpoint counted {} of {sent} bytes", u64::from_be_bytes(count));
+        }
+        Ok(t.elapsed())
+    })?
+}
+
+fn ping(to: SocketAddr) -> std::io::Result<Duration> {
+    let t = Instant::now();
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+    s.set_nodelay(true)?;
+    s.write_all(b"x")?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)?;
+    Ok(t.elapsed())
+}
+
+/// Per-connection times, sorted (µs).
+fn connections(client: &Ns, to: SocketAddr) -> Result<Vec<f64>> {
+    client.enter(move || -> Result<Vec<f64>> {
+        for _ in 0..100 {
+            ping(to)?;
+        }
+        let mut v: Vec<f64> =
+            (0..CONNECTIONS).map(|_| ping(to).map(|d| d.as_secs_f64() * 1e6)).collect::<Result<_, _>>()?;
+        v.sort_by(f64::total_cmp);
+        Ok(v)
+    })?
+}
+
+/// Connections per second from RATE_THREADS clients at once.
+fn rate(client: &Ns, to: SocketAddr) -> Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(RATE_SECONDS);
+    let threads: Vec<_> = (0..RATE_THREADS)
+        .map(|_| {
+            let (done, failed, client) = (done.clone(), failed.clone(), client.clone());
+            std::thread::spawn(move || {
+                let _ = client.enter(move || {
+                    while Instant::now() < deadline {
+                        match ping(to) {
+                            Ok(_) => done.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                });
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!("{failed} connections to {to} failed");
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / RATE_SECONDS as f64)
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q) as usize]
+}
+
+pub fn run(args: &Args) -> Result<Relay> {
+    eprintln!("== userspace: the pick path");
+    let mut picks = Vec::new();
+    for (scheduler, candidates) in [("rr", 4), ("lc", 4), ("lc", 16), ("maglev", 16)] {
+        picks.push(pick_cost(scheduler, candidates)?);
+    }
+    eprintln!("== userspace: traffic through the relay and straight to the endpoint");
+    let lab = NodeLab::build(1)?;
+    let backend = lab.backends[0].ip.clone();
+    // The direct path: the client reaches the endpoint through the node.
+    lab.client.ip(&["route", "add", "10.244.0.0/16", "via", NODE_IP])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    start_servers(&lab.backends[0].ns, stop.clone())?;
+    let dir = std::path::PathBuf::from("target/bench/userspace").canonicalize().or_else(|_| {
+        std::fs::create_dir_all("target/bench/userspace")?;
+        std::path::PathBuf::from("target/bench/userspace").canonicalize()
+    })?;
+    let manifests = dir.join("manifests");
+    let _ = std::fs::remove_dir_all(&manifests);
+    std::fs::create_dir_all(&manifests)?;
+    std::fs::write(
+        manifests.join("bench.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: bench}}\nspec:\n  clusterIP: {SERVICE}\n  ports:\n  - {{name: bulk, port: {BULK_PORT}}}\n  - {{name: ping, port: {PING_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: bench-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: bench}}\naddressType: IPv4\nports:\n- {{name: bulk, port: {BULK_PORT}}}\n- {{name: ping, port: {PING_PORT}}}\nendpoints:\n- addresses: [{backend}]\n"
+        ),
+    )?;
+    let cache = dir.join("plugin-cache");
+    let kpx_args = [
+        "--proxy-mode",
+        "userspace",
+        "--hostname-override",
+        "node",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--plugin-cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let mut kpx = lab.start_kpx(&args.kpx, &kpx_args, &dir.join("kpx.log"))?;
+    if !kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(60)) {
+        bail!("kpx did not sync:\n{}", kpx.log());
+    }
+    let at = |ip: &str, port: u16| -> SocketAddr { SocketAddr::new(ip.parse().unwrap(), port) };
+    let (direct_bulk, relay_bulk) = (at(&backend, BULK_PORT), at(SERVICE, BULK_PORT));
+    let (direct_ping, relay_ping) = (at(&backend, PING_PORT), at(SERVICE, PING_PORT));
+    let mbps = |d: Duration| BULK_BYTES as f64 / d.as_secs_f64() / 1e6;
+    let (mut direct, mut relay) = (Vec::new(), Vec::new());
+    for _ in 0..BULK_RUNS {
+        direct.push(mbps(bulk(&lab.client, direct_bulk)?));
+        relay.push(mbps(bulk(&lab.client, relay_bulk)?));
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let direct_times = connections(&lab.client, direct_ping)?;
+    let relay_times = connections(&lab.client, relay_ping)?;
+    let direct_rate = rate(&lab.client, direct_ping)?;
+    let relay_rate = rate(&lab.client, relay_ping)?;
+    stop.store(true, Ordering::Relaxed);
+    if !kpx.is_running() {
+        bail!("kpx stopped during the run:\n{}", kpx.log());
+    }
+    Ok(Relay {
+        picks,
+        direct_mbps: best(&direct),
+        relay_mbps: best(&relay),
+        direct_p50: percentile(&direct_times, 0.5),
+        direct_p99: percentile(&direct_times, 0.99),
+        relay_p50: percentile(&relay_times, 0.5),
+        relay_p99: percentile(&relay_times, 0.99),
+        direct_rate,
+        relay_rate,
+    })
+}
+
+impl Relay {
+    pub fn table(&self) -> String {
+        let mut out = String::from("userspace mode\n  pick path (choose + release, through the component):");
+        for p in &self.picks {
+            out.push_str(&format!(" {} x{} {:.2} µs;", p.scheduler, p.candidates, p.micros));
+        }
+        out.push_str(&format!(
+            "\n  bulk TCP ({} MiB, best of {BULK_RUNS}): direct {:.0} MB/s, relay {:.0} MB/s = {:.1}%\n",
+            BULK_BYTES >> 20,
+            self.direct_mbps,
+            self.relay_mbps,
+            100.0 * self.relay_mbps / self.direct_mbps
+        ));
+        out.push_str(&format!(
+            "  per connection ({CONNECTIONS}, connect + 1 byte each way): direct p50 {:.0} µs p99 {:.0} µs; relay p50 {:.0} µs p99 {:.0} µs; added p50 {:.0} µs p99 {:.0} µs\n",
+            self.direct_p50,
+            self.direct_p99,
+            self.relay_p50,
+            self.relay_p99,
+            self.relay_p50 - self.direct_p50,
+            self.relay_p99 - self.direct_p99
+        ));
+        out.push_str(&format!(
+            "  connections/s ({RATE_THREADS} clients, {RATE_SECONDS} s): direct {:.0}, relay {:.0}\n",
+            self.direct_rate, self.relay_rate
+        ));
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "pick_us": self.picks.iter().map(|p| json!({"scheduler": p.scheduler, "candidates": p.candidates, "us": p.micros})).collect::<Vec<_>>(),
+            "bulk_mbps": {"direct": self.direct_mbps, "relay": self.relay_mbps, "ratio": self.relay_mbps / self.direct_mbps},
+            "connection_us": {"direct_p50": self.direct_p50, "direct_p99": self.direct_p99, "relay_p50": self.relay_p50, "relay_p99": self.relay_p99},
+            "connections_per_s": {"direct": self.direct_rate, "relay": self.relay_rate},
+        })
+    }
+}
