@@ -19,6 +19,8 @@ pub struct Args {
     /// (mode, services) for the first-packet latency runs.
     pub latency: Vec<(String, usize)>,
     pub json: PathBuf,
+    /// userspace mode: only the in-process pick path (no namespaces).
+    pub picks_only: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -43,6 +45,7 @@ fn parse_args() -> Result<Args> {
             .map(|(m, s)| (m.to_string(), s))
             .collect(),
         json: PathBuf::from("target/bench.json"),
+        picks_only: false,
     };
     let mut sizes: Option<Vec<(usize, usize)>> = None;
     let mut latency: Option<Vec<usize>> = None;
@@ -73,12 +76,13 @@ fn parse_args() -> Result<Args> {
                     v.split(',').map(|s| s.parse()).collect::<Result<_, _>>()?
                 });
             }
+            "--picks-only" => args.picks_only = true,
             "--quick" => {
                 sizes = Some(vec![(1000, 10)]);
                 latency = Some(vec![1000]);
             }
             other => bail!(
-                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --quick)"
+                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --quick, --picks-only)"
             ),
         }
     }

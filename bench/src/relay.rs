@@ -38,6 +38,7 @@ pub struct PickCost {
     pub micros: f64,
 }
 
+#[derive(Default)]
 pub struct Relay {
     pub picks: Vec<PickCost>,
     /// MB/s (10^6 bytes), best of the runs: direct, through the relay.
@@ -206,6 +207,9 @@ pub fn run(args: &Args) -> Result<Relay> {
     let mut picks = Vec::new();
     for (scheduler, candidates) in [("rr", 4), ("lc", 4), ("lc", 16), ("maglev", 16)] {
         picks.push(pick_cost(scheduler, candidates)?);
+    }
+    if args.picks_only {
+        return Ok(Relay { picks, ..Relay::default() });
     }
     eprintln!("== userspace: traffic through the relay and straight to the endpoint");
     let lab = NodeLab::build(1)?;

@@ -23,7 +23,7 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 pub use scheduler::{SchedulerInstance, SchedulerPlugin};
 pub use version::{SUPPORTED, read_contract_version};
-pub use wit::since_v0_2_0::{PickRequest, ScheduleRequest};
+pub use wit::since_v0_2_0::{PickRequest, PickSetup, ScheduleRequest};
 
 /// Built-in plugin components, embedded at build time.
 pub mod builtin {

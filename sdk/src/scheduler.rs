@@ -76,6 +76,9 @@ pub trait Scheduler {
     fn pick(request: PickRequest) -> Result<Option<u32>, String> {
         Err(format!("{} has no per-connection pick", request.name))
     }
+    /// The host forgot the last picks of `service` (its port left):
+    /// state kept for it may go.
+    fn forget(_service: &str) {}
 }
 
 #[doc(hidden)]
@@ -108,21 +111,78 @@ impl<S: Scheduler> wit::Guest for SchedulerExport<S> {
         S::plan(request).map(|p| convert::to_wit_plan(&p))
     }
 
-    fn pick(request: wit::PickRequest) -> Result<Option<u32>, String> {
-        S::pick(PickRequest {
-            name: request.name,
-            parameters: request.parameters,
-            service: request.service,
-            client: convert::from_wit_ip(&request.client),
-            destination: convert::from_wit_ip(&request.destination),
-            endpoints: request.endpoints.iter().map(|e| (convert::from_wit_ip(&e.address), e.port)).collect(),
-            weights: request.weights,
-            active: request.active,
-            inactive: request.inactive,
-            failed: request.failed,
-            random: request.random,
-        })
+    fn prepare_picks(id: u32, setup: wit::PickSetup) -> Result<(), String> {
+        let setup = Setup {
+            name: setup.name,
+            parameters: setup.parameters,
+            service: setup.service,
+            destination: convert::from_wit_ip(&setup.destination),
+            endpoints: setup.endpoints.iter().map(|e| (convert::from_wit_ip(&e.address), e.port)).collect(),
+            weights: setup.weights,
+        };
+        if setup.weights.len() != setup.endpoints.len() {
+            return Err(format!("{} candidates but {} weights", setup.endpoints.len(), setup.weights.len()));
+        }
+        setups().insert(id, setup);
+        Ok(())
     }
+
+    fn forget_picks(id: u32) {
+        let mut setups = setups();
+        if let Some(gone) = setups.remove(&id)
+            && !setups.values().any(|s| s.service == gone.service)
+        {
+            drop(setups);
+            S::forget(&gone.service);
+        }
+    }
+
+    fn pick(
+        id: u32,
+        client: wt::IpAddress,
+        active: Vec<u32>,
+        failed: Vec<u32>,
+        random: u32,
+    ) -> Result<Option<u32>, String> {
+        let request = {
+            let setups = setups();
+            let Some(s) = setups.get(&id) else { return Err(format!("picks {id} were never set up")) };
+            if active.len() != s.endpoints.len() {
+                return Err(format!("{} candidates but {} counts", s.endpoints.len(), active.len()));
+            }
+            PickRequest {
+                name: s.name.clone(),
+                parameters: s.parameters.clone(),
+                service: s.service.clone(),
+                client: convert::from_wit_ip(&client),
+                destination: s.destination,
+                endpoints: s.endpoints.clone(),
+                weights: s.weights.clone(),
+                inactive: vec![0; active.len()],
+                active,
+                failed,
+                random,
+            }
+        };
+        S::pick(request)
+    }
+}
+
+/// A side of a service port as `prepare-picks` set it up.
+struct Setup {
+    name: String,
+    parameters: Vec<(String, String)>,
+    service: String,
+    destination: std::net::IpAddr,
+    endpoints: Vec<(std::net::IpAddr, u16)>,
+    weights: Vec<u32>,
+}
+
+/// The setups by id, in the component's own memory.
+fn setups() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u32, Setup>> {
+    static SETUPS: std::sync::Mutex<std::collections::BTreeMap<u32, Setup>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    SETUPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Exports a [`Scheduler`] implementation as the plugin's `kpx:proxier/scheduler`.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use kpx_rules::plan::Plan;
 use wasmtime::Engine;
 
-use super::wit::since_v0_2_0::{self as v0_2_0, PickRequest, ScheduleRequest};
+use super::wit::since_v0_2_0::{self as v0_2_0, PickRequest, PickSetup, ScheduleRequest};
 use super::{Limits, PluginStats, Result, Sandbox};
 
 /// Fuel for one `schedule` call, before the share per endpoint.
@@ -82,20 +82,39 @@ impl SchedulerInstance {
         s.check("uses-load", result)
     }
 
-    /// The candidate for one new connection (None: no candidate may take
-    /// it); `Error::Failed` carries the scheduler's own reason, and a pick
-    /// outside the candidates, or among those that failed, is refused.
-    pub fn pick(&mut self, request: &PickRequest) -> Result<Option<u32>> {
+    /// Sets up the picks under `id` (a side of a service port, as its
+    /// candidates are now); `Error::Failed` carries the scheduler's reason.
+    pub fn prepare_picks(&mut self, id: u32, setup: &PickSetup) -> Result<()> {
         let s = &mut self.sandbox;
-        let fuel = PICK_FUEL_BASE.saturating_add(PICK_FUEL_PER_ENDPOINT * request.endpoints.len() as u64);
+        let fuel = PICK_FUEL_BASE.saturating_add(PICK_FUEL_PER_ENDPOINT * setup.endpoints.len() as u64);
         s.refuel_with(fuel.min(s.limits.fuel_base), PICK_MAX_OUTPUT.min(s.limits.max_output_bytes));
-        let result = self.bindings.pick(&mut s.store, request);
+        let result = self.bindings.prepare_picks(&mut s.store, id, setup);
+        s.check("prepare-picks", result)?.map_err(|message| s.failed("prepare-picks", &message))
+    }
+
+    /// The id's service port left.
+    pub fn forget_picks(&mut self, id: u32) -> Result<()> {
+        let s = &mut self.sandbox;
+        s.refuel_with(PICK_FUEL_BASE, PICK_MAX_OUTPUT.min(s.limits.max_output_bytes));
+        let result = self.bindings.forget_picks(&mut s.store, id);
+        s.check("forget-picks", result)
+    }
+
+    /// The candidate for one new connection under a prepared `id` (None:
+    /// no candidate may take it); `Error::Failed` carries the scheduler's
+    /// own reason, and a pick outside the candidates, or among those that
+    /// failed, is refused.
+    pub fn pick(&mut self, id: u32, request: &PickRequest) -> Result<Option<u32>> {
+        let s = &mut self.sandbox;
+        let n = request.active.len();
+        let fuel = PICK_FUEL_BASE.saturating_add(PICK_FUEL_PER_ENDPOINT * n as u64);
+        s.refuel_with(fuel.min(s.limits.fuel_base), PICK_MAX_OUTPUT.min(s.limits.max_output_bytes));
+        let result = self.bindings.pick(&mut s.store, id, request);
         let picked = s.check("pick", result)?.map_err(|message| s.failed("pick", &message))?;
         match picked {
-            Some(i) if i as usize >= request.endpoints.len() || request.failed.contains(&i) => Err(s.failed(
-                "pick",
-                &format!("picked candidate {i} of {} (failed ones: {:?})", request.endpoints.len(), request.failed),
-            )),
+            Some(i) if i as usize >= n || request.failed.contains(&i) => {
+                Err(s.failed("pick", &format!("picked candidate {i} of {n} (failed ones: {:?})", request.failed)))
+            }
             other => Ok(other),
         }
     }
@@ -130,21 +149,19 @@ mod tests {
         let endpoints: Vec<(IpAddr, u16)> =
             (1..=active.len()).map(|k| (format!("10.244.{k}.5").parse().unwrap(), 8080)).collect();
         let weights = vec![1; active.len()];
-        let inactive = vec![0; active.len()];
-        let request = PickRequest {
+        // One id per scheduler and candidate count, set up as the host does.
+        let id = (name.len() * 100 + active.len()) as u32;
+        let setup = PickSetup {
             name,
             parameters: &[],
             service: "ns/web:http",
-            client: "192.0.2.7".parse().unwrap(),
             destination: "10.96.0.10".parse().unwrap(),
             endpoints: &endpoints,
             weights: &weights,
-            active,
-            inactive: &inactive,
-            failed,
-            random: 12345,
         };
-        i.pick(&request).unwrap()
+        i.prepare_picks(id, &setup).unwrap();
+        let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active, failed, random: 12345 };
+        i.pick(id, &request).unwrap()
     }
 
     /// The built-in component's per-connection picks (userspace mode):
@@ -161,21 +178,20 @@ mod tests {
         assert_eq!(ask(&mut i, "lc", &[0, 0], &[0, 1]), None);
         let err = {
             let endpoints = [("10.244.1.5".parse().unwrap(), 8080)];
-            let request = PickRequest {
+            let setup = PickSetup {
                 name: "nope",
                 parameters: &[],
                 service: "ns/web:http",
-                client: "192.0.2.7".parse().unwrap(),
                 destination: "10.96.0.10".parse().unwrap(),
                 endpoints: &endpoints,
                 weights: &[1],
-                active: &[0],
-                inactive: &[0],
-                failed: &[],
-                random: 0,
             };
-            i.pick(&request).unwrap_err().to_string()
+            i.prepare_picks(9, &setup).unwrap();
+            let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
+            i.pick(9, &request).unwrap_err().to_string()
         };
+        let never = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
+        assert!(i.pick(77, &never).unwrap_err().to_string().contains("never set up"));
         assert!(err.contains("nope"), "{err}");
         let n = 2000;
         let t = std::time::Instant::now();

@@ -6,59 +6,103 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kpx_rules::model::{SchedulerChoice, ServicePort, TrafficPolicy};
 
 use super::tcp::Chooser;
-use crate::runtime::{PickRequest, SchedulerInstance, SchedulerPlugin};
+use crate::runtime::{PickRequest, PickSetup, SchedulerInstance, SchedulerPlugin};
 
 /// upstream's userspace proxier: round robin unless the Service says otherwise.
 pub const DEFAULT_SCHEDULER: &str = "rr";
 /// The default for endpoints with weights (`kpx.dev/weights`).
 pub const DEFAULT_WEIGHTED: &str = "wrr";
 
+/// One component's live instance and the pick ids it has set up (at
+/// which generation of their candidates).
+#[derive(Default)]
+struct Slot {
+    instance: Option<SchedulerInstance>,
+    prepared: HashMap<u32, u64>,
+}
+
 /// The scheduler components, one live instance each, shared by every
-/// service port of the mode (a pick holds the lock for about 2 µs).
+/// service port of the mode (a pick holds the lock for about 2 µs). A
+/// side of a service port is set up in the component under an id once
+/// per change of its candidates; a connection then crosses the boundary
+/// with the client and the live counts only.
 pub struct Picker {
     plugins: Vec<Arc<SchedulerPlugin>>,
-    instances: Mutex<Vec<Option<SchedulerInstance>>>,
+    slots: Mutex<Vec<Slot>>,
+    next_id: AtomicU32,
 }
 
 impl Picker {
     pub fn new(plugins: Vec<Arc<SchedulerPlugin>>) -> Picker {
-        let instances = Mutex::new(plugins.iter().map(|_| None).collect());
-        Picker { plugins, instances }
+        let slots = Mutex::new(plugins.iter().map(|_| Slot::default()).collect());
+        Picker { plugins, slots, next_id: AtomicU32::new(1) }
+    }
+
+    /// A fresh id for one side of a service port.
+    fn new_id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The scheduler's pick; Err with the reason when no component
     /// implements the name, or it refused, trapped or ran out of fuel (a
-    /// trapped instance is replaced at the next pick).
-    pub fn pick(&self, request: &PickRequest) -> Result<Option<u32>, String> {
-        let mut instances = self.instances.lock().expect("scheduler instances");
-        for (i, plugin) in self.plugins.iter().enumerate() {
-            if instances[i].is_none() {
+    /// trapped instance is replaced at the next pick, and set up again).
+    pub fn pick(
+        &self,
+        id: u32,
+        generation: u64,
+        setup: &PickSetup,
+        request: &PickRequest,
+    ) -> Result<Option<u32>, String> {
+        let mut slots = self.slots.lock().expect("scheduler instances");
+        for (plugin, slot) in self.plugins.iter().zip(slots.iter_mut()) {
+            if slot.instance.is_none() {
                 match plugin.instantiate() {
-                    Ok(instance) => instances[i] = Some(instance),
+                    Ok(instance) => {
+                        slot.instance = Some(instance);
+                        slot.prepared.clear();
+                    }
                     Err(e) => return Err(e.to_string()),
                 }
             }
-            let Some(instance) = instances[i].as_mut() else { continue };
-            if !instance.names().iter().any(|n| n == request.name) {
+            let Some(instance) = slot.instance.as_mut() else { continue };
+            if !instance.names().iter().any(|n| n == setup.name) {
                 continue;
             }
-            return match instance.pick(request) {
-                Ok(picked) => Ok(picked),
-                Err(e) => {
-                    if e.needs_fresh_instance() {
-                        instances[i] = None;
-                    }
-                    Err(e.to_string())
-                }
+            let result = match slot.prepared.get(&id) {
+                Some(g) if *g == generation => instance.pick(id, request),
+                _ => instance.prepare_picks(id, setup).and_then(|()| {
+                    slot.prepared.insert(id, generation);
+                    instance.pick(id, request)
+                }),
             };
+            return result.map_err(|e| {
+                if e.needs_fresh_instance() {
+                    slot.instance = None;
+                }
+                e.to_string()
+            });
         }
-        Err(format!("no scheduler is named {:?}", request.name))
+        Err(format!("no scheduler is named {:?}", setup.name))
+    }
+
+    /// The component may forget `id`.
+    fn forget(&self, id: u32) {
+        let mut slots = self.slots.lock().expect("scheduler instances");
+        for slot in slots.iter_mut() {
+            if slot.prepared.remove(&id).is_some()
+                && let Some(instance) = slot.instance.as_mut()
+                && instance.forget_picks(id).is_err_and(|e| e.needs_fresh_instance())
+            {
+                slot.instance = None;
+            }
+        }
     }
 }
 
@@ -103,13 +147,25 @@ struct Inner {
     /// Round robin's turn when the scheduler fails.
     turn: usize,
     random: u32,
+    /// Bumped at every update: the component sets the sides up again.
+    generation: u64,
 }
 
 /// One service port's choice of endpoints, shared by its listeners.
 pub struct Balancer {
     key: String,
     picker: Arc<Picker>,
+    /// Each side's pick id in the component (`Side::ALL`'s order).
+    ids: [u32; 3],
     inner: Mutex<Inner>,
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        for id in self.ids {
+            self.picker.forget(id);
+        }
+    }
 }
 
 impl Inner {
@@ -144,8 +200,10 @@ impl Balancer {
             warned: None,
             turn: 0,
             random: seed | 1,
+            generation: 0,
         };
-        let balancer = Balancer { key: port.key.clone(), picker, inner: Mutex::new(inner) };
+        let ids = [picker.new_id(), picker.new_id(), picker.new_id()];
+        let balancer = Balancer { key: port.key.clone(), picker, ids, inner: Mutex::new(inner) };
         balancer.update(port);
         balancer
     }
@@ -155,6 +213,7 @@ impl Balancer {
     /// is dropped, open connections keep their counts.
     pub fn update(&self, port: &ServicePort) {
         let mut inner = self.inner.lock().expect("balancer");
+        inner.generation += 1;
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
         inner.choice = port.scheduler.clone().unwrap_or_else(|| SchedulerChoice {
             name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
@@ -239,21 +298,16 @@ impl Balancer {
         r ^= r >> 17;
         r ^= r << 5;
         inner.random = r;
-        let inactive = vec![0; candidates.endpoints.len()];
-        let request = PickRequest {
+        let setup = PickSetup {
             name: &inner.choice.name,
             parameters: &inner.choice.parameters,
             service: &candidates.service,
-            client: client.ip(),
             destination: inner.destination,
             endpoints: &candidates.endpoints,
             weights: &candidates.weights,
-            active: &active,
-            inactive: &inactive,
-            failed: &failed_at,
-            random: r,
         };
-        let picked = match self.picker.pick(&request) {
+        let request = PickRequest { client: client.ip(), active: &active, failed: &failed_at, random: r };
+        let picked = match self.picker.pick(self.ids[side as usize], inner.generation, &setup, &request) {
             Ok(Some(i)) => Some(addr(&candidates.endpoints[i as usize])),
             Ok(None) => None,
             Err(why) => {

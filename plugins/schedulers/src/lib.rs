@@ -62,6 +62,14 @@ impl Scheduler for BuiltIn {
         let picked = picks.pick(&r.service, &r.name, &r.parameters, &dests, &r.failed, conn, r.random)?;
         Ok(picked.map(|i| i as u32))
     }
+
+    fn forget(service: &str) {
+        if let Ok(mut picks) = PICKS.lock()
+            && let Some(picks) = picks.as_mut()
+        {
+            picks.retain(|s| s != service);
+        }
+    }
 }
 
 kpx_sdk::export_scheduler!(BuiltIn);

@@ -81,17 +81,21 @@ pub struct ScheduleRequest<'a> {
     pub load: Option<(Vec<u32>, Vec<u32>)>,
 }
 
-/// One new connection, as the host asks a scheduler to place it.
-pub struct PickRequest<'a> {
+/// One side of a service port's candidates, set up for per-connection picks.
+pub struct PickSetup<'a> {
     pub name: &'a str,
     pub parameters: &'a [(String, String)],
     pub service: &'a str,
-    pub client: std::net::IpAddr,
     pub destination: std::net::IpAddr,
     pub endpoints: &'a [(std::net::IpAddr, u16)],
     pub weights: &'a [u32],
+}
+
+/// One new connection, as the host asks a scheduler to place it.
+pub struct PickRequest<'a> {
+    pub client: std::net::IpAddr,
+    /// Each candidate's open connections (the setup's order).
     pub active: &'a [u32],
-    pub inactive: &'a [u32],
     pub failed: &'a [u32],
     pub random: u32,
 }
@@ -134,19 +138,19 @@ impl SchedulerInstance {
         Ok(out.map(wit_convert::from_wit_plan))
     }
 
-    pub fn pick(
+    pub fn prepare_picks(
         &self,
         store: &mut Store<PluginState>,
-        r: &PickRequest,
-    ) -> wasmtime::Result<Result<Option<u32>, String>> {
-        use sched::exports::kpx::proxier::scheduler::PickRequest as Wire;
-        let request = Wire {
-            name: r.name.to_string(),
-            parameters: r.parameters.to_vec(),
-            service: r.service.to_string(),
-            client: wit_convert::to_wit_ip(&r.client),
-            destination: wit_convert::to_wit_ip(&r.destination),
-            endpoints: r
+        id: u32,
+        s: &PickSetup,
+    ) -> wasmtime::Result<Result<(), String>> {
+        use sched::exports::kpx::proxier::scheduler::PickSetup as Wire;
+        let setup = Wire {
+            name: s.name.to_string(),
+            parameters: s.parameters.to_vec(),
+            service: s.service.to_string(),
+            destination: wit_convert::to_wit_ip(&s.destination),
+            endpoints: s
                 .endpoints
                 .iter()
                 .map(|(ip, port)| self::kpx::proxier::types::EndpointAddress {
@@ -154,13 +158,29 @@ impl SchedulerInstance {
                     port: *port,
                 })
                 .collect(),
-            weights: r.weights.to_vec(),
-            active: r.active.to_vec(),
-            inactive: r.inactive.to_vec(),
-            failed: r.failed.to_vec(),
-            random: r.random,
+            weights: s.weights.to_vec(),
         };
-        self.0.kpx_proxier_scheduler().call_pick(store, &request)
+        self.0.kpx_proxier_scheduler().call_prepare_picks(store, id, &setup)
+    }
+
+    pub fn forget_picks(&self, store: &mut Store<PluginState>, id: u32) -> wasmtime::Result<()> {
+        self.0.kpx_proxier_scheduler().call_forget_picks(store, id)
+    }
+
+    pub fn pick(
+        &self,
+        store: &mut Store<PluginState>,
+        id: u32,
+        r: &PickRequest,
+    ) -> wasmtime::Result<Result<Option<u32>, String>> {
+        self.0.kpx_proxier_scheduler().call_pick(
+            store,
+            id,
+            wit_convert::to_wit_ip(&r.client),
+            r.active,
+            r.failed,
+            r.random,
+        )
     }
 }
 
