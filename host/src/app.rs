@@ -205,6 +205,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         }
     }
     init(&config);
+    remove_other_modes(config.mode);
     let plugin_runtime = plugin_runtime(&config)?;
     let schedulers = load_schedulers(&plugin_runtime)?;
     let config = Arc::new(config);
@@ -331,6 +332,29 @@ fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
         }
     };
     Error::SourceStopped(why)
+}
+
+/// What the other modes left on this node, removed before this one starts
+/// (as upstream does): userspace mode removes the rule modes' chains, the
+/// nftables table and IPVS virtual servers; the others remove userspace
+/// mode's chains. Failures are logged: the mode's own sync goes on.
+fn remove_other_modes(mode: ProxyMode) {
+    for family in families() {
+        let kernel = IptablesKernel::new(family, Box::new(SystemExec::default()));
+        let removed = if mode == ProxyMode::Userspace { kernel.remove_rule_modes() } else { kernel.remove_userspace() };
+        match removed {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(%family, chains = n, "removed another mode's iptables chains"),
+            // No iptables on this node (nftables mode): nothing was left there.
+            Err(crate::kernel::Error::Spawn { .. }) => {}
+            Err(e) => tracing::warn!(%family, "cannot remove another mode's iptables chains: {e}"),
+        }
+        if mode == ProxyMode::Userspace
+            && let Ok(true) = NftablesKernel::new(family).delete_table()
+        {
+            tracing::info!(%family, "removed nftables mode's table kube-proxy");
+        }
+    }
 }
 
 /// `--cleanup`: removes kube-proxy's iptables chains and jumps (both

@@ -348,3 +348,32 @@ fn a_blank_proxy_mode_falls_back_to_userspace_on_an_old_iptables() {
     let seen = servers_seen(&lab, Proto::Tcp, WEB, 4);
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
+
+/// Switching modes: userspace mode removes what iptables mode left (its
+/// DNATs would catch the Service's traffic first), and iptables mode
+/// removes userspace mode's REDIRECTs.
+#[test]
+fn switching_between_iptables_and_userspace_leaves_no_other_mode_rules() {
+    let Some(lab) = lab_or_skip(2, "switching_between_iptables_and_userspace_leaves_no_other_mode_rules") else {
+        return;
+    };
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("mode-switch");
+    write_web(&manifests, &ips);
+    for (i, mode) in ["iptables", "userspace", "iptables"].into_iter().enumerate() {
+        let args = kpx_args(&manifests, &["--proxy-mode", mode]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join(format!("kpx-{i}.log"))).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let rules = kernel_rules(&lab);
+        let (mine, other) = match mode {
+            "userspace" => ("KUBE-PORTALS-CONTAINER", "KUBE-SVC-"),
+            _ => ("KUBE-SVC-", "KUBE-PORTALS-"),
+        };
+        assert!(rules.contains(mine), "{mode}: {rules}");
+        assert!(!rules.contains(other), "{mode} left the other mode's {other} chains:\n{rules}");
+        let (_, seen_from) = answer(request(&lab, Proto::Tcp, WEB));
+        assert!(!seen_from.is_empty(), "{mode}: the Service answers");
+        // SIGKILL: the rules stay for the next start to find.
+        drop(kpx);
+    }
+}

@@ -12,7 +12,9 @@ mod tests;
 use std::collections::BTreeSet;
 
 use kpx_rules::model::{IpFamily, Settings};
-use kpx_rules::ops::iptables::{Hook, Rule, Ruleset, Table, is_host_chain, own_chain_name_problem};
+use kpx_rules::ops::iptables::{
+    Hook, Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem,
+};
 
 use super::{Cause, Exec, Result, SyncError, Written};
 use crate::validate::iptables::{Checked, Context, Model, check};
@@ -102,10 +104,35 @@ impl IptablesKernel {
     /// kube-proxy (and kpx) create. Chains of other software are left
     /// alone. Returns the chains removed.
     pub fn cleanup(&self) -> Result<usize> {
+        let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps());
+        let ours = |chain: &str| own_chain_name_problem(chain).is_none() || is_host_chain(chain);
+        self.remove(jumps.chain(crate::userspace::rules::jumps()).collect(), ours)
+    }
+
+    /// At the start of userspace mode: what the iptables and ipvs modes
+    /// left (upstream cleans the other modes' leftovers too); userspace
+    /// mode's own chains stay.
+    pub fn remove_rule_modes(&self) -> Result<usize> {
+        let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps()).collect();
+        let userspace = |c: &str| USERSPACE_HOST_CHAINS.iter().any(|(_, u)| *u == c);
+        self.remove(jumps, |c| own_chain_name_problem(c).is_none() || (is_host_chain(c) && !userspace(c)))
+    }
+
+    /// At the start of the other modes: what userspace mode left.
+    pub fn remove_userspace(&self) -> Result<usize> {
+        self.remove(crate::userspace::rules::jumps(), |c| USERSPACE_HOST_CHAINS.iter().any(|(_, u)| *u == c))
+    }
+
+    /// Unlinks `jumps` and deletes the chains `ours` names, when the
+    /// kernel has any of them (a jump cannot outlive its chain).
+    fn remove(&self, jumps: Vec<Rule>, ours: impl Fn(&str) -> bool) -> Result<usize> {
         let iptables = self.tool("iptables");
         let d = Dialect { family: self.family, masquerade_mark: 1 << 14 };
-        let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps());
-        for jump in jumps.chain(crate::userspace::rules::jumps()) {
+        let dump = self.dump(d)?;
+        if !Table::ALL.into_iter().any(|t| dump.chains(t).any(|c| ours(c))) {
+            return Ok(0);
+        }
+        for jump in jumps {
             let spec = rule_args(&jump, d);
             let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-D", &jump.chain];
             args.extend(spec.iter().map(String::as_str));
@@ -116,12 +143,10 @@ impl IptablesKernel {
                 }
             }
         }
-        let dump = self.dump(d)?;
-        let ours = |_: Table, chain: &str| own_chain_name_problem(chain).is_none() || is_host_chain(chain);
         let mut removed = 0;
         let mut text = String::new();
         for table in Table::ALL {
-            let mine: Vec<&String> = dump.chains(table).filter(|c| ours(table, c)).collect();
+            let mine: Vec<&String> = dump.chains(table).filter(|c| ours(c)).collect();
             if mine.is_empty() {
                 continue;
             }
