@@ -138,7 +138,9 @@ fn iptables_version(text: &str) -> Option<(u32, u32, u32)> {
 /// `route_localnet`), then userspace. The mode and why.
 pub fn default_mode(iptables: Result<String, String>, route_localnet: bool) -> (ProxyMode, String) {
     let version = match iptables {
-        Err(e) => return (ProxyMode::Userspace, format!("cannot run iptables --version ({e})")),
+        // userspace mode writes iptables rules too: without the tool, the
+        // best mode available is nftables (nf_tables over netlink).
+        Err(e) => return (ProxyMode::Nftables, format!("cannot run iptables --version ({e}); nftables needs no tool")),
         Ok(text) => iptables_version(&text),
     };
     match version {
@@ -205,7 +207,8 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         }
     }
     init(&config);
-    remove_other_modes(config.mode);
+    remove_other_modes(config.mode, config.masquerade_bit);
+    raise_open_files_limit();
     let plugin_runtime = plugin_runtime(&config)?;
     let schedulers = load_schedulers(&plugin_runtime)?;
     let config = Arc::new(config);
@@ -338,7 +341,15 @@ fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
 /// (as upstream does): userspace mode removes the rule modes' chains, the
 /// nftables table and IPVS virtual servers; the others remove userspace
 /// mode's chains. Failures are logged: the mode's own sync goes on.
-fn remove_other_modes(mode: ProxyMode) {
+fn remove_other_modes(mode: ProxyMode, masquerade_bit: u8) {
+    if mode == ProxyMode::Userspace {
+        // IPVS virtual servers and kube-ipvs0 would keep answering (and
+        // make the Service addresses local); then upstream's ipsets.
+        match crate::kernel::ipvs::dataplane::cleanup(&[], 1 << masquerade_bit) {
+            Ok(0) | Err(_) => {}
+            Ok(n) => tracing::info!(services = n, "removed ipvs mode's virtual servers and kube-ipvs0"),
+        }
+    }
     for family in families() {
         let kernel = IptablesKernel::new(family, Box::new(SystemExec::default()));
         let removed = if mode == ProxyMode::Userspace { kernel.remove_rule_modes() } else { kernel.remove_userspace() };
@@ -354,6 +365,24 @@ fn remove_other_modes(mode: ProxyMode) {
         {
             tracing::info!(%family, "removed nftables mode's table kube-proxy");
         }
+    }
+    if mode == ProxyMode::Userspace
+        && let Ok(n @ 1..) = crate::kernel::ipvs::sets::cleanup(&SystemExec::default())
+    {
+        tracing::info!(sets = n, "removed ipvs mode's ipsets");
+    }
+}
+
+/// Raises the open-files limit to its hard limit, as Go programs
+/// (upstream's kube-proxy) do at start: a relayed connection takes six
+/// descriptors (two sockets, two pipes).
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!("cannot raise the open-files limit from {soft} to {hard}: {e}");
     }
 }
 
@@ -404,7 +433,7 @@ mod tests {
         let (mode, why) = default_mode(ok("iptables v1.8.7 (legacy)"), false);
         assert_eq!((mode, why.as_str()), (ProxyMode::Userspace, "the kernel has no net.ipv4.conf.all.route_localnet"));
         let (mode, why) = default_mode(Err("cannot run iptables: No such file".into()), true);
-        assert_eq!(mode, ProxyMode::Userspace);
+        assert_eq!(mode, ProxyMode::Nftables);
         assert!(why.contains("No such file"), "{why}");
         assert_eq!(default_mode(ok("something else"), true).0, ProxyMode::Userspace);
     }

@@ -76,6 +76,14 @@ fn userspace_mode_relays_tcp_and_udp_through_host_owned_redirects() {
         .unwrap_or_else(|| panic!("no portal rule:\n{rules}"));
     let port: u16 = redirect.rsplit(' ').next().unwrap().parse().unwrap();
     assert!((36000..=36099).contains(&port), "{redirect}");
+    // The listener itself is not a way in: reached directly, it would
+    // serve a ClusterIP Service from outside the cluster.
+    let direct = Request {
+        to: format!("{}:{port}", kpx_netlab::node::NODE_IP).parse().unwrap(),
+        from: None,
+        timeout: Duration::from_millis(700),
+    };
+    assert_eq!(direct.tcp(&lab.client), Reply::Timeout, "the listener port answered directly");
     assert!(
         rules.lines().any(|l| l.starts_with("-A PREROUTING") && l.ends_with("-j KUBE-PORTALS-CONTAINER")),
         "{rules}"

@@ -15,6 +15,12 @@ use kpx_rules::model::{SchedulerChoice, ServicePort, TrafficPolicy};
 use super::tcp::Chooser;
 use crate::runtime::{PickRequest, PickSetup, SchedulerInstance, SchedulerPlugin};
 
+/// How long a service port stays on round robin after its scheduler failed.
+pub const BACKOFF: Duration = Duration::from_secs(10);
+/// ClientIP affinity records kept per service port at most (expired ones
+/// are swept first; past it, a new client is not recorded).
+const MAX_STICKY: usize = 65_536;
+
 /// upstream's userspace proxier: round robin unless the Service says otherwise.
 pub const DEFAULT_SCHEDULER: &str = "rr";
 /// The default for endpoints with weights (`kpx.dev/weights`).
@@ -68,7 +74,10 @@ impl Picker {
                         slot.instance = Some(instance);
                         slot.prepared.clear();
                     }
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => {
+                        tracing::debug!("scheduler component {}: {e}", plugin.name());
+                        continue;
+                    }
                 }
             }
             let Some(instance) = slot.instance.as_mut() else { continue };
@@ -146,6 +155,10 @@ struct Inner {
     warned: Option<String>,
     /// Round robin's turn when the scheduler fails.
     turn: usize,
+    /// After a scheduler failure, round robin until then: a failing (or
+    /// hostile) component is asked again once per [`BACKOFF`], not per
+    /// connection.
+    fallback_until: Option<Instant>,
     random: u32,
     /// Bumped at every update: the component sets the sides up again.
     generation: u64,
@@ -199,6 +212,7 @@ impl Balancer {
             sticky: HashMap::new(),
             warned: None,
             turn: 0,
+            fallback_until: None,
             random: seed | 1,
             generation: 0,
         };
@@ -214,21 +228,26 @@ impl Balancer {
     pub fn update(&self, port: &ServicePort) {
         let mut inner = self.inner.lock().expect("balancer");
         inner.generation += 1;
+        inner.fallback_until = None;
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
         inner.choice = port.scheduler.clone().unwrap_or_else(|| SchedulerChoice {
             name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
             parameters: Vec::new(),
         });
         inner.destination = port.cluster_ip.unwrap_or(inner.destination);
-        inner.internal = side_of(port, port.internal_traffic_policy, port.key.clone());
-        let mut external = side_of(port, port.external_traffic_policy, port.key.clone());
-        let mut cluster = side_of(port, TrafficPolicy::Cluster, port.key.clone());
+        // Both families' ports share the component (and a key): each keeps
+        // its own state.
+        let v6 = port.cluster_ip.or(port.endpoints.first().map(|e| e.ip)).is_some_and(|ip| ip.is_ipv6());
+        let key = if v6 { format!("{} (IPv6)", port.key) } else { port.key.clone() };
+        inner.internal = side_of(port, port.internal_traffic_policy, key.clone());
+        let mut external = side_of(port, port.external_traffic_policy, key.clone());
+        let mut cluster = side_of(port, TrafficPolicy::Cluster, key.clone());
         // Another candidate list: the scheduler keeps its turn apart.
         if external.endpoints != inner.internal.endpoints {
-            external.service = format!("{} (external)", port.key);
+            external.service = format!("{key} (external)");
         }
         if cluster.endpoints != inner.internal.endpoints {
-            cluster.service = format!("{} (cluster)", port.key);
+            cluster.service = format!("{key} (cluster)");
         }
         inner.external = external;
         inner.cluster = cluster;
@@ -307,14 +326,22 @@ impl Balancer {
             weights: &candidates.weights,
         };
         let request = PickRequest { client: client.ip(), active: &active, failed: &failed_at, random: r };
-        let picked = match self.picker.pick(self.ids[side as usize], inner.generation, &setup, &request) {
+        let asked = match inner.fallback_until {
+            Some(until) if now < until => Err(None),
+            _ => self.picker.pick(self.ids[side as usize], inner.generation, &setup, &request).map_err(Some),
+        };
+        let picked = match asked {
             Ok(Some(i)) => Some(addr(&candidates.endpoints[i as usize])),
             Ok(None) => None,
             Err(why) => {
-                let message = format!("scheduler {}: {why}; round robin instead", inner.choice.name);
-                if inner.warned.as_ref() != Some(&message) {
-                    tracing::warn!(service = %self.key, "{message}");
-                    inner.warned = Some(message);
+                if let Some(why) = why {
+                    inner.fallback_until = Some(now + BACKOFF);
+                    let message =
+                        format!("scheduler {}: {why}; round robin for {} s", inner.choice.name, BACKOFF.as_secs());
+                    if inner.warned.as_ref() != Some(&message) {
+                        tracing::warn!(service = %self.key, "{message}");
+                        inner.warned = Some(message);
+                    }
                 }
                 let n = candidates.endpoints.len();
                 let open: Vec<SocketAddr> =
@@ -325,8 +352,13 @@ impl Balancer {
             }
         };
         let endpoint = picked?;
-        if inner.affinity.is_some() {
-            inner.sticky.insert(client.ip(), (endpoint, now));
+        if let Some(timeout) = inner.affinity {
+            if inner.sticky.len() >= MAX_STICKY {
+                inner.sticky.retain(|_, (_, last)| now.duration_since(*last) < timeout);
+            }
+            if inner.sticky.len() < MAX_STICKY {
+                inner.sticky.insert(client.ip(), (endpoint, now));
+            }
         }
         *inner.active.entry(endpoint).or_default() += 1;
         Some(endpoint)

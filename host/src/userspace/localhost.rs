@@ -69,8 +69,10 @@ impl LocalhostNodePorts {
         for (key, port) in wanted {
             match self.served.get_mut(&key) {
                 Some(s) if s.port.node_port == port.node_port => {
-                    s.balancer.update(&port);
-                    s.port = port;
+                    if s.port != port {
+                        s.balancer.update(&port);
+                        s.port = port;
+                    }
                 }
                 _ => {
                     let balancer = Arc::new(Balancer::new(&port, Arc::clone(&self.picker)));

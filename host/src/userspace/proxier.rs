@@ -69,6 +69,9 @@ pub struct UserspaceProxier {
     settings: Settings,
     /// SCTP service ports already logged as not served.
     sctp: BTreeSet<String>,
+    /// Listeners the rules may still send traffic to: closed once a write
+    /// without them has succeeded.
+    closing: Vec<Listener>,
     need_full: bool,
 }
 
@@ -92,6 +95,7 @@ impl UserspaceProxier {
             node: Node::default(),
             settings: Settings::new(family, kpx_rules::model::ProxyMode::Userspace),
             sctp: BTreeSet::new(),
+            closing: Vec::new(),
             need_full: true,
         }
     }
@@ -107,7 +111,7 @@ impl UserspaceProxier {
 
     /// Brings one Service's ports up to date; the keys no longer there are
     /// returned (closed after the rules stop sending traffic to them).
-    fn update_service(&mut self, state: &State, name: &ServiceName, gone: &mut Vec<Served>) -> usize {
+    fn update_service(&mut self, state: &State, name: &ServiceName) -> usize {
         let ports: Vec<ServicePort> = state
             .service_ports(self.family, name)
             .into_iter()
@@ -126,7 +130,7 @@ impl UserspaceProxier {
             if !ports.iter().any(|p| p.key == key)
                 && let Some(served) = self.served.remove(&key)
             {
-                gone.push(served);
+                self.closing.extend(served.listeners.into_iter().flatten());
                 changed += 1;
             }
         }
@@ -146,7 +150,7 @@ impl UserspaceProxier {
                     let balancer = Arc::new(Balancer::new(&port, Arc::clone(&self.picker)));
                     let served = Served { port, balancer, listeners: [None, None, None] };
                     if let Some(old) = self.served.insert(served.port.key.clone(), served) {
-                        gone.push(old);
+                        self.closing.extend(old.listeners.into_iter().flatten());
                     }
                     changed += 1;
                 }
@@ -166,7 +170,7 @@ impl UserspaceProxier {
                 let wanted = served.wants(side);
                 let slot = &mut served.listeners[side as usize];
                 if !wanted {
-                    *slot = None;
+                    self.closing.extend(slot.take());
                     continue;
                 }
                 if slot.is_some() {
@@ -188,7 +192,6 @@ impl UserspaceProxier {
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
         let full = full || self.need_full;
         let t = Instant::now();
-        let mut gone = Vec::new();
         let mut changed = 0;
         if full {
             let names: Vec<ServiceName> = state
@@ -199,7 +202,7 @@ impl UserspaceProxier {
                 .into_iter()
                 .collect();
             for name in &names {
-                changed += self.update_service(state, name, &mut gone);
+                changed += self.update_service(state, name);
             }
             if !self.config.nodeport_addresses.cidrs.is_empty() {
                 match interfaces::local_addresses() {
@@ -209,7 +212,7 @@ impl UserspaceProxier {
             }
         } else {
             for name in changes.services.keys() {
-                changed += self.update_service(state, name, &mut gone);
+                changed += self.update_service(state, name);
             }
         }
         if full || changes.node {
@@ -241,7 +244,7 @@ impl UserspaceProxier {
             return Err(Error::Sync { family: self.family, source: SyncError::Kernel(e) });
         }
         // The rules no longer send anything to these.
-        drop(gone);
+        self.closing.clear();
         self.need_full = false;
         let nat = frame.rules.iter().filter(|r| r.table == Table::Nat).count();
         Ok(Report {

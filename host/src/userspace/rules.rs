@@ -148,7 +148,8 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
             }
         }
         for (matches, [container, host], ranges) in external {
-            let restricted = ranges.iter().any(Option::is_some);
+            // Source ranges of the other family only: nobody is let through.
+            let restricted = ranges.iter().any(Option::is_some) || ranges.is_empty();
             for range in &ranges {
                 let mut m = matches.clone();
                 if let Some(cidr) = range {
@@ -180,16 +181,20 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
                 rules.push(Rule::chain(Filter, REJECT).with_all(m).target(target));
             }
         }
-        // The listeners take what was redirected to them.
+        // The listeners take what was redirected to them, and nothing else:
+        // reached directly, a listener would serve a ClusterIP-only
+        // Service from outside, past source ranges and Local policies.
         for listener in [p.internal, p.external, p.cluster].into_iter().flatten() {
-            rules.push(
-                Rule::chain(Filter, NON_LOCAL)
-                    .with(Match::comment(port.key.clone()))
-                    .with(Match::Protocol(port.protocol))
-                    .with(Match::Conntrack { negate: false, states: CtStates::DNAT })
-                    .with(Match::DestinationPort(listener))
-                    .target(Target::Accept),
-            );
+            for (negate, target) in [(false, Target::Accept), (true, Target::Drop)] {
+                rules.push(
+                    Rule::chain(Filter, NON_LOCAL)
+                        .with(Match::comment(port.key.clone()))
+                        .with(Match::Protocol(port.protocol))
+                        .with(Match::Conntrack { negate, states: CtStates::DNAT })
+                        .with(Match::DestinationPort(listener))
+                        .target(target),
+                );
+            }
         }
     }
     Frame { chains: USERSPACE_HOST_CHAINS.to_vec(), rules, trailing: Vec::new(), jumps: jumps() }
@@ -234,6 +239,9 @@ mod tests {
         let want = [
             "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack --ctstate DNAT -m tcp --dport 36001 -j ACCEPT",
             "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack --ctstate DNAT -m tcp --dport 36002 -j ACCEPT",
+            // Reached directly (not redirected), a listener takes nothing.
+            "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack ! --ctstate DNAT -m tcp --dport 36001 -j DROP",
+            "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack ! --ctstate DNAT -m tcp --dport 36002 -j DROP",
             "-A KUBE-PORTALS-CONTAINER -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",
             "-A KUBE-PORTALS-HOST -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",
             "-A KUBE-PORTALS-CONTAINER -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
@@ -296,5 +304,16 @@ mod tests {
             assert!(got.contains(&want.to_string()), "{want}\n{got:#?}");
         }
         assert_eq!(got.iter().filter(|l| l.contains("REDIRECT")).count(), 2, "{got:#?}");
+    }
+
+    #[test]
+    fn source_ranges_of_the_other_family_only_let_nobody_through() {
+        let mut port = ServicePort::new("ns1", "lb", "", Protocol::Tcp, 80)
+            .with_cluster_endpoints(vec![Endpoint::ready("10.180.0.1".parse().unwrap(), 8080)]);
+        port.load_balancer_ips = vec!["198.51.100.7".parse().unwrap()];
+        port.load_balancer_source_ranges = vec!["2001:db8::/64".parse().unwrap()];
+        let got = lines(&[Portal { port: &port, internal: None, external: Some(36002), cluster: None }], &settings());
+        assert!(!got.iter().any(|l| l.contains("REDIRECT")), "{got:#?}");
+        assert!(got.contains(&"-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p tcp -m comment --comment \"ns1/lb\" -m tcp --dport 80 -j DROP".to_string()), "{got:#?}");
     }
 }

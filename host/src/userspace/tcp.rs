@@ -22,9 +22,11 @@ pub const DIAL_TIMEOUTS: [Duration; 4] =
 /// connection and direction in kpx.
 pub const BUFFER: usize = 64 * 1024;
 
-/// What a direction's pipe holds at most (splice moves page references:
-/// the bytes stay in the kernel).
+/// What a direction's pipe holds at most while fewer than [`LARGE_PIPES`]
+/// relays are open (splice moves page references: the bytes stay in the
+/// kernel); the kernel's 64 KiB past that.
 pub const PIPE: usize = 1024 * 1024;
+pub const LARGE_PIPES: usize = 256;
 
 /// Who picks the endpoint of a new connection.
 pub trait Chooser: Send + Sync {
@@ -88,28 +90,30 @@ pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStrea
 /// them (splice through a pipe per direction, never copied into kpx);
 /// where no pipe can be had (out of file descriptors), kpx copies them
 /// through its buffers.
-pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream) -> io::Result<(u64, u64)> {
+pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream, pipe: usize) -> io::Result<(u64, u64)> {
     let _ = client.set_nodelay(true);
     let _ = endpoint.set_nodelay(true);
     let flags = nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC;
     match (nix::unistd::pipe2(flags), nix::unistd::pipe2(flags)) {
         (Ok(up), Ok(down)) => {
-            for (_, pipe_in) in [&up, &down] {
+            for (_, pipe_in) in [&up, &down].into_iter().filter(|_| pipe > 0) {
                 // Fewer, larger moves; a pipe that stays smaller is fine.
-                let _ = nix::fcntl::fcntl(pipe_in, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE as i32));
+                let _ = nix::fcntl::fcntl(pipe_in, nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe as i32));
             }
-            tokio::try_join!(splice_one_way(&client, &endpoint, up), splice_one_way(&endpoint, &client, down))
+            let len = pipe.max(BUFFER);
+            tokio::try_join!(splice_one_way(&client, &endpoint, up, len), splice_one_way(&endpoint, &client, down, len))
         }
         _ => tokio::io::copy_bidirectional_with_sizes(&mut client, &mut endpoint, BUFFER, BUFFER).await,
     }
 }
 
 /// `from`'s bytes into `to` through `pipe`, until `from` ends its writing,
-/// which is then passed on. At most [`PIPE`] bytes are in the pipe.
+/// which is then passed on. At most `len` bytes are in the pipe.
 async fn splice_one_way(
     from: &TcpStream,
     to: &TcpStream,
     (pipe_out, pipe_in): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    len: usize,
 ) -> io::Result<u64> {
     use nix::fcntl::{SpliceFFlags, splice};
     use tokio::io::Interest;
@@ -119,7 +123,7 @@ async fn splice_one_way(
         // The pipe is empty here: EAGAIN can only be the socket's.
         let n = loop {
             from.readable().await?;
-            match from.try_io(Interest::READABLE, || Ok(splice(from, None, &pipe_in, None, PIPE, flags)?)) {
+            match from.try_io(Interest::READABLE, || Ok(splice(from, None, &pipe_in, None, len, flags)?)) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
@@ -149,8 +153,6 @@ async fn splice_one_way(
 /// pause, as upstream does: the port stays served.
 pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>, limit: Arc<tokio::sync::Semaphore>) {
     loop {
-        // At the cap, new connections wait in the kernel's backlog.
-        let Ok(permit) = Arc::clone(&limit).acquire_owned().await else { return };
         let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -159,13 +161,20 @@ pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>, limit: Arc<
                 continue;
             }
         };
+        // At the cap, this port stops accepting until a relay ends (new
+        // connections wait in the kernel's backlog); an idle port holds
+        // no permit.
+        let Ok(permit) = Arc::clone(&limit).acquire_owned().await else { return };
+        // Large pipes while few relays are open; the kernel's default
+        // (64 KiB) past that, bounding what slow readers can pin.
+        let pipe = if limit.available_permits() + LARGE_PIPES >= super::MAX_RELAYS { PIPE } else { 0 };
         let chooser = Arc::clone(&chooser);
         tokio::spawn(async move {
             let _permit = permit;
             match dial(chooser.as_ref(), peer).await {
                 Ok((endpoint, to)) => {
                     let _placed = Placed { chooser: Arc::clone(&chooser), endpoint: to };
-                    let _ = relay(client, endpoint).await;
+                    let _ = relay(client, endpoint, pipe).await;
                 }
                 Err(e) => tracing::debug!("userspace: {e}"),
             }

@@ -61,6 +61,7 @@ pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration,
                     Ok(s) => Arc::new(s),
                     Err(e) => {
                         tracing::warn!("userspace: a session socket for {client} to {to}: {e}");
+                        chooser.release(to);
                         continue;
                     }
                 };
