@@ -385,3 +385,51 @@ fn switching_between_iptables_and_userspace_leaves_no_other_mode_rules() {
         drop(kpx);
     }
 }
+
+/// kpx killed and started again: it listens on the ports its rules
+/// redirected to, so a UDP flow that conntrack already redirects (the
+/// client keeps its socket) is answered again at once, not after
+/// conntrack forgets it.
+#[test]
+fn a_restarted_userspace_kpx_keeps_its_ports_and_udp_flows_go_on() {
+    let Some(lab) = lab_or_skip(2, "a_restarted_userspace_kpx_keeps_its_ports_and_udp_flows_go_on") else {
+        return;
+    };
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (kpx, manifests) = start_in(&lab, "userspace-restart", &["--udp-timeout", "5s"], |m| write_web(m, &ips));
+    let ports = |lab: &NodeLab| -> Vec<String> {
+        kernel_rules(lab).lines().filter(|l| l.contains("REDIRECT")).map(str::to_string).collect()
+    };
+    let before = ports(&lab);
+    let to: std::net::SocketAddr = WEB.parse().unwrap();
+    let socket = lab
+        .client
+        .enter(|| {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+            s
+        })
+        .expect("enter");
+    let ask = || -> Option<String> {
+        socket.send_to(b"who\n", to).ok()?;
+        let mut buf = [0u8; 256];
+        let n = socket.recv(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_string())
+    };
+    assert!(ask().is_some(), "UDP through the relay before the restart");
+    drop(kpx);
+    let args = kpx_args(
+        &manifests,
+        &["--proxy-mode", "userspace", "--proxy-port-range", "36000-36099", "--udp-timeout", "5s"],
+    );
+    let log = manifests.parent().unwrap().join("kpx-2.log");
+    let mut second = lab.start_kpx(KPX.as_ref(), &args, &log).expect("restart kpx");
+    assert!(second.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", second.log());
+    assert_eq!(ports(&lab), before, "the same listener ports after the restart");
+    let t0 = Instant::now();
+    let mut answered = None;
+    while answered.is_none() && t0.elapsed() < Duration::from_secs(3) {
+        answered = ask();
+    }
+    assert!(answered.is_some(), "the client's UDP flow was not answered within 3 s of the restart\n{}", second.log());
+}

@@ -85,16 +85,25 @@ fn bind(address: IpAddr, protocol: Protocol, range: Option<(u16, u16)>) -> Resul
     Err(Error::RangeFull { protocol, first, last })
 }
 
-/// Listens for `protocol` on a port of `range` and relays what arrives
-/// through `chooser`, in `runtime`.
+/// Listens for `protocol` on a port of `range` (`preferred` first, when
+/// it is in the range and free) and relays what arrives through
+/// `chooser`, in the relays' runtime.
 pub fn open(
     relays: &Relays,
     family: IpFamily,
     protocol: Protocol,
     range: Option<(u16, u16)>,
+    preferred: Option<u16>,
     chooser: Arc<dyn Chooser>,
 ) -> Result<Listener, Error> {
-    let (s, port) = bind(any(family), protocol, range)?;
+    let in_range = |p: u16| range.is_none_or(|(a, b)| (a..=b).contains(&p));
+    let taken = preferred
+        .filter(|p| *p > 0 && in_range(*p))
+        .and_then(|p| socket(any(family), protocol, p).ok().map(|s| (s, p)));
+    let (s, port) = match taken {
+        Some(taken) => taken,
+        None => bind(any(family), protocol, range)?,
+    };
     serve(relays, s, port, protocol, chooser)
 }
 

@@ -72,6 +72,10 @@ pub struct UserspaceProxier {
     /// Listeners the rules may still send traffic to: closed once a write
     /// without them has succeeded.
     closing: Vec<Listener>,
+    /// The ports the kernel's rules redirected to when kpx started, by
+    /// comment and protocol: taken again where free, so that flows
+    /// conntrack already redirects (UDP) keep reaching a listener.
+    previous: Option<std::collections::HashMap<(String, Protocol), u16>>,
     need_full: bool,
 }
 
@@ -96,6 +100,7 @@ impl UserspaceProxier {
             settings: Settings::new(family, kpx_rules::model::ProxyMode::Userspace),
             sctp: BTreeSet::new(),
             closing: Vec::new(),
+            previous: None,
             need_full: true,
         }
     }
@@ -165,6 +170,10 @@ impl UserspaceProxier {
     /// those it no longer needs.
     fn open_listeners(&mut self) {
         let range = self.config.userspace.port_range;
+        let previous = self.previous.get_or_insert_with(|| {
+            let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
+            self.kernel.dump(d).map(|dump| rules::redirected_ports(&dump)).unwrap_or_default()
+        });
         for served in self.served.values_mut() {
             for side in Side::ALL {
                 let wanted = served.wants(side);
@@ -177,7 +186,8 @@ impl UserspaceProxier {
                     continue;
                 }
                 let chooser = Arc::new(SideChooser { balancer: Arc::clone(&served.balancer), side });
-                match listeners::open(&self.relays, self.family, served.port.protocol, range, chooser) {
+                let preferred = previous.remove(&(rules::comment(&served.port, side), served.port.protocol));
+                match listeners::open(&self.relays, self.family, served.port.protocol, range, preferred, chooser) {
                     Ok(listener) => *slot = Some(listener),
                     Err(e) => {
                         tracing::error!(service = %served.port.key, family = %self.family, "cannot open a listener: {e}")

@@ -13,7 +13,11 @@ use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, ServicePort,
 use kpx_rules::ops::CtStates;
 use kpx_rules::ops::iptables::{AddressMatch, Match, Rule, Table, Target, USERSPACE_HOST_CHAINS};
 
+use std::collections::HashMap;
+
+use super::balancer::Side;
 use crate::kernel::iptables::frame::{Frame, localhost_nodeports};
+use crate::kernel::iptables::parse::Dump;
 
 const CONTAINER: &str = "KUBE-PORTALS-CONTAINER";
 const HOST: &str = "KUBE-PORTALS-HOST";
@@ -58,8 +62,37 @@ pub fn jumps() -> Vec<Rule> {
     ]
 }
 
-fn to(port: &ServicePort, dst: Option<IpAddr>) -> Vec<Match> {
-    let mut m = vec![Match::comment(port.key.clone())];
+/// The comment on a side's rules: the key, and the side unless it is the
+/// cluster IP's (a restarted kpx reads the ports back by it).
+pub fn comment(port: &ServicePort, side: Side) -> String {
+    match side {
+        Side::Internal => port.key.clone(),
+        Side::External => format!("{} external", port.key),
+        Side::Cluster => format!("{} cluster", port.key),
+    }
+}
+
+/// The listener ports the kernel's rules redirect to, by comment and
+/// protocol: what a restarted kpx listens on again, so that connections
+/// conntrack already redirects (UDP flows) keep reaching a listener.
+pub fn redirected_ports(dump: &Dump) -> HashMap<(String, Protocol), u16> {
+    let mut out = HashMap::new();
+    for chain in [CONTAINER, HOST, NODEPORT_CONTAINER, NODEPORT_HOST] {
+        for rule in dump.rules(Table::Nat, chain) {
+            let Target::Redirect(listener) = rule.target else { continue };
+            let comment =
+                rule.matches.iter().find_map(|m| if let Match::Comment(c) = m { Some(c.clone()) } else { None });
+            let protocol = rule.matches.iter().find_map(|m| if let Match::Protocol(p) = m { Some(*p) } else { None });
+            if let (Some(c), Some(p)) = (comment, protocol) {
+                out.insert((c, p), listener);
+            }
+        }
+    }
+    out
+}
+
+fn to(port: &ServicePort, dst: Option<IpAddr>, side: Side) -> Vec<Match> {
+    let mut m = vec![Match::comment(comment(port, side))];
     if let Some(ip) = dst {
         m.push(Match::destination_ip(ip));
     }
@@ -116,10 +149,12 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
         if let Some(ip) = port.cluster_ip {
             match p.internal {
                 Some(listener) => {
-                    rules.push(nat(CONTAINER, &to(port, Some(ip)), listener));
-                    rules.push(nat(HOST, &to(port, Some(ip)), listener));
+                    rules.push(nat(CONTAINER, &to(port, Some(ip), Side::Internal), listener));
+                    rules.push(nat(HOST, &to(port, Some(ip), Side::Internal), listener));
                 }
-                None => rules.push(Rule::chain(Filter, REJECT).with_all(to(port, Some(ip))).target(refusal(port))),
+                None => rules.push(
+                    Rule::chain(Filter, REJECT).with_all(to(port, Some(ip), Side::Internal)).target(refusal(port)),
+                ),
             }
         }
         // The external addresses: external IPs and load-balancer IPs (with
@@ -129,7 +164,7 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
         type Destination<'c> = (Vec<Match>, [&'c str; 2], Vec<Option<Cidr>>);
         let mut external: Vec<Destination> = Vec::new();
         for ip in &port.external_ips {
-            external.push((to(port, Some(*ip)), [CONTAINER, HOST], vec![None]));
+            external.push((to(port, Some(*ip), Side::External), [CONTAINER, HOST], vec![None]));
         }
         for ip in &port.load_balancer_ips {
             let ranges: Vec<Option<Cidr>> = if port.load_balancer_source_ranges.is_empty() {
@@ -138,11 +173,11 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
                 let mine = port.load_balancer_source_ranges.iter().filter(|r| r.family() == IpFamily::of(ip));
                 mine.map(|r| Some(*r)).collect()
             };
-            external.push((to(port, Some(*ip)), [CONTAINER, HOST], ranges));
+            external.push((to(port, Some(*ip), Side::External), [CONTAINER, HOST], ranges));
         }
         if port.node_port != 0 {
             for destination in nodeport_destinations(settings) {
-                let mut matches = to(port, None);
+                let mut matches = to(port, None, Side::External);
                 matches.splice(1..1, destination);
                 external.push((matches, [NODEPORT_CONTAINER, NODEPORT_HOST], vec![None]));
             }
@@ -158,6 +193,8 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
                 // Local policy: the node's own and local pods' traffic goes
                 // to the cluster endpoints.
                 if let Some(listener) = p.cluster {
+                    let mut m = m.clone();
+                    m[0] = Match::comment(comment(port, Side::Cluster));
                     if let Some(local) = &local_pods {
                         let mut pods = m.clone();
                         pods.insert(1, local.clone());
@@ -184,11 +221,13 @@ pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
         // The listeners take what was redirected to them, and nothing else:
         // reached directly, a listener would serve a ClusterIP-only
         // Service from outside, past source ranges and Local policies.
-        for listener in [p.internal, p.external, p.cluster].into_iter().flatten() {
+        for (side, listener) in [(Side::Internal, p.internal), (Side::External, p.external), (Side::Cluster, p.cluster)]
+        {
+            let Some(listener) = listener else { continue };
             for (negate, target) in [(false, Target::Accept), (true, Target::Drop)] {
                 rules.push(
                     Rule::chain(Filter, NON_LOCAL)
-                        .with(Match::comment(port.key.clone()))
+                        .with(Match::comment(comment(port, side)))
                         .with(Match::Protocol(port.protocol))
                         .with(Match::Conntrack { negate, states: CtStates::DNAT })
                         .with(Match::DestinationPort(listener))
@@ -238,24 +277,24 @@ mod tests {
         let got = lines(&[portal], &settings());
         let want = [
             "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack --ctstate DNAT -m tcp --dport 36001 -j ACCEPT",
-            "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack --ctstate DNAT -m tcp --dport 36002 -j ACCEPT",
+            "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80 external\" -m conntrack --ctstate DNAT -m tcp --dport 36002 -j ACCEPT",
             // Reached directly (not redirected), a listener takes nothing.
             "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack ! --ctstate DNAT -m tcp --dport 36001 -j DROP",
-            "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80\" -m conntrack ! --ctstate DNAT -m tcp --dport 36002 -j DROP",
+            "-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns1/web:p80 external\" -m conntrack ! --ctstate DNAT -m tcp --dport 36002 -j DROP",
             "-A KUBE-PORTALS-CONTAINER -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",
             "-A KUBE-PORTALS-HOST -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",
-            "-A KUBE-PORTALS-CONTAINER -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
-            "-A KUBE-PORTALS-HOST -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
+            "-A KUBE-PORTALS-CONTAINER -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80 external\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
+            "-A KUBE-PORTALS-HOST -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/web:p80 external\" -m tcp --dport 80 -j REDIRECT --to-ports 36002",
             // No localhost node ports unless asked for (iptables mode's flag).
-            "-A KUBE-NODEPORT-CONTAINER ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
-            "-A KUBE-NODEPORT-HOST ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
+            "-A KUBE-NODEPORT-CONTAINER ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80 external\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
+            "-A KUBE-NODEPORT-HOST ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80 external\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002",
         ];
         assert_eq!(sorted(got.clone()), sorted(want.iter().map(|s| s.to_string()).collect()), "{got:#?}");
         let mut localhost = settings();
         localhost.localhost_nodeports = true;
         let got =
             lines(&[Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None }], &localhost);
-        assert!(got.contains(&"-A KUBE-NODEPORT-HOST -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002".to_string()), "{got:#?}");
+        assert!(got.contains(&"-A KUBE-NODEPORT-HOST -p tcp -m comment --comment \"ns1/web:p80 external\" -m tcp --dport 30080 -j REDIRECT --to-ports 36002".to_string()), "{got:#?}");
     }
 
     #[test]
@@ -277,9 +316,9 @@ mod tests {
         only.nodeport_addresses = NodePortAddresses::Only(vec!["192.168.0.2/32".parse().unwrap()]);
         let some = lines(&[Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None }], &only);
         for want in [
-            "-A KUBE-PORTALS-CONTAINER -s 203.0.113.0/25 -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 53 -j REDIRECT --to-ports 36002",
-            "-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 53 -j DROP",
-            "-A KUBE-NODEPORT-CONTAINER -d 192.168.0.2/32 -p udp -m comment --comment \"ns1/lb\" -m udp --dport 30053 -j REDIRECT --to-ports 36002",
+            "-A KUBE-PORTALS-CONTAINER -s 203.0.113.0/25 -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb external\" -m udp --dport 53 -j REDIRECT --to-ports 36002",
+            "-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p udp -m comment --comment \"ns1/lb external\" -m udp --dport 53 -j DROP",
+            "-A KUBE-NODEPORT-CONTAINER -d 192.168.0.2/32 -p udp -m comment --comment \"ns1/lb external\" -m udp --dport 30053 -j REDIRECT --to-ports 36002",
         ] {
             assert!(some.contains(&want.to_string()), "{want}\n{some:#?}");
         }
@@ -297,9 +336,9 @@ mod tests {
         // (to the cluster endpoints); everyone else is dropped.
         let got = lines(&[Portal { port: &port, internal: None, external: None, cluster: Some(36003) }], &s);
         for want in [
-            "-A KUBE-PORTALS-CONTAINER -s 10.0.0.0/8 -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc\" -m tcp --dport 80 -j REDIRECT --to-ports 36003",
-            "-A KUBE-PORTALS-HOST -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc\" -m tcp --dport 80 -j REDIRECT --to-ports 36003",
-            "-A KPX-PORTALS-REJECT -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc\" -m tcp --dport 80 -j DROP",
+            "-A KUBE-PORTALS-CONTAINER -s 10.0.0.0/8 -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc cluster\" -m tcp --dport 80 -j REDIRECT --to-ports 36003",
+            "-A KUBE-PORTALS-HOST -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc cluster\" -m tcp --dport 80 -j REDIRECT --to-ports 36003",
+            "-A KPX-PORTALS-REJECT -d 192.0.2.10/32 -p tcp -m comment --comment \"ns1/loc external\" -m tcp --dport 80 -j DROP",
         ] {
             assert!(got.contains(&want.to_string()), "{want}\n{got:#?}");
         }
@@ -314,6 +353,6 @@ mod tests {
         port.load_balancer_source_ranges = vec!["2001:db8::/64".parse().unwrap()];
         let got = lines(&[Portal { port: &port, internal: None, external: Some(36002), cluster: None }], &settings());
         assert!(!got.iter().any(|l| l.contains("REDIRECT")), "{got:#?}");
-        assert!(got.contains(&"-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p tcp -m comment --comment \"ns1/lb\" -m tcp --dport 80 -j DROP".to_string()), "{got:#?}");
+        assert!(got.contains(&"-A KPX-PORTALS-REJECT -d 198.51.100.7/32 -p tcp -m comment --comment \"ns1/lb external\" -m tcp --dport 80 -j DROP".to_string()), "{got:#?}");
     }
 }
