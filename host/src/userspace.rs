@@ -26,8 +26,11 @@ use std::time::Duration;
 /// The most TCP connections and UDP sessions kpx relays at once (all
 /// ports together): past it, listeners stop accepting (the kernel's
 /// backlog holds new connections) and new UDP clients' datagrams are
-/// dropped. Each holds at most two buffers of [`tcp::BUFFER`] (a UDP
-/// session one datagram buffer): about 1 GiB at the cap.
+/// dropped. What a relay can hold in flight: two pipes of
+/// [`tcp::PIPE`] for the first [`tcp::LARGE_PIPES`] relays, of the
+/// kernel's 64 KiB for the others (a UDP session one 64 KiB datagram
+/// buffer): about 2.5 GiB at the cap, reached only by receivers that stop
+/// reading.
 pub const MAX_RELAYS: usize = 16_384;
 
 /// Where the relays run and what bounds them, shared by every listener.

@@ -95,7 +95,7 @@ impl SchedulerInstance {
     /// The id's service port left.
     pub fn forget_picks(&mut self, id: u32) -> Result<()> {
         let s = &mut self.sandbox;
-        s.refuel_with(PICK_FUEL_BASE, PICK_MAX_OUTPUT.min(s.limits.max_output_bytes));
+        s.refuel_with(PICK_FUEL_BASE.min(s.limits.fuel_base), PICK_MAX_OUTPUT.min(s.limits.max_output_bytes));
         let result = self.bindings.forget_picks(&mut s.store, id);
         s.check("forget-picks", result)
     }

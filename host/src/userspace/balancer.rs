@@ -234,7 +234,12 @@ impl Balancer {
             name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
             parameters: Vec::new(),
         });
-        inner.destination = port.cluster_ip.unwrap_or(inner.destination);
+        let unspecified = if port.endpoints.first().is_some_and(|e| e.ip.is_ipv6()) {
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+        };
+        inner.destination = port.cluster_ip.unwrap_or(unspecified);
         // Both families' ports share the component (and a key): each keeps
         // its own state.
         let v6 = port.cluster_ip.or(port.endpoints.first().map(|e| e.ip)).is_some_and(|ip| ip.is_ipv6());

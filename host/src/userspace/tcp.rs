@@ -41,7 +41,7 @@ pub trait Chooser: Send + Sync {
 }
 
 /// Releases a placed connection's endpoint when dropped, however the
-/// connection ends (its task dropped with the port included).
+/// connection ends (an error, a reset, the end of both directions).
 pub(super) struct Placed {
     pub chooser: Arc<dyn Chooser>,
     pub endpoint: SocketAddr,
