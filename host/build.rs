@@ -17,7 +17,7 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("kpx-plugin-schedulers", "schedulers"),
 ];
 /// Plugins built for tests only (loaded from disk with --backend-plugin).
-const TEST_ONLY: &[&str] = &["kpx-plugin-hostile"];
+const TEST_ONLY: &[&str] = &["kpx-plugin-hostile", "kpx-plugin-first"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -64,7 +64,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// then `release`.
 fn pick_cost(scheduler: &'static str, candidates: usize) -> Result<PickCost> {
     let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), None)?;
-    let picker = Arc::new(Picker::new(kpx::app::load_schedulers(&runtime)?));
+    let picker = Arc::new(Picker::new(kpx::app::load_schedulers(&runtime, &[])?));
     let endpoints =
         (0..candidates).map(|i| Endpoint::ready(format!("10.244.{}.{}", i / 250, 1 + i % 250).parse().unwrap(), 8080));
     let mut port =

@@ -69,10 +69,26 @@ pub fn plugin_runtime(config: &Config) -> Result<Runtime, Error> {
     Ok(Runtime::new(config.plugin_limits, Some(config.plugin_cache_dir.clone()))?)
 }
 
-/// The scheduler components: the built-in ones.
-pub fn load_schedulers(runtime: &Runtime) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
+/// The scheduler components: those of `--scheduler-plugin`, in the order
+/// given (a name they share with a later one is theirs), then the
+/// built-in ones. Each is instantiated once here, so that a component
+/// that does not fit, or fails at once, stops kpx with the reason.
+pub fn load_schedulers(
+    runtime: &Runtime,
+    external: &[(String, std::path::PathBuf)],
+) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
+    let mut out = Vec::new();
+    for (name, path) in external {
+        let bytes =
+            std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+        let plugin = runtime.load_scheduler(name, &bytes)?;
+        let names = plugin.instantiate()?.names().to_vec();
+        tracing::info!(plugin = %name, file = %path.display(), "scheduler component: {}", names.join(", "));
+        out.push(Arc::new(plugin));
+    }
     let bytes = runtime::builtin::get("schedulers").expect("the built-in schedulers are embedded");
-    Ok(vec![Arc::new(runtime.load_scheduler("schedulers", bytes)?)])
+    out.push(Arc::new(runtime.load_scheduler("schedulers", bytes)?));
+    Ok(out)
 }
 
 /// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
@@ -206,11 +222,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
             return Err(Error::NoIpset(e.to_string()));
         }
     }
+    // Components that do not fit stop kpx before it touches the kernel.
+    let plugin_runtime = plugin_runtime(&config)?;
+    let schedulers = load_schedulers(&plugin_runtime, &config.scheduler_plugins)?;
     init(&config);
     remove_other_modes(config.mode, config.masquerade_bit);
     raise_open_files_limit();
-    let plugin_runtime = plugin_runtime(&config)?;
-    let schedulers = load_schedulers(&plugin_runtime)?;
     let config = Arc::new(config);
     // userspace mode's relays: a runtime of their own, apart from the
     // sync loop (kept alive by this frame while kpx runs).

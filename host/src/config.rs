@@ -208,6 +208,10 @@ pub struct Flags {
     #[arg(long = "backend-plugin")]
     pub backend_plugin: Option<PathBuf>,
 
+    /// kpx: a scheduler component, NAME=FILE.wasm (repeatable); its schedulers are chosen by the kpx.dev/scheduler annotation and take precedence over built-in ones of the same name.
+    #[arg(long = "scheduler-plugin", action = clap::ArgAction::Append)]
+    pub scheduler_plugin: Vec<String>,
+
     /// kpx: where compiled plugins are cached.
     #[arg(long = "plugin-cache-dir", default_value = "/var/cache/kpx")]
     pub plugin_cache_dir: PathBuf,
@@ -393,6 +397,8 @@ pub struct Config {
     /// ipvs mode's flags.
     pub ipvs: Ipvs,
     pub backend_plugin: Option<PathBuf>,
+    /// `--scheduler-plugin NAME=FILE`, in the order given.
+    pub scheduler_plugins: Vec<(String, PathBuf)>,
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
@@ -626,6 +632,7 @@ impl Flags {
             "logging_format" => self.logging_format = other.logging_format.clone(),
             "manifests" => self.manifests = other.manifests.clone(),
             "backend_plugin" => self.backend_plugin = other.backend_plugin.clone(),
+            "scheduler_plugin" => self.scheduler_plugin = other.scheduler_plugin.clone(),
             "plugin_cache_dir" => self.plugin_cache_dir = other.plugin_cache_dir.clone(),
             "plugin_memory_limit_mib" => self.plugin_memory_limit_mib = other.plugin_memory_limit_mib,
             "plugin_fuel" => self.plugin_fuel = other.plugin_fuel,
@@ -1071,6 +1078,20 @@ impl Flags {
             ("metrics-port", self.metrics_port),
         )?;
         let extra = self.check_compatibility_flags()?;
+        let mut scheduler_plugins: Vec<(String, PathBuf)> = Vec::new();
+        for value in &self.scheduler_plugin {
+            let (name, file) = value
+                .split_once('=')
+                .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+                .ok_or_else(|| invalid("scheduler-plugin", value, "NAME=FILE.wasm"))?;
+            if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') || name.len() > 32 {
+                return Err(invalid("scheduler-plugin", value, "NAME is 1 to 32 of a-z, 0-9 and '-'"));
+            }
+            if scheduler_plugins.iter().any(|(n, _)| n == name) || name == "schedulers" {
+                return Err(invalid("scheduler-plugin", value, format!("the name {name} is taken")));
+            }
+            scheduler_plugins.push((name.to_string(), PathBuf::from(file)));
+        }
         let userspace = Userspace {
             port_range: port_range(&self.proxy_port_range).flatten(),
             udp_timeout: parse_duration(&self.udp_timeout).map_err(|e| invalid("udp-timeout", &self.udp_timeout, e))?,
@@ -1109,6 +1130,7 @@ impl Flags {
             sync_period,
             ipvs,
             backend_plugin: self.backend_plugin,
+            scheduler_plugins,
             plugin_cache_dir: self.plugin_cache_dir,
             plugin_limits: crate::runtime::Limits {
                 memory_bytes: self.plugin_memory_limit_mib << 20,

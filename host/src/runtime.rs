@@ -219,7 +219,11 @@ impl Runtime {
         if found != wit::since_v0_2_0::VERSION {
             return Err(load_err(format!("no scheduler bindings for kpx:proxier {found}")));
         }
-        let pre = wit::since_v0_2_0::SchedulerPre::new(pre).map_err(|e| load_err(format!("{e:#}")))?;
+        let pre = wit::since_v0_2_0::SchedulerPre::new(pre).map_err(|e| {
+            load_err(format!(
+                "not a scheduler component (the scheduler-plugin world exports kpx:proxier/scheduler@{found}): {e:#}"
+            ))
+        })?;
         Ok(SchedulerPlugin {
             name: Arc::from(name),
             engine: self.engine.clone(),

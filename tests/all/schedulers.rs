@@ -477,3 +477,69 @@ fn least_connection_in_ipvs_mode_in_a_real_kernel() {
     let name = "schedulers::least_connection_in_ipvs_mode_in_a_real_kernel";
     crate::ipvs::kpx_where_ipvs_is(name, &[], ipvs_load_scenario);
 }
+
+/// The test-only scheduler component (`plugins/first`), loaded from its file.
+fn first_wasm() -> String {
+    format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"))
+}
+
+/// A scheduler component named with `--scheduler-plugin NAME=FILE` places
+/// the Service's connections (`first`: every one on the first endpoint) in
+/// a rule mode (its plan) and in userspace mode (its pick); without it,
+/// the Service keeps the default and its connections spread.
+#[test]
+fn an_external_scheduler_component_places_connections() {
+    let Some(lab) = lab_or_skip(3, "an_external_scheduler_component_places_connections") else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let plugin = format!("first={}", first_wasm());
+    for (mode, with_plugin) in [("iptables", true), ("userspace", true), ("iptables", false)] {
+        let (dir, manifests) = run_dirs(&format!("external-scheduler-{mode}"));
+        write_service(&manifests, "web", "10.96.0.10", &[("kpx.dev/scheduler", "first")], &eps, &[]);
+        let mut extra = vec!["--proxy-mode", mode];
+        if with_plugin {
+            extra.extend(["--scheduler-plugin", plugin.as_str()]);
+        }
+        let args = kpx_args(&manifests, &extra);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let seen = servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 12);
+        if with_plugin {
+            assert_eq!(seen.len(), 1, "{mode}: every connection on one endpoint: {seen:?}\n{}", kpx.log());
+            assert!(seen.keys().all(|k| k.starts_with("be")), "{seen:?}");
+            assert!(kpx.log().contains("scheduler component: first"), "{}", kpx.log());
+        } else {
+            assert!(seen.len() > 1, "without the component the Service keeps the default: {seen:?}");
+            assert!(kpx.log().contains("no scheduler is named \"first\""), "{}", kpx.log());
+        }
+    }
+}
+
+/// A component that is not a scheduler (here a backend), or a file that
+/// is not there, stops kpx before it touches the kernel, naming what and why.
+#[test]
+fn a_scheduler_plugin_that_does_not_fit_is_refused() {
+    let Some(lab) = lab_or_skip(1, "a_scheduler_plugin_that_does_not_fit_is_refused") else {
+        return;
+    };
+    let hostile = format!("bad={}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    for (value, want) in [
+        (hostile.as_str(), "not a scheduler component"),
+        ("gone=/nonexistent/x.wasm", "cannot read plugin /nonexistent/x.wasm"),
+        ("NoCaps=/x.wasm", "NAME is 1 to 32 of a-z, 0-9 and '-'"),
+    ] {
+        let (dir, manifests) = run_dirs("bad-scheduler");
+        let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--scheduler-plugin", value]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        let t0 = std::time::Instant::now();
+        while kpx.is_running() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!kpx.is_running(), "kpx went on with --scheduler-plugin {value}");
+        let log = kpx.log();
+        assert!(log.contains(want), "--scheduler-plugin {value}: want {want:?} in:\n{log}");
+        assert!(!log.contains("synced rules"), "{log}");
+        assert!(!kernel_rules(&lab).contains("KUBE-"), "kpx wrote rules before refusing");
+    }
+}

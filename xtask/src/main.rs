@@ -32,9 +32,14 @@ fn test(extra: &[String]) -> Result<()> {
     // Plugins are cdylibs for wasm32 only (their export names cannot be
     // linked natively); host/build.rs builds them and the host's tests run them.
     let mut args = vec!["test", "--workspace"];
-    for plugin in
-        ["kpx-plugin-iptables", "kpx-plugin-nftables", "kpx-plugin-ipvs", "kpx-plugin-schedulers", "kpx-plugin-hostile"]
-    {
+    for plugin in [
+        "kpx-plugin-iptables",
+        "kpx-plugin-nftables",
+        "kpx-plugin-ipvs",
+        "kpx-plugin-schedulers",
+        "kpx-plugin-hostile",
+        "kpx-plugin-first",
+    ] {
         args.extend(["--exclude", plugin]);
     }
     args.extend(extra.iter().map(String::as_str));
