@@ -72,9 +72,16 @@ fn userspace_mode_relays_tcp_and_udp_through_host_owned_redirects() {
     let rules = kernel_rules(&lab);
     let redirect = rules
         .lines()
-        .find(|l| l.starts_with("-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp"))
+        .find(|l| l.starts_with("-A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp"))
         .unwrap_or_else(|| panic!("no portal rule:\n{rules}"));
     let port: u16 = redirect.rsplit(' ').next().unwrap().parse().unwrap();
+    // Traffic from elsewhere goes to the same port on a node address.
+    assert!(
+        rules.lines().any(|l| l.starts_with("-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp")
+            && l.ends_with(&format!(":{port}"))
+            && l.contains("-j DNAT --to-destination")),
+        "{rules}"
+    );
     assert!((36000..=36099).contains(&port), "{redirect}");
     // The listener itself is not a way in: reached directly, it would
     // serve a ClusterIP Service from outside the cluster.
@@ -432,4 +439,31 @@ fn a_restarted_userspace_kpx_keeps_its_ports_and_udp_flows_go_on() {
         answered = ask();
     }
     assert!(answered.is_some(), "the client's UDP flow was not answered within 3 s of the restart\n{}", second.log());
+}
+
+/// A pod behind a host-side interface with no IPv4 address (as Calico
+/// wires pods: a /32 route, proxy ARP, a link-local gateway): REDIRECT
+/// would drop its packets (it needs an address on the incoming
+/// interface), so traffic from elsewhere is sent to a node address.
+#[test]
+fn userspace_serves_pods_behind_address_less_interfaces() {
+    let Some(mut lab) = lab_or_skip(2, "userspace_serves_pods_behind_address_less_interfaces") else {
+        return;
+    };
+    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let pod = lab.lab.add("calipod").expect("a pod namespace");
+    let node = &lab.node;
+    node.ip(&["link", "add", "cali0", "type", "veth", "peer", "name", "eth0", "netns", &pod.name]).unwrap();
+    node.ip(&["link", "set", "cali0", "up"]).unwrap();
+    node.exec(&["sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/cali0/proxy_arp"]).unwrap();
+    node.ip(&["route", "add", "192.168.50.2/32", "dev", "cali0"]).unwrap();
+    pod.ip(&["addr", "add", "192.168.50.2/32", "dev", "eth0"]).unwrap();
+    pod.ip(&["link", "set", "eth0", "up"]).unwrap();
+    pod.ip(&["route", "add", "169.254.1.1", "dev", "eth0"]).unwrap();
+    pod.ip(&["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"]).unwrap();
+    assert!(!node.ip(&["-4", "addr", "show", "dev", "cali0"]).unwrap().contains("inet "), "cali0 has no IPv4 address");
+    let kpx = start(&lab, "userspace-calico", &[], |m| write_web(m, &ips));
+    let req = Request { to: WEB.parse().unwrap(), from: None, timeout: Duration::from_secs(1) };
+    let seen: std::collections::BTreeSet<String> = (0..4).map(|_| answer(req.tcp(&pod)).0).collect();
+    assert!(seen.iter().all(|s| s.starts_with("be")), "the pod reached the Service: {seen:?}\n{}", kpx.log());
 }

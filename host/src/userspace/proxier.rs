@@ -67,6 +67,8 @@ pub struct UserspaceProxier {
     /// What the rules read of the node's settings: local traffic
     /// detection, node port addresses, localhost node ports.
     settings: Settings,
+    /// The node address traffic from elsewhere is sent to (DNAT), if any.
+    node_address: Option<IpAddr>,
     /// SCTP service ports already logged as not served.
     sctp: BTreeSet<String>,
     /// Listeners the rules may still send traffic to: closed once a write
@@ -98,6 +100,7 @@ impl UserspaceProxier {
             local_addresses: Vec::new(),
             node: Node::default(),
             settings: Settings::new(family, kpx_rules::model::ProxyMode::Userspace),
+            node_address: None,
             sctp: BTreeSet::new(),
             closing: Vec::new(),
             previous: None,
@@ -214,11 +217,9 @@ impl UserspaceProxier {
             for name in &names {
                 changed += self.update_service(state, name);
             }
-            if !self.config.nodeport_addresses.cidrs.is_empty() {
-                match interfaces::local_addresses() {
-                    Ok(all) => self.local_addresses = all,
-                    Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
-                }
+            match interfaces::local_addresses() {
+                Ok(all) => self.local_addresses = all,
+                Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
             }
         } else {
             for name in changes.services.keys() {
@@ -229,6 +230,12 @@ impl UserspaceProxier {
             self.node = settings::node_for_plugins(&self.config, state.node(self.family), self.family);
         }
         self.settings = settings::settings_for(&self.config, self.family, &self.node, &self.local_addresses);
+        // Where traffic from elsewhere is sent: the node's primary address,
+        // else one of its own (not loopback or link-local), else REDIRECT.
+        let usable = |ip: &IpAddr| IpFamily::of(ip) == self.family && !ip.is_loopback() && !is_link_local(ip);
+        self.node_address = settings::primary_address(&self.config, &self.node, self.family)
+            .filter(|ip| self.local_addresses.contains(ip))
+            .or_else(|| self.local_addresses.iter().copied().find(usable));
         self.open_listeners();
         let portals: Vec<Portal> = self
             .served
@@ -240,7 +247,7 @@ impl UserspaceProxier {
                 cluster: s.portal(Side::Cluster),
             })
             .collect();
-        let frame = rules::frame(&portals, &self.settings);
+        let frame = rules::frame(&portals, &self.settings, self.node_address);
         let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
         let text = payload(&frame, &Default::default(), &[], d);
         let write = || -> crate::kernel::Result<()> {
@@ -265,5 +272,12 @@ impl UserspaceProxier {
             write: t.elapsed(),
             iptables_rules: Some((frame.rules.len() - nat, nat)),
         })
+    }
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
     }
 }

@@ -1,5 +1,6 @@
 //! userspace mode's iptables rules, written by the host alone (no plugin
-//! can express a REDIRECT): upstream's userspace proxier's chains send a
+//! can express a REDIRECT, nor a DNAT to a node address): upstream's
+//! userspace proxier's chains send a
 //! Service's cluster IP, external IPs, load-balancer IPs and node ports to
 //! the port kpx listens on for it; traffic to a service port without
 //! endpoints is refused (kpx's `KPX-PORTALS-REJECT`, as the other modes
@@ -132,12 +133,22 @@ fn nodeport_destinations(settings: &Settings) -> Vec<Vec<Match>> {
 }
 
 /// The rules for these portals: both chains for traffic from elsewhere
-/// (PREROUTING) and from the node itself (OUTPUT).
-pub fn frame(portals: &[Portal], settings: &Settings) -> Frame {
+/// (PREROUTING) and from the node itself (OUTPUT). TCP from elsewhere is
+/// sent to `node:listener` when the node has an address (`node`), as
+/// REDIRECT needs an address on the interface a packet came in through
+/// (a CNI's host-side veths may have none); the node's own traffic, and
+/// UDP (whose replies leave from the address routing picks, which must
+/// be the one the datagram was sent to), are redirected.
+pub fn frame(portals: &[Portal], settings: &Settings, node: Option<IpAddr>) -> Frame {
     use Table::{Filter, Nat};
     let mut rules = Vec::new();
     let nat = |chain: &str, matches: &[Match], listener: u16| {
-        Rule::chain(Nat, chain).with_all(matches.to_vec()).target(Target::Redirect(listener))
+        let tcp = matches.contains(&Match::Protocol(Protocol::Tcp));
+        let target = match node {
+            Some(ip) if tcp && (chain == CONTAINER || chain == NODEPORT_CONTAINER) => Target::Dnat(ip, listener),
+            _ => Target::Redirect(listener),
+        };
+        Rule::chain(Nat, chain).with_all(matches.to_vec()).target(target)
     };
     let local_pods = local_traffic_match(settings, false);
     for p in portals {
@@ -257,7 +268,7 @@ mod tests {
     }
 
     fn lines(portals: &[Portal], settings: &Settings) -> Vec<String> {
-        let text = payload(&frame(portals, settings), &Default::default(), &[], d4());
+        let text = payload(&frame(portals, settings, None), &Default::default(), &[], d4());
         text.lines().filter(|l| l.starts_with("-A")).map(str::to_string).collect()
     }
 
@@ -343,6 +354,24 @@ mod tests {
             assert!(got.contains(&want.to_string()), "{want}\n{got:#?}");
         }
         assert_eq!(got.iter().filter(|l| l.contains("REDIRECT")).count(), 2, "{got:#?}");
+    }
+
+    #[test]
+    fn traffic_from_elsewhere_goes_to_the_node_address_when_there_is_one() {
+        let mut port = ServicePort::new("ns1", "web", "p80", Protocol::Tcp, 80)
+            .with_cluster_endpoints(vec![Endpoint::ready("10.180.0.1".parse().unwrap(), 8080)]);
+        port.cluster_ip = Some("172.30.0.41".parse().unwrap());
+        port.node_port = 30080;
+        let portal = Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None };
+        let frame = frame(&[portal], &settings(), Some("192.168.0.2".parse().unwrap()));
+        let text = payload(&frame, &Default::default(), &[], d4());
+        for want in [
+            "-A KUBE-PORTALS-CONTAINER -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j DNAT --to-destination 192.168.0.2:36001",
+            "-A KUBE-PORTALS-HOST -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",
+            "-A KUBE-NODEPORT-CONTAINER ! -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80 external\" -m tcp --dport 30080 -j DNAT --to-destination 192.168.0.2:36002",
+        ] {
+            assert!(text.lines().any(|l| l == want), "{want}\n{text}");
+        }
     }
 
     #[test]
