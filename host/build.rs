@@ -16,7 +16,8 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("kpx-plugin-ipvs", "ipvs"),
     ("kpx-plugin-schedulers", "schedulers"),
 ];
-/// Plugins built for tests only (loaded from disk with --backend-plugin).
+/// Plugins built for tests only (loaded from disk with --backend-plugin or
+/// --scheduler-plugin).
 const TEST_ONLY: &[&str] = &["kpx-plugin-hostile", "kpx-plugin-first"];
 
 fn main() {

@@ -83,11 +83,18 @@ pub fn load_schedulers(
             std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
         let plugin = runtime.load_scheduler(name, &bytes)?;
         let names = plugin.instantiate()?.names().to_vec();
-        tracing::info!(plugin = %name, file = %path.display(), "scheduler component: {}", names.join(", "));
+        if names.is_empty() || names.len() > 64 || names.iter().any(|n| n.is_empty() || n.len() > 64) {
+            return Err(Error::Plugin(runtime::Error::Load {
+                plugin: name.clone(),
+                message: format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()),
+            }));
+        }
+        tracing::info!(plugin = %name, file = %path.display(), "scheduler component: {names:?}");
         out.push(Arc::new(plugin));
     }
-    let bytes = runtime::builtin::get("schedulers").expect("the built-in schedulers are embedded");
-    out.push(Arc::new(runtime.load_scheduler("schedulers", bytes)?));
+    let name = runtime::BUILT_IN_SCHEDULERS;
+    let bytes = runtime::builtin::get(name).expect("the built-in schedulers are embedded");
+    out.push(Arc::new(runtime.load_scheduler(name, bytes)?));
     Ok(out)
 }
 
@@ -225,6 +232,10 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     // Components that do not fit stop kpx before it touches the kernel.
     let plugin_runtime = plugin_runtime(&config)?;
     let schedulers = load_schedulers(&plugin_runtime, &config.scheduler_plugins)?;
+    let backend = match config.mode {
+        ProxyMode::Userspace => None,
+        _ => Some(Arc::new(load_backend_with(&config, &plugin_runtime)?)),
+    };
     init(&config);
     remove_other_modes(config.mode, config.masquerade_bit);
     raise_open_files_limit();
@@ -264,7 +275,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                 .collect()
         }
         _ => {
-            let plugin = Arc::new(load_backend_with(&config, &plugin_runtime)?);
+            let plugin = backend.expect("loaded above in the rule modes");
             tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
             families()
                 .into_iter()

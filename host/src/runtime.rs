@@ -22,6 +22,10 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 pub use scheduler::{SchedulerInstance, SchedulerPlugin};
+
+/// The built-in scheduler component's name (its schedulers are the
+/// defaults a Service that names none gets).
+pub const BUILT_IN_SCHEDULERS: &str = "schedulers";
 pub use version::{SUPPORTED, read_contract_version};
 pub use wit::since_v0_2_0::{PickRequest, PickSetup, ScheduleRequest};
 

@@ -77,7 +77,7 @@ pub fn run(args: &TraceArgs) -> Result<String, Error> {
         )),
         ProxyMode::Userspace => Err(Error::Untraceable(
             "kpx trace follows iptables and nftables rules; in userspace mode kpx relays each connection itself \
-             (the REDIRECT rules: iptables-save -t nat | grep KUBE-PORTALS; the choices: kpx's log)"
+             (its rules: iptables-save -t nat | grep -E 'KUBE-(PORTALS|NODEPORT)'; the choices: kpx's log)"
                 .into(),
         )),
     }

@@ -508,7 +508,7 @@ fn an_external_scheduler_component_places_connections() {
         if with_plugin {
             assert_eq!(seen.len(), 1, "{mode}: every connection on one endpoint: {seen:?}\n{}", kpx.log());
             assert!(seen.keys().all(|k| k.starts_with("be")), "{seen:?}");
-            assert!(kpx.log().contains("scheduler component: first"), "{}", kpx.log());
+            assert!(kpx.log().contains("scheduler component: [\"first\"]"), "{}", kpx.log());
         } else {
             assert!(seen.len() > 1, "without the component the Service keeps the default: {seen:?}");
             assert!(kpx.log().contains("no scheduler is named \"first\""), "{}", kpx.log());

@@ -47,6 +47,8 @@ pub struct Planner {
     /// repeated at every plan (both endpoint sets, every sync, every
     /// re-plan), a new one is, and a plan that succeeds forgets it.
     warned: HashMap<String, String>,
+    /// The port being planned uses the default scheduler (built-in only).
+    built_in_only: bool,
 }
 
 impl Planner {
@@ -61,6 +63,7 @@ impl Planner {
             load: None,
             load_failed: false,
             warned: HashMap::new(),
+            built_in_only: false,
         }
     }
 
@@ -71,6 +74,7 @@ impl Planner {
             return false;
         }
         let Some(choice) = &port.scheduler else { return false };
+        self.built_in_only = false;
         if let Some(&known) = self.uses_load.get(&choice.name) {
             return known;
         }
@@ -122,6 +126,8 @@ impl Planner {
             }
             None => return,
         };
+        // The default comes from the built-in component, whatever others export.
+        self.built_in_only = port.scheduler.is_none();
         let keep = |which: fn(&ServicePort) -> (&Vec<u32>, &Option<Plan>), port: &ServicePort| {
             previous.and_then(|p| {
                 let (candidates, plan) = which(p);
@@ -213,6 +219,9 @@ impl Planner {
                         continue;
                     }
                 }
+            }
+            if self.built_in_only && self.plugins[i].name() != crate::runtime::BUILT_IN_SCHEDULERS {
+                continue;
             }
             if self.instances[i].as_ref().is_some_and(|s| s.names().iter().any(|n| n == name)) {
                 return self.instances[i].as_mut();

@@ -59,15 +59,22 @@ impl Picker {
     /// The scheduler's pick; Err with the reason when no component
     /// implements the name, or it refused, trapped or ran out of fuel (a
     /// trapped instance is replaced at the next pick, and set up again).
+    /// `built_in`: only the built-in component (a Service that names no
+    /// scheduler gets kube-proxy's default, whatever other components
+    /// export).
     pub fn pick(
         &self,
         id: u32,
         generation: u64,
         setup: &PickSetup,
         request: &PickRequest,
+        built_in: bool,
     ) -> Result<Option<u32>, String> {
         let mut slots = self.slots.lock().expect("scheduler instances");
         for (plugin, slot) in self.plugins.iter().zip(slots.iter_mut()) {
+            if built_in && plugin.name() != crate::runtime::BUILT_IN_SCHEDULERS {
+                continue;
+            }
             if slot.instance.is_none() {
                 match plugin.instantiate() {
                     Ok(instance) => {
@@ -142,6 +149,9 @@ struct Candidates {
 
 struct Inner {
     choice: SchedulerChoice,
+    /// The Service names no scheduler: the default, from the built-in
+    /// component.
+    default_choice: bool,
     destination: IpAddr,
     internal: Candidates,
     external: Candidates,
@@ -203,6 +213,7 @@ impl Balancer {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos());
         let inner = Inner {
             choice: SchedulerChoice { name: DEFAULT_SCHEDULER.into(), parameters: Vec::new() },
+            default_choice: true,
             destination: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             internal: Candidates::default(),
             external: Candidates::default(),
@@ -230,6 +241,7 @@ impl Balancer {
         inner.generation += 1;
         inner.fallback_until = None;
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
+        inner.default_choice = port.scheduler.is_none();
         inner.choice = port.scheduler.clone().unwrap_or_else(|| SchedulerChoice {
             name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
             parameters: Vec::new(),
@@ -333,7 +345,10 @@ impl Balancer {
         let request = PickRequest { client: client.ip(), active: &active, failed: &failed_at, random: r };
         let asked = match inner.fallback_until {
             Some(until) if now < until => Err(None),
-            _ => self.picker.pick(self.ids[side as usize], inner.generation, &setup, &request).map_err(Some),
+            _ => self
+                .picker
+                .pick(self.ids[side as usize], inner.generation, &setup, &request, inner.default_choice)
+                .map_err(Some),
         };
         let picked = match asked {
             Ok(Some(i)) => Some(addr(&candidates.endpoints[i as usize])),
@@ -497,6 +512,26 @@ mod tests {
         let empty = Balancer::new(&port(&[]), picker());
         assert!(empty.choose(Side::Internal, client(1), 0, &[]).is_none());
         assert!(!empty.has_candidates(Side::Internal));
+    }
+
+    /// Another component exporting rr is asked only by Services that name
+    /// rr; one that names nothing gets the built-in default.
+    #[test]
+    fn defaults_come_from_the_built_in_component_only() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let bytes = builtin::get("schedulers").unwrap();
+        let external = Arc::new(runtime.load_scheduler("ext", bytes).unwrap());
+        let built_in = Arc::new(runtime.load_scheduler(crate::runtime::BUILT_IN_SCHEDULERS, bytes).unwrap());
+        let picker = Arc::new(Picker::new(vec![external.clone(), built_in.clone()]));
+        let b = Balancer::new(&port(&["10.1.0.1", "10.1.0.2"]), picker.clone());
+        b.choose(Side::Internal, client(1), 0, &[]).unwrap();
+        assert_eq!((external.stats().instances.load(Relaxed), built_in.stats().instances.load(Relaxed)), (0, 1));
+        let mut named = port(&["10.1.0.1", "10.1.0.2"]);
+        named.scheduler = Some(SchedulerChoice { name: "rr".into(), parameters: Vec::new() });
+        let b = Balancer::new(&named, picker);
+        b.choose(Side::Internal, client(1), 0, &[]).unwrap();
+        assert_eq!(external.stats().instances.load(Relaxed), 1, "a Service that names rr gets the first component's");
     }
 
     trait TapAffinity {

@@ -64,18 +64,38 @@ fn socket(address: IpAddr, protocol: Protocol, port: u16) -> std::io::Result<Soc
 }
 
 /// A socket on a free port of `range` (tried from a random place in it),
-/// or on any port the kernel gives when there is no range.
-fn bind(address: IpAddr, protocol: Protocol, range: Option<(u16, u16)>) -> Result<(Socket, u16), Error> {
+/// or on any port the kernel gives when there is no range; never one of
+/// `avoid` (ports other listeners are about to take back).
+fn bind(
+    address: IpAddr,
+    protocol: Protocol,
+    range: Option<(u16, u16)>,
+    avoid: &dyn Fn(u16) -> bool,
+) -> Result<(Socket, u16), Error> {
     let io = |source| Error::Io { protocol, source };
     let Some((first, last)) = range else {
-        let s = socket(address, protocol, 0).map_err(io)?;
-        let port = s.local_addr().map_err(io)?.as_socket().map_or(0, |a| a.port());
-        return Ok((s, port));
+        // Held while another is asked for: the kernel gives each once.
+        let mut held = Vec::new();
+        for _ in 0..64 {
+            let s = socket(address, protocol, 0).map_err(io)?;
+            let port = s.local_addr().map_err(io)?.as_socket().map_or(0, |a| a.port());
+            if !avoid(port) {
+                return Ok((s, port));
+            }
+            held.push(s);
+        }
+        return Err(Error::Io {
+            protocol,
+            source: std::io::Error::other("the kernel kept handing out reserved ports"),
+        });
     };
     let size = u32::from(last - first) + 1;
     let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     for i in 0..size {
         let port = first + ((start.wrapping_add(i)) % size) as u16;
+        if avoid(port) {
+            continue;
+        }
         match socket(address, protocol, port) {
             Ok(s) => return Ok((s, port)),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
@@ -94,6 +114,7 @@ pub fn open(
     protocol: Protocol,
     range: Option<(u16, u16)>,
     preferred: Option<u16>,
+    avoid: &dyn Fn(u16) -> bool,
     chooser: Arc<dyn Chooser>,
 ) -> Result<Listener, Error> {
     let in_range = |p: u16| range.is_none_or(|(a, b)| (a..=b).contains(&p));
@@ -102,7 +123,7 @@ pub fn open(
         .and_then(|p| socket(any(family), protocol, p).ok().map(|s| (s, p)));
     let (s, port) = match taken {
         Some(taken) => taken,
-        None => bind(any(family), protocol, range)?,
+        None => bind(any(family), protocol, range, avoid)?,
     };
     serve(relays, s, port, protocol, chooser)
 }
@@ -145,18 +166,18 @@ mod tests {
     #[test]
     fn ports_come_from_the_range_and_a_full_range_is_named() {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        let (a, pa) = bind(lo, Protocol::Tcp, Some((47011, 47012))).unwrap();
-        let (b, pb) = bind(lo, Protocol::Tcp, Some((47011, 47012))).unwrap();
+        let (a, pa) = bind(lo, Protocol::Tcp, Some((47011, 47012)), &|_| false).unwrap();
+        let (b, pb) = bind(lo, Protocol::Tcp, Some((47011, 47012)), &|_| false).unwrap();
         let mut got = [pa, pb];
         got.sort();
         assert_eq!(got, [47011, 47012]);
-        let err = bind(lo, Protocol::Tcp, Some((47011, 47012))).err().unwrap();
+        let err = bind(lo, Protocol::Tcp, Some((47011, 47012)), &|_| false).err().unwrap();
         assert_eq!(err.to_string(), "no free tcp port in --proxy-port-range 47011-47012");
         // UDP ports are another space.
-        let (_c, pc) = bind(lo, Protocol::Udp, Some((47011, 47011))).unwrap();
+        let (_c, pc) = bind(lo, Protocol::Udp, Some((47011, 47011)), &|_| false).unwrap();
         assert_eq!(pc, 47011);
         drop((a, b));
-        let (_any, p) = bind(lo, Protocol::Tcp, None).unwrap();
+        let (_any, p) = bind(lo, Protocol::Tcp, None, &|_| false).unwrap();
         assert!(p > 0);
     }
 }

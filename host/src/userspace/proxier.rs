@@ -60,8 +60,8 @@ pub struct UserspaceProxier {
     kernel: IptablesKernel,
     served: BTreeMap<String, Served>,
     keys_of: BTreeMap<ServiceName, Vec<String>>,
-    /// The node's interface addresses (read on full syncs when
-    /// --nodeport-addresses selects among them).
+    /// The node's interface addresses, read at every sync (the DNAT target
+    /// and --nodeport-addresses choose among them).
     local_addresses: Vec<IpAddr>,
     node: Node,
     /// What the rules read of the node's settings: local traffic
@@ -173,31 +173,46 @@ impl UserspaceProxier {
     /// those it no longer needs.
     fn open_listeners(&mut self) {
         let range = self.config.userspace.port_range;
-        let previous = self.previous.get_or_insert_with(|| {
+        if self.previous.is_none() {
             let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
-            self.kernel.dump(d).map(|dump| rules::redirected_ports(&dump)).unwrap_or_default()
-        });
-        for served in self.served.values_mut() {
-            for side in Side::ALL {
-                let wanted = served.wants(side);
-                let slot = &mut served.listeners[side as usize];
-                if !wanted {
-                    self.closing.extend(slot.take());
-                    continue;
-                }
-                if slot.is_some() {
-                    continue;
-                }
-                let chooser = Arc::new(SideChooser { balancer: Arc::clone(&served.balancer), side });
-                let preferred = previous.remove(&(rules::comment(&served.port, side), served.port.protocol));
-                match listeners::open(&self.relays, self.family, served.port.protocol, range, preferred, chooser) {
-                    Ok(listener) => *slot = Some(listener),
-                    Err(e) => {
-                        tracing::error!(service = %served.port.key, family = %self.family, "cannot open a listener: {e}")
+            match self.kernel.dump(d) {
+                Ok(dump) => self.previous = Some(rules::redirected_ports(&dump)),
+                // Listeners then take new ports (UDP flows conntrack
+                // redirects elsewhere go unanswered until they expire).
+                Err(e) => tracing::warn!(family = %self.family, "cannot read the ports the rules redirect to: {e}"),
+            }
+        }
+        let mut previous = self.previous.take().unwrap_or_default();
+        // First the sides that take their port back, then the others,
+        // which leave the ports still to be taken back alone.
+        for reclaiming in [true, false] {
+            for served in self.served.values_mut() {
+                for side in Side::ALL {
+                    let wanted = served.wants(side);
+                    let slot = &mut served.listeners[side as usize];
+                    if !wanted {
+                        self.closing.extend(slot.take());
+                        continue;
+                    }
+                    let protocol = served.port.protocol;
+                    let key = (rules::comment(&served.port, side), protocol);
+                    if slot.is_some() || reclaiming != previous.contains_key(&key) {
+                        continue;
+                    }
+                    let preferred = previous.remove(&key);
+                    let reserved = |p: u16| previous.iter().any(|((_, proto), port)| *proto == protocol && *port == p);
+                    let chooser = Arc::new(SideChooser { balancer: Arc::clone(&served.balancer), side });
+                    match listeners::open(&self.relays, self.family, protocol, range, preferred, &reserved, chooser) {
+                        Ok(listener) => *slot = Some(listener),
+                        Err(e) => tracing::error!(
+                            service = %served.port.key, family = %self.family, "cannot open a listener: {e}"
+                        ),
                     }
                 }
             }
         }
+        // The ports of sides that did not come back are free again.
+        self.previous = Some(std::collections::HashMap::new());
     }
 
     /// One sync: the changed Services (every Service on a full one), the
@@ -217,10 +232,6 @@ impl UserspaceProxier {
             for name in &names {
                 changed += self.update_service(state, name);
             }
-            match interfaces::local_addresses() {
-                Ok(all) => self.local_addresses = all,
-                Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
-            }
         } else {
             for name in changes.services.keys() {
                 changed += self.update_service(state, name);
@@ -228,6 +239,12 @@ impl UserspaceProxier {
         }
         if full || changes.node {
             self.node = settings::node_for_plugins(&self.config, state.node(self.family), self.family);
+        }
+        // Every sync (one netlink dump): the DNAT target must be the
+        // node's now.
+        match interfaces::local_addresses() {
+            Ok(all) => self.local_addresses = all,
+            Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
         }
         self.settings = settings::settings_for(&self.config, self.family, &self.node, &self.local_addresses);
         // Where traffic from elsewhere is sent: the node's primary address,

@@ -1,7 +1,8 @@
 //! A test-only scheduler component loaded with `--scheduler-plugin`: its
 //! one scheduler, `first`, sends every connection to the first candidate
-//! (in every mode: a rotation of one in the rule modes, a pick in
-//! userspace mode), the next one when that one failed the connection.
+//! with a weight (a rotation of one in the iptables and nftables modes,
+//! which ipvs mode cannot run; a pick in userspace mode, which skips a
+//! candidate that failed the connection).
 #![forbid(unsafe_code)]
 
 use kpx_rules::plan::Plan;
@@ -22,7 +23,12 @@ impl Scheduler for First {
         if let Some((k, _)) = request.parameters.first() {
             return Err(format!("first takes no parameters (got {k:?})"));
         }
-        Ok(Plan::Sequence(vec![0]))
+        let first = request
+            .candidates
+            .iter()
+            .position(|&i| request.port.endpoints.get(i as usize).is_some_and(|e| e.weight > 0))
+            .ok_or("no candidate has a weight")?;
+        Ok(Plan::Sequence(vec![first as u32]))
     }
 
     fn pick(r: PickRequest) -> Result<Option<u32>, String> {
