@@ -36,6 +36,34 @@ fn start_in(
     (kpx, dir_manifests)
 }
 
+/// One UDP socket in the client namespace (one source port) asking the
+/// Service who answers.
+struct UdpClient {
+    socket: std::net::UdpSocket,
+}
+
+impl UdpClient {
+    fn new(lab: &NodeLab, timeout: Duration) -> UdpClient {
+        let socket = lab
+            .client
+            .enter(move || {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.set_read_timeout(Some(timeout)).unwrap();
+                s
+            })
+            .expect("enter");
+        UdpClient { socket }
+    }
+
+    /// The answering server's name, None without an answer in time.
+    fn ask(&self) -> Option<String> {
+        self.socket.send_to(b"who\n", WEB.parse::<std::net::SocketAddr>().unwrap()).ok()?;
+        let mut buf = [0u8; 256];
+        let n = self.socket.recv(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_string())
+    }
+}
+
 fn answer(reply: Reply) -> (String, String) {
     match reply {
         Reply::Answer { server, seen_from } => (server, seen_from),
@@ -150,21 +178,8 @@ fn userspace_udp_sessions_last_the_udp_timeout() {
     let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
     let kpx = start(&lab, "userspace-udp", &["--udp-timeout", "1s"], |m| write_web(m, &ips));
     // One client socket (one source port) for the whole test.
-    let to: std::net::SocketAddr = WEB.parse().unwrap();
-    let socket = lab
-        .client
-        .enter(|| {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            s
-        })
-        .expect("enter");
-    let ask = || {
-        socket.send_to(b"who\n", to).unwrap();
-        let mut buf = [0u8; 256];
-        let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("no reply: {e}\n{}", kpx.log()));
-        String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_string()
-    };
+    let client = UdpClient::new(&lab, Duration::from_secs(2));
+    let ask = || client.ask().unwrap_or_else(|| panic!("no reply\n{}", kpx.log()));
     let within: Vec<String> = (0..8)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(200));
@@ -408,21 +423,8 @@ fn a_restarted_userspace_kpx_keeps_its_ports_and_udp_flows_go_on() {
         kernel_rules(lab).lines().filter(|l| l.contains("REDIRECT")).map(str::to_string).collect()
     };
     let before = ports(&lab);
-    let to: std::net::SocketAddr = WEB.parse().unwrap();
-    let socket = lab
-        .client
-        .enter(|| {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-            s
-        })
-        .expect("enter");
-    let ask = || -> Option<String> {
-        socket.send_to(b"who\n", to).ok()?;
-        let mut buf = [0u8; 256];
-        let n = socket.recv(&mut buf).ok()?;
-        Some(String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_string())
-    };
+    let client = UdpClient::new(&lab, Duration::from_millis(300));
+    let ask = || client.ask();
     assert!(ask().is_some(), "UDP through the relay before the restart");
     drop(kpx);
     let args = kpx_args(
