@@ -25,6 +25,15 @@ fn unreadable(reason: impl std::fmt::Display) -> Error {
     Error::Unreadable { what: "the node's addresses (rtnetlink)".into(), reason: reason.to_string() }
 }
 
+/// A link-local address (169.254/16, fe80::/10): never a node address
+/// traffic is sent to.
+pub fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    }
+}
+
 /// Addresses on this node's interfaces, in the kernel's order.
 pub fn local_addresses() -> Result<Vec<IpAddr>> {
     Ok(local_addresses_by_interface()?.into_iter().map(|(_, ip)| ip).collect())

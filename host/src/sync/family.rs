@@ -247,7 +247,7 @@ impl FamilyProxier {
                 Ok(addresses) => {
                     self.local_addresses = addresses
                         .into_iter()
-                        .filter(|(index, ip)| Some(*index) != kube_ipvs0 && !(ipvs && is_link_local(ip)))
+                        .filter(|(index, ip)| Some(*index) != kube_ipvs0 && !(ipvs && interfaces::is_link_local(ip)))
                         .map(|(_, ip)| ip)
                         .collect()
                 }
@@ -318,13 +318,6 @@ impl FamilyProxier {
             self.instance = None;
         }
         result
-    }
-}
-
-fn is_link_local(ip: &std::net::IpAddr) -> bool {
-    match ip {
-        std::net::IpAddr::V4(v4) => v4.is_link_local(),
-        std::net::IpAddr::V6(v6) => v6.is_unicast_link_local(),
     }
 }
 

@@ -290,6 +290,7 @@ impl Balancer {
     }
 
     /// Connections and sessions open per endpoint now.
+    #[cfg(test)]
     pub fn active(&self) -> HashMap<SocketAddr, u32> {
         self.inner.lock().expect("balancer").active.clone()
     }

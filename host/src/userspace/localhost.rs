@@ -35,11 +35,6 @@ impl LocalhostNodePorts {
         LocalhostNodePorts { relays, picker, served: BTreeMap::new() }
     }
 
-    /// The node port served on 127.0.0.1 for a service port, if any.
-    pub fn serves(&self, key: &str) -> Option<u16> {
-        self.served.get(key).filter(|s| s.listener.is_some()).map(|s| s.port.node_port)
-    }
-
     /// Follows the changed Services (every Service on a full sync); a
     /// port that cannot be taken (something else listens there) is
     /// logged and tried again at the next sync.

@@ -1,7 +1,7 @@
 //! userspace mode for one IP family: a listener per side of each service
 //! port (its cluster IP; its node port, external IPs and load-balancer
 //! IPs when it has any), a balancer per service port holding its
-//! endpoints, and the host's REDIRECT rules, rewritten whole at each sync
+//! endpoints, and the host's REDIRECT/DNAT rules, rewritten whole at each sync
 //! (a few rules per service port). New listeners are opened before the
 //! rules that send traffic to them, old ones closed after the rules that
 //! did are gone.
@@ -110,11 +110,6 @@ impl UserspaceProxier {
 
     pub fn family(&self) -> IpFamily {
         self.family
-    }
-
-    /// The balancer of a service port (tests, metrics).
-    pub fn balancer(&self, key: &str) -> Option<Arc<Balancer>> {
-        self.served.get(key).map(|s| Arc::clone(&s.balancer))
     }
 
     /// Brings one Service's ports up to date; the keys no longer there are
@@ -249,7 +244,8 @@ impl UserspaceProxier {
         self.settings = settings::settings_for(&self.config, self.family, &self.node, &self.local_addresses);
         // Where traffic from elsewhere is sent: the node's primary address,
         // else one of its own (not loopback or link-local), else REDIRECT.
-        let usable = |ip: &IpAddr| IpFamily::of(ip) == self.family && !ip.is_loopback() && !is_link_local(ip);
+        let usable =
+            |ip: &IpAddr| IpFamily::of(ip) == self.family && !ip.is_loopback() && !interfaces::is_link_local(ip);
         self.node_address = settings::primary_address(&self.config, &self.node, self.family)
             .filter(|ip| self.local_addresses.contains(ip))
             .or_else(|| self.local_addresses.iter().copied().find(usable));
@@ -289,12 +285,5 @@ impl UserspaceProxier {
             write: t.elapsed(),
             iptables_rules: Some((frame.rules.len() - nat, nat)),
         })
-    }
-}
-
-fn is_link_local(ip: &IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => v6.is_unicast_link_local(),
     }
 }
