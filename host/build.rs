@@ -18,7 +18,7 @@ const BUILT_IN: &[(&str, &str)] = &[
 ];
 /// Plugins built for tests only (loaded from disk with --backend-plugin or
 /// --scheduler-plugin).
-const TEST_ONLY: &[&str] = &["kpx-plugin-hostile", "kpx-plugin-first"];
+const TEST_ONLY: &[&str] = &["kpx-plugin-hostile", "kpx-plugin-first", "kpx-plugin-wasi-probe"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

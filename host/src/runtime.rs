@@ -1,7 +1,9 @@
 //! The plugin runtime: one wasmtime [`Engine`], components compiled once
 //! (cached on disk), an `InstancePre` per component and a `Store` per
 //! instance with a memory limit, a fuel budget per call and an output cap.
-//! No WASI is linked: a plugin's only import is `kpx:proxier/log`.
+//! kpx's own components import nothing but `kpx:proxier/log`; components
+//! built for wasm32-wasip2 by other toolchains get a deny-all WASI
+//! ([`wasi`]) on a copy of the linker, and nothing else.
 //!
 //! A trap (including running out of fuel or memory) poisons a Store, so
 //! the caller drops the [`BackendInstance`] and builds a fresh one, to
@@ -10,6 +12,7 @@
 mod cache;
 mod scheduler;
 mod version;
+pub mod wasi;
 pub mod wit;
 
 use std::path::PathBuf;
@@ -119,6 +122,8 @@ pub struct PluginState {
     log_budget: u32,
     /// Whether the current call already said that it drops log lines.
     log_dropping: bool,
+    /// The deny-all WASI's random numbers (seeded alike in every instance).
+    random: u64,
 }
 
 /// Log lines a plugin may write per call; the rest are dropped.
@@ -136,6 +141,10 @@ impl PluginState {
             tracing::warn!(plugin = %self.plugin, "plugin logs too much; dropping its log lines until the next call");
         }
         false
+    }
+
+    fn next_random(&mut self) -> u64 {
+        wasi::splitmix64(&mut self.random)
     }
 
     /// A new call: the budget is full again.
@@ -212,7 +221,15 @@ impl Runtime {
             None => Component::new(&self.engine, bytes),
         }
         .map_err(|e| load_err(format!("{e:#}")))?;
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| load_err(format!("{e:#}")))?;
+        let pre = if wasi::imports_wasi(&self.engine, &component) {
+            tracing::info!(plugin = name, "the component imports WASI: it gets kpx's deny-all WASI");
+            let mut linker = self.linker.clone();
+            wasi::deny_all(&mut linker, &self.engine, &component).map_err(|e| load_err(format!("{e:#}")))?;
+            linker.instantiate_pre(&component)
+        } else {
+            self.linker.instantiate_pre(&component)
+        };
+        let pre = pre.map_err(|e| load_err(format!("{e:#}")))?;
         Ok((found, pre))
     }
 
@@ -309,6 +326,7 @@ impl Sandbox {
                 limits: store_limits,
                 log_budget: LOG_LINES_PER_CALL,
                 log_dropping: false,
+                random: wasi::RANDOM_SEED,
             },
         );
         store.limiter(|s| &mut s.limits);

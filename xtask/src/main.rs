@@ -39,6 +39,7 @@ fn test(extra: &[String]) -> Result<()> {
         "kpx-plugin-schedulers",
         "kpx-plugin-hostile",
         "kpx-plugin-first",
+        "kpx-plugin-wasi-probe",
     ] {
         args.extend(["--exclude", plugin]);
     }

@@ -164,6 +164,63 @@ mod tests {
         i.pick(id, &request).unwrap()
     }
 
+    /// What a pick of the WASI probe's scheduler `name` ends in, in a fresh
+    /// instance (the probe answers through its error, or traps).
+    fn probe(name: &str) -> crate::runtime::Error {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let bytes = std::fs::read(format!("{}/kpx_plugin_wasi_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let plugin = runtime.load_scheduler("wasi-probe", &bytes).unwrap();
+        let mut i = plugin.instantiate().unwrap();
+        assert!(i.names().iter().any(|n| n == name), "{:?}", i.names());
+        let endpoints = [("10.244.1.5".parse().unwrap(), 8080)];
+        let setup = PickSetup {
+            name,
+            parameters: &[],
+            service: "ns/web:http",
+            destination: "10.96.0.10".parse().unwrap(),
+            endpoints: &endpoints,
+            weights: &[1],
+        };
+        i.prepare_picks(1, &setup).unwrap();
+        let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
+        i.pick(1, &request).unwrap_err()
+    }
+
+    /// A component importing WASI 0.2 (as wasm32-wasip2 toolchains build
+    /// them) loads, and gets nothing from outside: no environment, no
+    /// directories, random numbers that are the same in every instance,
+    /// and a trap naming the call for clocks, sockets, stdout and exit.
+    #[test]
+    fn a_wasi_component_gets_deny_all_wasi() {
+        let bytes = std::fs::read(format!("{}/kpx_plugin_wasi_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let component = wasmtime::component::Component::new(&runtime.engine, &bytes).unwrap();
+        assert!(crate::runtime::wasi::imports_wasi(&runtime.engine, &component));
+        let own = wasmtime::component::Component::new(&runtime.engine, builtin::get("schedulers").unwrap()).unwrap();
+        assert!(!crate::runtime::wasi::imports_wasi(&runtime.engine, &own));
+
+        let seen = probe("probe");
+        assert!(matches!(seen, crate::runtime::Error::Failed { .. }), "{seen}");
+        let seen = seen.to_string();
+        eprintln!("deny-all WASI, as the probe saw it: {seen}");
+        assert!(seen.contains("env=0 args=0 cwd=None dirs=0 bytes="), "{seen}");
+        assert!(!seen.contains("bytes=[00, 00, 00, 00, 00, 00, 00, 00]"), "{seen}");
+        assert_eq!(seen, probe("probe").to_string(), "a fresh instance draws the same numbers");
+        for (name, call) in [
+            ("clock", "wasi:clocks/monotonic-clock@0.2"),
+            ("wall-clock", "wasi:clocks/wall-clock@0.2"),
+            ("socket", "wasi:sockets/instance-network@0.2"),
+            ("stdout", "wasi:cli/stdout@0.2"),
+            ("exit", "wasi:cli/exit@0.2"),
+        ] {
+            let err = probe(name);
+            assert!(err.needs_fresh_instance(), "{name}: {err}");
+            let err = err.to_string();
+            eprintln!("{name}: {err}");
+            assert!(err.contains(call) && err.contains("deny-all WASI"), "{name}: {err}");
+        }
+    }
+
     /// The built-in component's per-connection picks (userspace mode):
     /// rr keeps its turn between calls, lc reads the exact counts, failed
     /// candidates are skipped; the cost per pick is printed.

@@ -113,10 +113,11 @@ fn a_fresh_instance_after_a_trap_works() {
 
 #[test]
 fn a_plugin_importing_anything_else_is_not_loaded() {
-    // The same component, its one import renamed to a WASI interface
-    // (every occurrence, so that the binary stays valid).
+    // The same component, its one import renamed to an interface kpx does
+    // not offer (every occurrence, so that the binary stays valid). WASI
+    // imports get the deny-all WASI instead (runtime::wasi).
     let bytes = builtin::get("iptables").unwrap();
-    let (from, to): (&[u8], &[u8]) = (b"kpx:proxier/log@0.2.0", b"wasi:cli/stdout@0.2.0");
+    let (from, to): (&[u8], &[u8]) = (b"kpx:proxier/log@0.2.0", b"evil:cli/stdout@0.2.0");
     let mut wasi = bytes.to_vec();
     let mut n = 0;
     while let Some(at) = wasi.windows(from.len()).position(|w| w == from) {
@@ -124,9 +125,9 @@ fn a_plugin_importing_anything_else_is_not_loaded() {
         n += 1;
     }
     assert!(n > 0, "the log import is named in the component");
-    let err = runtime(Limits::default()).load_backend("wasi", &wasi).err().expect("a WASI import is refused");
+    let err = runtime(Limits::default()).load_backend("evil", &wasi).err().expect("a foreign import is refused");
     assert!(matches!(err, Error::Load { .. }), "{err}");
-    assert!(err.to_string().contains("wasi:cli/stdout@0.2.0"), "the message names the import: {err}");
+    assert!(err.to_string().contains("evil:cli/stdout@0.2.0"), "the message names the import: {err}");
 }
 
 #[test]
@@ -136,6 +137,7 @@ fn log_lines_are_budgeted_per_call_cut_and_kept_on_one_line() {
         limits: StoreLimitsBuilder::new().build(),
         log_budget: LOG_LINES_PER_CALL,
         log_dropping: false,
+        random: wasi::RANDOM_SEED,
     };
     let kept = (0..LOG_LINES_PER_CALL + 50).filter(|_| state.take_log_budget()).count();
     assert_eq!(kept, LOG_LINES_PER_CALL as usize);
