@@ -24,10 +24,11 @@ fn externally_accessible(svc: &ServicePort) -> bool {
     svc.node_port != 0 || !svc.load_balancer_ips.is_empty() || !svc.external_ips.is_empty()
 }
 
-/// upstream's `UsesClusterEndpoints`.
+/// upstream's `UsesClusterEndpoints`: an internal Cluster policy, or any
+/// external access at all (even under an external Local policy, whose
+/// pod and node traffic is short-circuited to the cluster endpoints).
 pub fn uses_cluster_endpoints(svc: &ServicePort) -> bool {
-    svc.internal_traffic_policy == TrafficPolicy::Cluster
-        || (externally_accessible(svc) && svc.external_traffic_policy == TrafficPolicy::Cluster)
+    svc.internal_traffic_policy == TrafficPolicy::Cluster || externally_accessible(svc)
 }
 
 /// upstream's `UsesLocalEndpoints`.

@@ -121,7 +121,10 @@ pub fn write(ctx: &Context, svc: &ServicePort, hash: &str, write_chains: bool, o
     let ext_chain = named("KUBE-EXT-");
     let fw_chain = named("KUBE-FW-");
 
-    let uses_cluster_chain = !cluster_eps.is_empty() && (!itp_local || (externally_accessible && !etp_local));
+    // upstream's usesClusterPolicyChain: cluster endpoints and
+    // UsesClusterEndpoints (an external Local policy still short-circuits
+    // pod and node traffic to them).
+    let uses_cluster_chain = !cluster_eps.is_empty() && (!itp_local || externally_accessible);
     let uses_local_chain = !local_eps.is_empty() && (itp_local || etp_local);
     let internal_chain = if itp_local { &svl_chain } else { &svc_chain };
     let external_policy_chain = if etp_local { &svl_chain } else { &svc_chain };

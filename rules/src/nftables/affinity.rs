@@ -130,7 +130,9 @@ pub fn chains(
     let base = format!("{}/{}/{}/{}", svc.namespace, svc.name, svc.protocol, svc.port_name);
     let cluster = hashed("service-", &base);
     let local = hashed("local-", &base);
-    let endpoint_base = |ep: &Endpoint| format!("{base}__{}/{}", ep.ip, ep.port);
+    // upstream's servicePortEndpointChainNameBase: an IPv6 address's colons,
+    // which nft names cannot hold, become dots.
+    let endpoint_base = |ep: &Endpoint| format!("{base}__{}/{}", ep.ip.to_string().replace(':', "."), ep.port);
     let endpoint_chain = |ep: &Endpoint| hashed("endpoint-", &endpoint_base(ep));
     let affinity_set = |ep: &Endpoint| hashed("affinity-", &endpoint_base(ep));
     let mut o = Objects::default();
