@@ -96,6 +96,26 @@ fn main() {
     embedded.push_str("];\n");
     std::fs::write(out_dir.join("builtin_plugins.rs"), embedded).unwrap();
     println!("cargo:rustc-env=KPX_TEST_PLUGIN_DIR={}", built.display());
+    embed_conformance_cases(&workspace.join("tests").join("cases"), &out_dir);
+}
+
+/// The conformance cases ship inside the binary (`kpx conformance`).
+fn embed_conformance_cases(dir: &Path, out_dir: &Path) {
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut out =
+        String::from("/// The conformance cases: (file name, text).\npub const CASES: &[(&str, &str)] = &[\n");
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        out.push_str(&format!("    ({name:?}, include_str!({:?})),\n", file.display().to_string()));
+    }
+    out.push_str("];\n");
+    std::fs::write(out_dir.join("conformance_cases.rs"), out).unwrap();
 }
 
 fn copy(from: &Path, to: &Path) {

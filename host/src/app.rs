@@ -83,11 +83,8 @@ pub fn load_schedulers(
             std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
         let plugin = runtime.load_scheduler(name, &bytes)?;
         let names = plugin.instantiate()?.names().to_vec();
-        if names.is_empty() || names.len() > 64 || names.iter().any(|n| n.is_empty() || n.len() > 64) {
-            return Err(Error::Plugin(runtime::Error::Load {
-                plugin: name.clone(),
-                message: format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()),
-            }));
+        if let Some(problem) = crate::conformance::scheduler::names_problem(&names) {
+            return Err(Error::Plugin(runtime::Error::Load { plugin: name.clone(), message: problem }));
         }
         tracing::info!(plugin = %name, file = %path.display(), "scheduler component: {names:?}");
         out.push(Arc::new(plugin));

@@ -45,6 +45,10 @@ pub struct Cli {
 pub enum Command {
     /// Explain where a packet goes through this node's live rules.
     Trace(TraceArgs),
+    /// Check a plugin component against the contract, the conformance
+    /// flows, hostile inputs and (schedulers) the distribution checks;
+    /// prints a pass/fail table and exits non-zero on any failure.
+    Conformance(crate::conformance::Args),
 }
 
 /// `kpx trace --from IP --to IP:PORT/PROTO [--mode M]`.

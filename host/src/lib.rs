@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod config;
+pub mod conformance;
 pub mod kernel;
 pub mod runtime;
 pub mod serve;

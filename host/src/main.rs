@@ -69,9 +69,25 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
     };
-    if let Some(Command::Trace(args)) = &cli.command {
-        print!("{}", kpx::trace::run(args)?);
-        return Ok(());
+    match &cli.command {
+        Some(Command::Trace(args)) => {
+            print!("{}", kpx::trace::run(args)?);
+            return Ok(());
+        }
+        Some(Command::Conformance(args)) => {
+            let kpx = std::env::current_exe()?;
+            match kpx::conformance::run(args, &kpx) {
+                Ok(report) => {
+                    println!("{report}");
+                    std::process::exit(if report.failures() == 0 { 0 } else { 1 });
+                }
+                Err(e) => {
+                    eprintln!("kpx conformance {}: {e}", args.component);
+                    std::process::exit(2);
+                }
+            }
+        }
+        None => {}
     }
     let (flags, warnings) = (cli.flags, cli.warnings);
     match flags.version.as_deref().map(|v| (v, kpx::config::go_bool(v))) {

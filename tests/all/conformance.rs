@@ -1,127 +1,117 @@
-//! The conformance suite through the packet tracers (no root needed): each
-//! case's state goes through the real WASM plugin of the mode and the
-//! host's confinement check; every flow is traced through what the kernel
-//! would hold (iptables: the frame and the plugin's rules rendered and read
-//! back; nftables: the frame and the plugin's transaction).
+//! `kpx conformance` on every built-in component (the command CI runs on
+//! them), and on components that must fail it: the kit has to be able to
+//! say no.
 
-use kpx::kernel::{iptables, nftables};
-use kpx::runtime::{Limits, Runtime, builtin};
-use kpx::settings::{node_for_plugins, settings_for};
-use kpx::validate::Scope;
-use kpx_rules::model::{IpFamily, ProxyMode};
-use kpx_rules::ops::Ruleset;
-use kpx_rules::trace::{self, Packet};
+use std::process::Command;
 
-use crate::cases::Case;
+use crate::support::{KPX, plugin_cache};
 
-/// Traces one packet through what a case's rules became.
-type Walk = Box<dyn Fn(&Packet) -> Result<trace::Trace, String>>;
+/// Runs `kpx conformance ARGS`: (exit code, output).
+fn conformance(args: &[&str]) -> (i32, String) {
+    let cache = plugin_cache();
+    let out = Command::new(KPX)
+        .arg("conformance")
+        .args(["--plugin-cache-dir", &cache])
+        .args(args)
+        .output()
+        .expect("run kpx conformance");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
 
-fn run(mode: ProxyMode) {
-    let cases = Case::load_all();
-    let flows: usize = cases.iter().map(|c| c.flows.len()).sum();
-    assert!(flows >= 60, "the suite has only {flows} flows");
-    let runtime = Runtime::new(Limits::default(), Some(crate::support::plugin_cache().into())).unwrap();
-    let plugin = runtime.load_backend(mode.as_str(), builtin::get(mode.as_str()).unwrap()).unwrap();
-    let mut failures = Vec::new();
-    for case in &cases {
-        let config = case.config(std::path::Path::new("/dev/null"), &["--proxy-mode", mode.as_str()]);
-        let state = case.state();
-        for family in [IpFamily::V4, IpFamily::V6] {
-            let flows: Vec<_> = case.flows.iter().filter(|f| f.family() == family).collect();
-            if flows.is_empty() {
-                continue;
-            }
-            let node = node_for_plugins(&config, state.node(family), family);
-            let settings = settings_for(&config, family, &node, &case.node.addresses);
-            let cluster = state.cluster(family);
-            let ports = case.service_ports(&state, family);
-            let mut instance = plugin.instantiate(&settings).unwrap();
-            instance.reset(&node, &cluster, &ports).unwrap();
-            let ruleset = instance.render(true, 0).unwrap();
-            // What the daemon would write must pass the host's checks.
-            let mut scope = Scope::default();
-            for p in &ports {
-                scope.count(family, p, true);
-            }
-            let tracer_node = trace::Node { local_addresses: case.node.addresses.clone() };
-            let walk: Walk = match &ruleset {
-                Ruleset::Iptables(rs) => {
-                    let ctx = kpx::validate::iptables::Context {
-                        plugin: "iptables",
-                        dialect: iptables::dialect(&settings),
-                        scope: &scope,
-                        model: &Default::default(),
-                        full: true,
-                    };
-                    kpx::validate::iptables::check(&ctx, rs).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
-                    let tables =
-                        iptables::trace_tables(&settings, rs).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
-                    let n = tracer_node.clone();
-                    Box::new(move |p| trace::iptables::trace_iptables(&tables, &n, p).map_err(|e| e.to_string()))
-                }
-                Ruleset::Nftables(tx) => {
-                    let ctx = kpx::validate::nftables::Context {
-                        plugin: "nftables",
-                        family,
-                        scope: &scope,
-                        model: &Default::default(),
-                        full: true,
-                    };
-                    kpx::validate::nftables::check(&ctx, tx).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
-                    let model = nftables::trace_model(&settings, &cluster, tx)
-                        .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
-                    let n = tracer_node.clone();
-                    Box::new(move |p| trace::nftables::trace_nftables(&model, &n, p).map_err(|e| e.to_string()))
-                }
-                Ruleset::Ipvs(_) => panic!("{}: the tracer walks iptables and nftables rules only", case.label()),
-            };
-            for flow in flows {
-                let (dst, dport) = flow.destination();
-                let packet = Packet {
-                    src: flow.from,
-                    dst,
-                    dport,
-                    protocol: flow.protocol(),
-                    from_node: tracer_node.is_local(&flow.from),
-                    in_interface: flow.iface.clone(),
-                };
-                let got = match walk(&packet) {
-                    Ok(t) => t.verdict,
-                    Err(e) => {
-                        failures.push(format!("{} / {}: tracer error: {e}", case.label(), flow.name));
-                        continue;
-                    }
-                };
-                let expect = flow.expected(mode.as_str());
-                let masq_matters = got.endings.iter().any(|e| matches!(e, trace::Ending::Endpoint(_)));
-                if got.to_string() != expect || (masq_matters && got.masquerade != flow.masq) {
-                    failures.push(format!(
-                        "{} / {}: {} -> {} {}: got {} (masq {}), want {} (masq {})",
-                        case.label(),
-                        flow.name,
-                        flow.from,
-                        flow.to,
-                        flow.proto,
-                        got,
-                        got.masquerade,
-                        expect,
-                        flow.masq
-                    ));
-                }
-            }
-        }
+/// The table's row for `feature`: (pass, fail, skip).
+fn row(text: &str, feature: &str) -> (usize, usize, usize) {
+    let line = text.lines().find(|l| l.starts_with(feature)).unwrap_or_else(|| panic!("no row {feature:?}:\n{text}"));
+    let n: Vec<usize> = line[feature.len()..].split_whitespace().take(3).map(|x| x.parse().unwrap()).collect();
+    (n[0], n[1], n[2])
+}
+
+fn passes(component: &str) -> String {
+    let (code, text) = conformance(&[component]);
+    eprintln!("{text}");
+    assert_eq!(code, 0, "{component} fails the conformance kit:\n{text}");
+    assert!(text.lines().last().unwrap_or("").starts_with("PASS: "), "{text}");
+    text
+}
+
+#[test]
+fn the_built_in_iptables_backend_passes_conformance() {
+    let text = passes("builtin:iptables");
+    assert!(text.contains("backend component (kpx:proxier 0.2.0), iptables rules"), "{text}");
+    let flows: usize =
+        text.lines().filter(|l| l.starts_with("flows (tracer)")).map(|l| row(l, l.split("  ").next().unwrap()).0).sum();
+    assert!(flows >= 60, "only {flows} flows traced");
+    assert!(row(&text, "contract: partial renders pass the host's checks").0 >= 70, "{text}");
+}
+
+#[test]
+fn the_built_in_nftables_backend_passes_conformance() {
+    let text = passes("builtin:nftables");
+    assert!(row(&text, "flows (tracer): 16-session-affinity").0 == 3, "{text}");
+}
+
+/// ipvs rules are checked by the host, not traced: the flows are left to
+/// the kernel (the guest's conformance test), and the table says so.
+#[test]
+fn the_built_in_ipvs_backend_passes_conformance() {
+    let text = passes("builtin:ipvs");
+    assert!(text.contains("ipvs rules: the tracer walks iptables and nftables rules"), "{text}");
+    assert!(row(&text, "every case's full render passes the host's checks").0 >= 25, "{text}");
+}
+
+#[test]
+fn the_built_in_schedulers_pass_conformance() {
+    let text = passes("builtin:schedulers");
+    for feature in [
+        "rr: rotates exactly",
+        "wrr: shares follow the weights (3:1 within ±5 points over 1,000)",
+        "lc: new connections go to the least loaded endpoint",
+        "sed: new connections go to the least loaded endpoint",
+        "nq: new connections go to the least loaded endpoint",
+        "sh: one client, one endpoint",
+        "dh: one destination, one endpoint",
+        "maglev: one of 4 endpoints gone remaps at most 1/4 + 2 points of clients",
+    ] {
+        assert_eq!(row(&text, feature), (1, 0, 0), "{feature}:\n{text}");
     }
-    eprintln!("conformance (tracer, {mode}): {} cases, {flows} flows, {} failures", cases.len(), failures.len());
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    assert!(text.contains("random: plans in ipvs mode: refuses ipvs mode"), "{text}");
+}
+
+/// A scheduler that sends everything to one endpoint, and whose rotation
+/// ipvs mode cannot run, fails: non-zero exit, the rows and the reasons.
+#[test]
+fn a_scheduler_that_does_not_spread_fails_conformance() {
+    let first = format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let (code, text) = conformance(&[&first]);
+    eprintln!("{text}");
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(row(&text, "first: spreads connections over equal endpoints"), (0, 1, 0), "{text}");
+    assert!(text.contains("went [1024, 0, 0, 0]"), "{text}");
+    assert_eq!(row(&text, "first: plans in ipvs mode").1, 12, "{text}");
+    assert!(text.lines().last().unwrap().starts_with("FAIL: "), "{text}");
+}
+
+/// A component built against WASI (as wasm32-wasip2 toolchains build
+/// them) is checked like any other; its clock and exit calls trap under
+/// the deny-all WASI and fail their rows.
+#[test]
+fn a_wasi_component_is_checked_under_deny_all_wasi() {
+    let probe = format!("{}/kpx_plugin_wasi_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let (code, text) = conformance(&[&probe]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("scheduler component"), "{text}");
+    assert!(text.contains("the plugin called wasi:clocks/monotonic-clock@0.2.12#now"), "{text}");
 }
 
 #[test]
-fn iptables_mode_passes_every_case_through_the_tracer() {
-    run(ProxyMode::Iptables);
-}
-
-#[test]
-fn nftables_mode_passes_every_case_through_the_tracer() {
-    run(ProxyMode::Nftables);
+fn what_is_not_a_component_is_refused_with_the_reason() {
+    let (code, text) = conformance(&["builtin:nope"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("no built-in component is named \"nope\""), "{text}");
+    let (code, text) = conformance(&["/etc/hostname"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("/etc/hostname"), "{text}");
+    let (code, text) = conformance(&["--mode", "userspace", "builtin:iptables"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("--mode \"userspace\""), "{text}");
 }

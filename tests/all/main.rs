@@ -3,7 +3,6 @@
 //! lacks them they print `SKIPPED: <reason>` and return.
 
 mod api_source;
-mod cases;
 mod conformance;
 mod conformance_kernel;
 mod deploy;

@@ -29,6 +29,44 @@ const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
 /// buffer, and the rest of a longer line would become a line of its own.
 pub const MAX_LINE: usize = 8192;
 
+/// A ruleset the host accepted, and the payload it becomes.
+pub struct Prepared {
+    pub checked: Checked,
+    pub frame: frame::Frame,
+    pub text: String,
+}
+
+/// The host's checks of a ruleset and its rendering as one
+/// iptables-restore payload (within `max_bytes`, no line past
+/// [`MAX_LINE`]): everything a sync does before the kernel.
+pub fn prepare(
+    ctx: &Context,
+    settings: &Settings,
+    ruleset: &Ruleset,
+    max_bytes: usize,
+) -> std::result::Result<Prepared, Rejected> {
+    let checked: Checked = check(ctx, ruleset)?;
+    let frame = frame::frame(settings);
+    let text = payload(&frame, ruleset, &checked.stale, ctx.dialect);
+    if text.len() > max_bytes {
+        return Err(Rejected {
+            plugin: ctx.plugin.to_string(),
+            at: "rendering".into(),
+            item: String::new(),
+            reason: format!("the iptables-restore payload would take more than the limit of {max_bytes} bytes"),
+        });
+    }
+    if let Some((n, line)) = text.lines().enumerate().find(|(_, l)| l.len() > MAX_LINE) {
+        return Err(Rejected {
+            plugin: ctx.plugin.to_string(),
+            at: format!("payload line {}", n + 1),
+            item: line.chars().take(200).collect(),
+            reason: format!("longer than {MAX_LINE} bytes"),
+        });
+    }
+    Ok(Prepared { checked, frame, text })
+}
+
 pub fn dialect(settings: &Settings) -> Dialect {
     Dialect { family: settings.family, masquerade_mark: settings.masquerade_mark() }
 }
@@ -234,28 +272,7 @@ impl IptablesDataplane {
             self.model.reset(own);
         }
         let ctx = Context { plugin, dialect: d, scope, model: &self.model, full };
-        let checked: Checked = check(&ctx, ruleset)?;
-        let frame = frame::frame(settings);
-        let text = payload(&frame, ruleset, &checked.stale, d);
-        if text.len() > self.max_bytes {
-            return Err(SyncError::Rejected(Rejected {
-                plugin: plugin.to_string(),
-                at: "rendering".into(),
-                item: String::new(),
-                reason: format!(
-                    "the iptables-restore payload would take more than the limit of {} bytes",
-                    self.max_bytes
-                ),
-            }));
-        }
-        if let Some((n, line)) = text.lines().enumerate().find(|(_, l)| l.len() > MAX_LINE) {
-            return Err(SyncError::Rejected(Rejected {
-                plugin: plugin.to_string(),
-                at: format!("payload line {}", n + 1),
-                item: line.chars().take(200).collect(),
-                reason: format!("longer than {MAX_LINE} bytes"),
-            }));
-        }
+        let Prepared { checked, frame, text } = prepare(&ctx, settings, ruleset, self.max_bytes)?;
         if full {
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }

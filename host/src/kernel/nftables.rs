@@ -160,6 +160,35 @@ fn belongs(payload: &[u8], table_attr: u16) -> bool {
 /// plugin's), elements read by the declarations known to this sync. They
 /// may not add up to more than `max_bytes`: a plugin's few words can name
 /// long chains, and the host's rendering is held to the plugin's output cap.
+/// The host's checks of a transaction and its operations encoded as
+/// netlink messages (within `max_bytes`): everything a sync does before the
+/// kernel but the frame and, on a full sync, the reconciliation.
+pub(crate) fn prepare(
+    ctx: &Context,
+    settings: &Settings,
+    tx: &Transaction,
+    max_bytes: usize,
+) -> std::result::Result<(Checked, Vec<Message>), Rejected> {
+    let checked: Checked = check(ctx, tx)?;
+    let decls = set_declarations(&checked, ctx.model);
+    let ops = messages(settings.family, settings.masquerade_mark(), &tx.ops, &decls, max_bytes)
+        .map_err(|reason| encoding_refused(ctx.plugin, reason))?;
+    Ok((checked, ops))
+}
+
+fn encoding_refused(plugin: &str, reason: String) -> Rejected {
+    Rejected { plugin: plugin.to_string(), at: "encoding".into(), item: String::new(), reason }
+}
+
+/// A set's declaration: the host's own, the transaction's, or an earlier sync's.
+fn set_declarations<'a>(checked: &Checked, model: &'a Model) -> impl Fn(&SetRef) -> Option<SetDecl> + 'a {
+    let own: HashMap<String, SetDecl> = checked.sets().map(|d| (d.name.clone(), d.clone())).collect();
+    move |s: &SetRef| match s {
+        SetRef::Host(h) => Some(h.declaration()),
+        SetRef::Own(n) => own.get(n).cloned().or_else(|| model.set(n).cloned()),
+    }
+}
+
 pub fn messages(
     family: IpFamily,
     masquerade_mark: u32,
@@ -269,34 +298,20 @@ impl NftablesDataplane {
     ) -> std::result::Result<Written, SyncError> {
         let family = settings.family;
         let ctx = Context { plugin, family, scope, model: &self.model, full };
-        let checked: Checked = check(&ctx, tx)?;
-        let refuse = |reason: String| {
-            SyncError::Rejected(Rejected {
-                plugin: plugin.to_string(),
-                at: "encoding".into(),
-                item: String::new(),
-                reason,
-            })
-        };
-        let mark = settings.masquerade_mark();
+        let (checked, ops) = prepare(&ctx, settings, tx, self.max_bytes)?;
+        let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
         let mut batch = Vec::new();
-        let frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
         if full {
+            let frame = frame::frame(settings, cluster);
             let kernel = self.kernel.objects()?;
             batch.push(encode::add_table());
             if let Some(kernel) = kernel {
                 batch.extend(reconcile(family, &kernel, &frame, &checked).map_err(refuse)?);
             }
+            let decls = set_declarations(&checked, &self.model);
+            batch.extend(messages(family, settings.masquerade_mark(), &frame, &decls, self.max_bytes).map_err(refuse)?);
         }
-        let own: HashMap<String, SetDecl> = checked.sets().map(|d| (d.name.clone(), d.clone())).collect();
-        let decls = |s: &SetRef| -> Option<SetDecl> {
-            match s {
-                SetRef::Host(h) => Some(h.declaration()),
-                SetRef::Own(n) => own.get(n).cloned().or_else(|| self.model.set(n).cloned()),
-            }
-        };
-        batch.extend(messages(family, mark, &frame, &decls, self.max_bytes).map_err(refuse)?);
-        batch.extend(messages(family, mark, &tx.ops, &decls, self.max_bytes).map_err(refuse)?);
+        batch.extend(ops);
         let bytes = batch.iter().map(|m| m.attrs.buf.len() + 20).sum();
         self.kernel.apply(&batch)?;
         self.model.commit(checked);

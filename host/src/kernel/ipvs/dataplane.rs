@@ -61,6 +61,65 @@ fn protocol_number(p: Protocol) -> u16 {
     }
 }
 
+/// Refuses virtual servers outside the state: an address, protocol
+/// and port that are not a Service destination (or a node address on
+/// one of its node ports), a real server that is not an endpoint of
+/// the state, a scheduler IPVS lacks, a duplicate.
+pub fn check(plugin: &str, settings: &Settings, ruleset: &Ruleset, scope: &Scope) -> Result<(), Rejected> {
+    let family = settings.family;
+    let mut seen = BTreeSet::new();
+    for (i, vs) in ruleset.services.iter().enumerate() {
+        let refuse = |reason: String| Rejected {
+            plugin: plugin.to_string(),
+            at: format!("virtual server {i}"),
+            item: format!("{vs:?}"),
+            reason,
+        };
+        if !family.matches(&vs.address) {
+            return Err(refuse(format!("an address outside the {} family", family)));
+        }
+        let destination = scope.destinations.contains(&(vs.address, vs.protocol, vs.port));
+        // Node ports only on the addresses the host chose for them.
+        let node_port = scope.node_ports.contains(&(vs.protocol, vs.port))
+            && match &settings.nodeport_addresses {
+                NodePortAddresses::Only(cidrs) => cidrs.iter().any(|c| c.is_host() && c.addr == vs.address),
+                NodePortAddresses::All => false,
+            };
+        if !destination && !node_port {
+            return Err(refuse("neither a Service destination nor a node port on a node address".into()));
+        }
+        if !seen.insert((vs.address, vs.protocol, vs.port)) {
+            return Err(refuse("a second virtual server for the same address, protocol and port".into()));
+        }
+        if !IPVS_SCHEDULERS.contains(&vs.scheduler.as_str()) {
+            return Err(refuse(format!("IPVS has no scheduler {:?}", vs.scheduler)));
+        }
+        if vs.scheduler_flags > 0b111 || vs.persistence_seconds > MAX_PERSISTENCE {
+            return Err(refuse(format!("scheduler flags past bit 2, or a persistence past {MAX_PERSISTENCE} s")));
+        }
+        if let Some(table) = &vs.slots {
+            if table.field != kpx_rules::model::HashField::Source {
+                return Err(refuse(
+                    "a slot table over the destination: return the one real server it names instead".into(),
+                ));
+            }
+            if let Err(why) = kpx_rules::model::Plan::Slots(table.clone()).check(vs.reals.len()) {
+                return Err(refuse(format!("its slot table: {why}")));
+            }
+        }
+        let mut reals = BTreeSet::new();
+        for r in &vs.reals {
+            if !family.matches(&r.ip) || !scope.endpoints.contains(&(r.ip, r.port)) {
+                return Err(refuse(format!("real server {} is no endpoint of the state", r.ip)));
+            }
+            if !reals.insert((r.ip, r.port)) || r.weight > i32::MAX as u32 {
+                return Err(refuse(format!("real server {} twice, or a weight past 2^31-1", r.ip)));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl IpvsDataplane {
     pub fn new(family: IpFamily, iptables: IptablesKernel, exclude: Vec<Cidr>, timeouts: Timeouts) -> IpvsDataplane {
         IpvsDataplane {
@@ -79,57 +138,7 @@ impl IpvsDataplane {
     /// one of its node ports), a real server that is not an endpoint of
     /// the state, a scheduler IPVS lacks, a duplicate.
     pub fn check(&self, plugin: &str, settings: &Settings, ruleset: &Ruleset, scope: &Scope) -> Result<(), Rejected> {
-        let mut seen = BTreeSet::new();
-        for (i, vs) in ruleset.services.iter().enumerate() {
-            let refuse = |reason: String| Rejected {
-                plugin: plugin.to_string(),
-                at: format!("virtual server {i}"),
-                item: format!("{vs:?}"),
-                reason,
-            };
-            if !self.family.matches(&vs.address) {
-                return Err(refuse(format!("an address outside the {} family", self.family)));
-            }
-            let destination = scope.destinations.contains(&(vs.address, vs.protocol, vs.port));
-            // Node ports only on the addresses the host chose for them.
-            let node_port = scope.node_ports.contains(&(vs.protocol, vs.port))
-                && match &settings.nodeport_addresses {
-                    NodePortAddresses::Only(cidrs) => cidrs.iter().any(|c| c.is_host() && c.addr == vs.address),
-                    NodePortAddresses::All => false,
-                };
-            if !destination && !node_port {
-                return Err(refuse("neither a Service destination nor a node port on a node address".into()));
-            }
-            if !seen.insert((vs.address, vs.protocol, vs.port)) {
-                return Err(refuse("a second virtual server for the same address, protocol and port".into()));
-            }
-            if !IPVS_SCHEDULERS.contains(&vs.scheduler.as_str()) {
-                return Err(refuse(format!("IPVS has no scheduler {:?}", vs.scheduler)));
-            }
-            if vs.scheduler_flags > 0b111 || vs.persistence_seconds > MAX_PERSISTENCE {
-                return Err(refuse(format!("scheduler flags past bit 2, or a persistence past {MAX_PERSISTENCE} s")));
-            }
-            if let Some(table) = &vs.slots {
-                if table.field != kpx_rules::model::HashField::Source {
-                    return Err(refuse(
-                        "a slot table over the destination: return the one real server it names instead".into(),
-                    ));
-                }
-                if let Err(why) = kpx_rules::model::Plan::Slots(table.clone()).check(vs.reals.len()) {
-                    return Err(refuse(format!("its slot table: {why}")));
-                }
-            }
-            let mut reals = BTreeSet::new();
-            for r in &vs.reals {
-                if !self.family.matches(&r.ip) || !scope.endpoints.contains(&(r.ip, r.port)) {
-                    return Err(refuse(format!("real server {} is no endpoint of the state", r.ip)));
-                }
-                if !reals.insert((r.ip, r.port)) || r.weight > i32::MAX as u32 {
-                    return Err(refuse(format!("real server {} twice, or a weight past 2^31-1", r.ip)));
-                }
-            }
-        }
-        Ok(())
+        check(plugin, settings, ruleset, scope)
     }
 
     fn excluded(&self, ip: &IpAddr) -> bool {

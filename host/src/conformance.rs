@@ -1,0 +1,271 @@
+//! `kpx conformance COMPONENT`: the conformance kit for plugin authors.
+//!
+//! The component's kind is read from what it exports (a scheduler or a
+//! backend); the cases ship inside the binary. A backend is checked for
+//! the contract (fresh instances agree; changes applied one by one render
+//! what a reset renders; partial renders pass the host's checks), the
+//! conformance flows through the packet tracer (and, with `--kernel`, real
+//! packets through the real kernel in network namespaces), and hostile but
+//! valid inputs (every refusal by the host is shown). A scheduler is checked
+//! for its names, its plans in every mode, its per-connection picks, its
+//! distribution, and, for the names IPVS defines, the behaviour the name
+//! promises. Each check is a row of a pass/fail table; any failure makes
+//! the command exit non-zero.
+
+pub mod backend;
+pub mod cases;
+pub mod kernel;
+pub mod scheduler;
+pub mod tracer;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use kpx_rules::model::ProxyMode;
+
+use crate::runtime::{self, Limits, Runtime};
+
+/// `kpx conformance [--mode M] [--kernel] COMPONENT`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The component: a .wasm file, or `builtin:NAME` (iptables, nftables,
+    /// ipvs, schedulers) for one of kpx's own.
+    pub component: String,
+    /// A backend's proxy mode (iptables, nftables or ipvs); by default the
+    /// kind of rules it returns for the first case.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Also send real packets through the real kernel: each case in its
+    /// own network namespaces, with kpx running the component (root only).
+    #[arg(long)]
+    pub kernel: bool,
+    /// Where compiled components are cached (default: compile in memory).
+    #[arg(long = "plugin-cache-dir")]
+    pub plugin_cache_dir: Option<PathBuf>,
+}
+
+/// What kind of component a file is, from its exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Scheduler,
+    Backend,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Scheduler => "scheduler",
+            Kind::Backend => "backend",
+        })
+    }
+}
+
+/// One row of the table: a feature and the outcome of its checks.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub feature: String,
+    pub passed: usize,
+    pub failures: Vec<String>,
+    /// Checks not run, with the reason.
+    pub skipped: Vec<String>,
+    /// What the component refused, or the host refused of it, where that
+    /// is allowed: shown, not failed.
+    pub notes: Vec<String>,
+}
+
+impl Row {
+    pub fn pass(&mut self) {
+        self.passed += 1;
+    }
+
+    pub fn fail(&mut self, why: impl Into<String>) {
+        self.failures.push(why.into());
+    }
+
+    pub fn skip(&mut self, why: impl Into<String>) {
+        self.skipped.push(why.into());
+    }
+
+    pub fn note(&mut self, what: impl Into<String>) {
+        self.notes.push(what.into());
+    }
+
+    /// Passes when `outcome` is Ok, fails with its reason otherwise.
+    pub fn record(&mut self, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => self.pass(),
+            Err(why) => self.fail(why),
+        }
+    }
+}
+
+/// The whole run: a title and the rows, in the order they were checked.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub title: String,
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// The row for `feature`, added at the end when new.
+    pub fn row(&mut self, feature: &str) -> &mut Row {
+        match self.rows.iter().position(|r| r.feature == feature) {
+            Some(i) => &mut self.rows[i],
+            None => {
+                self.rows.push(Row { feature: feature.to_string(), ..Row::default() });
+                self.rows.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    pub fn failures(&self) -> usize {
+        self.rows.iter().map(|r| r.failures.len()).sum()
+    }
+
+    pub fn checks(&self) -> usize {
+        self.rows.iter().map(|r| r.passed + r.failures.len()).sum()
+    }
+
+    /// Every failure, as `feature: reason` lines.
+    pub fn failure_lines(&self) -> Vec<String> {
+        self.rows.iter().flat_map(|r| r.failures.iter().map(move |f| format!("{}: {f}", r.feature))).collect()
+    }
+}
+
+/// Failures listed per row (the rest are counted).
+const SHOWN_PER_ROW: usize = 4;
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.title)?;
+        let width = self.rows.iter().map(|r| r.feature.chars().count()).max().unwrap_or(0).max(7);
+        writeln!(f, "{:<width$}  {:>6}  {:>6}  {:>6}  RESULT", "FEATURE", "PASS", "FAIL", "SKIP")?;
+        for r in &self.rows {
+            let result = match (r.failures.len(), r.passed) {
+                (0, 0) if !r.notes.is_empty() => "refused",
+                (0, 0) => "skipped",
+                (0, _) => "pass",
+                _ => "FAIL",
+            };
+            writeln!(
+                f,
+                "{:<width$}  {:>6}  {:>6}  {:>6}  {result}",
+                r.feature,
+                r.passed,
+                r.failures.len(),
+                r.skipped.len()
+            )?;
+        }
+        let listed = |pick: fn(&Row) -> &Vec<String>| -> Vec<String> {
+            self.rows
+                .iter()
+                .flat_map(|r| {
+                    let mut seen = std::collections::BTreeSet::new();
+                    pick(r).iter().filter(move |s| seen.insert(*s)).map(move |s| format!("{}: {s}", r.feature))
+                })
+                .collect()
+        };
+        for (heading, lines) in
+            [("not run", listed(|r| &r.skipped)), ("refusals (shown, not failures)", listed(|r| &r.notes))]
+        {
+            if !lines.is_empty() {
+                writeln!(f, "\n{heading}:")?;
+                for s in lines {
+                    writeln!(f, "  {s}")?;
+                }
+            }
+        }
+        let failures = self.failure_lines();
+        if !failures.is_empty() {
+            writeln!(f, "\nfailures:")?;
+            for r in self.rows.iter().filter(|r| !r.failures.is_empty()) {
+                for s in r.failures.iter().take(SHOWN_PER_ROW) {
+                    writeln!(f, "  {}: {s}", r.feature)?;
+                }
+                if r.failures.len() > SHOWN_PER_ROW {
+                    writeln!(f, "  {}: ... and {} more", r.feature, r.failures.len() - SHOWN_PER_ROW)?;
+                }
+            }
+        }
+        let verdict = if failures.is_empty() { "PASS" } else { "FAIL" };
+        write!(f, "\n{verdict}: {} checks, {} failed", self.checks(), failures.len())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    File { path: String, source: std::io::Error },
+    #[error("no built-in component is named {0:?} (there are iptables, nftables, ipvs and schedulers)")]
+    NoBuiltIn(String),
+    #[error("--mode {0:?}: a backend's mode is iptables, nftables or ipvs")]
+    Mode(String),
+    #[error("{0}")]
+    Plugin(#[from] runtime::Error),
+    #[error("{component} is neither a scheduler nor a backend component: {scheduler}; {backend}")]
+    Kind { component: String, scheduler: String, backend: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The component's bytes and the name kpx gives it.
+fn read(component: &str) -> Result<(String, Vec<u8>), Error> {
+    if let Some(name) = component.strip_prefix("builtin:") {
+        let bytes = runtime::builtin::get(name).ok_or_else(|| Error::NoBuiltIn(name.to_string()))?;
+        return Ok((name.to_string(), bytes.to_vec()));
+    }
+    let path = std::path::Path::new(component);
+    let bytes = std::fs::read(path).map_err(|source| Error::File { path: component.to_string(), source })?;
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").to_string();
+    Ok((name, bytes))
+}
+
+/// Runs the kit on one component. `kpx`: the binary the kernel flows run
+/// (this one).
+pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
+    let (name, bytes) = read(&args.component)?;
+    let runtime = Runtime::new(Limits::default(), args.plugin_cache_dir.clone())?;
+    let version = runtime::read_contract_version(&bytes)
+        .map_err(|message| runtime::Error::Load { plugin: name.clone(), message })?
+        .unwrap_or_default();
+    match runtime.load_scheduler(&name, &bytes) {
+        Ok(plugin) => {
+            let mut report = Report {
+                title: format!("kpx conformance: {} — scheduler component (kpx:proxier {version})", args.component),
+                rows: Vec::new(),
+            };
+            scheduler::check(&mut report, &plugin);
+            Ok(report)
+        }
+        Err(scheduler_err @ runtime::Error::Load { .. }) => {
+            let plugin = runtime.load_backend(&name, &bytes).map_err(|backend_err| match backend_err {
+                runtime::Error::Load { .. } => Error::Kind {
+                    component: args.component.clone(),
+                    scheduler: scheduler_err.to_string(),
+                    backend: backend_err.to_string(),
+                },
+                other => Error::Plugin(other),
+            })?;
+            let mode = match args.mode.as_deref() {
+                Some(m) => match m.parse::<ProxyMode>() {
+                    Ok(mode @ (ProxyMode::Iptables | ProxyMode::Nftables | ProxyMode::Ipvs)) => mode,
+                    _ => return Err(Error::Mode(m.to_string())),
+                },
+                None => backend::mode_of(&plugin).map_err(Error::Other)?,
+            };
+            let mut report = Report {
+                title: format!(
+                    "kpx conformance: {} — backend component (kpx:proxier {version}), {mode} rules",
+                    args.component
+                ),
+                rows: Vec::new(),
+            };
+            backend::check(&mut report, &plugin, mode);
+            if args.kernel {
+                kernel::check(&mut report, &args.component, mode, kpx, args.plugin_cache_dir.as_deref());
+            }
+            Ok(report)
+        }
+        Err(other) => Err(Error::Plugin(other)),
+    }
+}

@@ -1,0 +1,309 @@
+//! The conformance flows in the real kernel (`kpx conformance --kernel`,
+//! and the integration tests): for each case, kpx runs in a node namespace
+//! with the case's flags and manifests; every source address of a flow gets
+//! its own namespace, every endpoint address a namespace with echo servers
+//! on its ports; real TCP, UDP and SCTP packets check where each flow ends
+//! and whether it was masqueraded.
+//!
+//! ACCEPT to a node address is shown by a listener on the node answering;
+//! ACCEPT elsewhere by a listener behind the destination: the node's
+//! default route leads to a sink namespace that owns every such address and
+//! answers on its port, so a DROP (no answer) cannot pass for an ACCEPT
+//! (the sink's answer). SCTP flows run where the kernel has SCTP; they,
+//! and packets to 127.0.0.1 from another host, are otherwise left to the
+//! tracer, with the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kpx_netlab::routed::{attach, make_router};
+use kpx_netlab::{EchoServer, Lab, Ns, Reply, Request};
+use kpx_rules::model::{IpFamily, Protocol, join_host_port};
+
+use super::Report;
+use super::cases::{Case, Flow};
+use super::tracer::flows_row;
+
+const TIMEOUT: Duration = Duration::from_millis(700);
+/// For REJECT flows: this kernel's IPv6 TCP acts only on the ICMPv6 error
+/// to the retransmitted SYN (one second later; seen with tcpdump: the node
+/// answers the first SYN at once), so refusals get room for one retry.
+const REJECT_TIMEOUT: Duration = Duration::from_millis(2000);
+/// The name the node's own listeners answer with.
+pub const NODE_LISTENER: &str = "node";
+/// The name the listeners behind untouched destinations answer with.
+pub const SINK_LISTENER: &str = "sink";
+
+pub struct CaseLab {
+    node: Ns,
+    /// Namespace by source address (and arrival interface).
+    clients: BTreeMap<(IpAddr, Option<String>), Ns>,
+    endpoints: BTreeMap<IpAddr, Ns>,
+    _servers: Vec<EchoServer>,
+    // Last: the namespaces outlive the servers in them.
+    _lab: Lab,
+}
+
+fn endpoint_addresses(case: &Case) -> BTreeSet<(IpAddr, u16)> {
+    let Ok(state) = case.state() else { return BTreeSet::new() };
+    let mut out = BTreeSet::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for port in case.service_ports(&state, family) {
+            out.extend(port.endpoints.iter().map(|e| (e.ip, e.port)));
+        }
+    }
+    out
+}
+
+pub fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
+    let mut lab = Lab::new()?;
+    let node = lab.add("node")?;
+    make_router(&node)?;
+    for addr in &case.node.addresses {
+        let len = if addr.is_ipv4() { "32" } else { "128" };
+        node.ip(&["addr", "add", &format!("{addr}/{len}"), "dev", "lo"])?;
+    }
+    // The node's default route leads to a sink that answers nothing.
+    let sink = lab.add("sink")?;
+    attach(&node, "sink", &sink, &["192.0.2.254".parse().unwrap()])?;
+    node.ip(&["route", "add", "default", "via", "192.0.2.254", "dev", "sink"])?;
+    node.ip(&["-6", "route", "add", "default", "dev", "sink"])?;
+
+    let mut endpoints = BTreeMap::new();
+    let mut servers = Vec::new();
+    let wanted = endpoint_addresses(case);
+    let ips: BTreeSet<IpAddr> = wanted.iter().map(|(ip, _)| *ip).collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let ns = lab.add(&format!("ep{i}"))?;
+        attach(&node, &format!("ep{i}"), &ns, &[*ip])?;
+        for (_, port) in wanted.iter().filter(|(e, _)| e == ip) {
+            let name = join_host_port(ip, *port);
+            servers.push(EchoServer::start(&ns, &name, &SocketAddr::new(*ip, *port).to_string())?);
+        }
+        endpoints.insert(*ip, ns);
+    }
+    // Listeners for flows that the rules leave untouched (ACCEPT) or drop:
+    // on the node for its own addresses, else in the sink, which owns the
+    // destination. A dropped packet never reaches either.
+    let mut behind = BTreeSet::new();
+    for flow in case.flows.iter().filter(|f| matches!(f.expected(mode), "ACCEPT" | "DROP")) {
+        let (dst, port) = flow.destination();
+        if !behind.insert((dst, port)) {
+            continue;
+        }
+        let addr = SocketAddr::new(dst, port).to_string();
+        if dst.is_loopback() || case.node.addresses.contains(&dst) {
+            if let Ok(server) = EchoServer::start(&node, NODE_LISTENER, &addr) {
+                servers.push(server);
+            }
+            continue;
+        }
+        let len = if dst.is_ipv4() { "32" } else { "128" };
+        let _ = sink.ip(&["addr", "add", &format!("{dst}/{len}"), "dev", "lo"]);
+        servers.push(EchoServer::start(&sink, SINK_LISTENER, &addr)?);
+    }
+    let mut clients = BTreeMap::new();
+    for flow in &case.flows {
+        let key = (flow.from, flow.iface.clone());
+        let from_node = flow.from.is_loopback() || case.node.addresses.contains(&flow.from);
+        if from_node || clients.contains_key(&key) || (endpoints.contains_key(&flow.from) && flow.iface.is_none()) {
+            continue;
+        }
+        let n = clients.len();
+        let ns = lab.add(&format!("c{n}"))?;
+        let iface = flow.iface.clone().unwrap_or_else(|| format!("c{n}"));
+        attach(&node, &iface, &ns, &[flow.from])?;
+        clients.insert(key, ns);
+    }
+    Ok(CaseLab { node, clients, endpoints, _servers: servers, _lab: lab })
+}
+
+impl CaseLab {
+    /// Where a flow starts, and the source address to bind (node flows).
+    fn origin(&self, case: &Case, flow: &Flow) -> (&Ns, Option<IpAddr>) {
+        if flow.from.is_loopback() || case.node.addresses.contains(&flow.from) {
+            return (&self.node, Some(flow.from));
+        }
+        if let Some(ns) = self.clients.get(&(flow.from, flow.iface.clone())) {
+            return (ns, None);
+        }
+        (&self.endpoints[&flow.from], Some(flow.from))
+    }
+}
+
+/// Why a flow is left to the tracer.
+pub fn kernel_skip(case: &Case, flow: &Flow) -> Option<String> {
+    let from_node = flow.from.is_loopback() || case.node.addresses.contains(&flow.from);
+    if flow.protocol() == Protocol::Sctp
+        && let Err(why) = kpx_netlab::sctp_supported()
+    {
+        return Some(format!("this kernel has no SCTP sockets ({why})"));
+    }
+    if flow.destination().0.is_loopback() && !from_node {
+        return Some("another host cannot send to 127.0.0.1".into());
+    }
+    None
+}
+
+pub fn check_flow(case: &Case, lab: &CaseLab, flow: &Flow, mode: &str) -> Result<String, String> {
+    let expect = flow.expected(mode);
+    let (ns, from) = lab.origin(case, flow);
+    let (dst, port) = flow.destination();
+    let timeout = if expect == "REJECT" { REJECT_TIMEOUT } else { TIMEOUT };
+    let req = Request { to: SocketAddr::new(dst, port), from, timeout };
+    let send = || match flow.protocol() {
+        Protocol::Udp => req.udp(ns),
+        Protocol::Sctp => req.sctp(ns),
+        Protocol::Tcp => req.tcp(ns),
+    };
+    let expected: BTreeSet<String> = expect.split(", ").map(str::to_string).collect();
+    match expect {
+        "REJECT" => match send() {
+            Reply::Refused => Ok("refused".into()),
+            other => Err(format!("want refused, got {other:?}")),
+        },
+        "ACCEPT" if dst.is_loopback() || case.node.addresses.contains(&dst) => match send() {
+            Reply::Answer { server, .. } if server == NODE_LISTENER => Ok("reached the node".into()),
+            other => Err(format!("want the node's own listener, got {other:?}")),
+        },
+        "ACCEPT" => match send() {
+            Reply::Answer { server, .. } if server == SINK_LISTENER => Ok("reached the destination untouched".into()),
+            other => Err(format!("want the listener behind the destination, got {other:?}")),
+        },
+        "DROP" => match send() {
+            Reply::Timeout => Ok("dropped".into()),
+            other => Err(format!("want no answer (dropped), got {other:?}")),
+        },
+        _ => {
+            let mut seen = BTreeSet::new();
+            let attempts = if flow.sticky { 12 } else { 8 * expected.len() };
+            for _ in 0..attempts {
+                match send() {
+                    Reply::Answer { server, seen_from } => {
+                        if !expected.contains(&server) {
+                            return Err(format!("answered by {server}, want one of {expect}"));
+                        }
+                        let masqueraded = seen_from != flow.from.to_string();
+                        if masqueraded != flow.masquerades(mode) {
+                            return Err(format!(
+                                "{server} saw the client as {seen_from}: masquerade {masqueraded}, want {}",
+                                flow.masquerades(mode)
+                            ));
+                        }
+                        seen.insert(server);
+                    }
+                    other => return Err(format!("want an answer from {expect}, got {other:?}")),
+                }
+                if !flow.sticky && seen == expected {
+                    break;
+                }
+            }
+            if flow.sticky {
+                if seen.len() != 1 {
+                    return Err(format!("affinity: one client reached {seen:?}"));
+                }
+                return Ok(format!("sticky to {}", seen.iter().next().unwrap()));
+            }
+            if seen != expected {
+                return Err(format!("reached only {seen:?} of {expect}"));
+            }
+            Ok(format!("reached {expect}"))
+        }
+    }
+}
+
+/// `kpx conformance --kernel`: every case's flows with kpx running the
+/// component (`builtin:NAME` or a file) in `mode`.
+pub fn check(
+    report: &mut Report,
+    component: &str,
+    mode: kpx_rules::model::ProxyMode,
+    kpx: &Path,
+    cache: Option<&Path>,
+) {
+    if let Err(e) = Lab::new() {
+        report.row("flows (kernel)").fail(format!("cannot build network namespaces: {e}"));
+        return;
+    }
+    let mut extra = Vec::new();
+    if !component.starts_with("builtin:") {
+        let file = std::path::absolute(component).unwrap_or_else(|_| component.into());
+        extra.extend(["--backend-plugin".to_string(), file.display().to_string()]);
+    }
+    if let Some(dir) = cache {
+        extra.extend(["--plugin-cache-dir".to_string(), dir.display().to_string()]);
+    }
+    flows(report, kpx, mode.as_str(), &extra);
+}
+
+/// Every case's flows through `kpx` (the binary) in the real kernel, in
+/// `mode`, with `extra` arguments: a row per case, a check per flow.
+pub fn flows(report: &mut Report, kpx: &Path, mode: &str, extra: &[String]) {
+    for (i, case) in Case::all().into_iter().enumerate() {
+        let row = flows_row(&case, "kernel");
+        if let Err(e) = one_case(report, &row, &case, i, kpx, mode, extra) {
+            report.row(&row).fail(e);
+        }
+    }
+}
+
+fn one_case(
+    report: &mut Report,
+    row: &str,
+    case: &Case,
+    index: usize,
+    kpx: &Path,
+    mode: &str,
+    extra: &[String],
+) -> Result<(), String> {
+    let lab = build(case, mode).map_err(|e| format!("building the namespaces: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("kpx-conformance-{}-{mode}-{index}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let manifests = dir.join("manifests");
+    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
+    std::fs::create_dir_all(&manifests).map_err(io)?;
+    std::fs::write(manifests.join("case.yaml"), &case.manifests).map_err(io)?;
+    std::fs::write(manifests.join("node.yaml"), case.node_manifest()).map_err(io)?;
+    let mut args = case.args(&manifests, &["--proxy-mode", mode]);
+    args.extend(extra.iter().cloned());
+    let log = dir.join("kpx.log");
+    let file = std::fs::File::create(&log).map_err(io)?;
+    let mut child = lab
+        .node
+        .command(&kpx.display().to_string())
+        .args(&args)
+        .env("NO_COLOR", "1")
+        .stdout(file.try_clone().map_err(io)?)
+        .stderr(file)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", kpx.display()))?;
+    let families: BTreeSet<&str> =
+        case.flows.iter().map(|f| if f.family() == IpFamily::V4 { "IPv4" } else { "IPv6" }).collect();
+    let t0 = Instant::now();
+    let synced = |log: &str| families.iter().all(|f| log.contains(&format!("synced rules family={f}")));
+    while !synced(&std::fs::read_to_string(&log).unwrap_or_default()) && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for flow in &case.flows {
+        if let Some(why) = kernel_skip(case, flow) {
+            report.row(row).skip(format!("{}: traced only ({why})", flow.name));
+            continue;
+        }
+        let outcome = check_flow(case, &lab, flow, mode)
+            .map(|_| ())
+            .map_err(|e| format!("{}: {} -> {} {}: {e}", flow.name, flow.from, flow.to, flow.proto));
+        report.row(row).record(outcome);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    if !synced(&text) {
+        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(format!("kpx never synced; the end of its log:\n      {}", tail.join("\n      ")));
+    }
+    Ok(())
+}
