@@ -161,7 +161,12 @@ fn plan(
     let plan = instance.schedule(&request)?;
     plan.check(weights.len()).map_err(|e| Problem::Broken(format!("a plan the host refuses: {e}")))?;
     if !plan.runs_in(mode) {
-        return Err(Problem::Broken(format!("a plan {mode} mode cannot execute: {plan:?}")));
+        let hint = if mode == ProxyMode::Ipvs {
+            "return a Kernel plan (an IPVS scheduler) or a slot table, or refuse the mode"
+        } else {
+            "return a weighted choice, a rotation or a slot table, or refuse the mode"
+        };
+        return Err(Problem::Broken(format!("a plan {mode} mode cannot execute ({hint}): {plan:?}")));
     }
     if let Some(k) =
         shares(&plan, weights.len()).and_then(|s| (0..weights.len()).find(|&k| weights[k] == 0 && s[k] > 0.0))
@@ -262,7 +267,11 @@ fn per_name(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
     });
     // Per-connection picks (userspace mode).
     let picks_row = row("per-connection picks respect weights and failures");
-    match fresh(plugin).and_then(|mut i| Picks::new(&mut i, 1, name, &[], dest(0, false), &[1, 1]).map(|_| ())) {
+    let first_pick = fresh(plugin).and_then(|mut i| {
+        let mut p = Picks::new(&mut i, 1, name, &[], dest(0, false), &[1, 1])?;
+        p.pick(client(0, false), &[], 0).map(|_| ())
+    });
+    match first_pick {
         Err(e) if e.contains("has no per-connection pick") => {
             report.row(&picks_row).skip("no per-connection pick: userspace mode places its connections round robin");
             spread_of_plan(report, plugin, name);
