@@ -18,7 +18,8 @@ const BUILT_IN: &[(&str, &str)] = &[
 ];
 /// Plugins built for tests only (loaded from disk with --backend-plugin or
 /// --scheduler-plugin).
-const TEST_ONLY: &[&str] = &["kpx-plugin-hostile", "kpx-plugin-first", "kpx-plugin-wasi-probe"];
+const TEST_ONLY: &[&str] =
+    &["kpx-plugin-hostile", "kpx-plugin-first", "kpx-plugin-wasi-probe", "kpx-plugin-hot-v1", "kpx-plugin-hot-v2"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

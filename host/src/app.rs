@@ -1,6 +1,7 @@
 //! Assembles kpx from a [`Config`]: plugin runtime, one proxier per IP
 //! family, the manifest source, and the sync loop.
 
+use crate::reload::{Role, Watcher};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -81,18 +82,26 @@ pub fn load_schedulers(
     for (name, path) in external {
         let bytes =
             std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
-        let plugin = runtime.load_scheduler(name, &bytes)?;
-        let names = plugin.instantiate()?.names().to_vec();
-        if let Some(problem) = crate::conformance::scheduler::names_problem(&names) {
-            return Err(Error::Plugin(runtime::Error::Load { plugin: name.clone(), message: problem }));
-        }
-        tracing::info!(plugin = %name, file = %path.display(), "scheduler component: {names:?}");
+        let plugin = scheduler_component(runtime, name, &bytes)?;
         out.push(Arc::new(plugin));
+        tracing::info!(plugin = %name, file = %path.display(), "scheduler component loaded");
     }
     let name = runtime::BUILT_IN_SCHEDULERS;
     let bytes = runtime::builtin::get(name).expect("the built-in schedulers are embedded");
     out.push(Arc::new(runtime.load_scheduler(name, bytes)?));
     Ok(out)
+}
+
+/// A scheduler component from its bytes: compiled (or from the cache),
+/// instantiated once, and its names checked.
+pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin, Error> {
+    let plugin = runtime.load_scheduler(name, bytes)?;
+    let names = plugin.instantiate()?.names().to_vec();
+    if let Some(problem) = crate::conformance::scheduler::names_problem(&names) {
+        return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
+    }
+    tracing::info!(plugin = %name, "scheduler component: {names:?}");
+    Ok(plugin)
 }
 
 /// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
@@ -227,7 +236,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         }
     }
     // Components that do not fit stop kpx before it touches the kernel.
-    let plugin_runtime = plugin_runtime(&config)?;
+    let plugin_runtime = Arc::new(plugin_runtime(&config)?);
     let schedulers = load_schedulers(&plugin_runtime, &config.scheduler_plugins)?;
     let backend = match config.mode {
         ProxyMode::Userspace => None,
@@ -334,7 +343,16 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         },
     )?;
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
-    sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry);
+    // Component files replaced while kpx runs are tried and switched to.
+    let mut files: Vec<(Role, std::path::PathBuf)> = Vec::new();
+    if let Some(path) = config.backend_plugin.as_ref().filter(|_| config.mode != ProxyMode::Userspace) {
+        files.push((Role::Backend, path.clone()));
+    }
+    for (index, (name, path)) in config.scheduler_plugins.iter().enumerate() {
+        files.push((Role::Scheduler { index, name: name.clone() }, path.clone()));
+    }
+    let watcher = Watcher::new(plugin_runtime, files);
+    sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry, Some(watcher));
     Err(source_stopped(thread))
 }
 
@@ -482,6 +500,7 @@ mod tests {
             Vec::new(),
             Periods { min: Default::default(), max: std::time::Duration::from_secs(1) },
             &telemetry,
+            None,
         );
         let err = source_stopped(thread);
         assert!(matches!(err, Error::SourceStopped(_)));

@@ -134,6 +134,32 @@ impl Dataplane {
         }
     }
 
+    /// Whether a full sync would write `ruleset` (the host's checks and
+    /// its rendering), nothing written: a replacement component's trial.
+    pub fn check(
+        &self,
+        plugin: &str,
+        settings: &kpx_rules::model::Settings,
+        state: StateView<'_>,
+        ruleset: &kpx_rules::ops::Ruleset,
+    ) -> std::result::Result<(), SyncError> {
+        use kpx_rules::ops::Ruleset;
+        match (self, ruleset) {
+            (Dataplane::Iptables(d), Ruleset::Iptables(r)) => d.check(plugin, settings, r, state.scope),
+            (Dataplane::Nftables(d), Ruleset::Nftables(t)) => d.check(plugin, settings, t, state.scope),
+            (Dataplane::Ipvs(_), Ruleset::Ipvs(r)) => Ok(ipvs::dataplane::check(plugin, settings, r, state.scope)?),
+            (d, r) => Err(SyncError::WrongMode { plugin: plugin.into(), got: ruleset_kind(r), want: d.kind() }),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Dataplane::Iptables(_) => "iptables",
+            Dataplane::Nftables(_) => "nftables",
+            Dataplane::Ipvs(_) => "ipvs",
+        }
+    }
+
     /// Checks a plugin's ruleset, writes it with the host's own objects,
     /// and remembers what was written.
     pub fn sync(
@@ -150,19 +176,15 @@ impl Dataplane {
             (Dataplane::Iptables(d), Ruleset::Iptables(r)) => d.sync(plugin, settings, r, full, scope),
             (Dataplane::Nftables(d), Ruleset::Nftables(t)) => d.sync(plugin, settings, cluster, t, full, scope),
             (Dataplane::Ipvs(d), Ruleset::Ipvs(r)) => d.sync(plugin, settings, r, state, full),
-            (d, r) => {
-                let name = |r: &Ruleset| match r {
-                    Ruleset::Iptables(_) => "iptables",
-                    Ruleset::Nftables(_) => "nftables",
-                    Ruleset::Ipvs(_) => "ipvs",
-                };
-                let want = match d {
-                    Dataplane::Iptables(_) => "iptables",
-                    Dataplane::Nftables(_) => "nftables",
-                    Dataplane::Ipvs(_) => "ipvs",
-                };
-                Err(SyncError::WrongMode { plugin: plugin.into(), got: name(r), want })
-            }
+            (d, r) => Err(SyncError::WrongMode { plugin: plugin.into(), got: ruleset_kind(r), want: d.kind() }),
         }
+    }
+}
+
+fn ruleset_kind(r: &kpx_rules::ops::Ruleset) -> &'static str {
+    match r {
+        kpx_rules::ops::Ruleset::Iptables(_) => "iptables",
+        kpx_rules::ops::Ruleset::Nftables(_) => "nftables",
+        kpx_rules::ops::Ruleset::Ipvs(_) => "ipvs",
     }
 }

@@ -6,6 +6,7 @@ pub mod app;
 pub mod config;
 pub mod conformance;
 pub mod kernel;
+pub mod reload;
 pub mod runtime;
 pub mod serve;
 pub mod settings;

@@ -60,6 +60,42 @@ impl Proxier {
         }
     }
 
+    fn rules_mut(&mut self) -> Option<&mut FamilyProxier> {
+        match self {
+            Proxier::Rules(p, _) => Some(p),
+            Proxier::Userspace(_) => None,
+        }
+    }
+
+    /// (service port, scheduler name) of every port it serves that names one.
+    fn scheduler_users(&self) -> Vec<(String, String)> {
+        match self {
+            Proxier::Rules(p, l) => {
+                let mut out = p.scheduler_users();
+                out.extend(l.iter().flat_map(|l| l.scheduler_users()));
+                out
+            }
+            Proxier::Userspace(p) => p.scheduler_users(),
+        }
+    }
+
+    /// The `index`-th scheduler component it runs.
+    fn scheduler_plugin(&self, index: usize) -> Option<std::sync::Arc<crate::runtime::SchedulerPlugin>> {
+        match self {
+            Proxier::Rules(p, _) => p.scheduler_plugin(index),
+            Proxier::Userspace(p) => p.picker().plugin(index),
+        }
+    }
+
+    /// The scheduler components its relays ask (userspace mode, localhost
+    /// node ports).
+    fn picker(&self) -> Option<&std::sync::Arc<crate::userspace::balancer::Picker>> {
+        match self {
+            Proxier::Rules(_, l) => l.as_deref().map(LocalhostNodePorts::picker),
+            Proxier::Userspace(p) => Some(p.picker()),
+        }
+    }
+
     fn mode(&self) -> ProxyMode {
         match self {
             Proxier::Rules(p, _) => p.mode(),
@@ -82,9 +118,10 @@ use std::time::{Duration, Instant};
 use kpx_rules::model::ProxyMode;
 
 use crate::kernel::SyncError;
+use crate::reload::{Loaded, Replacement, Role, Watcher};
 use crate::serve::Telemetry;
 use crate::serve::health::Stamp;
-use crate::serve::metrics::{PluginLabel, PolicyLabel, TableLabel};
+use crate::serve::metrics::{PluginLabel, PolicyLabel, ReloadLabel, TableLabel};
 use crate::source::{Event, Kind, Object, ObjectRef};
 use crate::state::{Changes, State};
 
@@ -299,13 +336,93 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
     };
 }
 
+/// Tries a replaced component file on every proxier, and switches all of
+/// them to it or none (the running component keeps serving); the
+/// outcome is logged and counted. True when it was applied.
+fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telemetry) -> bool {
+    let Replacement { role, path, loaded } = replacement;
+    let component = match &role {
+        Role::Backend => "backend".to_string(),
+        Role::Scheduler { name, .. } => format!("scheduler:{name}"),
+    };
+    let outcome = loaded.and_then(|loaded| match (loaded, &role) {
+        (Loaded::Backend(plugin), _) => {
+            let trials = proxiers
+                .iter()
+                .filter_map(Proxier::rules)
+                .map(|p| p.try_backend(plugin.clone()).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, String>>()?;
+            if trials.is_empty() {
+                return Err("userspace mode runs no backend component".into());
+            }
+            for (p, trial) in proxiers.iter_mut().filter_map(Proxier::rules_mut).zip(trials) {
+                p.commit(trial);
+            }
+            Ok(())
+        }
+        (Loaded::Scheduler(plugin), Role::Scheduler { index, .. }) => {
+            // A name the state's Services use must not disappear with it.
+            if let Some(old) = proxiers.iter().find_map(|p| p.scheduler_plugin(*index)) {
+                let names = |p: &crate::runtime::SchedulerPlugin| {
+                    p.instantiate().map(|i| i.names().to_vec()).map_err(|e| e.to_string())
+                };
+                let (old_names, new_names) = (names(&old)?, names(&plugin)?);
+                let users = proxiers.iter().flat_map(Proxier::scheduler_users);
+                if let Some((key, name)) =
+                    users.into_iter().find(|(_, n)| old_names.contains(n) && !new_names.contains(n))
+                {
+                    return Err(format!("the replacement no longer exports the scheduler {name:?}, which {key} uses"));
+                }
+            }
+            let mut pickers: Vec<std::sync::Arc<crate::userspace::balancer::Picker>> = Vec::new();
+            for p in proxiers.iter().filter_map(Proxier::picker) {
+                if !pickers.iter().any(|q| std::sync::Arc::ptr_eq(p, q)) {
+                    pickers.push(p.clone());
+                }
+            }
+            let instances = pickers
+                .iter()
+                .map(|_| crate::userspace::balancer::Picker::try_replacement(&plugin))
+                .collect::<Result<Vec<_>, String>>()?;
+            let trials = proxiers
+                .iter()
+                .filter_map(Proxier::rules)
+                .map(|p| p.try_scheduler(*index, plugin.clone()).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, String>>()?;
+            for (picker, instance) in pickers.iter().zip(instances) {
+                picker.replace(*index, plugin.clone(), instance);
+            }
+            for (p, trial) in proxiers.iter_mut().filter_map(Proxier::rules_mut).zip(trials) {
+                p.commit(trial);
+            }
+            Ok(())
+        }
+        (Loaded::Scheduler(_), Role::Backend) => Err("a scheduler loaded for the backend's file".into()),
+    });
+    let label = |outcome: &str| ReloadLabel { component: component.clone(), outcome: outcome.into() };
+    match outcome {
+        Ok(()) => {
+            telemetry.metrics.plugin_reloads.get_or_create(&label("applied")).inc();
+            tracing::info!(component = %component, file = %path.display(), "replaced component applied: a full sync follows");
+            true
+        }
+        Err(e) => {
+            telemetry.metrics.plugin_reloads.get_or_create(&label("refused")).inc();
+            tracing::error!(component = %component, file = %path.display(), "replaced component refused, the running one keeps serving: {e}");
+            false
+        }
+    }
+}
+
 /// Runs until the source's sender is dropped (the source stopped).
+/// `watcher`: the component files replaced while kpx runs.
 pub fn run(
     mut state: State,
     events: Receiver<Event>,
     mut proxiers: Vec<Proxier>,
     periods: Periods,
     telemetry: &Telemetry,
+    mut watcher: Option<Watcher>,
 ) {
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
@@ -321,6 +438,9 @@ pub fn run(
             let mut wake = schedule.next(now);
             if proxiers.iter().any(Proxier::uses_load) {
                 wake = wake.min(next_load);
+            }
+            if let Some(poll) = watcher.as_ref().and_then(Watcher::next_poll) {
+                wake = wake.min(poll);
             }
             events.recv_timeout(wake.saturating_duration_since(now))
         } else {
@@ -352,9 +472,18 @@ pub fn run(
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {}
         }
+        // Replaced component files: tried on the live state, switched to
+        // (all families or none), then written by a full sync.
+        let now = Instant::now();
+        if let Some(w) = watcher.as_mut() {
+            for replacement in w.poll(now) {
+                if replace(&mut proxiers, replacement, telemetry) {
+                    schedule.pending = true;
+                }
+            }
+        }
         // Schedulers that plan from live load: measured every interval;
         // a changed plan is a pending change.
-        let now = Instant::now();
         if now >= next_load {
             next_load = now + planner::LOAD_INTERVAL;
             for proxier in &mut proxiers {

@@ -11,6 +11,7 @@ mod hairpin;
 mod ipvs;
 mod kernel_iptables;
 mod kernel_nftables;
+mod reload;
 mod restart;
 mod roundtrip;
 mod sandbox;

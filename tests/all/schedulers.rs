@@ -17,7 +17,7 @@ use crate::support::*;
 
 /// A Service `name` (TCP port 80 → 8080) with annotations, and its slice
 /// with annotations.
-fn write_service(
+pub fn write_service(
     manifests: &std::path::Path,
     name: &str,
     ip: &str,

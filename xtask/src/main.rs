@@ -40,6 +40,8 @@ fn test(extra: &[String]) -> Result<()> {
         "kpx-plugin-hostile",
         "kpx-plugin-first",
         "kpx-plugin-wasi-probe",
+        "kpx-plugin-hot-v1",
+        "kpx-plugin-hot-v2",
     ] {
         args.extend(["--exclude", plugin]);
     }

@@ -250,6 +250,15 @@ impl IptablesDataplane {
         &self.kernel
     }
 
+    /// Whether a full sync would write `ruleset`: the host's checks and
+    /// the rendering, against what earlier syncs left, nothing written
+    /// (a replacement component's trial).
+    pub fn check(&self, plugin: &str, settings: &Settings, ruleset: &Ruleset, scope: &Scope) -> Result<(), SyncError> {
+        let ctx = Context { plugin, dialect: dialect(settings), scope, model: &self.model, full: true };
+        prepare(&ctx, settings, ruleset, self.max_bytes)?;
+        Ok(())
+    }
+
     /// One sync: on a full one, the kernel's own chains are read back
     /// first and every one the ruleset does not declare is deleted.
     pub fn sync(

@@ -285,6 +285,20 @@ impl NftablesDataplane {
         &mut self.kernel
     }
 
+    /// Whether a full sync would write `tx`: the host's checks and the
+    /// encoding, nothing written (a replacement component's trial).
+    pub fn check(
+        &self,
+        plugin: &str,
+        settings: &Settings,
+        tx: &Transaction,
+        scope: &Scope,
+    ) -> std::result::Result<(), SyncError> {
+        let ctx = Context { plugin, family: settings.family, scope, model: &self.model, full: true };
+        prepare(&ctx, settings, tx, self.max_bytes)?;
+        Ok(())
+    }
+
     /// One sync. A full one empties and rebuilds the whole table in the
     /// same batch; a partial one writes the plugin's operations only.
     pub fn sync(

@@ -33,6 +33,15 @@ pub struct PluginLabel {
     pub plugin: String,
 }
 
+/// A component file replaced while kpx runs, and what became of it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabel {
+    /// `backend`, or `scheduler:NAME`.
+    pub component: String,
+    /// `applied` or `refused`.
+    pub outcome: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_buckets() -> impl Iterator<Item = f64> {
@@ -73,6 +82,7 @@ pub struct Metrics {
     pub plugin_fuel: Family<PluginLabel, Counter>,
     pub plugin_traps: Family<PluginLabel, Counter>,
     pub plugin_refusals: Family<PluginLabel, Counter>,
+    pub plugin_reloads: Family<ReloadLabel, Counter>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
 }
@@ -105,6 +115,7 @@ impl Metrics {
             plugin_fuel: Family::default(),
             plugin_traps: Family::default(),
             plugin_refusals: Family::default(),
+            plugin_reloads: Family::default(),
             plugin_render_duration: Histogram::new(sync_buckets()),
             validation_duration: Histogram::new(sync_buckets()),
             registry: Registry::default(),
@@ -183,6 +194,11 @@ impl Metrics {
         r.register("kubeproxy_proxy_livez", "Cumulative proxy livez HTTP status", m.livez.clone());
         r.register("kpx_plugin_traps", "Plugin calls that trapped (the instance is replaced)", m.plugin_traps.clone());
         r.register("kpx_plugin_refusals", "Rulesets of a plugin the host refused", m.plugin_refusals.clone());
+        r.register(
+            "kpx_plugin_reloads",
+            "Component files replaced while kpx ran, applied or refused (the running component kept)",
+            m.plugin_reloads.clone(),
+        );
         r.register(
             "kpx_plugin_render_duration_seconds",
             "Time in the plugin per sync (apply and render)",

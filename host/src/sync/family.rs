@@ -11,7 +11,7 @@ use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, 
 use crate::config::Config;
 use crate::kernel::iptables::frame::localhost_nodeports;
 use crate::kernel::{Dataplane, StateView, SyncError, interfaces, sysctl::Sysctl};
-use crate::runtime::{self, BackendInstance, BackendPlugin};
+use crate::runtime::{self, BackendInstance, BackendPlugin, SchedulerPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
 use crate::sync::planner::Planner;
@@ -308,6 +308,80 @@ impl FamilyProxier {
         })
     }
 
+    /// Tries a replacement backend component on the state this family
+    /// holds: a fresh instance, the state replayed, a full render, the
+    /// host's checks. Nothing is written and nothing changes here until
+    /// [`FamilyProxier::commit`].
+    pub fn try_backend(&self, plugin: Arc<BackendPlugin>) -> Result<Trial, Error> {
+        let instance = self.rehearse(&plugin, &self.sent)?;
+        Ok(Trial { plugin, instance, planned: None })
+    }
+
+    /// Tries a replacement for the `index`-th scheduler component: every
+    /// port planned again with it (a trap or a plan the mode cannot
+    /// execute refuses it), then the backend's full render of the new
+    /// plans through the host's checks.
+    pub fn try_scheduler(&self, index: usize, plugin: Arc<SchedulerPlugin>) -> Result<Trial, Error> {
+        let mut planner = self.planner.replaced(index, plugin.clone());
+        let mut sent = Sent::default();
+        for port in self.sent.ports.values() {
+            let mut port = port.clone();
+            planner.plan(&mut port, None);
+            sent.insert(self.family, port);
+        }
+        if let Some(fault) = planner.take_fault() {
+            return Err(Error::Plugin(runtime::Error::Failed {
+                plugin: plugin.name().to_string(),
+                call: "schedule",
+                message: fault,
+            }));
+        }
+        let instance = self.rehearse(&self.plugin, &sent)?;
+        Ok(Trial { plugin: self.plugin.clone(), instance, planned: Some((planner, sent)) })
+    }
+
+    /// The `index`-th scheduler component.
+    pub fn scheduler_plugin(&self, index: usize) -> Option<Arc<SchedulerPlugin>> {
+        self.planner.plugin(index).cloned()
+    }
+
+    /// (service port, scheduler name) of every port that names one.
+    pub fn scheduler_users(&self) -> Vec<(String, String)> {
+        self.sent.ports.values().filter_map(|p| Some((p.key.clone(), p.scheduler.as_ref()?.name.clone()))).collect()
+    }
+
+    /// A fresh instance of `plugin` holding `sent`, whose full render the
+    /// host accepts.
+    fn rehearse(&self, plugin: &BackendPlugin, sent: &Sent) -> Result<BackendInstance, Error> {
+        let mut instance = plugin.instantiate(&self.settings)?;
+        let services: Vec<ServicePort> = sent.ports.values().cloned().collect();
+        instance.reset(&self.node, &self.cluster, &services)?;
+        let ruleset = instance.render(true, sent.objects)?;
+        let view = StateView {
+            cluster: &self.cluster,
+            scope: &sent.scope,
+            ports: &sent.ports,
+            local_addresses: &self.local_addresses,
+        };
+        self.dataplane
+            .check(plugin.name(), &self.settings, view, &ruleset)
+            .map_err(|source| Error::Sync { family: self.family, source })?;
+        Ok(instance)
+    }
+
+    /// Switches to a tried replacement; the next sync is a full one.
+    pub fn commit(&mut self, trial: Trial) {
+        self.plugin = trial.plugin;
+        self.instance = Some(trial.instance);
+        if let Some((mut planner, sent)) = trial.planned {
+            self.load_ports = sent.ports.values().filter(|p| planner.uses_load(p)).map(|p| p.key.clone()).collect();
+            self.planner = planner;
+            self.sent = sent;
+            self.replanned.clear();
+        }
+        self.need_full = true;
+    }
+
     /// Runs a plugin call; a trap drops the poisoned instance.
     fn call<T>(&mut self, f: impl FnOnce(&mut BackendInstance) -> runtime::Result<T>) -> runtime::Result<T> {
         let instance = self.instance.as_mut().expect("instance exists");
@@ -319,6 +393,15 @@ impl FamilyProxier {
         }
         result
     }
+}
+
+/// A replacement component that passed its trial on one family's state.
+pub struct Trial {
+    plugin: Arc<BackendPlugin>,
+    /// Holds the state (replayed and rendered once).
+    instance: BackendInstance,
+    /// A scheduler replacement: the planner with it and the ports it planned.
+    planned: Option<(Planner, Sent)>,
 }
 
 /// The service ports the plugin holds, by key, and what the host derives

@@ -49,6 +49,9 @@ pub struct Planner {
     warned: HashMap<String, String>,
     /// The port being planned uses the default scheduler (built-in only).
     built_in_only: bool,
+    /// The last fault (a trap, a plan the mode cannot execute) since
+    /// [`Planner::take_fault`]: what refuses a replacement component.
+    fault: Option<String>,
 }
 
 impl Planner {
@@ -64,7 +67,26 @@ impl Planner {
             load_failed: false,
             warned: HashMap::new(),
             built_in_only: false,
+            fault: None,
         }
+    }
+
+    /// A planner whose `index`-th component is `plugin` (a replacement
+    /// being tried): fresh instances, nothing cached.
+    pub fn replaced(&self, index: usize, plugin: Arc<SchedulerPlugin>) -> Planner {
+        let mut plugins = self.plugins.clone();
+        plugins[index] = plugin;
+        Planner::new(self.mode, self.family, plugins)
+    }
+
+    /// The `index`-th component.
+    pub fn plugin(&self, index: usize) -> Option<&Arc<SchedulerPlugin>> {
+        self.plugins.get(index)
+    }
+
+    /// The last fault since the previous call.
+    pub fn take_fault(&mut self) -> Option<String> {
+        self.fault.take()
     }
 
     /// Whether `port`'s scheduler plans from live load.
@@ -177,17 +199,19 @@ impl Planner {
                     Outcome::Plan(plan.normalized(candidates.len()))
                 }
                 Err(why) => {
-                    self.warn(
-                        key,
-                        format!(
-                            "scheduler {name} ({plugin}) returned a plan {mode} mode cannot execute: {why}; the Service keeps the default"
-                        ),
+                    let message = format!(
+                        "scheduler {name} ({plugin}) returned a plan {mode} mode cannot execute: {why}; the Service keeps the default"
                     );
+                    self.fault = Some(format!("{key}: {message}"));
+                    self.warn(key, message);
                     Outcome::Failed
                 }
             },
             Err(e) => {
                 let trapped = e.needs_fresh_instance();
+                if trapped {
+                    self.fault = Some(format!("{key}: {e}"));
+                }
                 self.warn(key, format!("scheduler {name} in {mode} mode: {e}; the Service keeps the default"));
                 if trapped {
                     self.drop_instance_of(name);

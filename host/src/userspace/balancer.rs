@@ -26,10 +26,10 @@ pub const DEFAULT_SCHEDULER: &str = "rr";
 /// The default for endpoints with weights (`kpx.dev/weights`).
 pub const DEFAULT_WEIGHTED: &str = "wrr";
 
-/// One component's live instance and the pick ids it has set up (at
+/// One component, its live instance and the pick ids it has set up (at
 /// which generation of their candidates).
-#[derive(Default)]
 struct Slot {
+    plugin: Arc<SchedulerPlugin>,
     instance: Option<SchedulerInstance>,
     prepared: HashMap<u32, u64>,
 }
@@ -40,15 +40,64 @@ struct Slot {
 /// per change of its candidates; a connection then crosses the boundary
 /// with the client and the live counts only.
 pub struct Picker {
-    plugins: Vec<Arc<SchedulerPlugin>>,
     slots: Mutex<Vec<Slot>>,
     next_id: AtomicU32,
 }
 
 impl Picker {
     pub fn new(plugins: Vec<Arc<SchedulerPlugin>>) -> Picker {
-        let slots = Mutex::new(plugins.iter().map(|_| Slot::default()).collect());
-        Picker { plugins, slots, next_id: AtomicU32::new(1) }
+        let slots = plugins.into_iter().map(|plugin| Slot { plugin, instance: None, prepared: HashMap::new() });
+        Picker { slots: Mutex::new(slots.collect()), next_id: AtomicU32::new(1) }
+    }
+
+    /// Tries a replacement for the `index`-th component: an instance, and
+    /// for each of its names a set-up and a pick over two candidates that
+    /// must neither trap nor pick outside them (its own refusal is allowed:
+    /// the port falls back to round robin, as at any time).
+    pub fn try_replacement(plugin: &SchedulerPlugin) -> Result<SchedulerInstance, String> {
+        let mut instance = plugin.instantiate().map_err(|e| e.to_string())?;
+        let endpoints = [("10.0.0.1".parse().expect("an address"), 80), ("10.0.0.2".parse().expect("an address"), 80)];
+        for (k, name) in instance.names().to_vec().iter().enumerate() {
+            let setup = PickSetup {
+                name,
+                parameters: &[],
+                service: "kpx/trial:p",
+                destination: "10.96.0.1".parse().expect("an address"),
+                endpoints: &endpoints,
+                weights: &[1, 1],
+            };
+            let request = PickRequest {
+                client: "10.1.0.1".parse().expect("an address"),
+                active: &[0, 0],
+                failed: &[],
+                random: 7,
+            };
+            let id = u32::MAX - k as u32;
+            let outcome = instance.prepare_picks(id, &setup).and_then(|()| instance.pick(id, &request));
+            match outcome {
+                Err(e) if e.needs_fresh_instance() || !matches!(e, crate::runtime::Error::Failed { .. }) => {
+                    return Err(e.to_string());
+                }
+                Err(e) if e.to_string().contains("picked candidate") => return Err(e.to_string()),
+                _ => {}
+            }
+            let _ = instance.forget_picks(id);
+        }
+        Ok(instance)
+    }
+
+    /// The `index`-th component.
+    pub fn plugin(&self, index: usize) -> Option<Arc<SchedulerPlugin>> {
+        self.slots.lock().expect("scheduler instances").get(index).map(|s| s.plugin.clone())
+    }
+
+    /// Switches the `index`-th component to a tried replacement: every
+    /// side of every port is set up in it again at its next pick.
+    pub fn replace(&self, index: usize, plugin: Arc<SchedulerPlugin>, instance: SchedulerInstance) {
+        let mut slots = self.slots.lock().expect("scheduler instances");
+        if let Some(slot) = slots.get_mut(index) {
+            *slot = Slot { plugin, instance: Some(instance), prepared: HashMap::new() };
+        }
     }
 
     /// A fresh id for one side of a service port.
@@ -71,18 +120,18 @@ impl Picker {
         built_in: bool,
     ) -> Result<Option<u32>, String> {
         let mut slots = self.slots.lock().expect("scheduler instances");
-        for (plugin, slot) in self.plugins.iter().zip(slots.iter_mut()) {
-            if built_in && plugin.name() != crate::runtime::BUILT_IN_SCHEDULERS {
+        for slot in slots.iter_mut() {
+            if built_in && slot.plugin.name() != crate::runtime::BUILT_IN_SCHEDULERS {
                 continue;
             }
             if slot.instance.is_none() {
-                match plugin.instantiate() {
+                match slot.plugin.instantiate() {
                     Ok(instance) => {
                         slot.instance = Some(instance);
                         slot.prepared.clear();
                     }
                     Err(e) => {
-                        tracing::debug!("scheduler component {}: {e}", plugin.name());
+                        tracing::debug!("scheduler component {}: {e}", slot.plugin.name());
                         continue;
                     }
                 }

@@ -35,6 +35,19 @@ impl LocalhostNodePorts {
         LocalhostNodePorts { relays, picker, served: BTreeMap::new() }
     }
 
+    /// The scheduler components its relays ask.
+    pub fn picker(&self) -> &Arc<Picker> {
+        &self.picker
+    }
+
+    /// (service port, scheduler name) of every port served that names one.
+    pub fn scheduler_users(&self) -> Vec<(String, String)> {
+        self.served
+            .values()
+            .filter_map(|s| Some((s.port.key.clone(), s.port.scheduler.as_ref()?.name.clone())))
+            .collect()
+    }
+
     /// Follows the changed Services (every Service on a full sync); a
     /// port that cannot be taken (something else listens there) is
     /// logged and tried again at the next sync.

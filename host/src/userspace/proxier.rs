@@ -82,6 +82,19 @@ pub struct UserspaceProxier {
 }
 
 impl UserspaceProxier {
+    /// The scheduler components its relays ask.
+    pub fn picker(&self) -> &Arc<Picker> {
+        &self.picker
+    }
+
+    /// (service port, scheduler name) of every port served that names one.
+    pub fn scheduler_users(&self) -> Vec<(String, String)> {
+        self.served
+            .values()
+            .filter_map(|s| Some((s.port.key.clone(), s.port.scheduler.as_ref()?.name.clone())))
+            .collect()
+    }
+
     pub fn new(
         config: Arc<Config>,
         family: IpFamily,

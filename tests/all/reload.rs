@@ -1,0 +1,175 @@
+//! Hot reload: a component file replaced while kpx runs is tried on the
+//! live state and switched to, with a client loop running throughout; a
+//! replacement that does not fit is refused and the running component
+//! keeps serving.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::schedulers::write_service;
+use crate::support::*;
+
+fn test_plugin(file: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/{file}", env!("KPX_TEST_PLUGIN_DIR"))).unwrap()
+}
+
+/// Replaces `path` as an operator's tooling would: a new file renamed
+/// over the old one.
+fn replace(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The backends that answered the connections started after `since`, and
+/// how many failed. A connection whose source port an earlier one of the
+/// loop used is left out of the answers: the kernel reopens a recently
+/// closed conntrack entry for the same 4-tuple with its old NAT binding
+/// (the test prints how many ports came back), so it shows the endpoint
+/// of the rules then, not now.
+fn answered_since(client: &ClientLoop, since: Instant) -> (Vec<String>, usize) {
+    let mut used = std::collections::HashSet::new();
+    let mut answers = Vec::new();
+    let mut failed = 0;
+    for (t, port, answer) in client.outcomes() {
+        let fresh = used.insert(port);
+        if t < since {
+            continue;
+        }
+        match answer {
+            None => failed += 1,
+            Some(a) if fresh => answers.push(a),
+            Some(_) => {}
+        }
+    }
+    (answers, failed)
+}
+
+/// `hot` v1 (round robin) replaced by v2 (maglev) while one client opens
+/// connections back to back: its connections rotate over the endpoints,
+/// then all land on one (maglev keeps a client on its endpoint), with no
+/// failed connection. A file that is no component, and one that no longer
+/// exports `hot`, are refused and v2 keeps serving.
+#[test]
+fn a_replaced_scheduler_takes_over_with_no_failed_connection() {
+    scheduler_swap("nftables");
+}
+
+/// The same in userspace mode, where the component picks every
+/// connection the relay accepts.
+#[test]
+fn a_replaced_scheduler_picks_the_next_connection_in_userspace_mode() {
+    scheduler_swap("userspace");
+}
+
+fn scheduler_swap(mode: &str) {
+    let Some(lab) = lab_or_skip(3, &format!("scheduler hot reload ({mode})")) else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("reload-scheduler");
+    let file = dir.join("hot.wasm");
+    std::fs::write(&file, test_plugin("kpx_plugin_hot_v1.wasm")).unwrap();
+    write_service(&manifests, "web", "10.96.0.10", &[("kpx.dev/scheduler", "hot")], &eps, &[]);
+    let plugin = format!("ext={}", file.display());
+    let args = kpx_args(&manifests, &["--proxy-mode", mode, "--scheduler-plugin", &plugin]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+
+    let client = ClientLoop::start(&lab, "10.96.0.10:80");
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (v1, _) = answered_since(&client, t0);
+    let v1_spread: BTreeSet<&String> = v1.iter().collect();
+    assert!(v1_spread.len() == 3, "round robin: one client's connections rotate over 3 endpoints: {v1_spread:?}");
+
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    let swapped = Instant::now();
+    replace(&file, &test_plugin("kpx_plugin_hot_v2.wasm"));
+    assert!(
+        kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)),
+        "v2 was not applied:\n{}",
+        kpx.log()
+    );
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(10)), "{}", kpx.log());
+    let applied = Instant::now();
+    eprintln!("v2 applied {:?} after the file was replaced", applied - swapped);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (v2, _) = answered_since(&client, applied);
+    let v2_spread: BTreeSet<&String> = v2.iter().collect();
+    assert!(
+        v2.len() >= 50 && v2_spread.len() == 1,
+        "maglev: one client, one endpoint: {} connections to {v2_spread:?}",
+        v2.len()
+    );
+
+    for (bytes, why) in [
+        (b"\0asm garbage".to_vec(), "cannot load"),
+        (test_plugin("kpx_plugin_first.wasm"), "no longer exports the scheduler \"hot\""),
+    ] {
+        let refusals = kpx.log().matches("replaced component refused").count();
+        replace(&file, &bytes);
+        assert!(
+            kpx.wait_for_log("replaced component refused", refusals + 1, Duration::from_secs(10)),
+            "not refused:\n{}",
+            kpx.log()
+        );
+        assert!(kpx.log().contains(why), "want {why:?} in:\n{}", kpx.log());
+    }
+    let after_refusals = Instant::now();
+    std::thread::sleep(Duration::from_millis(1000));
+    let (kept, _) = answered_since(&client, after_refusals);
+    let kept_spread: BTreeSet<&String> = kept.iter().collect();
+    assert_eq!(kept_spread, v2_spread, "v2 keeps serving after the refused replacements");
+
+    let (all, failed) = answered_since(&client, t0);
+    let outcomes = client.outcomes();
+    drop(client);
+    let ports: std::collections::HashSet<u16> = outcomes.iter().map(|(_, p, _)| *p).collect();
+    eprintln!(
+        "source ports used again within the run: {} of {} connections",
+        outcomes.len() - ports.len(),
+        outcomes.len()
+    );
+    eprintln!(
+        "hot reload ({mode}): {} connections, {failed} failed; v1 reached {v1_spread:?}, v2 {v2_spread:?}",
+        all.len() + failed
+    );
+    assert_eq!(failed, 0, "connections failed during the swaps");
+    assert!(kpx.log().contains("component=scheduler:ext"), "{}", kpx.log());
+}
+
+/// `--backend-plugin` replaced by another backend of the same mode is
+/// applied with traffic flowing; one of another mode is refused by the
+/// host's trial, and the running backend keeps its rules.
+#[test]
+fn a_replaced_backend_is_tried_before_it_serves() {
+    let Some(lab) = lab_or_skip(2, "a_replaced_backend_is_tried_before_it_serves") else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("reload-backend");
+    let file = dir.join("backend.wasm");
+    std::fs::write(&file, kpx::runtime::builtin::get("iptables").unwrap()).unwrap();
+    write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
+    let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--backend-plugin", file.to_str().unwrap()]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let client = ClientLoop::start(&lab, "10.96.0.10:80");
+    let t0 = Instant::now();
+
+    replace(&file, &test_plugin("kpx_plugin_hostile.wasm"));
+    assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
+    replace(&file, kpx::runtime::builtin::get("nftables").unwrap());
+    assert!(kpx.wait_for_log("replaced component refused", 1, Duration::from_secs(10)), "{}", kpx.log());
+    assert!(kpx.log().contains("nftables"), "{}", kpx.log());
+    std::thread::sleep(Duration::from_millis(1000));
+    let (answered, failed) = answered_since(&client, t0);
+    drop(client);
+    let reached: BTreeSet<&String> = answered.iter().collect();
+    eprintln!("backend reload: {} connections, {failed} failed, reached {reached:?}", answered.len() + failed);
+    assert_eq!(failed, 0, "connections failed during the swaps");
+    assert_eq!(reached.len(), 2, "both endpoints keep serving: {reached:?}");
+    assert!(kernel_rules(&lab).contains("KUBE-SVC-"), "the running backend's rules stay");
+}
