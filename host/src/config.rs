@@ -49,6 +49,9 @@ pub enum Command {
     /// flows, hostile inputs and (schedulers) the distribution checks;
     /// prints a pass/fail table and exits non-zero on any failure.
     Conformance(crate::conformance::Args),
+    /// Create a plugin crate (scheduler or backend) that builds out of
+    /// kpx's tree with `cargo plugin`.
+    NewPlugin(crate::template::Args),
 }
 
 /// `kpx trace --from IP --to IP:PORT/PROTO [--mode M]`.

@@ -13,6 +13,7 @@ pub mod settings;
 pub mod source;
 pub mod state;
 pub mod sync;
+pub mod template;
 pub mod trace;
 pub mod userspace;
 pub mod validate;

@@ -87,6 +87,16 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Some(Command::NewPlugin(args)) => match kpx::template::new_plugin(args) {
+            Ok(dir) => {
+                println!("created {} ({} component {}): see its README.md", dir.display(), args.kind, args.name);
+                return Ok(());
+            }
+            Err(e) => {
+                eprintln!("kpx new-plugin: {e}");
+                std::process::exit(2);
+            }
+        },
         None => {}
     }
     let (flags, warnings) = (cli.flags, cli.warnings);

@@ -67,7 +67,9 @@ pub mod __bindings {
 
 kpx_rules::wit_conversions!(crate::__bindings::kpx::proxier::types);
 
+pub mod names;
 pub mod scheduler;
+pub mod testing;
 
 /// Log through the host, which prefixes the plugin's name.
 pub mod log {
