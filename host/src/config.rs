@@ -52,6 +52,9 @@ pub enum Command {
     /// Create a plugin crate (scheduler or backend) that builds out of
     /// kpx's tree with `cargo plugin`.
     NewPlugin(crate::template::Args),
+    /// The demo: kpx on its embedded manifests in network namespaces, with
+    /// real traffic (root only; the host's own network is not touched).
+    Demo(crate::demo::Args),
 }
 
 /// `kpx trace --from IP --to IP:PORT/PROTO [--mode M]`.

@@ -5,6 +5,7 @@
 pub mod app;
 pub mod config;
 pub mod conformance;
+pub mod demo;
 pub mod kernel;
 pub mod reload;
 pub mod runtime;

@@ -97,6 +97,13 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(2);
             }
         },
+        Some(Command::Demo(args)) => {
+            if let Err(e) = kpx::demo::run(args, &std::env::current_exe()?) {
+                eprintln!("kpx demo: {e}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
         None => {}
     }
     let (flags, warnings) = (cli.flags, cli.warnings);

@@ -11,12 +11,12 @@ use anyhow::{Context, Result, bail};
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("demo") => demo::run(),
+        Some("demo") => demo::run(&args[1..]),
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask demo | cargo xtask test [-- <cargo test args>] | cargo xtask bench [kpx-bench args]"
+                "usage: cargo xtask demo [kpx demo args] | cargo xtask test [-- <cargo test args>] | cargo xtask bench [kpx-bench args]"
             );
             std::process::exit(2);
         }
