@@ -12,7 +12,11 @@
 //! - the random interfaces answer from a generator seeded the same way in
 //!   every instance, so that a state replayed into a fresh instance renders
 //!   the same rules (hash maps need a seed; nothing in a proxy plugin needs
-//!   a secret);
+//!   a secret), at most 4 KiB per call;
+//! - these answers are defined with their exact WASI types (a component
+//!   that declares them otherwise does not link) and are paid from the
+//!   calling instance's fuel, so the host's work for them is bounded like
+//!   the plugin's own;
 //! - every other function — clocks, sockets, name lookup, files, streams
 //!   (stdout and stderr included), polling, exit — traps with a message
 //!   naming it. A trap poisons the instance, which the host replaces, as for
@@ -23,13 +27,13 @@
 //! refused when the component is linked.
 
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, Linker, ResourceType, Val};
+use wasmtime::component::{Component, Linker, LinkerInstance, Resource, ResourceType};
 use wasmtime::{Engine, StoreContextMut};
 
 use super::PluginState;
 
-/// The most random bytes one call may ask for.
-const MAX_RANDOM_BYTES: u64 = 1 << 20;
+/// The most random bytes one call may ask for (a hash map's seed is 16).
+const MAX_RANDOM_BYTES: u64 = 4096;
 
 /// The seed of every instance's random numbers.
 pub const RANDOM_SEED: u64 = 0x6b70_785f_7761_7369;
@@ -55,19 +59,16 @@ pub fn deny_all(linker: &mut Linker<PluginState>, engine: &Engine, component: &C
         for (export, item) in instance.exports(engine) {
             match item.ty {
                 ComponentItem::ComponentFunc(_) => {
-                    let answer = if answered { answer(interface, export) } else { None };
-                    let full = format!("{name}#{export}");
-                    match answer {
-                        Some(answer) => defining.func_new(export, move |store, _, params, results| {
-                            answer(store, params, results).map_err(|e| wasmtime::format_err!("{full}: {e}"))
-                        })?,
-                        None => defining.func_new(export, move |_, _, _, _| {
-                            wasmtime::bail!(
-                                "the plugin called {full}: kpx plugins get no clocks, files, sockets or output \
-                                 (deny-all WASI; log through kpx:proxier/log)"
-                            )
-                        })?,
+                    if answered && answer(&mut defining, interface, export)? {
+                        continue;
                     }
+                    let full = format!("{name}#{export}");
+                    defining.func_new(export, move |_, _, _, _| {
+                        wasmtime::bail!(
+                            "the plugin called {full}: kpx plugins get no clocks, files, sockets or output \
+                             (deny-all WASI; log through kpx:proxier/log)"
+                        )
+                    })?;
                 }
                 ComponentItem::Resource(_) => defining.resource(export, ResourceType::host::<()>(), |_, _| Ok(()))?,
                 _ => {}
@@ -77,49 +78,68 @@ pub fn deny_all(linker: &mut Linker<PluginState>, engine: &Engine, component: &C
     Ok(())
 }
 
-type Answer = fn(StoreContextMut<'_, PluginState>, &[Val], &mut [Val]) -> wasmtime::Result<()>;
+/// Fuel a call into the deny-all WASI costs, before its bytes.
+const CALL_FUEL: u64 = 1_000;
 
-/// The WASI 0.2 functions that answer instead of trapping.
-fn answer(interface: &str, function: &str) -> Option<Answer> {
-    let answer: Answer = match (interface, function) {
-        ("wasi:cli/environment", "get-environment" | "get-arguments")
-        | ("wasi:filesystem/preopens", "get-directories") => |_, _, results| set(results, Val::List(Vec::new())),
-        ("wasi:cli/environment", "initial-cwd") => |_, _, results| set(results, Val::Option(None)),
-        ("wasi:random/random", "get-random-u64") | ("wasi:random/insecure", "get-insecure-random-u64") => {
-            |mut store, _, results| set(results, Val::U64(store.data_mut().next_random()))
-        }
-        ("wasi:random/random", "get-random-bytes") | ("wasi:random/insecure", "get-insecure-random-bytes") => {
-            |mut store, params, results| {
-                let len = match params {
-                    [Val::U64(len)] => *len,
-                    _ => wasmtime::bail!("unexpected parameters {params:?}"),
-                };
-                if len > MAX_RANDOM_BYTES {
-                    wasmtime::bail!("asked for {len} random bytes (at most {MAX_RANDOM_BYTES})");
-                }
-                let state = store.data_mut();
-                let bytes = (0..len).map(|_| Val::U8(state.next_random() as u8)).collect();
-                set(results, Val::List(bytes))
-            }
-        }
-        ("wasi:random/insecure-seed", "insecure-seed") => |mut store, _, results| {
-            let state = store.data_mut();
-            let seed = Val::Tuple(vec![Val::U64(state.next_random()), Val::U64(state.next_random())]);
-            set(results, seed)
-        },
-        _ => return None,
-    };
-    Some(answer)
+/// Takes `fuel` from the calling instance's budget (the host's work for
+/// the guest is paid like the guest's own): a trap when it runs out.
+fn charge(store: &mut StoreContextMut<'_, PluginState>, fuel: u64) -> wasmtime::Result<()> {
+    let left = store.get_fuel()?;
+    if left < fuel {
+        store.set_fuel(0)?;
+        wasmtime::bail!("ran out of fuel in a WASI call");
+    }
+    store.set_fuel(left - fuel)
 }
 
-fn set(results: &mut [Val], value: Val) -> wasmtime::Result<()> {
-    match results {
-        [slot] => {
-            *slot = value;
-            Ok(())
-        }
-        _ => wasmtime::bail!("expected one result, the import has {}", results.len()),
+fn random_bytes(mut store: StoreContextMut<'_, PluginState>, len: u64) -> wasmtime::Result<(Vec<u8>,)> {
+    if len > MAX_RANDOM_BYTES {
+        wasmtime::bail!("asked for {len} random bytes (at most {MAX_RANDOM_BYTES} per call)");
     }
+    charge(&mut store, CALL_FUEL + 16 * len)?;
+    let state = store.data_mut();
+    Ok(((0..len).map(|_| state.next_random() as u8).collect(),))
+}
+
+fn random_u64(mut store: StoreContextMut<'_, PluginState>) -> wasmtime::Result<(u64,)> {
+    charge(&mut store, CALL_FUEL)?;
+    Ok((store.data_mut().next_random(),))
+}
+
+/// Defines `function` of `interface` (WASI 0.2) if it is one that answers
+/// rather than traps, with its exact type: a component that declares it
+/// otherwise fails to link. True when defined.
+fn answer(defining: &mut LinkerInstance<'_, PluginState>, interface: &str, function: &str) -> wasmtime::Result<bool> {
+    type Store<'a> = StoreContextMut<'a, PluginState>;
+    match (interface, function) {
+        ("wasi:cli/environment", "get-environment") => defining.func_wrap(function, |mut s: Store<'_>, (): ()| {
+            charge(&mut s, CALL_FUEL).map(|()| (Vec::<(String, String)>::new(),))
+        })?,
+        ("wasi:cli/environment", "get-arguments") => defining.func_wrap(function, |mut s: Store<'_>, (): ()| {
+            charge(&mut s, CALL_FUEL).map(|()| (Vec::<String>::new(),))
+        })?,
+        ("wasi:cli/environment", "initial-cwd") => defining
+            .func_wrap(function, |mut s: Store<'_>, (): ()| charge(&mut s, CALL_FUEL).map(|()| (None::<String>,)))?,
+        ("wasi:filesystem/preopens", "get-directories") => defining
+            .func_wrap(function, |mut s: Store<'_>, (): ()| {
+                charge(&mut s, CALL_FUEL).map(|()| (Vec::<(Resource<()>, String)>::new(),))
+            })?,
+        ("wasi:random/random", "get-random-u64") | ("wasi:random/insecure", "get-insecure-random-u64") => {
+            defining.func_wrap(function, |s: Store<'_>, (): ()| random_u64(s))?
+        }
+        ("wasi:random/random", "get-random-bytes") | ("wasi:random/insecure", "get-insecure-random-bytes") => {
+            defining.func_wrap(function, |s: Store<'_>, (len,): (u64,)| random_bytes(s, len))?
+        }
+        ("wasi:random/insecure-seed", "insecure-seed") => {
+            defining.func_wrap(function, |mut s: Store<'_>, (): ()| {
+                charge(&mut s, CALL_FUEL)?;
+                let state = s.data_mut();
+                Ok(((state.next_random(), state.next_random()),))
+            })?
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// splitmix64: the instance's next random number from `state`.

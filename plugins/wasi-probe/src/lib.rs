@@ -7,7 +7,9 @@
 //!   environment, the preopened directories and the random interfaces gave;
 //! - `clock`, `wall-clock`, `socket`, `stdout`, `exit` call the interface of
 //!   that name, which kpx must refuse (a trap); if the call returns, the
-//!   pick says so in its error.
+//!   pick says so in its error;
+//! - `random-loop` draws random bytes without end (the host's answers are
+//!   paid from the fuel: a trap), `big-random` asks for 1 MiB at once.
 #![forbid(unsafe_code)]
 
 use kpx_rules::plan::Plan;
@@ -18,7 +20,9 @@ struct Probe;
 
 impl Scheduler for Probe {
     fn names() -> Vec<String> {
-        ["probe", "clock", "wall-clock", "socket", "stdout", "exit"].map(String::from).to_vec()
+        ["probe", "clock", "wall-clock", "socket", "stdout", "exit", "random-loop", "big-random"]
+            .map(String::from)
+            .to_vec()
     }
 
     fn uses_load(_: &str) -> bool {
@@ -60,6 +64,15 @@ impl Scheduler for Probe {
                 let written = out.blocking_write_and_flush(b"hello from a plugin\n");
                 Err(format!("stdout was writable: {written:?}"))
             }
+            "random-loop" => {
+                // The host's work for WASI answers is paid from the fuel.
+                let mut sum = 0u64;
+                for _ in 0..1_000_000_000u64 {
+                    sum = sum.wrapping_add(random::random::get_random_bytes(4096).len() as u64);
+                }
+                Err(format!("drew {sum} random bytes"))
+            }
+            "big-random" => Err(format!("got {} random bytes", random::random::get_random_bytes(1 << 20).len())),
             "exit" => {
                 cli::exit::exit(Ok(()));
                 Err("exit returned".into())
