@@ -78,18 +78,28 @@ pub fn load_schedulers(
     runtime: &Runtime,
     external: &[(String, std::path::PathBuf)],
 ) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
-    let mut out = Vec::new();
+    Ok(load_schedulers_from_files(runtime, external)?.0)
+}
+
+/// [`load_schedulers`], with the digests of the external files' bytes as
+/// loaded (what hot reload compares replacements with).
+fn load_schedulers_from_files(
+    runtime: &Runtime,
+    external: &[(String, std::path::PathBuf)],
+) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<[u8; 32]>), Error> {
+    let (mut out, mut digests) = (Vec::new(), Vec::new());
     for (name, path) in external {
         let bytes =
             std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
         let plugin = scheduler_component(runtime, name, &bytes)?;
         out.push(Arc::new(plugin));
+        digests.push(crate::reload::digest(&bytes));
         tracing::info!(plugin = %name, file = %path.display(), "scheduler component loaded");
     }
     let name = runtime::BUILT_IN_SCHEDULERS;
     let bytes = runtime::builtin::get(name).expect("the built-in schedulers are embedded");
     out.push(Arc::new(runtime.load_scheduler(name, bytes)?));
-    Ok(out)
+    Ok((out, digests))
 }
 
 /// A scheduler component from its bytes: compiled (or from the cache),
@@ -97,7 +107,7 @@ pub fn load_schedulers(
 pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin, Error> {
     let plugin = runtime.load_scheduler(name, bytes)?;
     let names = plugin.instantiate()?.names().to_vec();
-    if let Some(problem) = crate::conformance::scheduler::names_problem(&names) {
+    if let Some(problem) = crate::conformance::scheduler::load_problem(&names) {
         return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
     }
     tracing::info!(plugin = %name, "scheduler component: {names:?}");
@@ -110,17 +120,23 @@ pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
 }
 
 fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin, Error> {
+    Ok(load_backend_file(config, runtime)?.0)
+}
+
+/// The backend, and the digest of its file's bytes as loaded (None: the
+/// built-in one).
+fn load_backend_file(config: &Config, runtime: &Runtime) -> Result<(BackendPlugin, Option<[u8; 32]>), Error> {
     match &config.backend_plugin {
         Some(path) => {
             let bytes =
                 std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
-            Ok(runtime.load_backend(name, &bytes)?)
+            Ok((runtime.load_backend(name, &bytes)?, Some(crate::reload::digest(&bytes))))
         }
         None => {
             let name = config.mode.as_str();
             let bytes = runtime::builtin::get(name).ok_or(Error::NoBuiltIn(config.mode))?;
-            Ok(runtime.load_backend(name, bytes)?)
+            Ok((runtime.load_backend(name, bytes)?, None))
         }
     }
 }
@@ -237,10 +253,13 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     }
     // Components that do not fit stop kpx before it touches the kernel.
     let plugin_runtime = Arc::new(plugin_runtime(&config)?);
-    let schedulers = load_schedulers(&plugin_runtime, &config.scheduler_plugins)?;
-    let backend = match config.mode {
-        ProxyMode::Userspace => None,
-        _ => Some(Arc::new(load_backend_with(&config, &plugin_runtime)?)),
+    let (schedulers, scheduler_digests) = load_schedulers_from_files(&plugin_runtime, &config.scheduler_plugins)?;
+    let (backend, backend_digest) = match config.mode {
+        ProxyMode::Userspace => (None, None),
+        _ => {
+            let (plugin, digest) = load_backend_file(&config, &plugin_runtime)?;
+            (Some(Arc::new(plugin)), digest)
+        }
     };
     init(&config);
     remove_other_modes(config.mode, config.masquerade_bit);
@@ -344,12 +363,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     )?;
     let periods = Periods { min: config.min_sync_period, max: config.sync_period };
     // Component files replaced while kpx runs are tried and switched to.
-    let mut files: Vec<(Role, std::path::PathBuf)> = Vec::new();
-    if let Some(path) = config.backend_plugin.as_ref().filter(|_| config.mode != ProxyMode::Userspace) {
-        files.push((Role::Backend, path.clone()));
+    let mut files: Vec<(Role, std::path::PathBuf, [u8; 32])> = Vec::new();
+    if let (Some(path), Some(digest)) = (&config.backend_plugin, backend_digest) {
+        files.push((Role::Backend, path.clone(), digest));
     }
-    for (index, (name, path)) in config.scheduler_plugins.iter().enumerate() {
-        files.push((Role::Scheduler { index, name: name.clone() }, path.clone()));
+    for (index, ((name, path), digest)) in config.scheduler_plugins.iter().zip(scheduler_digests).enumerate() {
+        files.push((Role::Scheduler { index, name: name.clone() }, path.clone(), digest));
     }
     let watcher = Watcher::new(plugin_runtime, files);
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry, Some(watcher));

@@ -1,20 +1,25 @@
 //! Hot reload of the component files kpx runs (`--backend-plugin`,
 //! `--scheduler-plugin NAME=FILE`): the sync loop polls their metadata
 //! every [`POLL`]; a file whose metadata changed and then held still for
-//! one more poll (so a file being written is not read half-way) is read,
-//! and if its bytes differ it is compiled and linked here. The sync loop
-//! then tries the component on the live state (instantiate, replay,
-//! render, the host's checks) and switches to it only if every family
-//! accepts it; otherwise the running component keeps serving.
+//! one more poll (so a file being written is not read half-way) is read
+//! (a regular file, at most [`MAX_FILE`]), and if its bytes differ from the
+//! running ones it is compiled and linked on a thread of its own. The sync
+//! loop then tries the component on the live state (instantiate, replay,
+//! render, the host's checks, a trace that no Service loses its endpoints)
+//! and switches to it only if every family accepts it; otherwise the
+//! running component keeps serving, and the same bytes are tried again
+//! when the file's metadata changes (`touch` retries).
 //!
 //! Polling rather than inotify: a Kubernetes ConfigMap or a hostPath
 //! updated by a symlink swap, a file renamed into place and one written in
 //! place are all seen the same way, and no thread or channel outlives the
 //! loop.
 
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
@@ -23,6 +28,10 @@ use crate::runtime::{BackendPlugin, Runtime, SchedulerPlugin};
 
 /// How often the files are looked at.
 pub const POLL: Duration = Duration::from_secs(1);
+
+/// The largest component file kpx reads (a replacement larger than this is
+/// refused unread).
+pub const MAX_FILE: u64 = 64 << 20;
 
 /// Which component a file holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +54,7 @@ struct Stamp {
 }
 
 impl Stamp {
-    fn of(path: &std::path::Path) -> Option<Stamp> {
+    fn of(path: &Path) -> Option<Stamp> {
         let m = std::fs::metadata(path).ok()?;
         Some(Stamp { dev: m.dev(), ino: m.ino(), len: m.len(), modified: m.modified().ok() })
     }
@@ -54,18 +63,22 @@ impl Stamp {
 struct Watched {
     role: Role,
     path: PathBuf,
-    /// The metadata of the bytes running now (or last refused).
+    /// The metadata last acted on (read, or found unchanged in content).
     seen: Option<Stamp>,
     /// New metadata, waiting one poll to hold still.
     settling: Option<Stamp>,
-    /// The running bytes' digest.
-    digest: [u8; 32],
+    /// The digest of the bytes running now.
+    running: [u8; 32],
+    /// A replacement being compiled.
+    compiling: bool,
 }
 
 /// A replaced file, compiled and linked (or why not).
 pub struct Replacement {
     pub role: Role,
     pub path: PathBuf,
+    /// The replacement's bytes' digest ([`Watcher::applied`] takes it back).
+    pub digest: [u8; 32],
     pub loaded: Result<Loaded, String>,
 }
 
@@ -74,30 +87,31 @@ pub enum Loaded {
     Scheduler(Arc<SchedulerPlugin>),
 }
 
-/// The component files and the runtime that compiles their replacements.
+/// The component files and the runtime that compiles their replacements
+/// (on a thread of their own: compiling a large component does not hold up
+/// the sync loop).
 pub struct Watcher {
     runtime: Arc<Runtime>,
     files: Vec<Watched>,
     next: Instant,
+    done_tx: Sender<(usize, Replacement)>,
+    done_rx: Receiver<(usize, Replacement)>,
 }
 
-fn digest(bytes: &[u8]) -> [u8; 32] {
+pub fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
 impl Watcher {
-    /// Watches `files` (with the roles they were loaded in); their
-    /// current bytes are the running ones.
-    pub fn new(runtime: Arc<Runtime>, files: Vec<(Role, PathBuf)>) -> Watcher {
+    /// Watches `files`: each with its role and the digest of the bytes
+    /// kpx loaded from it (a change since then is a replacement).
+    pub fn new(runtime: Arc<Runtime>, files: Vec<(Role, PathBuf, [u8; 32])>) -> Watcher {
         let files = files
             .into_iter()
-            .map(|(role, path)| {
-                let seen = Stamp::of(&path);
-                let digest = std::fs::read(&path).map(|b| digest(&b)).unwrap_or_default();
-                Watched { role, path, seen, settling: None, digest }
-            })
+            .map(|(role, path, running)| Watched { role, path, seen: None, settling: None, running, compiling: false })
             .collect();
-        Watcher { runtime, files, next: Instant::now() + POLL }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        Watcher { runtime, files, next: Instant::now(), done_tx, done_rx }
     }
 
     /// When the next poll is due (None: nothing is watched).
@@ -105,21 +119,33 @@ impl Watcher {
         (!self.files.is_empty()).then_some(self.next)
     }
 
-    /// Looks at every file; returns the replacements that settled.
+    /// The sync loop switched to a replacement: its bytes are the running ones.
+    pub fn applied(&mut self, role: &Role, digest: [u8; 32]) {
+        if let Some(file) = self.files.iter_mut().find(|f| &f.role == role) {
+            file.running = digest;
+        }
+    }
+
+    /// Looks at every file, starts compiling those whose replacement
+    /// settled, and returns the compiled ones.
     pub fn poll(&mut self, now: Instant) -> Vec<Replacement> {
+        let mut out = Vec::new();
+        while let Ok((i, replacement)) = self.done_rx.try_recv() {
+            self.files[i].compiling = false;
+            out.push(replacement);
+        }
         if now < self.next {
-            return Vec::new();
+            return out;
         }
         self.next = now + POLL;
-        let mut out = Vec::new();
-        for file in &mut self.files {
-            let stamp = Stamp::of(&file.path);
-            if stamp == file.seen {
-                file.settling = None;
+        for (i, file) in self.files.iter_mut().enumerate() {
+            if file.compiling {
                 continue;
             }
-            if stamp.is_none() {
-                // Gone (perhaps mid-swap): the running component stays.
+            let stamp = Stamp::of(&file.path);
+            if stamp.is_none() || stamp == file.seen {
+                // Unchanged, or gone (perhaps mid-swap): the running component stays.
+                file.settling = None;
                 continue;
             }
             if file.settling != stamp {
@@ -128,21 +154,54 @@ impl Watcher {
             }
             file.settling = None;
             file.seen = stamp;
-            let loaded = match std::fs::read(&file.path) {
-                Ok(bytes) if digest(&bytes) == file.digest => continue,
-                Ok(bytes) => {
-                    file.digest = digest(&bytes);
-                    load(&self.runtime, &file.role, &file.path, &bytes)
+            let bytes = match read(&file.path) {
+                Ok(bytes) => bytes,
+                Err(why) => {
+                    let (role, path) = (file.role.clone(), file.path.clone());
+                    out.push(Replacement { role, path, digest: [0; 32], loaded: Err(why) });
+                    continue;
                 }
-                Err(e) => Err(format!("cannot read it: {e}")),
             };
-            out.push(Replacement { role: file.role.clone(), path: file.path.clone(), loaded });
+            let digest = digest(&bytes);
+            if digest == file.running {
+                continue;
+            }
+            file.compiling = true;
+            let (runtime, role, path, done) =
+                (self.runtime.clone(), file.role.clone(), file.path.clone(), self.done_tx.clone());
+            let spawned = std::thread::Builder::new().name("reload".into()).spawn(move || {
+                let loaded = load(&runtime, &role, &path, &bytes);
+                let _ = done.send((i, Replacement { role, path, digest, loaded }));
+            });
+            if let Err(e) = spawned {
+                file.compiling = false;
+                let (role, path) = (file.role.clone(), file.path.clone());
+                out.push(Replacement { role, path, digest, loaded: Err(format!("cannot start compiling it: {e}")) });
+            }
         }
         out
     }
 }
 
-fn load(runtime: &Runtime, role: &Role, path: &std::path::Path, bytes: &[u8]) -> Result<Loaded, String> {
+/// A regular file's bytes, up to [`MAX_FILE`].
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_FILE {
+        return Err(format!("{} bytes, more than the {MAX_FILE} a component may have", meta.len()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(format!("more than the {MAX_FILE} bytes a component may have"));
+    }
+    Ok(bytes)
+}
+
+fn load(runtime: &Runtime, role: &Role, path: &Path, bytes: &[u8]) -> Result<Loaded, String> {
     match role {
         Role::Backend => {
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
@@ -168,11 +227,14 @@ mod tests {
         std::fs::write(&path, schedulers).unwrap();
         let runtime = Arc::new(Runtime::new(Limits::default(), None).unwrap());
         let role = Role::Scheduler { index: 0, name: "ext".into() };
-        let mut w = Watcher::new(runtime, vec![(role, path.clone())]);
+        let mut w = Watcher::new(runtime, vec![(role, path.clone(), digest(schedulers))]);
         let mut t = Instant::now() + POLL;
         let mut poll = |w: &mut Watcher| {
             t += POLL;
-            w.poll(t)
+            let out = w.poll(t);
+            // Let a compile started by this poll finish before the next.
+            std::thread::sleep(Duration::from_millis(200));
+            out
         };
         assert!(poll(&mut w).is_empty(), "nothing changed");
         // The same bytes written again: the metadata changes, nothing loads.
@@ -183,11 +245,23 @@ mod tests {
         std::fs::write(&tmp, b"not a component").unwrap();
         std::fs::rename(&tmp, &path).unwrap();
         assert!(poll(&mut w).is_empty(), "settling");
+        assert!(poll(&mut w).is_empty(), "compiling");
         let r = poll(&mut w);
         assert_eq!(r.len(), 1);
         let err = r[0].loaded.as_ref().err().expect("garbage does not load");
         assert!(err.contains("ext"), "{err}");
         assert!(poll(&mut w).is_empty(), "a refused file is not tried again until it changes");
+        // Touched: the same refused bytes are tried again.
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(5)).unwrap();
+        let _ = (poll(&mut w), poll(&mut w));
+        assert_eq!(poll(&mut w).len(), 1, "retried after a touch");
+        // Not a regular file: refused unread.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let _ = poll(&mut w);
+        let r = poll(&mut w);
+        assert!(r.len() == 1 && r[0].loaded.as_ref().err().is_some_and(|e| e.contains("not a regular file")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

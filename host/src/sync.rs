@@ -3,6 +3,7 @@
 //! between syncs, at least one per `sync_period`, a full render every
 //! [`FULL_SYNC_PERIOD`], and a failed sync retried (in full) with backoff.
 
+pub mod coverage;
 pub mod family;
 pub mod planner;
 
@@ -340,7 +341,7 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
 /// them to it or none (the running component keeps serving); the
 /// outcome is logged and counted. True when it was applied.
 fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telemetry) -> bool {
-    let Replacement { role, path, loaded } = replacement;
+    let Replacement { role, path, loaded, .. } = replacement;
     let component = match &role {
         Role::Backend => "backend".to_string(),
         Role::Scheduler { name, .. } => format!("scheduler:{name}"),
@@ -477,7 +478,9 @@ pub fn run(
         let now = Instant::now();
         if let Some(w) = watcher.as_mut() {
             for replacement in w.poll(now) {
+                let (role, digest) = (replacement.role.clone(), replacement.digest);
                 if replace(&mut proxiers, replacement, telemetry) {
+                    w.applied(&role, digest);
                     schedule.pending = true;
                 }
             }

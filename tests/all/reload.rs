@@ -140,9 +140,12 @@ fn scheduler_swap(mode: &str) {
     assert!(kpx.log().contains("component=scheduler:ext"), "{}", kpx.log());
 }
 
-/// `--backend-plugin` replaced by another backend of the same mode is
-/// applied with traffic flowing; one of another mode is refused by the
-/// host's trial, and the running backend keeps its rules.
+/// `--backend-plugin` replaced while traffic flows: a backend that would
+/// serve no Service (here the hostile one while a Service named
+/// `hostile-empty` exists: it renders nothing, which the host's checks
+/// accept) is refused by the coverage trace, one of another mode by the
+/// host's trial; once `hostile-empty` is gone, the same file touched again
+/// is tried again and applied. No connection fails, the rules stay.
 #[test]
 fn a_replaced_backend_is_tried_before_it_serves() {
     let Some(lab) = lab_or_skip(2, "a_replaced_backend_is_tried_before_it_serves") else {
@@ -153,17 +156,26 @@ fn a_replaced_backend_is_tried_before_it_serves() {
     let file = dir.join("backend.wasm");
     std::fs::write(&file, kpx::runtime::builtin::get("iptables").unwrap()).unwrap();
     write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
+    write_service(&manifests, "hostile-empty", "10.96.0.20", &[], &eps[..1], &[]);
     let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--backend-plugin", file.to_str().unwrap()]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
     let client = ClientLoop::start(&lab, "10.96.0.10:80");
     let t0 = Instant::now();
 
-    replace(&file, &test_plugin("kpx_plugin_hostile.wasm"));
-    assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
-    replace(&file, kpx::runtime::builtin::get("nftables").unwrap());
+    let hostile = test_plugin("kpx_plugin_hostile.wasm");
+    replace(&file, &hostile);
     assert!(kpx.wait_for_log("replaced component refused", 1, Duration::from_secs(10)), "{}", kpx.log());
+    assert!(kpx.log().contains("would no longer send"), "{}", kpx.log());
+    replace(&file, kpx::runtime::builtin::get("nftables").unwrap());
+    assert!(kpx.wait_for_log("replaced component refused", 2, Duration::from_secs(10)), "{}", kpx.log());
     assert!(kpx.log().contains("nftables"), "{}", kpx.log());
+
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    std::fs::remove_file(manifests.join("hostile-empty.yaml")).unwrap();
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(10)), "{}", kpx.log());
+    replace(&file, &hostile);
+    assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
     std::thread::sleep(Duration::from_millis(1000));
     let (answered, failed) = answered_since(&client, t0);
     drop(client);
@@ -171,5 +183,5 @@ fn a_replaced_backend_is_tried_before_it_serves() {
     eprintln!("backend reload: {} connections, {failed} failed, reached {reached:?}", answered.len() + failed);
     assert_eq!(failed, 0, "connections failed during the swaps");
     assert_eq!(reached.len(), 2, "both endpoints keep serving: {reached:?}");
-    assert!(kernel_rules(&lab).contains("KUBE-SVC-"), "the running backend's rules stay");
+    assert!(kernel_rules(&lab).contains("KUBE-SVC-"), "the rules stay");
 }

@@ -110,6 +110,30 @@ fn incremental(
     if &full != expected {
         return Err((INCREMENTAL, format!("{} ports added one by one render other rules than a reset", ports.len())));
     }
+    // An update: the first port with an endpoint gives up its last one.
+    let mut ports = ports;
+    if let Some(i) = ports.iter().position(|p| !p.endpoints.is_empty()) {
+        let mut port = ports[i].clone();
+        let gone = port.endpoints.len() as u32 - 1;
+        port.endpoints.pop();
+        port.cluster_endpoints.retain(|&e| e != gone);
+        port.local_endpoints.retain(|&e| e != gone);
+        instance.apply(&[Change::Upsert(port.clone())]).map_err(fail)?;
+        let partial = instance.render(false, port.size()).map_err(fail)?;
+        ports[i] = port.clone();
+        host.rescope(&ports);
+        host.accept(&partial, false).map_err(|e| (PARTIAL, format!("after {} lost an endpoint: {e}", port.key)))?;
+        partials += 1;
+        let updated = instance.render(true, objects(&ports)).map_err(fail)?;
+        let mut fresh = plugin.instantiate(&settings).map_err(fail)?;
+        fresh.reset(&node, &cluster, &ports).map_err(fail)?;
+        if updated != fresh.render(true, objects(&ports)).map_err(fail)? {
+            return Err((
+                INCREMENTAL,
+                format!("after {} lost an endpoint, other rules than a reset renders", port.key),
+            ));
+        }
+    }
     let rest: Vec<ServicePort> = ports[1..].to_vec();
     instance.apply(&[Change::Remove(ports[0].key.clone())]).map_err(fail)?;
     let partial = instance.render(false, 1).map_err(fail)?;

@@ -259,11 +259,14 @@ fn one_case(
     extra: &[String],
 ) -> Result<(), String> {
     let lab = build(case, mode).map_err(|e| format!("building the namespaces: {e}"))?;
-    let dir = std::env::temp_dir().join(format!("kpx-conformance-{}-{mode}-{index}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // A fresh directory, created here (a name someone else made first is
+    // an error, not a directory to write into).
+    let unique = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("kpx-conformance-{}-{mode}-{index}-{unique}", std::process::id()));
     let manifests = dir.join("manifests");
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
-    std::fs::create_dir_all(&manifests).map_err(io)?;
+    std::fs::create_dir(&dir).map_err(io)?;
+    std::fs::create_dir(&manifests).map_err(io)?;
     std::fs::write(manifests.join("case.yaml"), &case.manifests).map_err(io)?;
     std::fs::write(manifests.join("node.yaml"), case.node_manifest()).map_err(io)?;
     let mut args = case.args(&manifests, &["--proxy-mode", mode]);
@@ -282,7 +285,8 @@ fn one_case(
     let families: BTreeSet<&str> =
         case.flows.iter().map(|f| if f.family() == IpFamily::V4 { "IPv4" } else { "IPv6" }).collect();
     let t0 = Instant::now();
-    let synced = |log: &str| families.iter().all(|f| log.contains(&format!("synced rules family={f}")));
+    // kpx's own line (a plugin's log lines carry the runtime's target).
+    let synced = |log: &str| families.iter().all(|f| log.contains(&format!("kpx::sync: synced rules family={f}")));
     while !synced(&std::fs::read_to_string(&log).unwrap_or_default()) && t0.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));
     }

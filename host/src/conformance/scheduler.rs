@@ -13,15 +13,22 @@ use kpx_rules::plan::Plan;
 use super::Report;
 use crate::runtime::{self, PickRequest, PickSetup, ScheduleRequest, SchedulerInstance, SchedulerPlugin};
 
-/// What `names()` must give (also checked when kpx loads a scheduler).
+/// What kpx requires of `names()` to load a scheduler: 1 to 64 names of
+/// 1 to 64 bytes.
+pub fn load_problem(names: &[String]) -> Option<String> {
+    (names.is_empty() || names.len() > 64 || names.iter().any(|n| n.is_empty() || n.len() > 64))
+        .then(|| format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()))
+}
+
+/// What the kit requires of `names()`: what kpx requires to load it, and
+/// names an annotation can carry as they are (a-z, 0-9 and -), each once.
 pub fn names_problem(names: &[String]) -> Option<String> {
-    let bad = names.iter().find(|n| {
-        n.is_empty() || n.len() > 64 || !n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    });
-    if names.is_empty() || names.len() > 64 {
-        return Some(format!("names() must give 1 to 64 names (gave {})", names.len()));
+    if let Some(p) = load_problem(names) {
+        return Some(p);
     }
-    if let Some(n) = bad {
+    if let Some(n) =
+        names.iter().find(|n| !n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+    {
         return Some(format!("names() gave {n:?}: a name is 1 to 64 of a-z, 0-9 and -"));
     }
     let mut sorted = names.to_vec();

@@ -58,34 +58,45 @@ pub struct Host {
     pub plugin: String,
     pub settings: Settings,
     pub scope: Scope,
+    /// The ports the scope counts, by key.
+    ports: std::collections::BTreeMap<String, ServicePort>,
     iptables: crate::validate::iptables::Model,
     nftables: crate::validate::nftables::Model,
 }
 
 impl Host {
     pub fn new(plugin: &str, settings: &Settings, ports: &[ServicePort]) -> Host {
-        let mut scope = Scope::default();
-        for p in ports {
-            scope.count(settings.family, p, true);
-        }
-        Host {
+        let mut host = Host {
             plugin: plugin.to_string(),
             settings: settings.clone(),
-            scope,
+            scope: Scope::default(),
+            ports: Default::default(),
             iptables: Default::default(),
             nftables: Default::default(),
-        }
+        };
+        host.rescope(ports);
+        host.scope.forget_removed();
+        host
     }
 
-    /// The service ports the state now holds (after changes).
+    /// The service ports the state now holds (after changes): counted in
+    /// and out as the daemon does, so that what left is known to the
+    /// checks of the next partial render (rules kept for departed objects).
     pub fn rescope(&mut self, ports: &[ServicePort]) {
-        *self = Host {
-            scope: Host::new(&self.plugin, &self.settings, ports).scope,
-            plugin: std::mem::take(&mut self.plugin),
-            settings: self.settings.clone(),
-            iptables: std::mem::take(&mut self.iptables),
-            nftables: std::mem::take(&mut self.nftables),
-        };
+        let family = self.settings.family;
+        let now: std::collections::BTreeMap<String, ServicePort> =
+            ports.iter().map(|p| (p.key.clone(), p.clone())).collect();
+        for (key, old) in &self.ports {
+            if now.get(key) != Some(old) {
+                self.scope.count(family, old, false);
+            }
+        }
+        for (key, port) in &now {
+            if self.ports.get(key) != Some(port) {
+                self.scope.count(family, port, true);
+            }
+        }
+        self.ports = now;
     }
 
     /// Everything a sync does before the kernel: the host's checks and the
@@ -108,6 +119,7 @@ impl Host {
                 };
                 let prepared = iptables::prepare(&ctx, &self.settings, rs, max_bytes).map_err(|e| e.to_string())?;
                 self.iptables.commit(prepared.checked);
+                self.scope.forget_removed();
             }
             Ruleset::Nftables(tx) => {
                 if full {
@@ -122,6 +134,7 @@ impl Host {
                 };
                 let (checked, _) = nftables::prepare(&ctx, &self.settings, tx, max_bytes).map_err(|e| e.to_string())?;
                 self.nftables.commit(checked);
+                self.scope.forget_removed();
             }
             Ruleset::Ipvs(rs) => {
                 ipvs::dataplane::check(plugin, &self.settings, rs, &self.scope).map_err(|e| e.to_string())?
@@ -184,6 +197,25 @@ pub fn flows(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
             let walk = match walker(&rendered, &case) {
                 Ok(Some(walk)) => walk,
                 Ok(None) => {
+                    // IPVS: each port's cluster IP has a virtual server with
+                    // its endpoints (the kernel's own scheduling is not traced).
+                    let ports = rendered.ports.iter().map(|p| (p.key.clone(), p.clone())).collect();
+                    let required = crate::sync::coverage::required(family, &ports);
+                    let outcome = crate::sync::coverage::covered(
+                        &rendered.settings,
+                        &rendered.cluster,
+                        &case.node.addresses,
+                        &ports,
+                        &required,
+                        &rendered.ruleset,
+                    )
+                    .and_then(|covered| match required.difference(&covered).next() {
+                        Some(key) => {
+                            Err(format!("{label}: no virtual server sends {key}'s cluster IP to its endpoints"))
+                        }
+                        None => Ok(()),
+                    });
+                    report.row("ipvs rules: every cluster IP a virtual server over its endpoints").record(outcome);
                     report.row("flows (tracer)").skip(format!(
                         "{mode} rules: the tracer walks iptables and nftables rules (ipvs flows run with --kernel, in a kernel with ip_vs)"
                     ));

@@ -14,8 +14,10 @@ use crate::kernel::{Dataplane, StateView, SyncError, interfaces, sysctl::Sysctl}
 use crate::runtime::{self, BackendInstance, BackendPlugin, SchedulerPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
+use crate::sync::coverage;
 use crate::sync::planner::Planner;
 use crate::validate::Scope;
+use kpx_rules::ops::Ruleset;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -313,8 +315,42 @@ impl FamilyProxier {
     /// host's checks. Nothing is written and nothing changes here until
     /// [`FamilyProxier::commit`].
     pub fn try_backend(&self, plugin: Arc<BackendPlugin>) -> Result<Trial, Error> {
-        let instance = self.rehearse(&plugin, &self.sent)?;
+        let (instance, ruleset) = self.rehearse(&plugin, &self.sent)?;
+        self.keeps_coverage(&plugin, &self.sent, &ruleset)?;
         Ok(Trial { plugin, instance, planned: None })
+    }
+
+    /// Refuses a replacement whose rules no longer send some port's
+    /// cluster-IP traffic to its endpoints where the running component's
+    /// do (traced on both; the running one only when needed).
+    fn keeps_coverage(&self, plugin: &BackendPlugin, sent: &Sent, ruleset: &Ruleset) -> Result<(), Error> {
+        let refuse =
+            |message: String| Error::Plugin(runtime::Error::Load { plugin: plugin.name().to_string(), message });
+        let required = coverage::required(self.family, &sent.ports);
+        let covered =
+            coverage::covered(&self.settings, &self.cluster, &self.local_addresses, &sent.ports, &required, ruleset)
+                .map_err(|e| refuse(format!("its rules cannot be traced: {e}")))?;
+        let missing: std::collections::BTreeSet<String> = required.difference(&covered).cloned().collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let (_, running) = self.rehearse(&self.plugin, &self.sent)?;
+        let before = coverage::covered(
+            &self.settings,
+            &self.cluster,
+            &self.local_addresses,
+            &self.sent.ports,
+            &missing,
+            &running,
+        )
+        .map_err(|e| refuse(format!("the running component's rules cannot be traced: {e}")))?;
+        match before.iter().next() {
+            Some(key) => Err(refuse(format!(
+                "its rules would no longer send {key}'s cluster-IP traffic to any of its endpoints ({} service ports lost)",
+                before.len()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Tries a replacement for the `index`-th scheduler component: every
@@ -322,11 +358,19 @@ impl FamilyProxier {
     /// execute refuses it), then the backend's full render of the new
     /// plans through the host's checks.
     pub fn try_scheduler(&self, index: usize, plugin: Arc<SchedulerPlugin>) -> Result<Trial, Error> {
+        // Only the ports whose scheduler the old or the new component
+        // implements are planned again; the others keep their plans.
+        let mut names: Vec<String> = plugin.instantiate()?.names().to_vec();
+        if let Some(old) = self.planner.plugin(index) {
+            names.extend(old.instantiate()?.names().iter().cloned());
+        }
         let mut planner = self.planner.replaced(index, plugin.clone());
         let mut sent = Sent::default();
         for port in self.sent.ports.values() {
             let mut port = port.clone();
-            planner.plan(&mut port, None);
+            if port.scheduler.as_ref().is_some_and(|s| names.contains(&s.name)) {
+                planner.plan(&mut port, None);
+            }
             sent.insert(self.family, port);
         }
         if let Some(fault) = planner.take_fault() {
@@ -336,7 +380,8 @@ impl FamilyProxier {
                 message: fault,
             }));
         }
-        let instance = self.rehearse(&self.plugin, &sent)?;
+        let (instance, ruleset) = self.rehearse(&self.plugin, &sent)?;
+        self.keeps_coverage(&self.plugin, &sent, &ruleset)?;
         Ok(Trial { plugin: self.plugin.clone(), instance, planned: Some((planner, sent)) })
     }
 
@@ -352,7 +397,7 @@ impl FamilyProxier {
 
     /// A fresh instance of `plugin` holding `sent`, whose full render the
     /// host accepts.
-    fn rehearse(&self, plugin: &BackendPlugin, sent: &Sent) -> Result<BackendInstance, Error> {
+    fn rehearse(&self, plugin: &BackendPlugin, sent: &Sent) -> Result<(BackendInstance, Ruleset), Error> {
         let mut instance = plugin.instantiate(&self.settings)?;
         let services: Vec<ServicePort> = sent.ports.values().cloned().collect();
         instance.reset(&self.node, &self.cluster, &services)?;
@@ -366,7 +411,7 @@ impl FamilyProxier {
         self.dataplane
             .check(plugin.name(), &self.settings, view, &ruleset)
             .map_err(|source| Error::Sync { family: self.family, source })?;
-        Ok(instance)
+        Ok((instance, ruleset))
     }
 
     /// Switches to a tried replacement; the next sync is a full one.

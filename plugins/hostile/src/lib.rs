@@ -21,6 +21,8 @@
 //! | `affinity`  | fills a set the kernel updates, or updates a set that is no affinity set |
 //! | `jumploop`  | two own chains that jump to each other (iptables: nf_tables refuses a
 //! |             | reachable loop in the transaction it applies whole)                    |
+//! | `empty`     | renders nothing at all: no Service is served (the host's checks confine, |
+//! |             | they do not require; a hot reload's coverage trace refuses it)         |
 //!
 //! Never embedded in kpx; the tests load it with `--backend-plugin`.
 #![forbid(unsafe_code)]
@@ -350,6 +352,13 @@ impl Backend for Hostile {
             Inner::Nftables(p) => p.render(full)?,
             Inner::Ipvs(p) => p.render(full)?,
         };
+        if self.asks("empty") {
+            return Ok(match out {
+                Ruleset::Iptables(_) => Ruleset::Iptables(Default::default()),
+                Ruleset::Nftables(_) => Ruleset::Nftables(Default::default()),
+                Ruleset::Ipvs(_) => Ruleset::Ipvs(Default::default()),
+            });
+        }
         match &mut out {
             Ruleset::Iptables(rs) => self.iptables(rs, full),
             Ruleset::Nftables(tx) => self.nftables(tx, full),
