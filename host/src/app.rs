@@ -81,12 +81,15 @@ pub fn load_schedulers(
     Ok(load_schedulers_from_files(runtime, external)?.0)
 }
 
+/// A component file's SHA-256.
+type Digest = [u8; 32];
+
 /// [`load_schedulers`], with the digests of the external files' bytes as
 /// loaded (what hot reload compares replacements with).
 fn load_schedulers_from_files(
     runtime: &Runtime,
     external: &[(String, std::path::PathBuf)],
-) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<[u8; 32]>), Error> {
+) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<Digest>), Error> {
     let (mut out, mut digests) = (Vec::new(), Vec::new());
     for (name, path) in external {
         let bytes =
