@@ -425,6 +425,8 @@ pub fn run(
     telemetry: &Telemetry,
     mut watcher: Option<Watcher>,
 ) {
+    // A replacement switched to, confirmed once a pass has synced it everywhere.
+    let mut switched: Option<(Role, [u8; 32], String)> = None;
     let mut schedule = Schedule::new(periods);
     let mut changes = Changes::default();
     let mut pending = Pending::default();
@@ -478,9 +480,10 @@ pub fn run(
         let now = Instant::now();
         if let Some(w) = watcher.as_mut() {
             for replacement in w.poll(now) {
-                let (role, digest) = (replacement.role.clone(), replacement.digest);
+                let (role, digest, path) =
+                    (replacement.role.clone(), replacement.digest, replacement.path.display().to_string());
                 if replace(&mut proxiers, replacement, telemetry) {
-                    w.applied(&role, digest);
+                    switched = Some((role, digest, path));
                     schedule.pending = true;
                 }
             }
@@ -554,6 +557,17 @@ pub fn run(
             }
             changes = Changes::default();
             pending.clear(telemetry);
+        }
+        // A replacement's first pass: kept if it synced in every family,
+        // else the replaced component comes back everywhere.
+        let rolled_back = proxiers.iter_mut().filter_map(Proxier::rules_mut).fold(false, |b, p| p.settle(ok) | b);
+        if let Some((role, digest, path)) = switched.take() {
+            if let (true, Some(w)) = (ok, watcher.as_mut()) {
+                w.applied(&role, digest);
+            }
+            if rolled_back {
+                tracing::error!(file = %path, "the sync after switching to the replaced component failed: the previous component is back");
+            }
         }
         if let Some(p) = proxiers.first().and_then(Proxier::rules) {
             plugin_counts.update(p, telemetry);

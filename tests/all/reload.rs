@@ -185,3 +185,60 @@ fn a_replaced_backend_is_tried_before_it_serves() {
     assert_eq!(reached.len(), 2, "both endpoints keep serving: {reached:?}");
     assert!(kernel_rules(&lab).contains("KUBE-SVC-"), "the rules stay");
 }
+
+/// A replacement that passes the trial but whose first write fails (here
+/// iptables-restore made to fail for IPv4 while a marker file exists) is
+/// rolled back in every family: the previous component serves again, and
+/// once the kernel takes writes again its syncs succeed; no connection
+/// fails, as the failed write changed nothing.
+#[test]
+fn a_replacement_whose_first_write_fails_is_rolled_back() {
+    let Some(lab) = lab_or_skip(2, "a_replacement_whose_first_write_fails_is_rolled_back") else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("reload-rollback");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = dir.join("fail-writes");
+    let real = ["/usr/sbin/iptables-restore", "/sbin/iptables-restore"].into_iter().find(|p| Path::new(p).exists());
+    let wrapper = bin.join("iptables-restore");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ -e {} ]; then echo 'iptables-restore: injected failure' >&2; exit 1; fi\nexec {} \"$@\"\n",
+            marker.display(),
+            real.expect("iptables-restore")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+
+    let file = dir.join("backend.wasm");
+    std::fs::write(&file, kpx::runtime::builtin::get("iptables").unwrap()).unwrap();
+    write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
+    let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--backend-plugin", file.to_str().unwrap()]);
+    let mut kpx =
+        lab.start_kpx_with_env(KPX.as_ref(), &args, &dir.join("kpx.log"), &[("PATH", &path)]).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let client = ClientLoop::start(&lab, "10.96.0.10:80");
+    let t0 = Instant::now();
+
+    std::fs::write(&marker, "").unwrap();
+    replace(&file, &test_plugin("kpx_plugin_hostile.wasm"));
+    assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
+    assert!(kpx.wait_for_log("the previous component is back", 1, Duration::from_secs(10)), "{}", kpx.log());
+    assert!(kpx.log().contains("injected failure"), "{}", kpx.log());
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    std::fs::remove_file(&marker).unwrap();
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(15)), "{}", kpx.log());
+    let after = kpx.log();
+    let tail = &after[after.rfind("the previous component is back").unwrap()..];
+    assert!(!tail.contains("plugin=kpx_plugin_hostile") && !tail.contains("replaced component applied"), "{tail}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (answered, failed) = answered_since(&client, t0);
+    drop(client);
+    eprintln!("rollback: {} connections, {failed} failed", answered.len() + failed);
+    assert_eq!(failed, 0, "connections failed");
+}

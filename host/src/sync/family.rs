@@ -69,6 +69,15 @@ pub struct FamilyProxier {
     cluster: Cluster,
     dataplane: Dataplane,
     need_full: bool,
+    /// What the last commit replaced, kept until the sync pass after it
+    /// succeeded in every family (see [`FamilyProxier::settle`]).
+    previous: Option<Previous>,
+}
+
+/// The component (and, for a scheduler swap, the plans) a commit replaced.
+struct Previous {
+    plugin: Arc<BackendPlugin>,
+    planned: Option<(Planner, Sent, std::collections::BTreeSet<String>)>,
 }
 
 impl FamilyProxier {
@@ -98,6 +107,7 @@ impl FamilyProxier {
             cluster: Cluster::default(),
             dataplane,
             need_full: true,
+            previous: None,
         }
     }
 
@@ -414,17 +424,45 @@ impl FamilyProxier {
         Ok((instance, ruleset))
     }
 
-    /// Switches to a tried replacement; the next sync is a full one.
+    /// Switches to a tried replacement; the next sync is a full one. The
+    /// replaced component is kept until [`FamilyProxier::settle`].
     pub fn commit(&mut self, trial: Trial) {
-        self.plugin = trial.plugin;
+        let old_plugin = std::mem::replace(&mut self.plugin, trial.plugin);
         self.instance = Some(trial.instance);
+        let mut old_planned = None;
         if let Some((mut planner, sent)) = trial.planned {
-            self.load_ports = sent.ports.values().filter(|p| planner.uses_load(p)).map(|p| p.key.clone()).collect();
-            self.planner = planner;
-            self.sent = sent;
+            let load_ports = sent.ports.values().filter(|p| planner.uses_load(p)).map(|p| p.key.clone()).collect();
+            let old_load = std::mem::replace(&mut self.load_ports, load_ports);
+            old_planned = Some((
+                std::mem::replace(&mut self.planner, planner),
+                std::mem::replace(&mut self.sent, sent),
+                old_load,
+            ));
             self.replanned.clear();
         }
+        self.previous = Some(Previous { plugin: old_plugin, planned: old_planned });
         self.need_full = true;
+    }
+
+    /// After a sync pass: a replacement committed before it stays if the
+    /// pass succeeded in every family (`ok`), else the replaced component
+    /// comes back (a fresh instance replays its state; the next sync is
+    /// full). True when it came back.
+    pub fn settle(&mut self, ok: bool) -> bool {
+        let Some(previous) = self.previous.take() else { return false };
+        if ok {
+            return false;
+        }
+        self.plugin = previous.plugin;
+        if let Some((planner, sent, load_ports)) = previous.planned {
+            self.planner = planner;
+            self.sent = sent;
+            self.load_ports = load_ports;
+            self.replanned.clear();
+        }
+        self.instance = None;
+        self.need_full = true;
+        true
     }
 
     /// Runs a plugin call; a trap drops the poisoned instance.
