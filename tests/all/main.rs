@@ -7,6 +7,7 @@ mod conformance;
 mod conformance_kernel;
 mod deploy;
 mod golden;
+mod guide;
 mod hairpin;
 mod ipvs;
 mod kernel_iptables;

@@ -43,7 +43,7 @@ pub fn write_service(
     write_manifest(&manifests.join(format!("{name}.yaml")), &text);
 }
 
-fn tcp_from(lab: &NodeLab, from: Option<IpAddr>, to: &str) -> String {
+pub fn tcp_from(lab: &NodeLab, from: Option<IpAddr>, to: &str) -> String {
     let request = Request { to: to.parse().unwrap(), from, timeout: Duration::from_millis(800) };
     match request.tcp(&lab.client) {
         Reply::Answer { server, .. } => server,
@@ -52,7 +52,7 @@ fn tcp_from(lab: &NodeLab, from: Option<IpAddr>, to: &str) -> String {
 }
 
 /// Extra client addresses 192.168.100.100.. on the client's link.
-fn client_addresses(lab: &NodeLab, n: usize) -> Vec<IpAddr> {
+pub fn client_addresses(lab: &NodeLab, n: usize) -> Vec<IpAddr> {
     (0..n)
         .map(|i| {
             let ip = format!("192.168.100.{}", 100 + i);

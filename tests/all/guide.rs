@@ -1,0 +1,132 @@
+//! The plugin author's path, run as written: docs/plugins.md's command
+//! blocks and files, in order, from an empty directory (a new plugin crate,
+//! its unit tests, its component, `kpx conformance`, `kpx demo` with it),
+//! and the out-of-tree example (examples/maglev-scheduler) built apart,
+//! checked and carrying real traffic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::schedulers::{client_addresses, tcp_from, write_service};
+use crate::support::*;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf()
+}
+
+/// A command with the outer cargo's build settings removed, and kpx on
+/// the PATH.
+fn clean(mut cmd: Command) -> Command {
+    for var in [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
+        cmd.env_remove(var);
+    }
+    let bin = Path::new(KPX).parent().unwrap();
+    cmd.env("PATH", format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default()));
+    cmd
+}
+
+/// The guide as one bash script: its ```sh blocks, and its ```rust
+/// file=PATH blocks written where they say, in order.
+fn guide_script(guide: &str) -> (String, usize) {
+    let mut script = String::from("set -euo pipefail\n");
+    let mut blocks = 0;
+    let mut lines = guide.lines();
+    while let Some(line) = lines.next() {
+        let Some(info) = line.strip_prefix("```") else { continue };
+        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+        let body = body.join("\n");
+        if info == "sh" {
+            script.push_str(&body);
+            script.push('\n');
+            blocks += 1;
+        } else if let Some(file) = info.strip_prefix("rust file=") {
+            assert!(!body.contains("KPX_GUIDE_EOF"), "the guide's file holds the heredoc marker");
+            script.push_str(&format!(
+                "mkdir -p \"$(dirname {file})\"\ncat > {file} <<'KPX_GUIDE_EOF'\n{body}\nKPX_GUIDE_EOF\n"
+            ));
+            blocks += 1;
+        }
+    }
+    (script, blocks)
+}
+
+#[test]
+fn the_plugin_guide_runs_as_written() {
+    if !nix::unistd::geteuid().is_root() {
+        return eprintln!("SKIPPED the_plugin_guide_runs_as_written: its kpx demo step needs root");
+    }
+    let guide = std::fs::read_to_string(workspace().join("docs/plugins.md")).unwrap();
+    let (script, blocks) = guide_script(&guide);
+    assert!(blocks >= 6, "the guide has {blocks} runnable blocks");
+    let (dir, _) = run_dirs("guide");
+    let work = dir.join("work");
+    std::fs::create_dir(&work).unwrap();
+    let t0 = Instant::now();
+    let out = clean(Command::new("bash")).arg("-c").arg(&script).current_dir(&work).output().unwrap();
+    let took = t0.elapsed();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{text}");
+    assert!(out.status.success(), "the guide's commands failed (after {took:?})");
+    eprintln!("the guide, from an empty directory: {blocks} blocks in {:.0} s (builds included)", took.as_secs_f64());
+    assert!(text.contains("test result: ok. 2 passed"), "the guide's unit tests");
+    assert!(text.lines().any(|l| l.starts_with("PASS: ")), "kpx conformance passes the guide's scheduler");
+    let clients: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("client ")).collect();
+    assert_eq!(clients.len(), 8, "{text}");
+    let mut reached = BTreeSet::new();
+    for line in &clients {
+        let answers: Vec<&str> = line.split("-> ").nth(1).unwrap().split(", ").collect();
+        assert!(answers.len() == 3 && answers.iter().all(|a| *a == answers[0] && a.starts_with("be")), "{line}");
+        reached.insert(answers[0].to_string());
+    }
+    assert!(reached.len() >= 2, "the clients spread: {reached:?}");
+}
+
+/// examples/maglev-scheduler: its own workspace and lock file, built with
+/// its one command, passes `kpx conformance`, and loaded into a running
+/// kpx keeps each client on one endpoint while clients spread.
+#[test]
+fn the_out_of_tree_maglev_example_passes_conformance_and_carries_traffic() {
+    let example = workspace().join("examples/maglev-scheduler");
+    let t0 = Instant::now();
+    let mut build = clean(Command::new("cargo"));
+    let status = build.args(["plugin", "--locked"]).current_dir(&example).status().unwrap();
+    assert!(status.success(), "building examples/maglev-scheduler failed");
+    eprintln!("examples/maglev-scheduler built in {:.0} s", t0.elapsed().as_secs_f64());
+    let wasm = example.join("target/wasm32-unknown-unknown/release/maglev_scheduler.wasm");
+    let out = Command::new(KPX).args(["conformance", wasm.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "the example fails conformance");
+    assert!(text.contains("maglev: one of 4 endpoints gone remaps at most 1/4 + 2 points of clients"), "{text}");
+
+    let Some(lab) = lab_or_skip(3, "the_out_of_tree_maglev_example carrying traffic") else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("maglev-example");
+    write_service(&manifests, "web", "10.96.0.10", &[("kpx.dev/scheduler", "maglev")], &eps, &[]);
+    let plugin = format!("ext={}", wasm.display());
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables", "--scheduler-plugin", &plugin]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert!(kpx.log().contains("scheduler component: [\"maglev\"] plugin=ext"), "{}", kpx.log());
+    let mut per_client: BTreeMap<std::net::IpAddr, String> = BTreeMap::new();
+    for c in client_addresses(&lab, 12) {
+        let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), "10.96.0.10:80")).collect();
+        assert!(answers.iter().all(|a| a == &answers[0] && a.starts_with("be")), "client {c}: {answers:?}");
+        per_client.insert(c, answers[0].clone());
+    }
+    let spread: BTreeSet<&String> = per_client.values().collect();
+    eprintln!("maglev example: 12 clients reached {spread:?}");
+    assert!(spread.len() >= 2, "{per_client:?}");
+}
