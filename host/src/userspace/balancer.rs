@@ -400,6 +400,15 @@ impl Balancer {
                 .pick(self.ids[side as usize], inner.generation, &setup, &request, inner.default_choice)
                 .map_err(Some),
         };
+        // A weight of 0 takes no new connections: the host holds a
+        // scheduler to it (the runtime has already refused picks outside
+        // the candidates and among the failed ones).
+        let asked = asked.and_then(|picked| match picked {
+            Some(i) if candidates.weights.get(i as usize) == Some(&0) => {
+                Err(Some(format!("picked candidate {i}, whose weight is 0")))
+            }
+            other => Ok(other),
+        });
         let picked = match asked {
             Ok(Some(i)) => Some(addr(&candidates.endpoints[i as usize])),
             Ok(None) => None,
@@ -414,8 +423,14 @@ impl Balancer {
                     }
                 }
                 let n = candidates.endpoints.len();
-                let open: Vec<SocketAddr> =
-                    candidates.endpoints.iter().map(addr).filter(|e| !failed.contains(e)).collect();
+                let open: Vec<SocketAddr> = candidates
+                    .endpoints
+                    .iter()
+                    .zip(&candidates.weights)
+                    .filter(|(_, w)| **w > 0)
+                    .map(|(e, _)| addr(e))
+                    .filter(|e| !failed.contains(e))
+                    .collect();
                 let pick = (!open.is_empty()).then(|| open[inner.turn % open.len()]);
                 inner.turn = (inner.turn + 1) % n.max(1);
                 pick
