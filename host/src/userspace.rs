@@ -82,3 +82,9 @@ impl tcp::Chooser for RoundRobin {
         None
     }
 }
+
+/// (service port, scheduler name) of every port in `ports` that names one
+/// (what a scheduler replacement must keep exporting).
+pub fn scheduler_users<'a>(ports: impl Iterator<Item = &'a kpx_rules::model::ServicePort>) -> Vec<(String, String)> {
+    ports.filter_map(|p| Some((p.key.clone(), p.scheduler.as_ref()?.name.clone()))).collect()
+}

@@ -172,6 +172,11 @@ mod tests {
         let plugin = runtime.load_scheduler("wasi-probe", &bytes).unwrap();
         let mut i = plugin.instantiate().unwrap();
         assert!(i.names().iter().any(|n| n == name), "{:?}", i.names());
+        one_pick(&mut i, 1, name).unwrap_err()
+    }
+
+    /// A pick under `id` set up for `name` over one endpoint.
+    fn one_pick(i: &mut SchedulerInstance, id: u32, name: &str) -> crate::runtime::Result<Option<u32>> {
         let endpoints = [("10.244.1.5".parse().unwrap(), 8080)];
         let setup = PickSetup {
             name,
@@ -181,9 +186,9 @@ mod tests {
             endpoints: &endpoints,
             weights: &[1],
         };
-        i.prepare_picks(1, &setup).unwrap();
+        i.prepare_picks(id, &setup).unwrap();
         let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
-        i.pick(1, &request).unwrap_err()
+        i.pick(id, &request)
     }
 
     /// A component importing WASI 0.2 (as wasm32-wasip2 toolchains build
@@ -240,20 +245,7 @@ mod tests {
         assert_eq!(ask(&mut i, "lc", &[5, 2, 9], &[]), Some(1));
         assert_eq!(ask(&mut i, "lc", &[5, 2, 9], &[1]), Some(0));
         assert_eq!(ask(&mut i, "lc", &[0, 0], &[0, 1]), None);
-        let err = {
-            let endpoints = [("10.244.1.5".parse().unwrap(), 8080)];
-            let setup = PickSetup {
-                name: "nope",
-                parameters: &[],
-                service: "ns/web:http",
-                destination: "10.96.0.10".parse().unwrap(),
-                endpoints: &endpoints,
-                weights: &[1],
-            };
-            i.prepare_picks(9, &setup).unwrap();
-            let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
-            i.pick(9, &request).unwrap_err().to_string()
-        };
+        let err = one_pick(&mut i, 9, "nope").unwrap_err().to_string();
         let never = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
         assert!(i.pick(77, &never).unwrap_err().to_string().contains("never set up"));
         assert!(err.contains("nope"), "{err}");

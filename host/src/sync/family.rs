@@ -402,7 +402,7 @@ impl FamilyProxier {
 
     /// (service port, scheduler name) of every port that names one.
     pub fn scheduler_users(&self) -> Vec<(String, String)> {
-        self.sent.ports.values().filter_map(|p| Some((p.key.clone(), p.scheduler.as_ref()?.name.clone()))).collect()
+        crate::userspace::scheduler_users(self.sent.ports.values())
     }
 
     /// A fresh instance of `plugin` holding `sent`, whose full render the

@@ -42,10 +42,7 @@ impl LocalhostNodePorts {
 
     /// (service port, scheduler name) of every port served that names one.
     pub fn scheduler_users(&self) -> Vec<(String, String)> {
-        self.served
-            .values()
-            .filter_map(|s| Some((s.port.key.clone(), s.port.scheduler.as_ref()?.name.clone())))
-            .collect()
+        super::scheduler_users(self.served.values().map(|s| &s.port))
     }
 
     /// Follows the changed Services (every Service on a full sync); a
