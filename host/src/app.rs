@@ -110,7 +110,7 @@ fn load_schedulers_from_files(
 pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin, Error> {
     let plugin = runtime.load_scheduler(name, bytes)?;
     let names = plugin.instantiate()?.names().to_vec();
-    if let Some(problem) = crate::conformance::scheduler::load_problem(&names) {
+    if let Some(problem) = runtime::scheduler::load_problem(&names) {
         return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
     }
     tracing::info!(plugin = %name, "scheduler component: {names:?}");

@@ -230,6 +230,12 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
         .unwrap_or_default();
     match runtime.load_scheduler(&name, &bytes) {
         Ok(plugin) => {
+            if args.kernel || args.mode.is_some() {
+                return Err(Error::Other(format!(
+                    "{} is a scheduler component: --kernel and --mode are for backends",
+                    args.component
+                )));
+            }
             let mut report = Report {
                 title: format!("kpx conformance: {} — scheduler component (kpx:proxier {version})", args.component),
                 rows: Vec::new(),

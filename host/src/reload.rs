@@ -82,6 +82,7 @@ pub struct Replacement {
     pub loaded: Result<Loaded, String>,
 }
 
+/// A compiled and linked replacement, of its role's kind.
 pub enum Loaded {
     Backend(Arc<BackendPlugin>),
     Scheduler(Arc<SchedulerPlugin>),
@@ -96,8 +97,12 @@ pub struct Watcher {
     next: Instant,
     done_tx: Sender<(usize, Replacement)>,
     done_rx: Receiver<(usize, Replacement)>,
+    /// Compiled replacements the sync loop could not take yet (one switch
+    /// settles before the next is tried).
+    deferred: Vec<Replacement>,
 }
 
+/// A component file's SHA-256: what tells a replacement from the running bytes.
 pub fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
@@ -111,12 +116,17 @@ impl Watcher {
             .map(|(role, path, running)| Watched { role, path, seen: None, settling: None, running, compiling: false })
             .collect();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        Watcher { runtime, files, next: Instant::now(), done_tx, done_rx }
+        Watcher { runtime, files, next: Instant::now(), done_tx, done_rx, deferred: Vec::new() }
     }
 
     /// When the next poll is due (None: nothing is watched).
     pub fn next_poll(&self) -> Option<Instant> {
         (!self.files.is_empty()).then_some(self.next)
+    }
+
+    /// Hands a replacement back until the next poll (a switch is settling).
+    pub fn defer(&mut self, replacement: Replacement) {
+        self.deferred.push(replacement);
     }
 
     /// The sync loop switched to a replacement: its bytes are the running ones.
@@ -129,7 +139,7 @@ impl Watcher {
     /// Looks at every file, starts compiling those whose replacement
     /// settled, and returns the compiled ones.
     pub fn poll(&mut self, now: Instant) -> Vec<Replacement> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.deferred);
         while let Ok((i, replacement)) = self.done_rx.try_recv() {
             self.files[i].compiling = false;
             out.push(replacement);

@@ -10,7 +10,7 @@
 //! which it replays the full state.
 
 mod cache;
-mod scheduler;
+pub mod scheduler;
 mod version;
 pub mod wasi;
 pub mod wit;
@@ -187,6 +187,11 @@ pub struct Runtime {
     linker: Linker<PluginState>,
     limits: Limits,
     cache_dir: Option<PathBuf>,
+    /// The deny-all WASI's random seed: drawn once per process, the same
+    /// for every instance (replays render alike; another process, another
+    /// seed, so hashing plugins' tables cannot be flooded by names chosen
+    /// in advance).
+    wasi_seed: u64,
 }
 
 impl Runtime {
@@ -200,7 +205,11 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wit::add_to_linker(&mut linker)
             .map_err(|e| Error::Load { plugin: "(linker)".into(), message: e.to_string() })?;
-        Ok(Runtime { engine, linker, limits, cache_dir })
+        let wasi_seed = {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(wasi::RANDOM_SEED)
+        };
+        Ok(Runtime { engine, linker, limits, cache_dir, wasi_seed })
     }
 
     pub fn limits(&self) -> Limits {
@@ -251,6 +260,7 @@ impl Runtime {
             pre,
             limits: self.limits,
             stats: Arc::new(PluginStats::default()),
+            wasi_seed: self.wasi_seed,
         })
     }
 
@@ -266,6 +276,7 @@ impl Runtime {
             pre,
             limits: self.limits,
             stats: Arc::new(PluginStats::default()),
+            wasi_seed: self.wasi_seed,
         })
     }
 }
@@ -277,6 +288,7 @@ pub struct BackendPlugin {
     pre: wit::BackendPre,
     limits: Limits,
     stats: Arc<PluginStats>,
+    wasi_seed: u64,
 }
 
 impl BackendPlugin {
@@ -290,7 +302,7 @@ impl BackendPlugin {
 
     /// A fresh instance holding a new proxier for `settings`.
     pub fn instantiate(&self, settings: &Settings) -> Result<BackendInstance> {
-        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats);
+        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats, self.wasi_seed);
         sandbox.refuel(0);
         let bindings = self.pre.instantiate(&mut sandbox.store, settings);
         let bindings = sandbox.check("instantiate", bindings)?;
@@ -311,7 +323,7 @@ struct Sandbox {
 }
 
 impl Sandbox {
-    fn new(engine: &Engine, plugin: &Arc<str>, limits: Limits, stats: &Arc<PluginStats>) -> Sandbox {
+    fn new(engine: &Engine, plugin: &Arc<str>, limits: Limits, stats: &Arc<PluginStats>, wasi_seed: u64) -> Sandbox {
         let store_limits = StoreLimitsBuilder::new()
             .memory_size(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX))
             .instances(4)
@@ -326,7 +338,7 @@ impl Sandbox {
                 limits: store_limits,
                 log_budget: LOG_LINES_PER_CALL,
                 log_dropping: false,
-                random: wasi::RANDOM_SEED,
+                random: wasi_seed,
             },
         );
         store.limiter(|s| &mut s.limits);

@@ -480,6 +480,11 @@ pub fn run(
         let now = Instant::now();
         if let Some(w) = watcher.as_mut() {
             for replacement in w.poll(now) {
+                // One switch settles (a sync pass) before the next is tried.
+                if switched.is_some() {
+                    w.defer(replacement);
+                    continue;
+                }
                 let (role, digest, path) =
                     (replacement.role.clone(), replacement.digest, replacement.path.display().to_string());
                 if replace(&mut proxiers, replacement, telemetry) {
@@ -566,7 +571,13 @@ pub fn run(
                 w.applied(&role, digest);
             }
             if rolled_back {
-                tracing::error!(file = %path, "the sync after switching to the replaced component failed: the previous component is back");
+                let component = match &role {
+                    Role::Backend => "backend".to_string(),
+                    Role::Scheduler { name, .. } => format!("scheduler:{name}"),
+                };
+                let label = ReloadLabel { component: component.clone(), outcome: "rolled-back".into() };
+                telemetry.metrics.plugin_reloads.get_or_create(&label).inc();
+                tracing::error!(component = %component, file = %path, "the sync after switching to the replaced component failed: the previous component is back");
             }
         }
         if let Some(p) = proxiers.first().and_then(Proxier::rules) {

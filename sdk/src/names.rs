@@ -22,5 +22,7 @@ pub use kpx_rules::hash::endpoint_chain;
 
 /// nftables: a chain, set or map name, `prefix` + 8 characters of base32
 /// SHA-256 + `-` + the name (`ns/svc/proto/port`, or for an endpoint
-/// `…__ip/port` with an IPv6 address's colons as dots), cut to nft's limit.
+/// `…__ip/port` with an IPv6 address's colons as dots), cut to kpx's limit
+/// of 200 bytes (upstream cuts the part after the prefix at 240 with `...`;
+/// the two differ only for names longer than that).
 pub use kpx_rules::nftables::hashed as nftables_object;

@@ -98,10 +98,11 @@ fn the_plugin_guide_runs_as_written() {
 fn the_out_of_tree_maglev_example_passes_conformance_and_carries_traffic() {
     let example = workspace().join("examples/maglev-scheduler");
     let t0 = Instant::now();
-    let mut build = clean(Command::new("cargo"));
-    let status = build.args(["plugin", "--locked"]).current_dir(&example).status().unwrap();
+    let status = clean(Command::new("cargo")).args(["test", "--locked"]).current_dir(&example).status().unwrap();
+    assert!(status.success(), "examples/maglev-scheduler's unit tests failed");
+    let status = clean(Command::new("cargo")).args(["plugin", "--locked"]).current_dir(&example).status().unwrap();
     assert!(status.success(), "building examples/maglev-scheduler failed");
-    eprintln!("examples/maglev-scheduler built in {:.0} s", t0.elapsed().as_secs_f64());
+    eprintln!("examples/maglev-scheduler tested and built in {:.0} s", t0.elapsed().as_secs_f64());
     let wasm = example.join("target/wasm32-unknown-unknown/release/maglev_scheduler.wasm");
     let out = Command::new(KPX).args(["conformance", wasm.to_str().unwrap()]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

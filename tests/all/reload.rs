@@ -169,7 +169,9 @@ fn a_replaced_backend_is_tried_before_it_serves() {
     assert!(kpx.log().contains("would no longer send"), "{}", kpx.log());
     replace(&file, kpx::runtime::builtin::get("nftables").unwrap());
     assert!(kpx.wait_for_log("replaced component refused", 2, Duration::from_secs(10)), "{}", kpx.log());
-    assert!(kpx.log().contains("nftables"), "{}", kpx.log());
+    let log = kpx.log();
+    let refusal = log.lines().filter(|l| l.contains("replaced component refused")).nth(1).unwrap_or_default();
+    assert!(refusal.contains("nftables") && refusal.contains("iptables"), "the refusal names both modes: {refusal}");
 
     let synced = kpx.log().matches("synced rules family=IPv4").count();
     std::fs::remove_file(manifests.join("hostile-empty.yaml")).unwrap();
@@ -188,7 +190,8 @@ fn a_replaced_backend_is_tried_before_it_serves() {
 
 /// A replacement that passes the trial but whose first write fails (here
 /// iptables-restore made to fail for IPv4 while a marker file exists) is
-/// rolled back in every family: the previous component serves again, and
+/// rolled back in every family (here IPv6's write succeeds, IPv4's
+/// fails: both come back): the previous component serves again, and
 /// once the kernel takes writes again its syncs succeed; no connection
 /// fails, as the failed write changed nothing.
 #[test]
@@ -233,9 +236,12 @@ fn a_replacement_whose_first_write_fails_is_rolled_back() {
     let synced = kpx.log().matches("synced rules family=IPv4").count();
     std::fs::remove_file(&marker).unwrap();
     assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(15)), "{}", kpx.log());
+    // (The replaced and the previous backend write the same rules for this
+    // state: the log's rollback line, and syncs succeeding afterwards, are
+    // what show the switch back.)
     let after = kpx.log();
     let tail = &after[after.rfind("the previous component is back").unwrap()..];
-    assert!(!tail.contains("plugin=kpx_plugin_hostile") && !tail.contains("replaced component applied"), "{tail}");
+    assert!(!tail.contains("replaced component applied"), "{tail}");
     std::thread::sleep(Duration::from_millis(500));
     let (answered, failed) = answered_since(&client, t0);
     drop(client);

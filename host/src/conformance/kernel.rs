@@ -107,8 +107,10 @@ pub fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
     let mut clients = BTreeMap::new();
     for flow in &case.flows {
         let key = (flow.from, flow.iface.clone());
-        let from_node = flow.from.is_loopback() || case.node.addresses.contains(&flow.from);
-        if from_node || clients.contains_key(&key) || (endpoints.contains_key(&flow.from) && flow.iface.is_none()) {
+        if flow.from_node(case)
+            || clients.contains_key(&key)
+            || (endpoints.contains_key(&flow.from) && flow.iface.is_none())
+        {
             continue;
         }
         let n = clients.len();
@@ -123,7 +125,7 @@ pub fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
 impl CaseLab {
     /// Where a flow starts, and the source address to bind (node flows).
     fn origin(&self, case: &Case, flow: &Flow) -> (&Ns, Option<IpAddr>) {
-        if flow.from.is_loopback() || case.node.addresses.contains(&flow.from) {
+        if flow.from_node(case) {
             return (&self.node, Some(flow.from));
         }
         if let Some(ns) = self.clients.get(&(flow.from, flow.iface.clone())) {
@@ -135,7 +137,7 @@ impl CaseLab {
 
 /// Why a flow is left to the tracer.
 pub fn kernel_skip(case: &Case, flow: &Flow) -> Option<String> {
-    let from_node = flow.from.is_loopback() || case.node.addresses.contains(&flow.from);
+    let from_node = flow.from_node(case);
     if flow.protocol() == Protocol::Sctp
         && let Err(why) = kpx_netlab::sctp_supported()
     {

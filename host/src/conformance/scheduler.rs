@@ -13,17 +13,10 @@ use kpx_rules::plan::Plan;
 use super::Report;
 use crate::runtime::{self, PickRequest, PickSetup, ScheduleRequest, SchedulerInstance, SchedulerPlugin};
 
-/// What kpx requires of `names()` to load a scheduler: 1 to 64 names of
-/// 1 to 64 bytes.
-pub fn load_problem(names: &[String]) -> Option<String> {
-    (names.is_empty() || names.len() > 64 || names.iter().any(|n| n.is_empty() || n.len() > 64))
-        .then(|| format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()))
-}
-
 /// What the kit requires of `names()`: what kpx requires to load it, and
 /// names an annotation can carry as they are (a-z, 0-9 and -), each once.
 pub fn names_problem(names: &[String]) -> Option<String> {
-    if let Some(p) = load_problem(names) {
+    if let Some(p) = runtime::scheduler::load_problem(names) {
         return Some(p);
     }
     if let Some(n) =

@@ -55,8 +55,11 @@ pub fn render(plugin: &BackendPlugin, case: &Case, mode: ProxyMode, family: IpFa
 /// The host's checks of what a component returns, with the model of what
 /// earlier syncs left, as the daemon keeps them for one family.
 pub struct Host {
+    /// The component's name, as refusals name it.
     pub plugin: String,
+    /// The family's settings the component was given.
     pub settings: Settings,
+    /// What the component's rules may refer to.
     pub scope: Scope,
     /// The ports the scope counts, by key.
     ports: std::collections::BTreeMap<String, ServicePort>,

@@ -156,10 +156,6 @@ fn belongs(payload: &[u8], table_attr: u16) -> bool {
         == Some(TABLE)
 }
 
-/// The messages of a transaction's operations (the frame's and the
-/// plugin's), elements read by the declarations known to this sync. They
-/// may not add up to more than `max_bytes`: a plugin's few words can name
-/// long chains, and the host's rendering is held to the plugin's output cap.
 /// The host's checks of a transaction and its operations encoded as
 /// netlink messages (within `max_bytes`): everything a sync does before the
 /// kernel but the frame and, on a full sync, the reconciliation.
@@ -189,6 +185,10 @@ fn set_declarations<'a>(checked: &Checked, model: &'a Model) -> impl Fn(&SetRef)
     }
 }
 
+/// The messages of a transaction's operations (the frame's and the
+/// plugin's), elements read by the declarations known to this sync. They
+/// may not add up to more than `max_bytes`: a plugin's few words can name
+/// long chains, and the host's rendering is held to the plugin's output cap.
 pub fn messages(
     family: IpFamily,
     masquerade_mark: u32,

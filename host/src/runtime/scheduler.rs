@@ -24,6 +24,13 @@ const PICK_FUEL_PER_ENDPOINT: u64 = 200_000;
 /// A pick hands back one number.
 const PICK_MAX_OUTPUT: u64 = 64 << 10;
 
+/// What kpx requires of `names()` to load a scheduler: 1 to 64 names of
+/// 1 to 64 bytes.
+pub fn load_problem(names: &[String]) -> Option<String> {
+    (names.is_empty() || names.len() > 64 || names.iter().any(|n| n.is_empty() || n.len() > 64))
+        .then(|| format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()))
+}
+
 /// A loaded scheduler component, ready to instantiate.
 pub struct SchedulerPlugin {
     pub(super) name: Arc<str>,
@@ -31,6 +38,7 @@ pub struct SchedulerPlugin {
     pub(super) pre: v0_2_0::SchedulerPre,
     pub(super) limits: Limits,
     pub(super) stats: Arc<PluginStats>,
+    pub(super) wasi_seed: u64,
 }
 
 impl SchedulerPlugin {
@@ -44,7 +52,7 @@ impl SchedulerPlugin {
 
     /// A fresh instance, with the names it answers to.
     pub fn instantiate(&self) -> Result<SchedulerInstance> {
-        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats);
+        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats, self.wasi_seed);
         sandbox.refuel(0);
         let bindings = self.pre.instantiate(&mut sandbox.store);
         let bindings = sandbox.check("instantiate", bindings)?;
@@ -166,8 +174,7 @@ mod tests {
 
     /// What a pick of the WASI probe's scheduler `name` ends in, in a fresh
     /// instance (the probe answers through its error, or traps).
-    fn probe(name: &str) -> crate::runtime::Error {
-        let runtime = Runtime::new(Limits::default(), None).unwrap();
+    fn probe(runtime: &Runtime, name: &str) -> crate::runtime::Error {
         let bytes = std::fs::read(format!("{}/kpx_plugin_wasi_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
         let plugin = runtime.load_scheduler("wasi-probe", &bytes).unwrap();
         let mut i = plugin.instantiate().unwrap();
@@ -204,13 +211,15 @@ mod tests {
         let own = wasmtime::component::Component::new(&runtime.engine, builtin::get("schedulers").unwrap()).unwrap();
         assert!(!crate::runtime::wasi::imports_wasi(&runtime.engine, &own));
 
-        let seen = probe("probe");
+        let seen = probe(&runtime, "probe");
         assert!(matches!(seen, crate::runtime::Error::Failed { .. }), "{seen}");
         let seen = seen.to_string();
         eprintln!("deny-all WASI, as the probe saw it: {seen}");
         assert!(seen.contains("env=0 args=0 cwd=None dirs=0 bytes="), "{seen}");
         assert!(!seen.contains("bytes=[00, 00, 00, 00, 00, 00, 00, 00]"), "{seen}");
-        assert_eq!(seen, probe("probe").to_string(), "a fresh instance draws the same numbers");
+        assert_eq!(seen, probe(&runtime, "probe").to_string(), "a fresh instance draws the same numbers");
+        let other = Runtime::new(Limits::default(), None).unwrap();
+        assert_ne!(seen, probe(&other, "probe").to_string(), "another process draws other numbers");
         for (name, call) in [
             ("clock", "wasi:clocks/monotonic-clock@0.2"),
             ("wall-clock", "wasi:clocks/wall-clock@0.2"),
@@ -219,7 +228,7 @@ mod tests {
             ("exit", "wasi:cli/exit@0.2"),
             ("big-random", "at most 4096 per call"),
         ] {
-            let err = probe(name);
+            let err = probe(&runtime, name);
             assert!(err.needs_fresh_instance(), "{name}: {err}");
             let err = err.to_string();
             eprintln!("{name}: {err}");
@@ -227,7 +236,7 @@ mod tests {
         }
         // Host work for WASI answers is paid from the call's fuel.
         let t = std::time::Instant::now();
-        let err = probe("random-loop");
+        let err = probe(&runtime, "random-loop");
         assert!(err.needs_fresh_instance() && err.to_string().contains("fuel"), "{err}");
         eprintln!("random-loop stopped after {:?}", t.elapsed());
         assert!(t.elapsed() < std::time::Duration::from_secs(5), "{:?}", t.elapsed());

@@ -10,9 +10,9 @@
 //!   empty, and there is no working directory: opening a file fails as it
 //!   would in an empty sandbox;
 //! - the random interfaces answer from a generator seeded the same way in
-//!   every instance, so that a state replayed into a fresh instance renders
-//!   the same rules (hash maps need a seed; nothing in a proxy plugin needs
-//!   a secret), at most 4 KiB per call;
+//!   every instance of a process (drawn once at start: a state replayed
+//!   into a fresh instance renders the same rules, and another process's
+//!   hash seeds cannot be known in advance), at most 4 KiB per call;
 //! - these answers are defined with their exact WASI types (a component
 //!   that declares them otherwise does not link) and are paid from the
 //!   calling instance's fuel, so the host's work for them is bounded like
@@ -35,7 +35,7 @@ use super::PluginState;
 /// The most random bytes one call may ask for (a hash map's seed is 16).
 const MAX_RANDOM_BYTES: u64 = 4096;
 
-/// The seed of every instance's random numbers.
+/// What the process's seed is drawn from (and the seed in unit tests).
 pub const RANDOM_SEED: u64 = 0x6b70_785f_7761_7369;
 
 /// Whether `component` imports any WASI interface.

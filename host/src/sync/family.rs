@@ -77,7 +77,15 @@ pub struct FamilyProxier {
 /// The component (and, for a scheduler swap, the plans) a commit replaced.
 struct Previous {
     plugin: Arc<BackendPlugin>,
-    planned: Option<(Planner, Sent, std::collections::BTreeSet<String>)>,
+    planned: Option<PlannedBefore>,
+}
+
+/// A scheduler swap's planner and what it had sent, as they were.
+struct PlannedBefore {
+    planner: Planner,
+    sent: Sent,
+    load_ports: std::collections::BTreeSet<String>,
+    keys_of: BTreeMap<ServiceName, Vec<String>>,
 }
 
 impl FamilyProxier {
@@ -432,12 +440,12 @@ impl FamilyProxier {
         let mut old_planned = None;
         if let Some((mut planner, sent)) = trial.planned {
             let load_ports = sent.ports.values().filter(|p| planner.uses_load(p)).map(|p| p.key.clone()).collect();
-            let old_load = std::mem::replace(&mut self.load_ports, load_ports);
-            old_planned = Some((
-                std::mem::replace(&mut self.planner, planner),
-                std::mem::replace(&mut self.sent, sent),
-                old_load,
-            ));
+            old_planned = Some(PlannedBefore {
+                load_ports: std::mem::replace(&mut self.load_ports, load_ports),
+                planner: std::mem::replace(&mut self.planner, planner),
+                sent: std::mem::replace(&mut self.sent, sent),
+                keys_of: self.keys_of.clone(),
+            });
             self.replanned.clear();
         }
         self.previous = Some(Previous { plugin: old_plugin, planned: old_planned });
@@ -454,10 +462,13 @@ impl FamilyProxier {
             return false;
         }
         self.plugin = previous.plugin;
-        if let Some((planner, sent, load_ports)) = previous.planned {
-            self.planner = planner;
-            self.sent = sent;
-            self.load_ports = load_ports;
+        if let Some(before) = previous.planned {
+            self.planner = before.planner;
+            self.sent = before.sent;
+            self.load_ports = before.load_ports;
+            // Keys the failed pass dropped are sent again or removed anew
+            // (the loop keeps a failed pass's changes).
+            self.keys_of = before.keys_of;
             self.replanned.clear();
         }
         self.instance = None;
