@@ -49,14 +49,8 @@ pub fn run(args: &Args, kpx: &Path) -> Result<()> {
         return Err(format!("--scheduler {s:?}: a scheduler's name is a-z, 0-9 and '-'"));
     }
     let lab = NodeLab::build(3).map_err(|e| format!("the demo needs root and network namespaces: {e}"))?;
-    // A fresh directory, created here (a name someone else made first is
-    // an error, not a directory to write into).
-    let unique = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let dir = std::env::temp_dir().join(format!("kpx-demo-{}-{unique}", std::process::id()));
-    let manifests = dir.join("manifests");
+    let (dir, manifests) = crate::scratch::fresh_dir("demo")?;
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
-    std::fs::create_dir(&dir).map_err(io)?;
-    std::fs::create_dir(&manifests).map_err(io)?;
     for (file, text) in MANIFESTS {
         let text = match (&args.scheduler, file) {
             (Some(s), "web.yaml") => text.replace(

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod kernel;
 pub mod reload;
 pub mod runtime;
+pub mod scratch;
 pub mod serve;
 pub mod settings;
 pub mod source;

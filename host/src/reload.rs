@@ -44,6 +44,16 @@ pub enum Role {
     },
 }
 
+impl Role {
+    /// How logs and `kpx_plugin_reloads` name it: `backend`, `scheduler:NAME`.
+    pub fn label(&self) -> String {
+        match self {
+            Role::Backend => "backend".to_string(),
+            Role::Scheduler { name, .. } => format!("scheduler:{name}"),
+        }
+    }
+}
+
 /// A file's metadata, as far as telling a replacement goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {

@@ -86,6 +86,10 @@ pub enum Error {
     /// The plugin returned an error: keep the instance, render in full next time.
     #[error("plugin {plugin}: {call} failed: {message}")]
     Failed { plugin: String, call: &'static str, message: String },
+    /// A scheduler picked what the host refuses (outside the candidates,
+    /// or one that failed the connection): a fault, not its own refusal.
+    #[error("plugin {plugin}: pick refused: {message}")]
+    BadPick { plugin: String, message: String },
     /// The output is larger than allowed (found while copying it out, so
     /// nothing larger was allocated): the instance is left mid-call, so it
     /// is dropped, a fresh one built and the full state replayed.

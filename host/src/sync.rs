@@ -342,10 +342,7 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
 /// outcome is logged and counted. True when it was applied.
 fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telemetry) -> bool {
     let Replacement { role, path, loaded, .. } = replacement;
-    let component = match &role {
-        Role::Backend => "backend".to_string(),
-        Role::Scheduler { name, .. } => format!("scheduler:{name}"),
-    };
+    let component = role.label();
     let outcome = loaded.and_then(|loaded| match (loaded, &role) {
         (Loaded::Backend(plugin), _) => {
             let trials = proxiers
@@ -362,18 +359,22 @@ fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telem
             Ok(())
         }
         (Loaded::Scheduler(plugin), Role::Scheduler { index, .. }) => {
-            // A name the state's Services use must not disappear with it.
+            // A name the state's Services use must not disappear with it;
+            // the ports naming either component's schedulers are planned again.
+            let names = |p: &crate::runtime::SchedulerPlugin| {
+                p.instantiate().map(|i| i.names().to_vec()).map_err(|e| e.to_string())
+            };
+            let new_names = names(&plugin)?;
+            let mut affected = new_names.clone();
             if let Some(old) = proxiers.iter().find_map(|p| p.scheduler_plugin(*index)) {
-                let names = |p: &crate::runtime::SchedulerPlugin| {
-                    p.instantiate().map(|i| i.names().to_vec()).map_err(|e| e.to_string())
-                };
-                let (old_names, new_names) = (names(&old)?, names(&plugin)?);
+                let old_names = names(&old)?;
                 let users = proxiers.iter().flat_map(Proxier::scheduler_users);
                 if let Some((key, name)) =
                     users.into_iter().find(|(_, n)| old_names.contains(n) && !new_names.contains(n))
                 {
                     return Err(format!("the replacement no longer exports the scheduler {name:?}, which {key} uses"));
                 }
+                affected.extend(old_names);
             }
             let mut pickers: Vec<std::sync::Arc<crate::userspace::balancer::Picker>> = Vec::new();
             for p in proxiers.iter().filter_map(Proxier::picker) {
@@ -388,7 +389,7 @@ fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telem
             let trials = proxiers
                 .iter()
                 .filter_map(Proxier::rules)
-                .map(|p| p.try_scheduler(*index, plugin.clone()).map_err(|e| e.to_string()))
+                .map(|p| p.try_scheduler(*index, plugin.clone(), &affected).map_err(|e| e.to_string()))
                 .collect::<Result<Vec<_>, String>>()?;
             for (picker, instance) in pickers.iter().zip(instances) {
                 picker.replace(*index, plugin.clone(), instance);
@@ -571,10 +572,7 @@ pub fn run(
                 w.applied(&role, digest);
             }
             if rolled_back {
-                let component = match &role {
-                    Role::Backend => "backend".to_string(),
-                    Role::Scheduler { name, .. } => format!("scheduler:{name}"),
-                };
+                let component = role.label();
                 let label = ReloadLabel { component: component.clone(), outcome: "rolled-back".into() };
                 telemetry.metrics.plugin_reloads.get_or_create(&label).inc();
                 tracing::error!(component = %component, file = %path, "the sync after switching to the replaced component failed: the previous component is back");

@@ -261,14 +261,8 @@ fn one_case(
     extra: &[String],
 ) -> Result<(), String> {
     let lab = build(case, mode).map_err(|e| format!("building the namespaces: {e}"))?;
-    // A fresh directory, created here (a name someone else made first is
-    // an error, not a directory to write into).
-    let unique = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let dir = std::env::temp_dir().join(format!("kpx-conformance-{}-{mode}-{index}-{unique}", std::process::id()));
-    let manifests = dir.join("manifests");
+    let (dir, manifests) = crate::scratch::fresh_dir(&format!("conformance-{mode}-{index}"))?;
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
-    std::fs::create_dir(&dir).map_err(io)?;
-    std::fs::create_dir(&manifests).map_err(io)?;
     std::fs::write(manifests.join("case.yaml"), &case.manifests).map_err(io)?;
     std::fs::write(manifests.join("node.yaml"), case.node_manifest()).map_err(io)?;
     let mut args = case.args(&manifests, &["--proxy-mode", mode]);

@@ -75,30 +75,32 @@ impl Picks<'_> {
         parameters: &[(String, String)],
         destination: IpAddr,
         weights: &[u32],
-    ) -> Result<Picks<'a>, String> {
+    ) -> Result<Picks<'a>, Problem> {
         let v6 = destination.is_ipv6();
         let eps = endpoints(weights.len(), v6);
         let setup = PickSetup { name, parameters, service: "conformance/svc:p", destination, endpoints: &eps, weights };
-        instance.prepare_picks(id, &setup).map_err(|e| e.to_string())?;
+        instance.prepare_picks(id, &setup)?;
         Ok(Picks { instance, id, weights: weights.to_vec(), active: vec![0; weights.len()] })
     }
 
     /// One connection from `client`; `failed` candidates already failed it.
     /// A pick of a weight-0 candidate is an error.
-    fn pick(&mut self, client: IpAddr, failed: &[u32], i: usize) -> Result<Option<u32>, String> {
+    fn pick(&mut self, client: IpAddr, failed: &[u32], i: usize) -> Result<Option<u32>, Problem> {
         let request = PickRequest { client, active: &self.active, failed, random: random(i) };
-        let picked = self.instance.pick(self.id, &request).map_err(|e| e.to_string())?;
+        let picked = self.instance.pick(self.id, &request)?;
         if let Some(k) = picked
             && self.weights[k as usize] == 0
         {
-            return Err(format!("picked candidate {k}, whose weight is 0"));
+            return Err(Problem::Broken(format!("picked candidate {k}, whose weight is 0")));
         }
         Ok(picked)
     }
 
     /// A connection that stays open on the candidate picked.
-    fn hold(&mut self, client: IpAddr, i: usize) -> Result<u32, String> {
-        let k = self.pick(client, &[], i)?.ok_or("no candidate picked while every one may take it")?;
+    fn hold(&mut self, client: IpAddr, i: usize) -> Result<u32, Problem> {
+        let k = self
+            .pick(client, &[], i)?
+            .ok_or_else(|| Problem::Broken("no candidate picked while every one may take it".into()))?;
         self.active[k as usize] += 1;
         Ok(k)
     }
@@ -132,6 +134,12 @@ impl Problem {
             Problem::Refused(s) => format!("refused: {s}"),
             Problem::Broken(s) => s,
         }
+    }
+}
+
+impl From<Problem> for String {
+    fn from(p: Problem) -> String {
+        p.text()
     }
 }
 
@@ -269,7 +277,7 @@ fn per_name(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
     let picks_row = row("per-connection picks respect weights and failures");
     let first_pick = fresh(plugin).and_then(|mut i| {
         let mut p = Picks::new(&mut i, 1, name, &[], dest(0, false), &[1, 1])?;
-        p.pick(client(0, false), &[], 0).map(|_| ())
+        p.pick(client(0, false), &[], 0).map(|_| ()).map_err(String::from)
     });
     match first_pick {
         Err(e) if e.contains("has no per-connection pick") => {
@@ -341,7 +349,7 @@ fn same_picks(plugin: &SchedulerPlugin, name: &str) -> Result<(), String> {
     let run = || -> Result<Vec<u32>, String> {
         let mut instance = fresh(plugin)?;
         let mut p = Picks::new(&mut instance, 7, name, &[], dest(0, false), &[2, 1, 1, 3])?;
-        (0..300).map(|i| p.hold(client(i % 37, false), i)).collect()
+        (0..300).map(|i| p.hold(client(i % 37, false), i).map_err(String::from)).collect()
     };
     if run()? == run()? { Ok(()) } else { Err("300 picks differ between two fresh instances".into()) }
 }
@@ -513,13 +521,6 @@ fn hostile(report: &mut Report, plugin: &SchedulerPlugin, name: &str, picks: boo
     let attempt = |f: &dyn Fn(&mut SchedulerInstance) -> Result<(), Problem>| {
         fresh(plugin).map_err(Problem::Broken).and_then(|mut i| f(&mut i))
     };
-    let pick_problem = |e: String| {
-        if e.contains(" failed: ") && !e.contains("picked candidate") {
-            Problem::Refused(e)
-        } else {
-            Problem::Broken(e)
-        }
-    };
     let big: Vec<u32> = vec![1; 1000];
     let inputs: Vec<(&str, Result<(), Problem>)> = vec![
         (
@@ -527,8 +528,8 @@ fn hostile(report: &mut Report, plugin: &SchedulerPlugin, name: &str, picks: boo
             attempt(&|i| {
                 plan(i, name, &[], ProxyMode::Nftables, &big, false)?;
                 if picks {
-                    let mut p = Picks::new(i, 1, name, &[], dest(0, false), &big).map_err(pick_problem)?;
-                    p.hold(client(0, false), 0).map_err(pick_problem)?;
+                    let mut p = Picks::new(i, 1, name, &[], dest(0, false), &big)?;
+                    p.hold(client(0, false), 0)?;
                 }
                 Ok(())
             }),
@@ -538,9 +539,8 @@ fn hostile(report: &mut Report, plugin: &SchedulerPlugin, name: &str, picks: boo
             attempt(&|i| {
                 plan(i, name, &[], ProxyMode::Iptables, &[65535, 1, 65535], false)?;
                 if picks {
-                    let mut p =
-                        Picks::new(i, 1, name, &[], dest(0, false), &[65535, 1, 65535]).map_err(pick_problem)?;
-                    p.hold(client(0, false), 0).map_err(pick_problem)?;
+                    let mut p = Picks::new(i, 1, name, &[], dest(0, false), &[65535, 1, 65535])?;
+                    p.hold(client(0, false), 0)?;
                 }
                 Ok(())
             }),
@@ -550,9 +550,9 @@ fn hostile(report: &mut Report, plugin: &SchedulerPlugin, name: &str, picks: boo
             attempt(&|i| {
                 plan(i, name, &[], ProxyMode::Nftables, &[1, 2, 3], true)?;
                 if picks {
-                    let mut p = Picks::new(i, 1, name, &[], dest(0, true), &[1, 2, 3]).map_err(pick_problem)?;
+                    let mut p = Picks::new(i, 1, name, &[], dest(0, true), &[1, 2, 3])?;
                     for c in 0..50 {
-                        p.hold(client(c, true), c).map_err(pick_problem)?;
+                        p.hold(client(c, true), c)?;
                     }
                 }
                 Ok(())
@@ -563,8 +563,8 @@ fn hostile(report: &mut Report, plugin: &SchedulerPlugin, name: &str, picks: boo
             attempt(&|i| {
                 plan(i, name, &[], ProxyMode::Iptables, &[0, 0, 0], false)?;
                 if picks {
-                    let mut p = Picks::new(i, 1, name, &[], dest(0, false), &[0, 0, 0]).map_err(pick_problem)?;
-                    if let Some(k) = p.pick(client(0, false), &[], 0).map_err(pick_problem)? {
+                    let mut p = Picks::new(i, 1, name, &[], dest(0, false), &[0, 0, 0])?;
+                    if let Some(k) = p.pick(client(0, false), &[], 0)? {
                         return Err(Problem::Broken(format!("picked {k} at weight 0")));
                     }
                 }

@@ -121,7 +121,11 @@ impl SchedulerInstance {
         let picked = s.check("pick", result)?.map_err(|message| s.failed("pick", &message))?;
         match picked {
             Some(i) if i as usize >= n || request.failed.contains(&i) => {
-                Err(s.failed("pick", &format!("picked candidate {i} of {n} (failed ones: {:?})", request.failed)))
+                s.stats.failures.fetch_add(1, Ordering::Relaxed);
+                Err(crate::runtime::Error::BadPick {
+                    plugin: s.plugin.to_string(),
+                    message: format!("picked candidate {i} of {n} (failed ones: {:?})", request.failed),
+                })
             }
             other => Ok(other),
         }
@@ -154,11 +158,17 @@ mod tests {
     }
 
     fn ask(i: &mut SchedulerInstance, name: &str, active: &[u32], failed: &[u32]) -> Option<u32> {
+        // One id per scheduler and candidate count, set up as the host does.
+        let id = (name.len() * 100 + active.len()) as u32;
+        pick(i, id, name, active, failed).unwrap()
+    }
+
+    /// A pick under `id` set up for `name` over `active.len()` endpoints
+    /// (10.244.k.5:8080), as the host sets it up and asks.
+    fn pick(i: &mut SchedulerInstance, id: u32, name: &str, active: &[u32], failed: &[u32]) -> Result<Option<u32>> {
         let endpoints: Vec<(IpAddr, u16)> =
             (1..=active.len()).map(|k| (format!("10.244.{k}.5").parse().unwrap(), 8080)).collect();
         let weights = vec![1; active.len()];
-        // One id per scheduler and candidate count, set up as the host does.
-        let id = (name.len() * 100 + active.len()) as u32;
         let setup = PickSetup {
             name,
             parameters: &[],
@@ -169,7 +179,7 @@ mod tests {
         };
         i.prepare_picks(id, &setup).unwrap();
         let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active, failed, random: 12345 };
-        i.pick(id, &request).unwrap()
+        i.pick(id, &request)
     }
 
     /// What a pick of the WASI probe's scheduler `name` ends in, in a fresh
@@ -179,23 +189,7 @@ mod tests {
         let plugin = runtime.load_scheduler("wasi-probe", &bytes).unwrap();
         let mut i = plugin.instantiate().unwrap();
         assert!(i.names().iter().any(|n| n == name), "{:?}", i.names());
-        one_pick(&mut i, 1, name).unwrap_err()
-    }
-
-    /// A pick under `id` set up for `name` over one endpoint.
-    fn one_pick(i: &mut SchedulerInstance, id: u32, name: &str) -> crate::runtime::Result<Option<u32>> {
-        let endpoints = [("10.244.1.5".parse().unwrap(), 8080)];
-        let setup = PickSetup {
-            name,
-            parameters: &[],
-            service: "ns/web:http",
-            destination: "10.96.0.10".parse().unwrap(),
-            endpoints: &endpoints,
-            weights: &[1],
-        };
-        i.prepare_picks(id, &setup).unwrap();
-        let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
-        i.pick(id, &request)
+        pick(&mut i, 1, name, &[0], &[]).unwrap_err()
     }
 
     /// A component importing WASI 0.2 (as wasm32-wasip2 toolchains build
@@ -254,7 +248,7 @@ mod tests {
         assert_eq!(ask(&mut i, "lc", &[5, 2, 9], &[]), Some(1));
         assert_eq!(ask(&mut i, "lc", &[5, 2, 9], &[1]), Some(0));
         assert_eq!(ask(&mut i, "lc", &[0, 0], &[0, 1]), None);
-        let err = one_pick(&mut i, 9, "nope").unwrap_err().to_string();
+        let err = pick(&mut i, 9, "nope", &[0], &[]).unwrap_err().to_string();
         let never = PickRequest { client: "192.0.2.7".parse().unwrap(), active: &[0], failed: &[], random: 0 };
         assert!(i.pick(77, &never).unwrap_err().to_string().contains("never set up"));
         assert!(err.contains("nope"), "{err}");

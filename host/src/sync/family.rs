@@ -371,17 +371,12 @@ impl FamilyProxier {
         }
     }
 
-    /// Tries a replacement for the `index`-th scheduler component: every
-    /// port planned again with it (a trap or a plan the mode cannot
-    /// execute refuses it), then the backend's full render of the new
-    /// plans through the host's checks.
-    pub fn try_scheduler(&self, index: usize, plugin: Arc<SchedulerPlugin>) -> Result<Trial, Error> {
-        // Only the ports whose scheduler the old or the new component
-        // implements are planned again; the others keep their plans.
-        let mut names: Vec<String> = plugin.instantiate()?.names().to_vec();
-        if let Some(old) = self.planner.plugin(index) {
-            names.extend(old.instantiate()?.names().iter().cloned());
-        }
+    /// Tries a replacement for the `index`-th scheduler component: the
+    /// ports naming one of `names` (the old or the new component's) planned
+    /// again with it (a trap or a plan the mode cannot execute refuses it;
+    /// the others keep their plans), then the backend's full render of the
+    /// new plans through the host's checks.
+    pub fn try_scheduler(&self, index: usize, plugin: Arc<SchedulerPlugin>, names: &[String]) -> Result<Trial, Error> {
         let mut planner = self.planner.replaced(index, plugin.clone());
         let mut sent = Sent::default();
         for port in self.sent.ports.values() {

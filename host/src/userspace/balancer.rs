@@ -74,12 +74,11 @@ impl Picker {
             };
             let id = u32::MAX - k as u32;
             let outcome = instance.prepare_picks(id, &setup).and_then(|()| instance.pick(id, &request));
-            match outcome {
-                Err(e) if e.needs_fresh_instance() || !matches!(e, crate::runtime::Error::Failed { .. }) => {
-                    return Err(e.to_string());
-                }
-                Err(e) if e.to_string().contains("picked candidate") => return Err(e.to_string()),
-                _ => {}
+            // The scheduler's own refusal is allowed; a trap or a bad pick is not.
+            if let Err(e) = outcome
+                && !matches!(e, crate::runtime::Error::Failed { .. })
+            {
+                return Err(e.to_string());
             }
             let _ = instance.forget_picks(id);
         }
