@@ -18,8 +18,15 @@ const BUILT_IN: &[(&str, &str)] = &[
 ];
 /// Plugins built for tests only (loaded from disk with --backend-plugin or
 /// --scheduler-plugin).
-const TEST_ONLY: &[&str] =
-    &["kpx-plugin-hostile", "kpx-plugin-first", "kpx-plugin-wasi-probe", "kpx-plugin-hot-v1", "kpx-plugin-hot-v2"];
+const TEST_ONLY: &[&str] = &[
+    "kpx-plugin-hostile",
+    "kpx-plugin-first",
+    "kpx-plugin-wasi-probe",
+    "kpx-plugin-hot-v1",
+    "kpx-plugin-hot-v2",
+    "kpx-example-ratelimit",
+    "kpx-example-conncount",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -36,6 +43,8 @@ fn main() {
         "sdk/src",
         "sdk/Cargo.toml",
         "plugins",
+        "examples/ratelimit",
+        "examples/conncount",
         "Cargo.lock",
     ] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());

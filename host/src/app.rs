@@ -63,6 +63,30 @@ pub enum Error {
     /// last rules written.
     #[error("the object source stopped: {0}")]
     SourceStopped(String),
+    /// `--extension` in a mode that has no rules of its own for it.
+    #[error("--extension {name}: extensions attach to the iptables and nftables modes, not {mode}")]
+    ExtensionMode { name: String, mode: ProxyMode },
+}
+
+/// The `--extension` components, loaded (compiled or from the cache).
+pub fn load_extensions(runtime: &Runtime, config: &Config) -> Result<Vec<crate::extension::Configured>, Error> {
+    let mut out = Vec::new();
+    for e in &config.extensions {
+        if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
+            return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
+        }
+        let bytes = std::fs::read(&e.path)
+            .map_err(|source| Error::PluginFile { path: e.path.display().to_string(), source })?;
+        let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
+        let plugin = runtime.load_extension(&label, &bytes)?;
+        tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
+        out.push(crate::extension::Configured {
+            name: e.name.clone(),
+            plugin: Arc::new(plugin),
+            parameters: e.parameters.clone(),
+        });
+    }
+    Ok(out)
 }
 
 /// The plugin runtime `config` asks for.
@@ -264,6 +288,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
             (Some(Arc::new(plugin)), digest)
         }
     };
+    let extensions = load_extensions(&plugin_runtime, &config)?;
     init(&config);
     remove_other_modes(config.mode, config.masquerade_bit);
     raise_open_files_limit();
@@ -286,29 +311,30 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     };
     let picker = Arc::new(Picker::new(schedulers.clone()));
     let relays = relay_runtime.as_ref().map(|r| Relays::new(r.handle().clone(), config.userspace.udp_timeout));
-    let proxiers: Vec<Proxier> = match &relays {
-        Some(relays) if config.mode == ProxyMode::Userspace => {
-            tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
-            families()
-                .into_iter()
-                .map(|family| {
-                    Proxier::Userspace(Box::new(UserspaceProxier::new(
-                        config.clone(),
-                        family,
-                        relays.clone(),
-                        picker.clone(),
-                        IptablesKernel::new(family, Box::new(SystemExec::default())),
-                    )))
-                })
-                .collect()
-        }
-        _ => {
-            let plugin = backend.expect("loaded above in the rule modes");
-            tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
-            families()
-                .into_iter()
-                .map(|family| {
-                    Proxier::Rules(
+    let proxiers: Vec<Proxier> =
+        match &relays {
+            Some(relays) if config.mode == ProxyMode::Userspace => {
+                tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
+                families()
+                    .into_iter()
+                    .map(|family| {
+                        Proxier::Userspace(Box::new(UserspaceProxier::new(
+                            config.clone(),
+                            family,
+                            relays.clone(),
+                            picker.clone(),
+                            IptablesKernel::new(family, Box::new(SystemExec::default())),
+                        )))
+                    })
+                    .collect()
+            }
+            _ => {
+                let plugin = backend.expect("loaded above in the rule modes");
+                tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
+                families()
+                    .into_iter()
+                    .map(|family| {
+                        Proxier::Rules(
                         Box::new(FamilyProxier::new(
                             config.clone(),
                             family,
@@ -318,6 +344,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                                 usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
                             ),
                             Sysctl::default(),
+                        )
+                        .with_extensions(
+                            extensions
+                                .iter()
+                                .map(|e| crate::extension::ExtensionProxier::new(e.clone(), family, config.mode))
+                                .collect(),
                         )),
                         // Localhost node ports are IPv4's (127.0.0.1), as upstream's.
                         relays.as_ref().filter(|_| family == IpFamily::V4).map(|r| {
@@ -327,10 +359,10 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                             Box::new(LocalhostNodePorts::new(r.clone(), picker.clone()))
                         }),
                     )
-                })
-                .collect()
-        }
-    };
+                    })
+                    .collect()
+            }
+        };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = match &config.source {
         Source::Manifests(path) => {

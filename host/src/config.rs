@@ -222,6 +222,10 @@ pub struct Flags {
     #[arg(long = "scheduler-plugin", action = clap::ArgAction::Append)]
     pub scheduler_plugin: Vec<String>,
 
+    /// kpx: an extension component, NAME=FILE.wasm[,key=value...] (repeatable; iptables and nftables modes): NAME ([a-z][a-z0-9]*, at most 8 bytes) names its chains KUBE-X-NAME-*, its nftables table kpx-NAME and its Service annotations ext.kpx.dev/NAME.*; the key=value pairs are its parameters.
+    #[arg(long = "extension", action = clap::ArgAction::Append)]
+    pub extension: Vec<String>,
+
     /// kpx: where compiled plugins are cached.
     #[arg(long = "plugin-cache-dir", default_value = "/var/cache/kpx")]
     pub plugin_cache_dir: PathBuf,
@@ -409,6 +413,8 @@ pub struct Config {
     pub backend_plugin: Option<PathBuf>,
     /// `--scheduler-plugin NAME=FILE`, in the order given.
     pub scheduler_plugins: Vec<(String, PathBuf)>,
+    /// `--extension NAME=FILE[,key=value...]`, in the order given.
+    pub extensions: Vec<ExtensionSpec>,
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
@@ -643,6 +649,7 @@ impl Flags {
             "manifests" => self.manifests = other.manifests.clone(),
             "backend_plugin" => self.backend_plugin = other.backend_plugin.clone(),
             "scheduler_plugin" => self.scheduler_plugin = other.scheduler_plugin.clone(),
+            "extension" => self.extension = other.extension.clone(),
             "plugin_cache_dir" => self.plugin_cache_dir = other.plugin_cache_dir.clone(),
             "plugin_memory_limit_mib" => self.plugin_memory_limit_mib = other.plugin_memory_limit_mib,
             "plugin_fuel" => self.plugin_fuel = other.plugin_fuel,
@@ -1102,6 +1109,12 @@ impl Flags {
             }
             scheduler_plugins.push((name.to_string(), PathBuf::from(file)));
         }
+        let extensions = self.extension.iter().map(|v| extension_spec(v)).collect::<Result<Vec<_>, _>>()?;
+        for (i, e) in extensions.iter().enumerate() {
+            if extensions[..i].iter().any(|o| o.name == e.name) {
+                return Err(invalid("extension", &self.extension[i], format!("the name {} is taken", e.name)));
+            }
+        }
         let userspace = Userspace {
             port_range: port_range(&self.proxy_port_range).flatten(),
             udp_timeout: parse_duration(&self.udp_timeout).map_err(|e| invalid("udp-timeout", &self.udp_timeout, e))?,
@@ -1141,6 +1154,7 @@ impl Flags {
             ipvs,
             backend_plugin: self.backend_plugin,
             scheduler_plugins,
+            extensions,
             plugin_cache_dir: self.plugin_cache_dir,
             plugin_limits: crate::runtime::Limits {
                 memory_bytes: self.plugin_memory_limit_mib << 20,
@@ -1516,4 +1530,33 @@ mod tests {
         assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
         assert_eq!(c.cluster_cidrs.len(), 2);
     }
+}
+
+/// `--extension NAME=FILE.wasm[,key=value...]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtensionSpec {
+    pub name: String,
+    pub path: PathBuf,
+    pub parameters: Vec<(String, String)>,
+}
+
+fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
+    let mut parts = value.split(',');
+    let first = parts.next().unwrap_or_default();
+    let (name, file) = first
+        .split_once('=')
+        .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        .ok_or_else(|| invalid("extension", value, "NAME=FILE.wasm[,key=value...]"))?;
+    if let Some(problem) = crate::runtime::extension::name_problem(name) {
+        return Err(invalid("extension", value, problem));
+    }
+    let mut parameters = Vec::new();
+    for p in parts {
+        let (k, v) = p
+            .split_once('=')
+            .filter(|(k, _)| !k.trim().is_empty())
+            .ok_or_else(|| invalid("extension", value, format!("parameter {p:?} is not key=value")))?;
+        parameters.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    Ok(ExtensionSpec { name: name.to_string(), path: PathBuf::from(file), parameters })
 }

@@ -6,6 +6,7 @@ pub mod app;
 pub mod config;
 pub mod conformance;
 pub mod demo;
+pub mod extension;
 pub mod kernel;
 pub mod reload;
 pub mod runtime;

@@ -10,6 +10,7 @@
 //! which it replays the full state.
 
 mod cache;
+pub mod extension;
 pub mod scheduler;
 mod version;
 pub mod wasi;
@@ -24,6 +25,7 @@ use kpx_rules::ops::Ruleset;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
+pub use extension::{ExtensionInstance, ExtensionPlugin};
 pub use scheduler::{SchedulerInstance, SchedulerPlugin};
 
 /// The built-in scheduler component's name (its schedulers are the
@@ -259,6 +261,28 @@ impl Runtime {
             ))
         })?;
         Ok(SchedulerPlugin {
+            name: Arc::from(name),
+            engine: self.engine.clone(),
+            pre,
+            limits: self.limits,
+            stats: Arc::new(PluginStats::default()),
+            wasi_seed: self.wasi_seed,
+        })
+    }
+
+    /// Loads an extension component (the `extension-plugin` world).
+    pub fn load_extension(&self, name: &str, bytes: &[u8]) -> Result<ExtensionPlugin> {
+        let (found, pre) = self.link(name, bytes)?;
+        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
+        if found != wit::since_v0_2_0::VERSION {
+            return Err(load_err(format!("no extension bindings for kpx:proxier {found}")));
+        }
+        let pre = wit::since_v0_2_0::ExtensionPre::new(pre).map_err(|e| {
+            load_err(format!(
+                "not an extension component (the extension-plugin world exports kpx:proxier/extension@{found}): {e:#}"
+            ))
+        })?;
+        Ok(ExtensionPlugin {
             name: Arc::from(name),
             engine: self.engine.clone(),
             pre,

@@ -4,7 +4,7 @@
 //! de-duplicated by address:port, conditions read, locality by node name.
 //! The state also remembers which Services changed since it was last asked.
 
-mod annotations;
+pub mod annotations;
 mod endpoints;
 mod services;
 mod topology;

@@ -126,6 +126,25 @@ use crate::serve::metrics::{PluginLabel, PolicyLabel, ReloadLabel, TableLabel};
 use crate::source::{Event, Kind, Object, ObjectRef};
 use crate::state::{Changes, State};
 
+/// How often the extensions' counters are read for /metrics.
+pub const EXTENSION_COUNTER_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Reads every family's extension counters into `kpx_extension_counter`
+/// (the families' counts of one counter added up).
+fn export_extension_counters(proxiers: &mut [Proxier], telemetry: &Telemetry) {
+    use crate::serve::metrics::ExtensionCounterLabel;
+    let mut sums: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
+    for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
+        for (extension, service, counter, packets) in p.extension_counters() {
+            *sums.entry((extension, service, counter)).or_default() += packets;
+        }
+    }
+    for ((extension, service, counter), packets) in sums {
+        let label = ExtensionCounterLabel { extension, service, counter };
+        telemetry.metrics.extension_counter.get_or_create(&label).set(i64::try_from(packets).unwrap_or(i64::MAX));
+    }
+}
+
 /// upstream's `proxyutil.FullSyncPeriod`.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
@@ -436,12 +455,17 @@ pub fn run(
     let mut plugin_counts = PluginCounts::default();
     let mut iptables_rules: std::collections::BTreeMap<kpx_rules::model::IpFamily, (usize, usize)> = Default::default();
     let mut next_load = Instant::now() + planner::LOAD_INTERVAL;
+    let counting = proxiers.iter().filter_map(Proxier::rules).any(FamilyProxier::has_extensions);
+    let mut next_count = Instant::now() + EXTENSION_COUNTER_INTERVAL;
     loop {
         let received = if state.is_synced() {
             let now = Instant::now();
             let mut wake = schedule.next(now);
             if proxiers.iter().any(Proxier::uses_load) {
                 wake = wake.min(next_load);
+            }
+            if counting {
+                wake = wake.min(next_count);
             }
             if let Some(poll) = watcher.as_ref().and_then(Watcher::next_poll) {
                 wake = wake.min(poll);
@@ -501,6 +525,10 @@ pub fn run(
             for proxier in &mut proxiers {
                 schedule.pending |= proxier.refresh_load();
             }
+        }
+        if counting && now >= next_count {
+            next_count = now + EXTENSION_COUNTER_INTERVAL;
+            export_extension_counters(&mut proxiers, telemetry);
         }
         if schedule.next(now) > now {
             continue;

@@ -33,6 +33,20 @@ pub fn endpoint_chain(service_port_name: &str, protocol: &str, endpoint: &str) -
     format!("KUBE-SEP-{}", hash16(&[service_port_name, protocol, endpoint]))
 }
 
+/// kpx's own object names: `base32(sha256(part NUL part NUL ...))`, the
+/// first `len` characters (at most 52). The separators keep ("ab", "c")
+/// and ("a", "bc") apart.
+pub fn name_hash(parts: &[&str], len: usize) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
+    }
+    let mut encoded = data_encoding::BASE32_NOPAD.encode(&hasher.finalize());
+    encoded.truncate(len);
+    encoded
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

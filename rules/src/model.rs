@@ -295,6 +295,10 @@ pub struct ServicePort {
     pub cluster_plan: Option<Plan>,
     /// How to choose among `local_endpoints`; None: uniform random.
     pub local_plan: Option<Plan>,
+    /// In the host: the Service's `ext.kpx.dev/` annotations, full keys,
+    /// sorted. In an extension: its own (`ext.kpx.dev/<name>.` removed).
+    /// Backends and schedulers get none.
+    pub annotations: Vec<(String, String)>,
 }
 
 /// A Service's scheduler: `kpx.dev/scheduler` and `kpx.dev/scheduler-params`.
@@ -330,6 +334,7 @@ impl ServicePort {
             local_endpoints: vec![],
             cluster_plan: None,
             local_plan: None,
+            annotations: vec![],
         }
     }
 

@@ -5,6 +5,7 @@
 //! netlink messages. Variants marked "host only" cannot be expressed
 //! through the contract: they exist for the rules the host writes itself.
 
+pub mod extension;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;

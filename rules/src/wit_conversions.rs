@@ -148,7 +148,13 @@ macro_rules! wit_conversions {
                     .collect()
             }
 
+            /// For a backend or a scheduler: no annotations.
             pub fn to_wit_service_port(s: &model::ServicePort) -> wit::ServicePort {
+                to_wit_service_port_with(s, Vec::new())
+            }
+
+            /// With the annotations one receiver may see.
+            pub fn to_wit_service_port_with(s: &model::ServicePort, annotations: Vec<(String, String)>) -> wit::ServicePort {
                 wit::ServicePort {
                     key: s.key.clone(),
                     namespace: s.namespace.clone(),
@@ -170,6 +176,7 @@ macro_rules! wit_conversions {
                     local_endpoints: s.local_endpoints.clone(),
                     cluster_plan: s.cluster_plan.as_ref().map(to_wit_plan),
                     local_plan: s.local_plan.as_ref().map(to_wit_plan),
+                    annotations,
                 }
             }
 
@@ -196,6 +203,7 @@ macro_rules! wit_conversions {
                     local_endpoints: s.local_endpoints,
                     cluster_plan: s.cluster_plan.map(from_wit_plan),
                     local_plan: s.local_plan.map(from_wit_plan),
+                    annotations: s.annotations,
                 }
             }
 

@@ -23,6 +23,11 @@
 //! with [`export_scheduler!`]: it returns a [`Plan`] for a service port's
 //! candidate endpoints, which every mode executes (docs/ARCHITECTURE.md).
 //!
+//! An extension implements [`extension::Extension`] and exports it with
+//! [`export_extension!`]: it returns rules for new connections to Service
+//! ports (count, rate-limit, drop, reject) that the host writes in
+//! objects of the extension's own.
+//!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|
 //! | 0.1.x   | 0.2.0 (development) | kpx 0.1.x built from the same tree |
@@ -67,6 +72,7 @@ pub mod __bindings {
 
 kpx_rules::wit_conversions!(crate::__bindings::kpx::proxier::types);
 
+pub mod extension;
 pub mod names;
 pub mod scheduler;
 pub mod testing;
@@ -91,7 +97,7 @@ pub mod log {
 
 /// Sends panic messages to the host log: a wasm32-unknown-unknown guest
 /// has no stderr, and without this a panic is only "unreachable".
-fn install_panic_hook() {
+pub(crate) fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         log::error(&format!("plugin panicked: {info}"));
     }));

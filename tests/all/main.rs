@@ -6,6 +6,7 @@ mod api_source;
 mod conformance;
 mod conformance_kernel;
 mod deploy;
+mod extension;
 mod golden;
 mod guide;
 mod hairpin;

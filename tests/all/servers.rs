@@ -17,7 +17,7 @@ use crate::support::*;
 const KUBEADM_CONFIG: &str = include_str!("../kubeadm-config.conf");
 
 /// GET over HTTP/1.0 from inside `ns`: (status, body).
-fn get(ns: &Ns, addr: &str, path: &str) -> Option<(u16, String)> {
+pub(crate) fn get(ns: &Ns, addr: &str, path: &str) -> Option<(u16, String)> {
     let (addr, request) = (addr.to_string(), format!("GET {path} HTTP/1.0\r\nHost: kpx\r\n\r\n"));
     ns.enter(move || -> Option<(u16, String)> {
         let mut s = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
@@ -34,7 +34,7 @@ fn get(ns: &Ns, addr: &str, path: &str) -> Option<(u16, String)> {
 }
 
 /// Polls until `get` answers with `status`.
-fn wait_status(ns: &Ns, addr: &str, path: &str, status: u16) -> (u16, String) {
+pub(crate) fn wait_status(ns: &Ns, addr: &str, path: &str, status: u16) -> (u16, String) {
     let t0 = Instant::now();
     loop {
         let got = get(ns, addr, path);

@@ -23,7 +23,7 @@ use parse::{Dump, parse_dump};
 use render::{Dialect, payload, rule_args};
 
 /// upstream's wait flags: wait 5 s for the xtables lock, polling every 100 ms.
-const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
+pub const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
 
 /// Longest line kpx writes: iptables-restore reads lines into a 10,240-byte
 /// buffer, and the rest of a longer line would become a line of its own.

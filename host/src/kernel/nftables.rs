@@ -140,6 +140,44 @@ impl NftablesKernel {
         Ok(out)
     }
 
+    /// The counter objects of `table` (an extension's): name and packets.
+    pub fn counters(&mut self, table: &str) -> Result<Vec<(String, u64)>> {
+        let mut w = Writer::new();
+        w.str(sys::NFTA_OBJ_TABLE, table).u32_be(sys::NFTA_OBJ_TYPE, sys::NFT_OBJECT_COUNTER);
+        let unreadable = |reason: String| Error::Unreadable { what: format!("the counters of {table}"), reason };
+        let mut out = Vec::new();
+        for payload in self.dump(sys::NFT_MSG_GETOBJ, w)? {
+            let attrs = nla::attrs(&payload).map_err(unreadable)?;
+            let of_table = nla::find(&attrs, sys::NFTA_OBJ_TABLE).and_then(|t| t.string().ok());
+            let kind = nla::find(&attrs, sys::NFTA_OBJ_TYPE).and_then(|t| t.u32_be().ok());
+            if of_table.as_deref() != Some(table) || kind != Some(sys::NFT_OBJECT_COUNTER) {
+                continue;
+            }
+            let name =
+                nla::need(&attrs, sys::NFTA_OBJ_NAME, "a counter").and_then(|n| n.string()).map_err(unreadable)?;
+            let data =
+                nla::need(&attrs, sys::NFTA_OBJ_DATA, "a counter").and_then(|d| d.nested()).map_err(unreadable)?;
+            let packets = nla::need(&data, sys::NFTA_COUNTER_PACKETS, "a counter")
+                .and_then(|p| p.u64_be())
+                .map_err(unreadable)?;
+            out.push((name, packets));
+        }
+        Ok(out)
+    }
+
+    /// Whether this family has a table of this name.
+    pub fn has_table(&mut self, table: &str) -> Result<bool> {
+        let tables = self.dump(sys::NFT_MSG_GETTABLE, Writer::new())?;
+        Ok(tables.iter().any(|t| {
+            nla::attrs(t)
+                .ok()
+                .and_then(|a| nla::find(&a, sys::NFTA_TABLE_NAME))
+                .and_then(|n| n.string().ok())
+                .as_deref()
+                == Some(table)
+        }))
+    }
+
     /// `--cleanup`: deletes the table; false when there was none.
     pub fn delete_table(&mut self) -> Result<bool> {
         if self.objects()?.is_none() {

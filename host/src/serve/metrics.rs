@@ -42,6 +42,15 @@ pub struct ReloadLabel {
     pub outcome: String,
 }
 
+/// One named counter of an extension's rules.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExtensionCounterLabel {
+    pub extension: String,
+    /// The service port's key (`namespace/name:port`).
+    pub service: String,
+    pub counter: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_buckets() -> impl Iterator<Item = f64> {
@@ -83,6 +92,7 @@ pub struct Metrics {
     pub plugin_traps: Family<PluginLabel, Counter>,
     pub plugin_refusals: Family<PluginLabel, Counter>,
     pub plugin_reloads: Family<ReloadLabel, Counter>,
+    pub extension_counter: Family<ExtensionCounterLabel, Gauge>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
 }
@@ -116,6 +126,7 @@ impl Metrics {
             plugin_traps: Family::default(),
             plugin_refusals: Family::default(),
             plugin_reloads: Family::default(),
+            extension_counter: Family::default(),
             plugin_render_duration: Histogram::new(sync_buckets()),
             validation_duration: Histogram::new(sync_buckets()),
             registry: Registry::default(),
@@ -198,6 +209,11 @@ impl Metrics {
             "kpx_plugin_reloads",
             "Component files replaced while kpx ran, applied or refused (the running component kept)",
             m.plugin_reloads.clone(),
+        );
+        r.register(
+            "kpx_extension_counter",
+            "New connections an extension's rules counted, per service port and counter name (read from the kernel every 2 s)",
+            m.extension_counter.clone(),
         );
         r.register(
             "kpx_plugin_render_duration_seconds",

@@ -1,6 +1,8 @@
 //! kpx's annotations:
 //! - Service `kpx.dev/scheduler: <name>` and `kpx.dev/scheduler-params:
 //!   key=value,...`: the Service's scheduler;
+//! - Service `ext.kpx.dev/<extension>.<key>`: an extension's own, handed
+//!   to that extension only;
 //! - EndpointSlice `kpx.dev/weights: <address>=<weight>,...`: endpoint
 //!   weights (0 to 65535; default 1).
 //!
@@ -15,6 +17,19 @@ use kpx_rules::model::SchedulerChoice;
 pub const SCHEDULER: &str = "kpx.dev/scheduler";
 pub const SCHEDULER_PARAMS: &str = "kpx.dev/scheduler-params";
 pub const WEIGHTS: &str = "kpx.dev/weights";
+/// Extensions' annotations: `ext.kpx.dev/<extension>.<key>`; each
+/// extension sees its own only.
+pub const EXTENSION_PREFIX: &str = "ext.kpx.dev/";
+
+/// A Service's extension annotations, full keys, sorted.
+pub fn extensions(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+    annotations
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(EXTENSION_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
 
 /// `key=value,...` pairs; the error names the malformed entry.
 fn pairs(text: &str) -> Result<Vec<(String, String)>, String> {

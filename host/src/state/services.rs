@@ -83,6 +83,7 @@ pub fn service_ports(
     };
     let annotations = svc.metadata.annotations.as_ref();
     let scheduler = super::annotations::scheduler(annotations, &format!("{namespace}/{name}"));
+    let extension_annotations = super::annotations::extensions(annotations);
 
     spec.ports
         .iter()
@@ -111,6 +112,7 @@ pub fn service_ports(
                 local_endpoints: Vec::new(),
                 cluster_plan: None,
                 local_plan: None,
+                annotations: extension_annotations.clone(),
             };
             categorize(&mut out, endpoints_for(port));
             out

@@ -19,6 +19,8 @@ use crate::sync::planner::Planner;
 use crate::validate::Scope;
 use kpx_rules::ops::Ruleset;
 
+use crate::extension::ExtensionProxier;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The plugin failed; recovered by a full sync (with a fresh instance
@@ -72,6 +74,8 @@ pub struct FamilyProxier {
     /// What the last commit replaced, kept until the sync pass after it
     /// succeeded in every family (see [`FamilyProxier::settle`]).
     previous: Option<Previous>,
+    /// `--extension`s, run after the backend in every sync.
+    extensions: Vec<ExtensionProxier>,
 }
 
 /// The component (and, for a scheduler swap, the plans) a commit replaced.
@@ -116,7 +120,33 @@ impl FamilyProxier {
             dataplane,
             need_full: true,
             previous: None,
+            extensions: Vec::new(),
         }
+    }
+
+    /// Runs these extensions after the backend in every sync.
+    pub fn with_extensions(mut self, extensions: Vec<ExtensionProxier>) -> FamilyProxier {
+        self.extensions = extensions;
+        self
+    }
+
+    /// (extension, service port, counter, packets) of every extension's
+    /// counters; an unreadable extension is logged and left out.
+    pub fn extension_counters(&mut self) -> Vec<(String, String, String, u64)> {
+        let mut out = Vec::new();
+        for e in &mut self.extensions {
+            match e.counters() {
+                Ok(c) => out.extend(c.into_iter().map(|(s, n, p)| (e.name().to_string(), s, n, p))),
+                Err(err) => {
+                    tracing::warn!(extension = e.name(), family = %self.family, "cannot read the counters: {err}")
+                }
+            }
+        }
+        out
+    }
+
+    pub fn has_extensions(&self) -> bool {
+        !self.extensions.is_empty()
     }
 
     pub fn plugin_name(&self) -> &str {
@@ -317,6 +347,9 @@ impl FamilyProxier {
             )
             .map_err(|source| Error::Sync { family: self.family, source })?;
         self.sent.scope.forget_removed();
+        for e in &mut self.extensions {
+            e.sync(&self.settings, &self.node, &self.cluster, &self.sent.ports, changes, self.sent.objects, full)?;
+        }
         self.need_full = false;
         Ok(Report {
             full,

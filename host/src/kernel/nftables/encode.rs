@@ -63,29 +63,46 @@ fn table_attr(w: &mut Writer, kind: u16) {
 }
 
 pub fn add_table() -> Message {
+    add_table_in(TABLE, "rules for kube-proxy")
+}
+
+/// A table of the batch's family (kube-proxy's, or an extension's).
+pub fn add_table_in(table: &str, comment: &str) -> Message {
     let mut w = Writer::new();
-    table_attr(&mut w, NFTA_TABLE_NAME);
+    w.str(NFTA_TABLE_NAME, table);
     w.u32_be(NFTA_TABLE_FLAGS, 0);
-    w.bytes(NFTA_TABLE_USERDATA, &udata(NFTNL_UDATA_TABLE_COMMENT, "rules for kube-proxy"));
-    message(NFT_MSG_NEWTABLE, NLM_F_CREATE, format!("add table {TABLE}"), w)
+    w.bytes(NFTA_TABLE_USERDATA, &udata(NFTNL_UDATA_TABLE_COMMENT, comment));
+    message(NFT_MSG_NEWTABLE, NLM_F_CREATE, format!("add table {table}"), w)
 }
 
 pub fn delete_table() -> Message {
+    delete_table_in(TABLE)
+}
+
+pub fn delete_table_in(table: &str) -> Message {
     let mut w = Writer::new();
-    table_attr(&mut w, NFTA_TABLE_NAME);
-    message(NFT_MSG_DELTABLE, 0, format!("delete table {TABLE}"), w)
+    w.str(NFTA_TABLE_NAME, table);
+    message(NFT_MSG_DELTABLE, 0, format!("delete table {table}"), w)
 }
 
 pub fn add_chain(name: &str) -> Message {
+    add_chain_in(TABLE, name)
+}
+
+pub fn add_chain_in(table: &str, name: &str) -> Message {
     let mut w = Writer::new();
-    table_attr(&mut w, NFTA_CHAIN_TABLE);
+    w.str(NFTA_CHAIN_TABLE, table);
     w.str(NFTA_CHAIN_NAME, name);
     message(NFT_MSG_NEWCHAIN, NLM_F_CREATE, format!("add chain {name}"), w)
 }
 
 pub fn add_base_chain(b: &BaseChain) -> Message {
+    add_base_chain_in(TABLE, b)
+}
+
+pub fn add_base_chain_in(table: &str, b: &BaseChain) -> Message {
     let mut w = Writer::new();
-    table_attr(&mut w, NFTA_CHAIN_TABLE);
+    w.str(NFTA_CHAIN_TABLE, table);
     w.str(NFTA_CHAIN_NAME, b.name);
     w.str(NFTA_CHAIN_TYPE, b.kind.name());
     w.nested(NFTA_CHAIN_HOOK, |w| {
@@ -97,17 +114,70 @@ pub fn add_base_chain(b: &BaseChain) -> Message {
 
 /// Deletes every rule of a chain.
 pub fn flush_chain(name: &str) -> Message {
+    flush_chain_in(TABLE, name)
+}
+
+pub fn flush_chain_in(table: &str, name: &str) -> Message {
     let mut w = Writer::new();
-    table_attr(&mut w, NFTA_RULE_TABLE);
+    w.str(NFTA_RULE_TABLE, table);
     w.str(NFTA_RULE_CHAIN, name);
     message(NFT_MSG_DELRULE, 0, format!("flush chain {name}"), w)
 }
 
 pub fn delete_chain(name: &str) -> Message {
+    delete_chain_in(TABLE, name)
+}
+
+pub fn delete_chain_in(table: &str, name: &str) -> Message {
     let mut w = Writer::new();
-    table_attr(&mut w, NFTA_CHAIN_TABLE);
+    w.str(NFTA_CHAIN_TABLE, table);
     w.str(NFTA_CHAIN_NAME, name);
     message(NFT_MSG_DELCHAIN, 0, format!("delete chain {name}"), w)
+}
+
+/// A stateful object an extension's rules share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Object {
+    /// Packets and bytes.
+    Counter,
+    /// `limit rate over PER_SECOND/second burst BURST packets`: true for
+    /// packets beyond the bucket.
+    LimitOver { per_second: u32, burst: u32 },
+}
+
+impl Object {
+    pub fn kind(self) -> u32 {
+        match self {
+            Object::Counter => NFT_OBJECT_COUNTER,
+            Object::LimitOver { .. } => NFT_OBJECT_LIMIT,
+        }
+    }
+}
+
+/// Adds a named object; an existing one of that name is kept as it is
+/// (a counter keeps its count), so a name must say everything it holds.
+pub fn add_object(table: &str, name: &str, object: Object) -> Message {
+    let mut w = Writer::new();
+    w.str(NFTA_OBJ_TABLE, table).str(NFTA_OBJ_NAME, name).u32_be(NFTA_OBJ_TYPE, object.kind());
+    w.nested(NFTA_OBJ_DATA, |w| match object {
+        Object::Counter => {
+            w.u64_be(NFTA_COUNTER_BYTES, 0).u64_be(NFTA_COUNTER_PACKETS, 0);
+        }
+        Object::LimitOver { per_second, burst } => {
+            w.u64_be(NFTA_LIMIT_RATE, u64::from(per_second))
+                .u64_be(NFTA_LIMIT_UNIT, 1)
+                .u32_be(NFTA_LIMIT_BURST, burst)
+                .u32_be(NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS)
+                .u32_be(NFTA_LIMIT_FLAGS, NFT_LIMIT_F_INV);
+        }
+    });
+    message(NFT_MSG_NEWOBJ, NLM_F_CREATE, format!("add object {name}"), w)
+}
+
+pub fn delete_object(table: &str, name: &str, kind: u32) -> Message {
+    let mut w = Writer::new();
+    w.str(NFTA_OBJ_TABLE, table).str(NFTA_OBJ_NAME, name).u32_be(NFTA_OBJ_TYPE, kind);
+    message(NFT_MSG_DELOBJ, 0, format!("delete object {name}"), w)
 }
 
 /// nft's datatype id of a key field, and its length in bytes.
@@ -309,6 +379,17 @@ pub fn elements<E: std::borrow::Borrow<Element>>(
     out
 }
 
+/// A prefix's netmask bytes.
+fn prefix_mask(cidr: &Cidr) -> Vec<u8> {
+    let prefix = u32::from(cidr.prefix_len);
+    let mut mask = vec![0u8; if cidr.addr.is_ipv4() { 4 } else { 16 }];
+    for (i, b) in mask.iter_mut().enumerate() {
+        let bits = prefix.saturating_sub(8 * i as u32).min(8);
+        *b = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+    }
+    mask
+}
+
 /// A rule's expressions, written one after another.
 struct Exprs {
     family: IpFamily,
@@ -386,11 +467,7 @@ impl Exprs {
             self.cmp(reg, negate, &bytes[..n as usize]);
         } else {
             self.payload(reg, NFT_PAYLOAD_NETWORK_HEADER, offset, len);
-            let mut mask = vec![0u8; len as usize];
-            for (i, b) in mask.iter_mut().enumerate() {
-                let bits = prefix.saturating_sub(8 * i as u32).min(8);
-                *b = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
-            }
+            let mask = prefix_mask(cidr);
             self.bitwise(reg, &mask, &vec![0u8; len as usize]);
             self.cmp(reg, negate, &bytes);
         }
@@ -692,4 +769,137 @@ mod tests {
         assert_eq!(key_registers(IpFamily::V6, &[jhash, KeyExpr::Protocol]), 4);
         assert_eq!(key_registers(IpFamily::V4, &[a(D), KeyExpr::Protocol, KeyExpr::DestinationPort, jhash]), 4);
     }
+}
+
+/// A condition of a rule the host writes in an extension's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// `ct state new`
+    New,
+    /// `ct status dnat`
+    Dnat,
+    /// `ip daddr CIDR` (ip6 in IPv6 tables)
+    Destination(Cidr),
+    /// `ip saddr [!=] CIDR`
+    Source { negate: bool, cidr: Cidr },
+    /// `fib daddr type local`
+    LocalDestination,
+    /// `meta l4proto P`
+    Protocol(kpx_rules::model::Protocol),
+    /// `th dport N`
+    Port(u16),
+    /// `ct original ip daddr CIDR`
+    OriginalDestination(Cidr),
+    /// `ct original proto-dst N`
+    OriginalPort(u16),
+}
+
+/// What a rule in an extension's table ends with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableVerdict {
+    Continue,
+    Drop,
+    Reject,
+    Jump(String),
+}
+
+/// A host-written rule of an extension's table: conditions, then the
+/// named objects it uses (a limit object ends the rule's match for
+/// packets within the bucket), then its verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRule {
+    pub chain: String,
+    pub conditions: Vec<Condition>,
+    /// (object type, name), in order.
+    pub objects: Vec<(u32, String)>,
+    pub verdict: TableVerdict,
+    pub comment: Option<String>,
+}
+
+/// A [`TableRule`]'s NEWRULE message in `table`.
+pub fn add_table_rule(table: &str, family: IpFamily, rule: &TableRule) -> Message {
+    let mut e = Exprs { family, list: Writer::new() };
+    let reg = NFT_REG32_00;
+    for c in &rule.conditions {
+        match c {
+            Condition::New => {
+                e.expr("ct", |w| {
+                    w.u32_be(NFTA_CT_KEY, NFT_CT_STATE).u32_be(NFTA_CT_DREG, reg);
+                });
+                e.bitwise(reg, &NF_CT_STATE_NEW.to_ne_bytes(), &0u32.to_ne_bytes());
+                e.cmp(reg, true, &0u32.to_ne_bytes());
+            }
+            Condition::Dnat => {
+                e.expr("ct", |w| {
+                    w.u32_be(NFTA_CT_KEY, NFT_CT_STATUS).u32_be(NFTA_CT_DREG, reg);
+                });
+                e.bitwise(reg, &IPS_DST_NAT.to_ne_bytes(), &0u32.to_ne_bytes());
+                e.cmp(reg, true, &0u32.to_ne_bytes());
+            }
+            Condition::Destination(cidr) => e.address_match(AddressField::Destination, false, cidr),
+            Condition::Source { negate, cidr } => e.address_match(AddressField::Source, *negate, cidr),
+            Condition::LocalDestination => {
+                e.expr("fib", |w| {
+                    w.u32_be(NFTA_FIB_DREG, reg)
+                        .u32_be(NFTA_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE)
+                        .u32_be(NFTA_FIB_FLAGS, NFTA_FIB_F_DADDR);
+                });
+                e.cmp(reg, false, &RTN_LOCAL.to_ne_bytes());
+            }
+            Condition::Protocol(p) => {
+                e.meta(reg, NFT_META_L4PROTO);
+                e.cmp(reg, false, &[protocol_number(*p) as u8]);
+            }
+            Condition::Port(port) => {
+                e.payload(reg, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+                e.cmp(reg, false, &port.to_be_bytes());
+            }
+            Condition::OriginalDestination(cidr) => {
+                let key = if cidr.addr.is_ipv4() { NFT_CT_DST_IP } else { NFT_CT_DST_IP6 };
+                e.expr("ct", |w| {
+                    w.u32_be(NFTA_CT_KEY, key)
+                        .u32_be(NFTA_CT_DREG, reg)
+                        .bytes(NFTA_CT_DIRECTION, &[IP_CT_DIR_ORIGINAL]);
+                });
+                if !cidr.is_host() {
+                    let mask = prefix_mask(cidr);
+                    e.bitwise(reg, &mask, &vec![0u8; mask.len()]);
+                }
+                e.cmp(reg, false, &address_bytes(&cidr.network()));
+            }
+            Condition::OriginalPort(port) => {
+                e.expr("ct", |w| {
+                    w.u32_be(NFTA_CT_KEY, NFT_CT_PROTO_DST)
+                        .u32_be(NFTA_CT_DREG, reg)
+                        .bytes(NFTA_CT_DIRECTION, &[IP_CT_DIR_ORIGINAL]);
+                });
+                e.cmp(reg, false, &port.to_be_bytes());
+            }
+        }
+    }
+    for (kind, name) in &rule.objects {
+        e.expr("objref", |w| {
+            w.u32_be(NFTA_OBJREF_IMM_TYPE, *kind).str(NFTA_OBJREF_IMM_NAME, name);
+        });
+    }
+    match &rule.verdict {
+        TableVerdict::Continue => {}
+        TableVerdict::Drop => e.verdict(NF_DROP, None),
+        TableVerdict::Jump(c) => e.verdict(NFT_JUMP, Some(c)),
+        TableVerdict::Reject => {
+            let code = if family == IpFamily::V4 { ICMP_PORT_UNREACH } else { ICMPV6_PORT_UNREACH };
+            e.expr("reject", |w| {
+                w.u32_be(NFTA_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH).bytes(NFTA_REJECT_ICMP_CODE, &[code]);
+            });
+        }
+    }
+    let mut w = Writer::new();
+    w.str(NFTA_RULE_TABLE, table);
+    w.str(NFTA_RULE_CHAIN, &rule.chain);
+    let list = e.list.buf;
+    w.nested(NFTA_RULE_EXPRESSIONS, |w| w.buf.extend_from_slice(&list));
+    if let Some(c) = &rule.comment {
+        w.bytes(NFTA_RULE_USERDATA, &udata(NFTNL_UDATA_RULE_COMMENT, &sanitize_comment(c, MAX_COMMENT)));
+    }
+    message(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, format!("add rule to chain {}", rule.chain), w)
 }

@@ -227,3 +227,28 @@ pub const NFTNL_UDATA_SET_COMMENT: u8 = 7;
 pub const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
 /// nft's `enum byteorder`: BYTEORDER_HOST_ENDIAN.
 pub const BYTEORDER_HOST_ENDIAN: u32 = 1;
+
+// Extensions' tables: original-direction conntrack keys and stateful objects.
+pub const NFTA_CT_DIRECTION: u16 = 3;
+pub const IP_CT_DIR_ORIGINAL: u8 = 0;
+pub const NFT_CT_PROTO_DST: u32 = 12;
+pub const NFT_CT_DST_IP: u32 = 20;
+pub const NFT_CT_DST_IP6: u32 = 22;
+pub const NFT_MSG_NEWOBJ: u16 = 18;
+pub const NFT_MSG_GETOBJ: u16 = 19;
+pub const NFT_MSG_DELOBJ: u16 = 20;
+pub const NFTA_OBJ_TABLE: u16 = 1;
+pub const NFTA_OBJ_NAME: u16 = 2;
+pub const NFTA_OBJ_TYPE: u16 = 3;
+pub const NFTA_OBJ_DATA: u16 = 4;
+pub const NFT_OBJECT_COUNTER: u32 = 1;
+pub const NFT_OBJECT_LIMIT: u32 = 4;
+pub const NFTA_LIMIT_RATE: u16 = 1;
+pub const NFTA_LIMIT_UNIT: u16 = 2;
+pub const NFTA_LIMIT_BURST: u16 = 3;
+pub const NFTA_LIMIT_TYPE: u16 = 4;
+pub const NFTA_LIMIT_FLAGS: u16 = 5;
+pub const NFT_LIMIT_PKTS: u32 = 0;
+pub const NFT_LIMIT_F_INV: u32 = 1;
+pub const NFTA_OBJREF_IMM_TYPE: u16 = 1;
+pub const NFTA_OBJREF_IMM_NAME: u16 = 2;

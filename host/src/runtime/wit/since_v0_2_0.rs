@@ -237,3 +237,92 @@ impl Instance {
         Ok(out.and_then(ops::ruleset))
     }
 }
+
+/// The extension world's bindings, sharing the backend world's types
+/// and log import.
+pub mod ext {
+    wasmtime::component::bindgen!({
+        path: "../wit/since_v0.2.0",
+        world: "extension-plugin",
+        with: {
+            "kpx:proxier/types": super::kpx::proxier::types,
+            "kpx:proxier/log": super::kpx::proxier::log,
+        },
+    });
+}
+
+/// A linked extension component.
+pub struct ExtensionPre(ext::ExtensionPluginPre<PluginState>);
+
+impl ExtensionPre {
+    pub fn new(pre: InstancePre<PluginState>) -> wasmtime::Result<ExtensionPre> {
+        Ok(ExtensionPre(ext::ExtensionPluginPre::new(pre)?))
+    }
+
+    /// Instantiates the component and constructs its extender with the
+    /// operator's parameters.
+    pub fn instantiate(
+        &self,
+        store: &mut Store<PluginState>,
+        settings: &Settings,
+        parameters: &[(String, String)],
+    ) -> wasmtime::Result<ExtensionInstance> {
+        let bindings = self.0.instantiate(&mut *store)?;
+        let resource = bindings.kpx_proxier_extension().extender().call_constructor(
+            &mut *store,
+            &wit_convert::to_wit_settings(settings),
+            parameters,
+        )?;
+        Ok(ExtensionInstance { bindings: Arc::new(bindings), resource })
+    }
+}
+
+/// A live extender resource. Every service port it is sent carries the
+/// annotations under `prefix` only, the prefix removed.
+#[derive(Clone)]
+pub struct ExtensionInstance {
+    bindings: Arc<ext::ExtensionPlugin>,
+    resource: ResourceAny,
+}
+
+fn extension_port(s: &ServicePort, prefix: &str) -> self::kpx::proxier::types::ServicePort {
+    let own = s.annotations.iter().filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v.clone())));
+    wit_convert::to_wit_service_port_with(s, own.collect())
+}
+
+impl ExtensionInstance {
+    pub fn reset(
+        &self,
+        store: &mut Store<PluginState>,
+        prefix: &str,
+        node: &Node,
+        cluster: &Cluster,
+        services: &[ServicePort],
+    ) -> wasmtime::Result<()> {
+        let services: Vec<_> = services.iter().map(|s| extension_port(s, prefix)).collect();
+        let (node, cluster) = (wit_convert::to_wit_node(node), wit_convert::to_wit_cluster(cluster));
+        self.bindings.kpx_proxier_extension().extender().call_reset(store, self.resource, &node, &cluster, &services)
+    }
+
+    pub fn apply(&self, store: &mut Store<PluginState>, prefix: &str, changes: &[Change]) -> wasmtime::Result<()> {
+        use self::kpx::proxier::types::Change as Wire;
+        let changes: Vec<_> = changes
+            .iter()
+            .map(|c| match c {
+                Change::Upsert(s) => Wire::Upsert(extension_port(s, prefix)),
+                other => wit_convert::to_wit_change(other),
+            })
+            .collect();
+        self.bindings.kpx_proxier_extension().extender().call_apply(store, self.resource, &changes)
+    }
+
+    /// The rules, converted; `Err` inside for the extension's own error
+    /// or an address the rule model cannot hold.
+    pub fn render(
+        &self,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<Result<kpx_rules::ops::extension::Ruleset, String>> {
+        let out = self.bindings.kpx_proxier_extension().extender().call_render(store, self.resource)?;
+        Ok(out.map(ops::extension))
+    }
+}

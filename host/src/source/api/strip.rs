@@ -9,7 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// Annotations kpx reads (the rest are dropped): its own, and the
+/// Annotations kpx reads (the rest are dropped): its own, its extensions', and the
 /// EndpointSlice controller's change time (network programming latency).
 const ANNOTATION_PREFIX: &str = "kpx.dev/";
 pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
@@ -19,7 +19,11 @@ fn meta(m: ObjectMeta, keep_labels: bool) -> ObjectMeta {
         .annotations
         .map(|a| {
             a.into_iter()
-                .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX) || k == TRIGGER_TIME)
+                .filter(|(k, _)| {
+                    k.starts_with(ANNOTATION_PREFIX)
+                        || k.starts_with(crate::state::annotations::EXTENSION_PREFIX)
+                        || k == TRIGGER_TIME
+                })
                 .collect::<std::collections::BTreeMap<_, _>>()
         })
         .filter(|a| !a.is_empty());

@@ -302,3 +302,26 @@ fn nftables(t: wnft::Ruleset) -> nft::Transaction {
         .collect();
     nft::Transaction { ops }
 }
+
+/// An extension's rules: moves only (the checks are validate::extension's).
+pub fn extension(r: super::ext::exports::kpx::proxier::extension::Ruleset) -> ops::extension::Ruleset {
+    use super::ext::exports::kpx::proxier::extension as we;
+    use ops::extension as x;
+    let rule = |r: we::Rule| x::Rule {
+        attachment: match r.attachment {
+            we::Attachment::BeforeDispatch => x::Attachment::BeforeDispatch,
+            we::Attachment::Service => x::Attachment::Service,
+            we::Attachment::Firewall => x::Attachment::Firewall,
+        },
+        service: r.service,
+        source: r.source.map(|s| x::SourceMatch { negate: s.negate, cidr: cidr(&s.cidr) }),
+        over_rate: r.over_rate.map(|o| x::Rate { per_second: o.per_second, burst: o.burst }),
+        counter: r.counter,
+        action: match r.action {
+            we::Action::Continue => x::Action::Continue,
+            we::Action::Drop => x::Action::Drop,
+            we::Action::Reject => x::Action::Reject,
+        },
+    };
+    x::Ruleset { rules: r.rules.into_iter().map(rule).collect() }
+}

@@ -1,0 +1,347 @@
+//! An extension's iptables objects: chains `KUBE-X-<NAME>-*` that the host
+//! declares and jumps to (mangle PREROUTING and OUTPUT for the firewall
+//! and dispatch attachments, before kube-proxy's DNAT; filter INPUT,
+//! FORWARD and OUTPUT for connections kube-proxy destination-NATed),
+//! written by the host as one `iptables-restore --noflush` payload.
+//!
+//! A counter is a chain of one rule (`-j RETURN`, `-j DROP` or `-j
+//! REJECT`) that the port chains jump to: it is declared once, so its
+//! packet count survives the rewrites of the chains around it. A rate
+//! limit is a `hashlimit` named by what it holds, so its bucket survives
+//! too.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kpx_rules::model::{IpFamily, Protocol};
+use kpx_rules::ops::extension::{Action, Attachment};
+
+use super::layout::{Destination, Layout, hash};
+use crate::kernel::iptables::WAIT;
+use crate::kernel::{Cause, Exec, Result};
+
+/// Where an attachment's chains live, and the built-in chains that jump
+/// to its entry chain.
+fn placement(a: Attachment) -> (&'static str, &'static str, &'static [&'static str]) {
+    match a {
+        Attachment::Firewall => ("mangle", "FIREWALL", &["PREROUTING", "OUTPUT"]),
+        Attachment::BeforeDispatch => ("mangle", "DISPATCH", &["PREROUTING", "OUTPUT"]),
+        Attachment::Service => ("filter", "SERVICE", &["INPUT", "FORWARD", "OUTPUT"]),
+    }
+}
+
+const TABLES: [&str; 2] = ["mangle", "filter"];
+
+/// The chain-name prefix of extension `name`.
+pub fn prefix(name: &str) -> String {
+    format!("KUBE-X-{}-", name.to_ascii_uppercase())
+}
+
+/// What a payload left in the kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    pub layout: Layout,
+    /// Chains per table.
+    chains: BTreeMap<&'static str, BTreeSet<String>>,
+    /// Counter chains: (table, chain) to the counter's id.
+    counter_chains: BTreeMap<(&'static str, String), String>,
+}
+
+/// The jump from a built-in chain to an attachment's entry chain.
+fn jump_args(a: Attachment, name: &str) -> Vec<String> {
+    let (_, entry, _) = placement(a);
+    let mut args = vec!["-m".into(), "conntrack".into(), "--ctstate".into(), "NEW".into()];
+    if a == Attachment::Service {
+        // DNAT is a virtual state: a second match, or it would be "NEW or DNAT".
+        args.extend(["-m".into(), "conntrack".into(), "--ctstate".into(), "DNAT".into()]);
+    }
+    args.extend([
+        "-m".into(),
+        "comment".into(),
+        "--comment".into(),
+        format!("kpx extension {name} {}", a.name()),
+        "-j".into(),
+        format!("{}{entry}", prefix(name)),
+    ]);
+    args
+}
+
+fn host_prefix(family: IpFamily) -> u8 {
+    if family == IpFamily::V4 { 32 } else { 128 }
+}
+
+/// The `-p P -m P --dport N` of a destination port.
+fn dport(p: Protocol, port: u16) -> String {
+    format!("-p {0} -m {0} --dport {port}", p.as_str())
+}
+
+/// The payload that takes the kernel from `previous` to `layout`.
+pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written) -> (String, Written) {
+    let pre = prefix(name);
+    let mut written = Written { layout: layout.clone(), ..Default::default() };
+    let mut lines: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut declare: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+    for a in Attachment::ALL {
+        let (table, entry, _) = placement(a);
+        let entry = format!("{pre}{entry}");
+        declare.entry(table).or_default().insert(entry.clone());
+        let rules = lines.entry(table).or_default();
+        for e in layout.entries.get(&a).into_iter().flatten() {
+            let service = &layout.chains[&e.chain].service;
+            let to = format!("-m comment --comment \"{service}\" -j {pre}{}", e.chain);
+            let p = e.protocol.as_str();
+            match (&e.destination, a == Attachment::Service) {
+                (Destination::Address(ip), false) => {
+                    rules.push(format!("-A {entry} -d {ip}/{} {} {to}", host_prefix(family), dport(e.protocol, e.port)))
+                }
+                (Destination::Address(ip), true) => rules.push(format!(
+                    "-A {entry} -m conntrack --ctproto {p} --ctorigdst {ip}/{} --ctorigdstport {} {to}",
+                    host_prefix(family),
+                    e.port
+                )),
+                (Destination::NodePort(None), false) => {
+                    rules.push(format!("-A {entry} -m addrtype --dst-type LOCAL {} {to}", dport(e.protocol, e.port)))
+                }
+                (Destination::NodePort(Some(cidrs)), false) => {
+                    for c in cidrs.iter().filter(|c| c.family() == family) {
+                        rules.push(format!(
+                            "-A {entry} -d {}/{} -m addrtype --dst-type LOCAL {} {to}",
+                            c.network(),
+                            c.prefix_len,
+                            dport(e.protocol, e.port)
+                        ));
+                    }
+                }
+                // Node ports after DNAT: by their original destination,
+                // so only when --nodeport-addresses names it.
+                (Destination::NodePort(None), true) => {}
+                (Destination::NodePort(Some(cidrs)), true) => {
+                    for c in cidrs.iter().filter(|c| c.family() == family) {
+                        rules.push(format!(
+                            "-A {entry} -m conntrack --ctproto {p} --ctorigdst {}/{} --ctorigdstport {} {to}",
+                            c.network(),
+                            c.prefix_len,
+                            e.port
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for (id, chain) in &layout.chains {
+        let (table, _, _) = placement(chain.attachment);
+        let chain_name = format!("{pre}{id}");
+        declare.entry(table).or_default().insert(chain_name.clone());
+        for r in &chain.rules {
+            let mut line = format!("-A {chain_name}");
+            if let Some(s) = r.source {
+                let not = if s.negate { "! " } else { "" };
+                line.push_str(&format!(" {not}-s {}/{}", s.cidr.network(), s.cidr.prefix_len));
+            }
+            if let Some(l) = &r.limit {
+                let rate = layout.limits[l];
+                line.push_str(&format!(
+                    " -m hashlimit --hashlimit-above {}/sec --hashlimit-burst {} --hashlimit-name kx{}",
+                    rate.per_second,
+                    rate.burst,
+                    l.to_ascii_lowercase()
+                ));
+            }
+            let verdict = match r.action {
+                Action::Continue => "RETURN",
+                Action::Drop => "DROP",
+                Action::Reject => "REJECT",
+            };
+            match &r.counter {
+                None if r.action == Action::Continue => {}
+                None => line.push_str(&format!(" -j {verdict}")),
+                Some(c) => {
+                    let counter_chain = format!("{pre}{}", hash(&[name, "counter-chain", table, c, verdict]));
+                    line.push_str(&format!(" -j {counter_chain}"));
+                    let key = (table, counter_chain.clone());
+                    if !previous.counter_chains.contains_key(&key) && !written.counter_chains.contains_key(&key) {
+                        declare.entry(table).or_default().insert(counter_chain.clone());
+                        lines.entry(table).or_default().push(format!("-A {counter_chain} -j {verdict}"));
+                    }
+                    written.counter_chains.insert(key, c.clone());
+                }
+            }
+            lines.entry(table).or_default().push(line);
+        }
+    }
+    for (table, names) in &declare {
+        written.chains.entry(table).or_default().extend(names.iter().cloned());
+    }
+    for (table, chain) in written.counter_chains.keys() {
+        written.chains.entry(table).or_default().insert(chain.clone());
+    }
+    let mut out = String::new();
+    for table in TABLES {
+        let stale: Vec<&String> = previous
+            .chains
+            .get(table)
+            .into_iter()
+            .flatten()
+            .filter(|c| !written.chains.get(table).is_some_and(|w| w.contains(*c)))
+            .collect();
+        let declared = declare.get(table);
+        if declared.is_none() && stale.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("*{table}\n"));
+        for c in declared.into_iter().flatten().chain(stale.iter().copied()) {
+            out.push_str(&format!(":{c} - [0:0]\n"));
+        }
+        for l in lines.get(table).into_iter().flatten() {
+            out.push_str(l);
+            out.push('\n');
+        }
+        for c in &stale {
+            out.push_str(&format!("-X {c}\n"));
+        }
+        out.push_str("COMMIT\n");
+    }
+    (out, written)
+}
+
+/// One extension's chains in one family.
+pub struct IptablesWriter {
+    name: String,
+    family: IpFamily,
+    exec: Box<dyn Exec>,
+    written: Option<Written>,
+}
+
+impl IptablesWriter {
+    pub fn new(name: &str, family: IpFamily, exec: Box<dyn Exec>) -> IptablesWriter {
+        IptablesWriter { name: name.to_string(), family, exec, written: None }
+    }
+
+    fn tool(&self, base: &str) -> String {
+        match self.family {
+            IpFamily::V4 => base.to_string(),
+            IpFamily::V6 => base.replacen("iptables", "ip6tables", 1),
+        }
+    }
+
+    /// The extension's chains the kernel holds, per table.
+    fn existing(&self) -> Result<BTreeMap<&'static str, BTreeSet<String>>> {
+        let pre = prefix(&self.name);
+        let mut out: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+        for table in TABLES {
+            let text = self.exec.run(&self.tool("iptables-save"), &["-t", table], None)?;
+            for line in text.lines() {
+                if let Some(chain) = line.strip_prefix(':').and_then(|l| l.split_whitespace().next())
+                    && chain.starts_with(&pre)
+                {
+                    out.entry(table).or_default().insert(chain.to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `layout` unless the kernel holds it already; `full` reads
+    /// what an earlier process left and rewrites everything.
+    pub fn write(&mut self, layout: &Layout, full: bool) -> Result<bool> {
+        if !full && self.written.as_ref().is_some_and(|w| &w.layout == layout) {
+            return Ok(false);
+        }
+        let previous = match self.written.take() {
+            Some(w) if !full => w,
+            _ => Written { chains: self.existing()?, ..Default::default() },
+        };
+        let (text, written) = payload(&self.name, self.family, layout, &previous);
+        let mut args = WAIT.to_vec();
+        args.push("--noflush");
+        self.exec.run(&self.tool("iptables-restore"), &args, Some(text.as_bytes()))?;
+        self.ensure_jumps()?;
+        self.written = Some(written);
+        Ok(true)
+    }
+
+    /// The jumps from the built-in chains, where missing (the entry
+    /// chains exist: every payload declares them).
+    fn ensure_jumps(&self) -> Result<()> {
+        let iptables = self.tool("iptables");
+        // Inserted at the top, so the firewall's ends up first.
+        for a in [Attachment::Service, Attachment::BeforeDispatch, Attachment::Firewall] {
+            let (table, _, builtins) = placement(a);
+            let spec = jump_args(a, &self.name);
+            for builtin in builtins {
+                let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, "-C", builtin];
+                args.extend(spec.iter().map(String::as_str));
+                if let Err(e) = self.exec.run(&iptables, &args, None) {
+                    if e.cause() == Cause::Locked {
+                        return Err(e);
+                    }
+                    args[4] = "-I";
+                    self.exec.run(&iptables, &args, None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Packets per counter id: the counter chains' rules, summed.
+    pub fn counters(&self) -> Result<BTreeMap<String, u64>> {
+        let Some(written) = &self.written else { return Ok(BTreeMap::new()) };
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        for id in written.counter_chains.values() {
+            out.entry(id.clone()).or_default();
+        }
+        for table in TABLES {
+            let text = self.exec.run(&self.tool("iptables-save"), &["-c", "-t", table], None)?;
+            for line in text.lines() {
+                let Some((counts, rest)) = line.strip_prefix('[').and_then(|l| l.split_once("] -A ")) else {
+                    continue;
+                };
+                let chain = rest.split_whitespace().next().unwrap_or_default();
+                let Some(id) = written.counter_chains.get(&(table, chain.to_string())) else { continue };
+                let packets = counts.split(':').next().and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
+                *out.entry(id.clone()).or_default() += packets;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Unlinks the jumps and deletes every chain of the extension
+    /// (`--cleanup`); the chains removed.
+    pub fn cleanup(&mut self) -> Result<usize> {
+        self.written = None;
+        let existing = self.existing()?;
+        if existing.is_empty() {
+            return Ok(0);
+        }
+        let iptables = self.tool("iptables");
+        for a in Attachment::ALL {
+            let (table, _, builtins) = placement(a);
+            let spec = jump_args(a, &self.name);
+            for builtin in builtins {
+                let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, "-D", builtin];
+                args.extend(spec.iter().map(String::as_str));
+                for _ in 0..16 {
+                    if self.exec.run(&iptables, &args, None).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut text = String::new();
+        let mut removed = 0;
+        for (table, chains) in &existing {
+            removed += chains.len();
+            text.push_str(&format!("*{table}\n"));
+            for c in chains {
+                text.push_str(&format!(":{c} - [0:0]\n"));
+            }
+            for c in chains {
+                text.push_str(&format!("-X {c}\n"));
+            }
+            text.push_str("COMMIT\n");
+        }
+        let mut args = WAIT.to_vec();
+        args.push("--noflush");
+        self.exec.run(&self.tool("iptables-restore"), &args, Some(text.as_bytes()))?;
+        Ok(removed)
+    }
+}

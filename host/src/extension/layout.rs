@@ -1,0 +1,241 @@
+//! What the host writes for an extension, mode-independent: per
+//! attachment, the Service port destinations that lead to the port's own
+//! chain; per port chain, its rules; and the counters and rate limits
+//! they share. Names are hashes of what they hold, so a name says
+//! everything about its object: a counter keeps its count and a rate
+//! limit its bucket for as long as the same rule asks for them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use kpx_rules::model::{Cidr, NodePortAddresses, Protocol, ServicePort, Settings};
+use kpx_rules::ops::extension::{Action, Attachment, Rate, Ruleset, SourceMatch};
+
+/// Characters of a hash in a name: 10 base32 characters, 50 bits (a
+/// collision, about 1 in 10^7 at 10,000 ports, is salted away).
+pub const HASH_CHARS: usize = 10;
+
+/// Where a Service port's connections are told apart.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Destination {
+    /// An address of the port (cluster IP, external IP, load-balancer IP).
+    Address(IpAddr),
+    /// The node port on this node's node-port addresses (`None`: every
+    /// local address; else these CIDRs).
+    NodePort(Option<Vec<Cidr>>),
+}
+
+/// One way into a port chain: connections to `destination`, `protocol`,
+/// `port` (the node port for [`Destination::NodePort`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Entry {
+    pub destination: Destination,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// The port chain's id.
+    pub chain: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainRule {
+    pub source: Option<SourceMatch>,
+    /// A rate limit's id.
+    pub limit: Option<String>,
+    /// A counter's id.
+    pub counter: Option<String>,
+    pub action: Action,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortChain {
+    pub service: String,
+    pub attachment: Attachment,
+    pub rules: Vec<ChainRule>,
+}
+
+/// A named counter: its service port and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Counter {
+    pub service: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Per attachment with rules: the ways into the port chains.
+    pub entries: BTreeMap<Attachment, Vec<Entry>>,
+    /// Port chains by id.
+    pub chains: BTreeMap<String, PortChain>,
+    /// Counters by id.
+    pub counters: BTreeMap<String, Counter>,
+    /// Rate limits by id.
+    pub limits: BTreeMap<String, Rate>,
+}
+
+/// A name's hash: base32 of SHA-256 over the parts, `HASH_CHARS` long.
+pub fn hash(parts: &[&str]) -> String {
+    kpx_rules::hash::name_hash(parts, HASH_CHARS)
+}
+
+/// The destinations of `port` at `attachment`.
+fn destinations(port: &ServicePort, attachment: Attachment, settings: &Settings) -> Vec<(Destination, u16)> {
+    let mut out = Vec::new();
+    if attachment == Attachment::Firewall {
+        out.extend(port.load_balancer_ips.iter().map(|ip| (Destination::Address(*ip), port.port)));
+        return out;
+    }
+    let addresses = port.cluster_ip.iter().chain(&port.external_ips).chain(&port.load_balancer_ips);
+    out.extend(addresses.map(|ip| (Destination::Address(*ip), port.port)));
+    if port.node_port != 0 {
+        let cidrs = match &settings.nodeport_addresses {
+            NodePortAddresses::All => Some(None),
+            NodePortAddresses::Only(c) if c.is_empty() => None,
+            NodePortAddresses::Only(c) => Some(Some(c.clone())),
+        };
+        if let Some(cidrs) = cidrs {
+            out.push((Destination::NodePort(cidrs), port.node_port));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The id of the chain of (`attachment`, `service`): its hash, salted
+/// in the unlikely case another port's chain has it.
+fn port_chain_id(layout: &Layout, extension: &str, attachment: Attachment, service: &str) -> String {
+    (0u32..)
+        .map(|salt| {
+            let salt = salt.to_string();
+            let parts: &[&str] = if salt == "0" {
+                &[extension, "port", attachment.name(), service]
+            } else {
+                &[extension, "port", attachment.name(), service, &salt]
+            };
+            hash(parts)
+        })
+        .find(|id| layout.chains.get(id).is_none_or(|c| c.service == service && c.attachment == attachment))
+        .expect("some salt is free")
+}
+
+/// The layout of a checked ruleset (validate::extension) for the ports
+/// the extension was sent.
+pub fn build(extension: &str, settings: &Settings, ruleset: &Ruleset, ports: &BTreeMap<String, ServicePort>) -> Layout {
+    let mut out = Layout::default();
+    for (index, rule) in ruleset.rules.iter().enumerate() {
+        let Some(port) = ports.get(&rule.service) else { continue };
+        let chain = port_chain_id(&out, extension, rule.attachment, &rule.service);
+        let limit = rule.over_rate.map(|r| {
+            let id = hash(&[
+                extension,
+                "limit",
+                rule.attachment.name(),
+                &rule.service,
+                &index.to_string(),
+                &r.per_second.to_string(),
+                &r.burst.to_string(),
+            ]);
+            out.limits.insert(id.clone(), r);
+            id
+        });
+        let counter = rule.counter.as_ref().map(|name| {
+            let id = hash(&[extension, "counter", &rule.service, name]);
+            out.counters.insert(id.clone(), Counter { service: rule.service.clone(), name: name.clone() });
+            id
+        });
+        let new_chain = !out.chains.contains_key(&chain);
+        out.chains
+            .entry(chain.clone())
+            .or_insert_with(|| PortChain { service: rule.service.clone(), attachment: rule.attachment, rules: vec![] })
+            .rules
+            .push(ChainRule { source: rule.source, limit, counter, action: rule.action });
+        if new_chain {
+            let entries = out.entries.entry(rule.attachment).or_default();
+            for (destination, number) in destinations(port, rule.attachment, settings) {
+                entries.push(Entry { destination, protocol: port.protocol, port: number, chain: chain.clone() });
+            }
+        }
+    }
+    for entries in out.entries.values_mut() {
+        entries.sort();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpx_rules::ops::extension::Rule;
+
+    fn port() -> ServicePort {
+        let mut p = ServicePort::new("ns", "web", "http", Protocol::Tcp, 80);
+        p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        p.load_balancer_ips = vec!["192.0.2.1".parse().unwrap()];
+        p.node_port = 30080;
+        p
+    }
+
+    fn rule(attachment: Attachment, counter: Option<&str>, rate: Option<u32>) -> Rule {
+        Rule {
+            attachment,
+            service: "ns/web:http".into(),
+            source: None,
+            over_rate: rate.map(|r| Rate { per_second: r, burst: r }),
+            counter: counter.map(str::to_string),
+            action: if rate.is_some() { Action::Drop } else { Action::Continue },
+        }
+    }
+
+    #[test]
+    fn every_destination_leads_to_one_port_chain_per_attachment() {
+        let ports = BTreeMap::from([("ns/web:http".to_string(), port())]);
+        let rules = vec![
+            rule(Attachment::BeforeDispatch, Some("all"), None),
+            rule(Attachment::BeforeDispatch, Some("dropped"), Some(5)),
+            rule(Attachment::Firewall, Some("all"), None),
+        ];
+        let layout = build(
+            "x",
+            &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
+            &Ruleset { rules },
+            &ports,
+        );
+        assert_eq!(layout.chains.len(), 2);
+        let dispatch = &layout.entries[&Attachment::BeforeDispatch];
+        let kinds: Vec<_> = dispatch.iter().map(|e| (&e.destination, e.port)).collect();
+        assert_eq!(kinds.len(), 3, "{kinds:?}");
+        assert!(dispatch.iter().any(|e| e.destination == Destination::NodePort(None) && e.port == 30080));
+        let firewall = &layout.entries[&Attachment::Firewall];
+        assert_eq!(firewall.len(), 1);
+        assert_eq!(firewall[0].destination, Destination::Address("192.0.2.1".parse().unwrap()));
+        // One counter named twice is one object; the rate limit is its own.
+        assert_eq!(layout.counters.len(), 2);
+        assert_eq!(layout.limits.len(), 1);
+    }
+
+    #[test]
+    fn names_change_with_what_they_hold() {
+        let ports = BTreeMap::from([("ns/web:http".to_string(), port())]);
+        let a = build(
+            "x",
+            &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
+            &Ruleset { rules: vec![rule(Attachment::Service, None, Some(5))] },
+            &ports,
+        );
+        let b = build(
+            "x",
+            &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
+            &Ruleset { rules: vec![rule(Attachment::Service, None, Some(6))] },
+            &ports,
+        );
+        assert_eq!(a.chains.keys().collect::<Vec<_>>(), b.chains.keys().collect::<Vec<_>>());
+        assert_ne!(a.limits.keys().collect::<Vec<_>>(), b.limits.keys().collect::<Vec<_>>());
+        let c = build(
+            "y",
+            &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
+            &Ruleset { rules: vec![rule(Attachment::Service, None, Some(5))] },
+            &ports,
+        );
+        assert_ne!(a.chains.keys().collect::<Vec<_>>(), c.chains.keys().collect::<Vec<_>>());
+    }
+}

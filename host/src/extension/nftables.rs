@@ -1,0 +1,252 @@
+//! An extension's nftables objects: the table `kpx-<name>` of the
+//! instance's family, which the host declares and hooks, and in it only
+//! what the layout says. Written as one netlink batch per change; counters
+//! and rate limits are named objects kept across batches (see layout.rs).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kpx_rules::model::{Cidr, IpFamily};
+use kpx_rules::ops::extension::{Action, Attachment};
+use kpx_rules::ops::nftables::{BaseChain, ChainKind, NfHook};
+
+use super::layout::{Destination, Layout};
+use crate::kernel::nftables::NftablesKernel;
+use crate::kernel::nftables::encode::{self, Condition, Object, TableRule, TableVerdict};
+use crate::kernel::nftables::netlink::Message;
+use crate::kernel::nftables::sys::{NFT_OBJECT_COUNTER, NFT_OBJECT_LIMIT};
+
+/// nftables' dstnat and filter priorities.
+const DSTNAT: i32 = -100;
+const FILTER: i32 = 0;
+
+/// The table of extension `name`.
+pub fn table_name(name: &str) -> String {
+    format!("kpx-{name}")
+}
+
+/// An attachment's regular chain and the base chains that jump to it.
+fn hooks(a: Attachment) -> (&'static str, &'static [BaseChain]) {
+    const fn base(name: &'static str, hook: NfHook, priority: i32) -> BaseChain {
+        BaseChain { name, kind: ChainKind::Filter, hook, priority }
+    }
+    // Before kube-proxy's firewall check (dstnat - 10) and its dispatch
+    // (dstnat); after its filter chains' DNAT (filter - 1).
+    const FIREWALL: &[BaseChain] = &[
+        base("firewall-prerouting", NfHook::Prerouting, DSTNAT - 11),
+        base("firewall-output", NfHook::Output, DSTNAT - 11),
+    ];
+    const DISPATCH: &[BaseChain] = &[
+        base("dispatch-prerouting", NfHook::Prerouting, DSTNAT - 1),
+        base("dispatch-output", NfHook::Output, DSTNAT - 1),
+    ];
+    const SERVICE: &[BaseChain] = &[
+        base("service-input", NfHook::Input, FILTER - 1),
+        base("service-forward", NfHook::Forward, FILTER - 1),
+        base("service-output", NfHook::Output, FILTER - 1),
+    ];
+    match a {
+        Attachment::Firewall => ("firewall", FIREWALL),
+        Attachment::BeforeDispatch => ("dispatch", DISPATCH),
+        Attachment::Service => ("service", SERVICE),
+    }
+}
+
+fn port_chain(id: &str) -> String {
+    format!("p-{id}")
+}
+
+fn counter_object(id: &str) -> String {
+    format!("c-{id}")
+}
+
+fn limit_object(id: &str) -> String {
+    format!("l-{id}")
+}
+
+/// What a batch left in the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    pub layout: Layout,
+    /// Every chain, base chains included.
+    chains: BTreeSet<String>,
+    objects: BTreeMap<String, u32>,
+}
+
+/// The batch that takes the table from `previous` (None: unknown, so the
+/// table is declared afresh) to `layout`.
+pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option<&Written>) -> (Vec<Message>, Written) {
+    let comment = format!("rules of kpx extension {}", table.trim_start_matches("kpx-"));
+    let mut out = vec![encode::add_table_in(table, &comment)];
+    let mut written = Written { layout: layout.clone(), ..Default::default() };
+    match previous {
+        // Whatever an earlier process left goes, in the same batch.
+        None => out.extend([encode::delete_table_in(table), encode::add_table_in(table, &comment)]),
+        Some(p) => out.extend(p.chains.iter().map(|c| encode::flush_chain_in(table, c))),
+    }
+    let mut rules = Vec::new();
+    for (attachment, entries) in &layout.entries {
+        let (chain, bases) = hooks(*attachment);
+        written.chains.insert(chain.to_string());
+        for b in bases {
+            written.chains.insert(b.name.to_string());
+            out.push(encode::add_base_chain_in(table, b));
+            let mut conditions = vec![Condition::New];
+            if *attachment == Attachment::Service {
+                conditions.push(Condition::Dnat);
+            }
+            rules.push(TableRule {
+                chain: b.name.to_string(),
+                conditions,
+                objects: vec![],
+                verdict: TableVerdict::Jump(chain.to_string()),
+                comment: None,
+            });
+        }
+        for e in entries {
+            let service = &layout.chains[&e.chain].service;
+            let to = |mut conditions: Vec<Condition>| TableRule {
+                chain: chain.to_string(),
+                conditions: {
+                    conditions.push(Condition::Protocol(e.protocol));
+                    if *attachment != Attachment::Service {
+                        conditions.push(Condition::Port(e.port));
+                    } else {
+                        conditions.push(Condition::OriginalPort(e.port));
+                    }
+                    conditions
+                },
+                objects: vec![],
+                verdict: TableVerdict::Jump(port_chain(&e.chain)),
+                comment: Some(service.clone()),
+            };
+            match (&e.destination, *attachment == Attachment::Service) {
+                (Destination::Address(ip), false) => rules.push(to(vec![Condition::Destination(Cidr::host(*ip))])),
+                (Destination::Address(ip), true) => {
+                    rules.push(to(vec![Condition::OriginalDestination(Cidr::host(*ip))]))
+                }
+                (Destination::NodePort(None), false) => rules.push(to(vec![Condition::LocalDestination])),
+                (Destination::NodePort(Some(cidrs)), false) => {
+                    for c in cidrs.iter().filter(|c| c.family() == family) {
+                        rules.push(to(vec![Condition::Destination(*c), Condition::LocalDestination]));
+                    }
+                }
+                // After DNAT the packet's destination is an endpoint: node
+                // ports are told by their original destination, so only
+                // when --nodeport-addresses names it.
+                (Destination::NodePort(None), true) => {}
+                (Destination::NodePort(Some(cidrs)), true) => {
+                    for c in cidrs.iter().filter(|c| c.family() == family) {
+                        rules.push(to(vec![Condition::OriginalDestination(*c)]));
+                    }
+                }
+            }
+        }
+    }
+    for (id, limit) in &layout.limits {
+        let name = limit_object(id);
+        out.push(encode::add_object(
+            table,
+            &name,
+            Object::LimitOver { per_second: limit.per_second, burst: limit.burst },
+        ));
+        written.objects.insert(name, NFT_OBJECT_LIMIT);
+    }
+    for id in layout.counters.keys() {
+        let name = counter_object(id);
+        out.push(encode::add_object(table, &name, Object::Counter));
+        written.objects.insert(name, NFT_OBJECT_COUNTER);
+    }
+    for (id, chain) in &layout.chains {
+        let name = port_chain(id);
+        written.chains.insert(name.clone());
+        for r in &chain.rules {
+            let mut conditions = Vec::new();
+            if let Some(s) = r.source {
+                conditions.push(Condition::Source { negate: s.negate, cidr: s.cidr });
+            }
+            let mut objects = Vec::new();
+            objects.extend(r.limit.iter().map(|l| (NFT_OBJECT_LIMIT, limit_object(l))));
+            objects.extend(r.counter.iter().map(|c| (NFT_OBJECT_COUNTER, counter_object(c))));
+            let verdict = match r.action {
+                Action::Continue => TableVerdict::Continue,
+                Action::Drop => TableVerdict::Drop,
+                Action::Reject => TableVerdict::Reject,
+            };
+            rules.push(TableRule { chain: name.clone(), conditions, objects, verdict, comment: None });
+        }
+    }
+    // Chains before the rules that jump to them; base chains were added above.
+    for c in &written.chains {
+        if !hooks_base(c) {
+            out.push(encode::add_chain_in(table, c));
+        }
+    }
+    out.extend(rules.iter().map(|r| encode::add_table_rule(table, family, r)));
+    if let Some(p) = previous {
+        // Flushed above, so nothing refers to them any more.
+        for c in p.chains.difference(&written.chains) {
+            out.push(encode::delete_chain_in(table, c));
+        }
+        for (o, kind) in p.objects.iter().filter(|(o, _)| !written.objects.contains_key(*o)) {
+            out.push(encode::delete_object(table, o, *kind));
+        }
+    }
+    (out, written)
+}
+
+fn hooks_base(chain: &str) -> bool {
+    Attachment::ALL.iter().any(|a| hooks(*a).1.iter().any(|b| b.name == chain))
+}
+
+/// One extension's table in one family.
+pub struct NftablesWriter {
+    table: String,
+    kernel: NftablesKernel,
+    written: Option<Written>,
+}
+
+impl NftablesWriter {
+    pub fn new(extension: &str, family: IpFamily) -> NftablesWriter {
+        NftablesWriter { table: table_name(extension), kernel: NftablesKernel::new(family), written: None }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Writes `layout` unless it is what the table holds already; `full`
+    /// declares the table afresh.
+    pub fn write(&mut self, layout: &Layout, full: bool) -> crate::kernel::Result<bool> {
+        if full {
+            self.written = None;
+        }
+        if self.written.as_ref().is_some_and(|w| &w.layout == layout) {
+            return Ok(false);
+        }
+        let (batch, written) = messages(&self.table, self.kernel.family(), layout, self.written.as_ref());
+        self.written = None;
+        self.kernel.apply(&batch)?;
+        self.written = Some(written);
+        Ok(true)
+    }
+
+    /// Packets per counter id.
+    pub fn counters(&mut self) -> crate::kernel::Result<BTreeMap<String, u64>> {
+        Ok(self
+            .kernel
+            .counters(&self.table)?
+            .into_iter()
+            .filter_map(|(name, packets)| Some((name.strip_prefix("c-")?.to_string(), packets)))
+            .collect())
+    }
+
+    /// Deletes the table (`--cleanup`); false when there was none.
+    pub fn cleanup(&mut self) -> crate::kernel::Result<bool> {
+        self.written = None;
+        if !self.kernel.has_table(&self.table)? {
+            return Ok(false);
+        }
+        self.kernel.apply(&[encode::delete_table_in(&self.table)])?;
+        Ok(true)
+    }
+}

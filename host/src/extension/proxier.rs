@@ -1,0 +1,151 @@
+//! One extension in one family: its instance, fed the same changes as the
+//! family's backend, and the kernel objects its rules become.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
+
+use super::iptables::IptablesWriter;
+use super::layout::{self, Counter, Layout};
+use super::nftables::NftablesWriter;
+use crate::kernel::{Exec, SyncError, SystemExec};
+use crate::runtime::{self, ExtensionInstance, ExtensionPlugin};
+use crate::sync::family::Error;
+
+/// `--extension NAME=FILE[,key=value...]`, loaded.
+#[derive(Clone)]
+pub struct Configured {
+    pub name: String,
+    pub plugin: Arc<ExtensionPlugin>,
+    pub parameters: Vec<(String, String)>,
+}
+
+enum Writer {
+    Iptables(IptablesWriter),
+    Nftables(NftablesWriter),
+}
+
+impl Writer {
+    fn write(&mut self, layout: &Layout, full: bool) -> crate::kernel::Result<bool> {
+        match self {
+            Writer::Iptables(w) => w.write(layout, full),
+            Writer::Nftables(w) => w.write(layout, full),
+        }
+    }
+
+    fn counters(&mut self) -> crate::kernel::Result<BTreeMap<String, u64>> {
+        match self {
+            Writer::Iptables(w) => w.counters(),
+            Writer::Nftables(w) => w.counters(),
+        }
+    }
+}
+
+pub struct ExtensionProxier {
+    configured: Configured,
+    family: IpFamily,
+    instance: Option<ExtensionInstance>,
+    writer: Writer,
+    /// The counters of the last layout written, by id.
+    counters: BTreeMap<String, Counter>,
+    need_full: bool,
+}
+
+impl ExtensionProxier {
+    /// `mode` is iptables or nftables (the caller refuses the others).
+    pub fn new(configured: Configured, family: IpFamily, mode: ProxyMode) -> ExtensionProxier {
+        ExtensionProxier::with_exec(configured, family, mode, Box::new(SystemExec::default()))
+    }
+
+    pub fn with_exec(
+        configured: Configured,
+        family: IpFamily,
+        mode: ProxyMode,
+        exec: Box<dyn Exec>,
+    ) -> ExtensionProxier {
+        let writer = match mode {
+            ProxyMode::Nftables => Writer::Nftables(NftablesWriter::new(&configured.name, family)),
+            _ => Writer::Iptables(IptablesWriter::new(&configured.name, family, exec)),
+        };
+        ExtensionProxier { configured, family, instance: None, writer, counters: BTreeMap::new(), need_full: true }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.configured.name
+    }
+
+    /// Feeds the changes the backend got, renders, checks and writes.
+    /// A failure leaves the extension's objects as they were; the next
+    /// sync starts it over (a fresh instance after a trap).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sync(
+        &mut self,
+        settings: &Settings,
+        node: &Node,
+        cluster: &Cluster,
+        ports: &BTreeMap<String, ServicePort>,
+        changes: &[Change],
+        objects: usize,
+        full: bool,
+    ) -> Result<bool, Error> {
+        let result = self.program(settings, node, cluster, ports, changes, objects, full || self.need_full);
+        self.need_full = result.is_err();
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn program(
+        &mut self,
+        settings: &Settings,
+        node: &Node,
+        cluster: &Cluster,
+        ports: &BTreeMap<String, ServicePort>,
+        changes: &[Change],
+        objects: usize,
+        full: bool,
+    ) -> Result<bool, Error> {
+        let c = self.configured.clone();
+        if self.instance.is_none() {
+            self.instance = Some(c.plugin.instantiate(&c.name, settings, &c.parameters)?);
+        }
+        // A full sync replays the state: the changes of a sync that failed
+        // before this extension ran are in it.
+        if full {
+            let services: Vec<ServicePort> = ports.values().cloned().collect();
+            self.call(|i| i.reset(node, cluster, &services))?;
+        } else if !changes.is_empty() {
+            self.call(|i| i.apply(changes))?;
+        }
+        let ruleset = self.call(|i| i.render(objects))?;
+        let family = self.family;
+        let sync_err = |source: SyncError| Error::Sync { family, source };
+        crate::validate::extension::check(c.plugin.name(), family, &ruleset, ports).map_err(|e| sync_err(e.into()))?;
+        let layout = layout::build(&c.name, settings, &ruleset, ports);
+        let wrote = self.writer.write(&layout, full).map_err(|e| sync_err(e.into()))?;
+        self.counters = layout.counters;
+        Ok(wrote)
+    }
+
+    /// A call into the instance; a trap (or oversized output) drops it.
+    fn call<T>(&mut self, f: impl FnOnce(&mut ExtensionInstance) -> runtime::Result<T>) -> runtime::Result<T> {
+        let instance = self.instance.as_mut().expect("instantiated before any call");
+        let result = f(instance);
+        if let Err(e) = &result
+            && e.needs_fresh_instance()
+        {
+            self.instance = None;
+        }
+        result
+    }
+
+    /// (service port, counter, packets) of every counter the rules name.
+    pub fn counters(&mut self) -> crate::kernel::Result<Vec<(String, String, u64)>> {
+        let read = self.writer.counters()?;
+        Ok(self
+            .counters
+            .iter()
+            .map(|(id, c)| (c.service.clone(), c.name.clone(), read.get(id).copied().unwrap_or(0)))
+            .collect())
+    }
+}

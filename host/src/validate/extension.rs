@@ -1,0 +1,89 @@
+//! The host's check of an extension's rules. There is little to check:
+//! an extension names no chain, table or address to match; the host
+//! derives every object and destination from the state. What is left is
+//! that each rule is about a service port the extension was sent, within
+//! the bounds the kernel objects have.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kpx_rules::model::{IpFamily, ServicePort};
+use kpx_rules::ops::extension::{Action, Attachment, MAX_COUNTER_NAME, Rate, Rule, Ruleset, valid_counter_name};
+
+use super::{Rejected, shorten_debug};
+
+/// Most rules in one extension's ruleset.
+pub const MAX_RULES: usize = 65_536;
+/// Most rules for one service port at one attachment.
+pub const MAX_RULES_PER_PORT: usize = 64;
+/// Most counters of one service port.
+pub const MAX_COUNTERS_PER_PORT: usize = 64;
+
+/// Checks every rule; the first refusal names the rule and why.
+pub fn check(
+    plugin: &str,
+    family: IpFamily,
+    ruleset: &Ruleset,
+    ports: &BTreeMap<String, ServicePort>,
+) -> Result<(), Rejected> {
+    let refuse = |i: usize, rule: &Rule, reason: String| Rejected {
+        plugin: plugin.to_string(),
+        at: format!("rule {i}"),
+        item: shorten_debug(rule),
+        reason,
+    };
+    if ruleset.rules.len() > MAX_RULES {
+        return Err(Rejected {
+            plugin: plugin.to_string(),
+            at: "ruleset".into(),
+            item: format!("{} rules", ruleset.rules.len()),
+            reason: format!("an extension may return at most {MAX_RULES} rules"),
+        });
+    }
+    let mut per_port: BTreeMap<(&str, Attachment), usize> = BTreeMap::new();
+    let mut counters: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (i, rule) in ruleset.rules.iter().enumerate() {
+        if !ports.contains_key(&rule.service) {
+            return Err(refuse(i, rule, format!("{:?} is not a service port of the state", rule.service)));
+        }
+        if let Some(s) = &rule.source {
+            if s.cidr.family() != family {
+                return Err(refuse(i, rule, format!("the source is not an {family} CIDR")));
+            }
+            if s.cidr.prefix_len > s.cidr.max_len() {
+                return Err(refuse(i, rule, format!("prefix length {} is too long", s.cidr.prefix_len)));
+            }
+        }
+        if let Some(Rate { per_second, burst }) = rule.over_rate
+            && !((1..=Rate::MAX).contains(&per_second) && (1..=Rate::MAX).contains(&burst))
+        {
+            return Err(refuse(i, rule, format!("a rate and its burst are 1 to {}", Rate::MAX)));
+        }
+        if let Some(c) = &rule.counter {
+            if !valid_counter_name(c) {
+                return Err(refuse(i, rule, format!("a counter's name is [a-z0-9_], 1 to {MAX_COUNTER_NAME} bytes")));
+            }
+            let names = counters.entry(&rule.service).or_default();
+            names.insert(c);
+            if names.len() > MAX_COUNTERS_PER_PORT {
+                return Err(refuse(i, rule, format!("a service port has at most {MAX_COUNTERS_PER_PORT} counters")));
+            }
+        }
+        if rule.action == Action::Reject && rule.attachment != Attachment::Service {
+            return Err(refuse(
+                i,
+                rule,
+                format!("reject is only possible at the service attachment (not {})", rule.attachment.name()),
+            ));
+        }
+        let n = per_port.entry((&rule.service, rule.attachment)).or_default();
+        *n += 1;
+        if *n > MAX_RULES_PER_PORT {
+            return Err(refuse(
+                i,
+                rule,
+                format!("a service port has at most {MAX_RULES_PER_PORT} rules at one attachment"),
+            ));
+        }
+    }
+    Ok(())
+}
