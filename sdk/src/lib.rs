@@ -77,21 +77,29 @@ pub mod names;
 pub mod scheduler;
 pub mod testing;
 
-/// Log through the host, which prefixes the plugin's name.
+/// Log through the host, which prefixes the plugin's name. Outside a
+/// component (a plugin's native unit tests) the lines go to stderr.
 pub mod log {
     use crate::__bindings::kpx::proxier::log as host;
 
+    fn log(level: host::Level, message: &str) {
+        #[cfg(target_family = "wasm")]
+        host::log(level, message);
+        #[cfg(not(target_family = "wasm"))]
+        eprintln!("{level:?}: {message}");
+    }
+
     pub fn error(message: &str) {
-        host::log(host::Level::Error, message);
+        log(host::Level::Error, message);
     }
     pub fn warn(message: &str) {
-        host::log(host::Level::Warn, message);
+        log(host::Level::Warn, message);
     }
     pub fn info(message: &str) {
-        host::log(host::Level::Info, message);
+        log(host::Level::Info, message);
     }
     pub fn debug(message: &str) {
-        host::log(host::Level::Debug, message);
+        log(host::Level::Debug, message);
     }
 }
 
