@@ -16,14 +16,15 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("kpx-plugin-ipvs", "ipvs"),
     ("kpx-plugin-schedulers", "schedulers"),
 ];
-/// Plugins built for tests only (loaded from disk with --backend-plugin or
-/// --scheduler-plugin).
+/// Plugins built for tests only, and the extension examples (loaded from
+/// disk with --backend-plugin, --scheduler-plugin or --extension).
 const TEST_ONLY: &[&str] = &[
     "kpx-plugin-hostile",
     "kpx-plugin-first",
     "kpx-plugin-wasi-probe",
     "kpx-plugin-hot-v1",
     "kpx-plugin-hot-v2",
+    "kpx-plugin-ext-probe",
     "kpx-example-ratelimit",
     "kpx-example-conncount",
 ];

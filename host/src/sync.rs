@@ -139,6 +139,16 @@ fn export_extension_counters(proxiers: &mut [Proxier], telemetry: &Telemetry) {
             *sums.entry((extension, service, counter)).or_default() += packets;
         }
     }
+    let mut failures: std::collections::BTreeMap<String, u64> = Default::default();
+    for p in proxiers.iter().filter_map(Proxier::rules) {
+        for (extension, n) in p.extension_failures() {
+            *failures.entry(extension).or_default() += n;
+        }
+    }
+    for (extension, n) in failures {
+        let label = crate::serve::metrics::ExtensionLabel { extension };
+        telemetry.metrics.extension_failures.get_or_create(&label).set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
     for ((extension, service, counter), packets) in sums {
         let label = ExtensionCounterLabel { extension, service, counter };
         telemetry.metrics.extension_counter.get_or_create(&label).set(i64::try_from(packets).unwrap_or(i64::MAX));

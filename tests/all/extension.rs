@@ -112,3 +112,90 @@ fn extensions_with_traffic(mode: &str) {
     assert_eq!(count("conncount", "test/limited:tcp", "accepted", (made + 3) as u64).map(|c| c >= 13), Some(true));
     drop(kpx);
 }
+
+fn probe(name: &str, what: &str) -> String {
+    format!("{name}={},do={what}", example("kpx_plugin_ext_probe.wasm"))
+}
+
+/// Hostile and broken extensions, all in one kpx: each is refused or
+/// stopped with a message naming it and why, counted in
+/// `kpx_extension_failures`, and writes nothing; kube-proxy's rules and a
+/// well-behaved extension beside them work on.
+#[test]
+fn broken_extensions_are_refused_and_the_rest_works_on() {
+    let Some(lab) = lab_or_skip(2, "broken extensions") else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("extension-broken");
+    write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
+    let broken = [
+        ("unknown", "unknown-service", "\"nope/nope:none\" is not a service port of the state"),
+        ("rejectd", "reject-at-dispatch", "reject is only possible at the service attachment"),
+        ("badctr", "bad-counter", "a counter's name is [a-z0-9_]"),
+        ("family", "wrong-family", "the source is not an IPv4 CIDR"),
+        ("toomany", "too-many", "an extension may return at most 65536 rules"),
+        ("error", "error", "asked to fail"),
+        // The panic message is the panic hook's own line (checked below).
+        ("panic", "panic", "render trapped: wasm trap"),
+        ("spin", "spin", "ran out of fuel"),
+    ];
+    let mut args = vec!["--proxy-mode".to_string(), "nftables".into(), "--extension".into(), probe("good", "count")];
+    for (name, what, _) in broken {
+        args.extend(["--extension".to_string(), probe(name, what)]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let args = kpx_args(&manifests, &args);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{}", kpx.log());
+
+    let (made, failed, _) = attempts(&lab, "10.96.0.10:80", 10);
+    assert_eq!((made, failed), (10, 0), "kube-proxy's rules work beside the broken extensions");
+    assert_eq!(counter_reaches(&lab, "good", "test/web:tcp", "seen", 10), Some(10));
+    let log = kpx.log();
+    let tables = lab.node.exec(&["nft", "list", "tables"]).unwrap();
+    let (_, metrics) = wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
+    for (name, _, why) in broken {
+        let line = log
+            .lines()
+            .find(|l| l.contains("extension failed") && l.contains(&format!("extension=\"{name}\"")))
+            .unwrap_or_else(|| panic!("no failure logged for {name}:\n{log}"));
+        assert!(line.contains(why), "{name}: want {why:?} in {line}");
+        assert!(!tables.contains(&format!("kpx-{name}")), "{name} wrote a table:\n{tables}");
+        let failures = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("kpx_extension_failures{{extension=\"{name}\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+        assert!(failures.is_some_and(|n| n >= 1), "{name}: failures {failures:?}");
+    }
+    assert!(log.contains("asked to panic"), "the panic's message reaches the log:\n{log}");
+    assert!(tables.contains("kpx-good"), "{tables}");
+    assert!(metrics.contains("kpx_extension_failures{extension=\"good\"} 0"), "{metrics}");
+    drop(kpx);
+}
+
+/// An extension that drops every new connection it may: every Service's,
+/// and nothing else (the node's own server on the Service's port number
+/// still answers).
+#[test]
+fn an_extension_reaches_service_traffic_only() {
+    for mode in ["nftables", "iptables"] {
+        let Some(lab) = lab_or_skip(1, &format!("extension scope ({mode})")) else {
+            return;
+        };
+        let ep = lab.backends[0].ip.clone();
+        let (dir, manifests) = run_dirs(&format!("extension-scope-{mode}"));
+        write_service(&manifests, "web", "10.96.0.10", &[], &[ep.as_str()], &[]);
+        let node_server = format!("{}:80", kpx_netlab::node::NODE_IP);
+        let _server = kpx_netlab::EchoServer::start(&lab.node, "node", &node_server).expect("a server on the node");
+        let dropper = probe("dropper", "drop-all");
+        let args = kpx_args(&manifests, &["--proxy-mode", mode, "--extension", &dropper]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let (made, _, _) = attempts(&lab, "10.96.0.10:80", 5);
+        assert_eq!(made, 0, "{mode}: the Service's connections are dropped");
+        let (other, _, _) = attempts(&lab, &node_server, 5);
+        assert_eq!(other, 5, "{mode}: the node's own server on port 80 is not the extension's");
+        drop(kpx);
+    }
+}

@@ -42,6 +42,7 @@ fn test(extra: &[String]) -> Result<()> {
         "kpx-plugin-wasi-probe",
         "kpx-plugin-hot-v1",
         "kpx-plugin-hot-v2",
+        "kpx-plugin-ext-probe",
     ] {
         args.extend(["--exclude", plugin]);
     }

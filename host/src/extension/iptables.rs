@@ -345,3 +345,60 @@ impl IptablesWriter {
         Ok(removed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extension::layout::build;
+    use kpx_rules::model::{ProxyMode, ServicePort, Settings};
+    use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
+
+    fn ports() -> BTreeMap<String, ServicePort> {
+        let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
+        p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        p.node_port = 30080;
+        BTreeMap::from([(p.key.clone(), p)])
+    }
+
+    fn layout(rate: u32) -> Layout {
+        let rule = Rule {
+            attachment: Attachment::BeforeDispatch,
+            service: "ns/web".into(),
+            source: None,
+            over_rate: Some(Rate { per_second: rate, burst: rate }),
+            counter: Some("dropped".into()),
+            action: Action::Drop,
+        };
+        build("lim", &Settings::new(IpFamily::V4, ProxyMode::Iptables), &Ruleset { rules: vec![rule] }, &ports())
+    }
+
+    #[test]
+    fn every_destination_jumps_to_the_port_chain_and_counters_are_declared_once() {
+        let (text, written) = payload("lim", IpFamily::V4, &layout(5), &Written::default());
+        let lines: Vec<&str> = text.lines().collect();
+        let dispatch: Vec<&&str> = lines.iter().filter(|l| l.starts_with("-A KUBE-X-LIM-DISPATCH ")).collect();
+        assert_eq!(dispatch.len(), 2, "{text}");
+        assert!(dispatch[0].contains("-d 10.96.0.10/32 -p tcp -m tcp --dport 80"), "{text}");
+        assert!(dispatch[1].contains("-m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30080"), "{text}");
+        assert!(text.contains("--hashlimit-above 5/sec --hashlimit-burst 5 --hashlimit-name kx"), "{text}");
+        assert!(text.starts_with("*mangle\n") && text.contains("*filter\n:KUBE-X-LIM-SERVICE - [0:0]\nCOMMIT\n"));
+        let counter_chain = written.counter_chains.keys().next().unwrap().1.clone();
+        assert!(
+            text.contains(&format!(":{counter_chain} - [0:0]\n"))
+                && text.contains(&format!("-A {counter_chain} -j DROP\n"))
+        );
+
+        // The same counter in the next payload: neither declared (which
+        // would flush its count) nor written again.
+        let (next, _) = payload("lim", IpFamily::V4, &layout(6), &written);
+        assert!(!next.contains(&format!(":{counter_chain} ")), "{next}");
+        assert!(!next.contains(&format!("-A {counter_chain} ")), "{next}");
+        assert!(next.contains("--hashlimit-above 6/sec"), "{next}");
+
+        // Nothing left: every chain of the extension flushed and deleted,
+        // the entry chains kept (the built-in chains jump to them).
+        let (gone, _) = payload("lim", IpFamily::V4, &Layout::default(), &written);
+        assert!(gone.contains(&format!("-X {counter_chain}\n")), "{gone}");
+        assert!(!gone.contains("-X KUBE-X-LIM-DISPATCH"), "{gone}");
+    }
+}

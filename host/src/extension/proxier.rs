@@ -50,6 +50,8 @@ pub struct ExtensionProxier {
     /// The counters of the last layout written, by id.
     counters: BTreeMap<String, Counter>,
     need_full: bool,
+    /// Syncs that failed (plugin error or trap, refused rules, kernel).
+    failures: u64,
 }
 
 impl ExtensionProxier {
@@ -68,11 +70,23 @@ impl ExtensionProxier {
             ProxyMode::Nftables => Writer::Nftables(NftablesWriter::new(&configured.name, family)),
             _ => Writer::Iptables(IptablesWriter::new(&configured.name, family, exec)),
         };
-        ExtensionProxier { configured, family, instance: None, writer, counters: BTreeMap::new(), need_full: true }
+        ExtensionProxier {
+            configured,
+            family,
+            instance: None,
+            writer,
+            counters: BTreeMap::new(),
+            need_full: true,
+            failures: 0,
+        }
     }
 
     pub fn name(&self) -> &str {
         &self.configured.name
+    }
+
+    pub fn failures(&self) -> u64 {
+        self.failures
     }
 
     /// Feeds the changes the backend got, renders, checks and writes.
@@ -91,6 +105,7 @@ impl ExtensionProxier {
     ) -> Result<bool, Error> {
         let result = self.program(settings, node, cluster, ports, changes, objects, full || self.need_full);
         self.need_full = result.is_err();
+        self.failures += u64::from(result.is_err());
         result
     }
 

@@ -51,6 +51,11 @@ pub struct ExtensionCounterLabel {
     pub counter: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExtensionLabel {
+    pub extension: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_buckets() -> impl Iterator<Item = f64> {
@@ -93,6 +98,7 @@ pub struct Metrics {
     pub plugin_refusals: Family<PluginLabel, Counter>,
     pub plugin_reloads: Family<ReloadLabel, Counter>,
     pub extension_counter: Family<ExtensionCounterLabel, Gauge>,
+    pub extension_failures: Family<ExtensionLabel, Gauge>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
 }
@@ -127,6 +133,7 @@ impl Metrics {
             plugin_refusals: Family::default(),
             plugin_reloads: Family::default(),
             extension_counter: Family::default(),
+            extension_failures: Family::default(),
             plugin_render_duration: Histogram::new(sync_buckets()),
             validation_duration: Histogram::new(sync_buckets()),
             registry: Registry::default(),
@@ -214,6 +221,11 @@ impl Metrics {
             "kpx_extension_counter",
             "New connections an extension's rules counted, per service port and counter name (read from the kernel every 2 s)",
             m.extension_counter.clone(),
+        );
+        r.register(
+            "kpx_extension_failures",
+            "Syncs in which an extension failed (its error or trap, refused rules, or the kernel write); its last good rules stayed",
+            m.extension_failures.clone(),
         );
         r.register(
             "kpx_plugin_render_duration_seconds",

@@ -145,6 +145,11 @@ impl FamilyProxier {
         out
     }
 
+    /// (extension, failed syncs) of every extension.
+    pub fn extension_failures(&self) -> Vec<(String, u64)> {
+        self.extensions.iter().map(|e| (e.name().to_string(), e.failures())).collect()
+    }
+
     pub fn has_extensions(&self) -> bool {
         !self.extensions.is_empty()
     }
@@ -347,8 +352,15 @@ impl FamilyProxier {
             )
             .map_err(|source| Error::Sync { family: self.family, source })?;
         self.sent.scope.forget_removed();
+        // An extension's failure is its own: logged and counted, its last
+        // good objects kept, and retried from a replayed state at the next
+        // sync; kube-proxy's rules above are written and stay healthy.
         for e in &mut self.extensions {
-            e.sync(&self.settings, &self.node, &self.cluster, &self.sent.ports, changes, self.sent.objects, full)?;
+            if let Err(err) =
+                e.sync(&self.settings, &self.node, &self.cluster, &self.sent.ports, changes, self.sent.objects, full)
+            {
+                tracing::error!(extension = e.name(), family = %self.family, "extension failed, keeping its last good rules: {err}");
+            }
         }
         self.need_full = false;
         Ok(Report {

@@ -87,3 +87,67 @@ pub fn check(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpx_rules::model::{Cidr, Protocol};
+    use kpx_rules::ops::extension::SourceMatch;
+
+    fn ports() -> BTreeMap<String, ServicePort> {
+        let p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
+        BTreeMap::from([(p.key.clone(), p)])
+    }
+
+    fn rule() -> Rule {
+        Rule {
+            attachment: Attachment::Service,
+            service: "ns/web".into(),
+            source: None,
+            over_rate: None,
+            counter: None,
+            action: Action::Continue,
+        }
+    }
+
+    fn refusal(rules: Vec<Rule>) -> String {
+        match check("x", IpFamily::V4, &Ruleset { rules }, &ports()) {
+            Ok(()) => "accepted".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn each_bound_is_refused_by_name() {
+        assert_eq!(refusal(vec![rule(), Rule { action: Action::Reject, ..rule() }]), "accepted");
+        for (bad, why) in [
+            (Rule { service: "ns/other".into(), ..rule() }, "not a service port of the state"),
+            (Rule { counter: Some("x".repeat(33)), ..rule() }, "a counter's name"),
+            (Rule { counter: Some("a-b".into()), ..rule() }, "a counter's name"),
+            (Rule { over_rate: Some(Rate { per_second: 0, burst: 1 }), ..rule() }, "a rate and its burst"),
+            (Rule { over_rate: Some(Rate { per_second: 1, burst: Rate::MAX + 1 }), ..rule() }, "a rate and its burst"),
+            (
+                Rule { attachment: Attachment::Firewall, action: Action::Reject, ..rule() },
+                "only possible at the service",
+            ),
+            (
+                Rule {
+                    source: Some(SourceMatch {
+                        negate: false,
+                        cidr: Cidr { addr: "10.0.0.0".parse().unwrap(), prefix_len: 33 },
+                    }),
+                    ..rule()
+                },
+                "prefix length 33",
+            ),
+        ] {
+            let got = refusal(vec![rule(), bad]);
+            assert!(got.contains("rule 1") && got.contains(why), "want {why:?}: {got}");
+        }
+        let many = vec![rule(); MAX_RULES_PER_PORT + 1];
+        assert!(refusal(many).contains(&format!("at most {MAX_RULES_PER_PORT} rules")));
+        let counters: Vec<Rule> =
+            (0..=MAX_COUNTERS_PER_PORT).map(|i| Rule { counter: Some(format!("c{i}")), ..rule() }).collect();
+        assert!(refusal(counters).contains("counters"));
+    }
+}
