@@ -503,6 +503,13 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
         Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
+        match crate::extension::cleanup(family, &SystemExec::default()) {
+            Ok(names) if names.is_empty() => {}
+            Ok(names) => tracing::info!(%family, "removed the objects of extensions {names:?}"),
+            Err(e) => tracing::warn!(%family, "cannot remove the extensions' objects: {e}"),
+        }
+    }
+    for family in families() {
         // No table (or no nf_tables at all) is fine: nothing to remove.
         match NftablesKernel::new(family).delete_table() {
             Ok(true) => tracing::info!(%family, "removed nftables table kube-proxy"),

@@ -11,3 +11,42 @@ pub mod nftables;
 pub mod proxier;
 
 pub use proxier::{Configured, ExtensionProxier};
+
+use kpx_rules::model::IpFamily;
+
+use crate::kernel::{Exec, Result};
+
+/// `--cleanup`: every extension's objects in `family`, whatever its name
+/// (found by the names the host gives them: tables `kpx-<name>`, chains
+/// `KUBE-X-<NAME>-*`); the extensions removed.
+pub fn cleanup(family: IpFamily, exec: &dyn Exec) -> Result<Vec<String>> {
+    let mut names = std::collections::BTreeSet::new();
+    let tool = if family == IpFamily::V4 { "iptables-save" } else { "ip6tables-save" };
+    for table in ["mangle", "filter"] {
+        // No iptables at all: nothing of ours there.
+        let Ok(text) = exec.run(tool, &["-t", table], None) else { continue };
+        names.extend(text.lines().filter_map(|l| {
+            let chain = l.strip_prefix(":KUBE-X-")?.split_whitespace().next()?;
+            ["-DISPATCH", "-FIREWALL", "-SERVICE"]
+                .iter()
+                .find_map(|s| chain.strip_suffix(s))
+                .map(str::to_ascii_lowercase)
+        }));
+    }
+    let mut removed: Vec<String> = Vec::new();
+    for name in &names {
+        iptables::IptablesWriter::new(name, family, Box::new(crate::kernel::SystemExec::default())).cleanup()?;
+        removed.push(name.clone());
+    }
+    let mut kernel = crate::kernel::nftables::NftablesKernel::new(family);
+    if let Ok(tables) = kernel.table_names() {
+        for table in tables.iter().filter(|t| t.starts_with("kpx-")) {
+            let name = table.trim_start_matches("kpx-");
+            nftables::NftablesWriter::new(name, family).cleanup()?;
+            if !removed.iter().any(|n| n == name) {
+                removed.push(name.to_string());
+            }
+        }
+    }
+    Ok(removed)
+}

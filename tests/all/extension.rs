@@ -111,6 +111,13 @@ fn extensions_with_traffic(mode: &str) {
     assert_eq!((made, failed), (10, 0), "no limit once the annotation is removed");
     assert_eq!(count("conncount", "test/limited:tcp", "accepted", (made + 3) as u64).map(|c| c >= 13), Some(true));
     drop(kpx);
+
+    // --cleanup finds every extension's objects by their names alone.
+    lab.node.exec(&[KPX, "--cleanup"]).expect("kpx --cleanup");
+    let nft = lab.node.exec(&["nft", "list", "ruleset"]).unwrap();
+    let ipt = lab.node.exec(&["iptables-save"]).unwrap();
+    assert!(!nft.contains("kpx-ratelimit") && !nft.contains("kpx-conncount"), "{nft}");
+    assert!(!ipt.contains("KUBE-X-"), "{ipt}");
 }
 
 fn probe(name: &str, what: &str) -> String {

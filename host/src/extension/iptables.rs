@@ -86,7 +86,9 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
         declare.entry(table).or_default().insert(entry.clone());
         let rules = lines.entry(table).or_default();
         for e in layout.entries.get(&a).into_iter().flatten() {
-            let service = &layout.chains[&e.chain].service;
+            // The key comes from the objects (a manifest need not hold a
+            // valid name): written as a comment, never as syntax.
+            let service = kpx_rules::ops::sanitize_comment(&layout.chains[&e.chain].service, 255);
             let to = format!("-m comment --comment \"{service}\" -j {pre}{}", e.chain);
             let p = e.protocol.as_str();
             match (&e.destination, a == Attachment::Service) {

@@ -165,17 +165,18 @@ impl NftablesKernel {
         Ok(out)
     }
 
+    /// The names of this family's tables.
+    pub fn table_names(&mut self) -> Result<Vec<String>> {
+        let tables = self.dump(sys::NFT_MSG_GETTABLE, Writer::new())?;
+        Ok(tables
+            .iter()
+            .filter_map(|t| nla::attrs(t).ok().and_then(|a| nla::find(&a, sys::NFTA_TABLE_NAME)?.string().ok()))
+            .collect())
+    }
+
     /// Whether this family has a table of this name.
     pub fn has_table(&mut self, table: &str) -> Result<bool> {
-        let tables = self.dump(sys::NFT_MSG_GETTABLE, Writer::new())?;
-        Ok(tables.iter().any(|t| {
-            nla::attrs(t)
-                .ok()
-                .and_then(|a| nla::find(&a, sys::NFTA_TABLE_NAME))
-                .and_then(|n| n.string().ok())
-                .as_deref()
-                == Some(table)
-        }))
+        Ok(self.table_names()?.iter().any(|t| t == table))
     }
 
     /// `--cleanup`: deletes the table; false when there was none.
