@@ -68,9 +68,13 @@ pub enum Error {
     ExtensionMode { name: String, mode: ProxyMode },
 }
 
-/// The `--extension` components, loaded (compiled or from the cache).
-pub fn load_extensions(runtime: &Runtime, config: &Config) -> Result<Vec<crate::extension::Configured>, Error> {
-    let mut out = Vec::new();
+/// The `--extension` components, loaded (compiled or from the cache),
+/// with the digests of their files' bytes as loaded.
+pub fn load_extensions(
+    runtime: &Runtime,
+    config: &Config,
+) -> Result<(Vec<crate::extension::Configured>, Vec<Digest>), Error> {
+    let (mut out, mut digests) = (Vec::new(), Vec::new());
     for e in &config.extensions {
         if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
             return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
@@ -85,8 +89,9 @@ pub fn load_extensions(runtime: &Runtime, config: &Config) -> Result<Vec<crate::
             plugin: Arc::new(plugin),
             parameters: e.parameters.clone(),
         });
+        digests.push(crate::reload::digest(&bytes));
     }
-    Ok(out)
+    Ok((out, digests))
 }
 
 /// The plugin runtime `config` asks for.
@@ -288,7 +293,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
             (Some(Arc::new(plugin)), digest)
         }
     };
-    let extensions = load_extensions(&plugin_runtime, &config)?;
+    let (extensions, extension_digests) = load_extensions(&plugin_runtime, &config)?;
     init(&config);
     remove_other_modes(config.mode, config.masquerade_bit);
     raise_open_files_limit();
@@ -404,6 +409,9 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     }
     for (index, ((name, path), digest)) in config.scheduler_plugins.iter().zip(scheduler_digests).enumerate() {
         files.push((Role::Scheduler { index, name: name.clone() }, path.clone(), digest));
+    }
+    for (index, (e, digest)) in config.extensions.iter().zip(extension_digests).enumerate() {
+        files.push((Role::Extension { index, name: e.name.clone() }, e.path.clone(), digest));
     }
     let watcher = Watcher::new(plugin_runtime, files);
     sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry, Some(watcher));

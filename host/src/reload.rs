@@ -42,14 +42,21 @@ pub enum Role {
         index: usize,
         name: String,
     },
+    /// The `index`-th `--extension` (its configured name).
+    Extension {
+        index: usize,
+        name: String,
+    },
 }
 
 impl Role {
-    /// How logs and `kpx_plugin_reloads` name it: `backend`, `scheduler:NAME`.
+    /// How logs and `kpx_plugin_reloads` name it: `backend`,
+    /// `scheduler:NAME`, `extension:NAME`.
     pub fn label(&self) -> String {
         match self {
             Role::Backend => "backend".to_string(),
             Role::Scheduler { name, .. } => format!("scheduler:{name}"),
+            Role::Extension { name, .. } => format!("extension:{name}"),
         }
     }
 }
@@ -96,6 +103,18 @@ pub struct Replacement {
 pub enum Loaded {
     Backend(Arc<BackendPlugin>),
     Scheduler(Arc<SchedulerPlugin>),
+    Extension(Arc<crate::runtime::ExtensionPlugin>),
+}
+
+impl Loaded {
+    /// "a backend", "a scheduler", "an extension".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Loaded::Backend(_) => "a backend",
+            Loaded::Scheduler(_) => "a scheduler",
+            Loaded::Extension(_) => "an extension",
+        }
+    }
 }
 
 /// The component files and the runtime that compiles their replacements
@@ -230,6 +249,10 @@ fn load(runtime: &Runtime, role: &Role, path: &Path, bytes: &[u8]) -> Result<Loa
         Role::Scheduler { name, .. } => crate::app::scheduler_component(runtime, name, bytes)
             .map(|p| Loaded::Scheduler(Arc::new(p)))
             .map_err(|e| e.to_string()),
+        Role::Extension { .. } => {
+            let label = path.file_stem().and_then(|s| s.to_str()).unwrap_or("extension");
+            runtime.load_extension(label, bytes).map(|p| Loaded::Extension(Arc::new(p))).map_err(|e| e.to_string())
+        }
     }
 }
 

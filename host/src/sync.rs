@@ -428,7 +428,18 @@ fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telem
             }
             Ok(())
         }
-        (Loaded::Scheduler(_), Role::Backend) => Err("a scheduler loaded for the backend's file".into()),
+        (Loaded::Extension(plugin), Role::Extension { index, .. }) => {
+            let trials = proxiers
+                .iter()
+                .filter_map(Proxier::rules)
+                .map(|p| p.try_extension(*index, &plugin).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, String>>()?;
+            for (p, trial) in proxiers.iter_mut().filter_map(Proxier::rules_mut).zip(trials) {
+                p.switch_extension(*index, plugin.clone(), trial);
+            }
+            Ok(())
+        }
+        (loaded, role) => Err(format!("{} loaded for the file of {}", loaded.kind(), role.label())),
     });
     let label = |outcome: &str| ReloadLabel { component: component.clone(), outcome: outcome.into() };
     match outcome {

@@ -206,3 +206,50 @@ fn an_extension_reaches_service_traffic_only() {
         drop(kpx);
     }
 }
+
+/// Replaces `path` as an operator's tooling would: a new file renamed over the old one.
+fn replace(path: &std::path::Path, bytes: &[u8]) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// An extension's file replaced while kpx runs: the counting component
+/// gives way to the rate limit (which reads the same annotations, by the
+/// configured name), and a file that is not an extension is refused with
+/// the limit still in force.
+#[test]
+fn a_replaced_extension_takes_over() {
+    let Some(lab) = lab_or_skip(1, "extension hot reload") else {
+        return;
+    };
+    let ep = lab.backends[0].ip.clone();
+    let (dir, manifests) = run_dirs("extension-reload");
+    let limit = [("ext.kpx.dev/vendor.new-connections-per-second", "1"), ("ext.kpx.dev/vendor.burst", "1")];
+    write_service(&manifests, "web", "10.96.0.10", &limit, &[ep.as_str()], &[]);
+    let file = dir.join("vendor.wasm");
+    std::fs::write(&file, std::fs::read(example("kpx_example_conncount.wasm")).unwrap()).unwrap();
+    let vendor = format!("vendor={}", file.display());
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables", "--extension", &vendor]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let (made, _, _) = attempts(&lab, "10.96.0.10:80", 8);
+    assert_eq!(made, 8, "counting limits nothing");
+
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    replace(&file, &std::fs::read(example("kpx_example_ratelimit.wasm")).unwrap());
+    assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(10)), "{}", kpx.log());
+    let (made, dropped, took) = attempts(&lab, "10.96.0.10:80", 8);
+    eprintln!("after the swap: {made} made, {dropped} dropped in {took:.2} s");
+    assert!(made >= 1 && made <= 2 + took.ceil() as usize, "the rate limit took over: {made} of 8 made in {took:.2} s");
+    assert!(kpx.log().contains("component=extension:vendor"), "{}", kpx.log());
+
+    replace(&file, &std::fs::read(format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap());
+    assert!(kpx.wait_for_log("replaced component refused", 1, Duration::from_secs(10)), "{}", kpx.log());
+    assert!(kpx.log().contains("not an extension component"), "{}", kpx.log());
+    std::thread::sleep(Duration::from_millis(1500));
+    let (made, _, took) = attempts(&lab, "10.96.0.10:80", 8);
+    assert!(made <= 2 + took.ceil() as usize, "the limit stays after the refusal: {made} of 8 in {took:.2} s");
+    drop(kpx);
+}

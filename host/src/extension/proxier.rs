@@ -154,6 +154,36 @@ impl ExtensionProxier {
         result
     }
 
+    /// A replacement component's trial on the state given: instantiated
+    /// with this extension's name and parameters, the state replayed, its
+    /// rules rendered and checked. Nothing is written.
+    pub fn try_replacement(
+        &self,
+        plugin: &Arc<ExtensionPlugin>,
+        settings: &Settings,
+        node: &Node,
+        cluster: &Cluster,
+        ports: &BTreeMap<String, ServicePort>,
+        objects: usize,
+    ) -> Result<ExtensionInstance, Error> {
+        let c = &self.configured;
+        let mut instance = plugin.instantiate(&c.name, settings, &c.parameters)?;
+        let services: Vec<ServicePort> = ports.values().cloned().collect();
+        instance.reset(node, cluster, &services)?;
+        let ruleset = instance.render(objects)?;
+        crate::validate::extension::check(plugin.name(), self.family, &ruleset, ports)
+            .map_err(|e| Error::Sync { family: self.family, source: e.into() })?;
+        Ok(instance)
+    }
+
+    /// Runs `plugin` from now on, with a tried instance; the next sync
+    /// writes its rules.
+    pub fn switch(&mut self, plugin: Arc<ExtensionPlugin>, instance: ExtensionInstance) {
+        self.configured.plugin = plugin;
+        self.instance = Some(instance);
+        self.need_full = true;
+    }
+
     /// (service port, counter, packets) of every counter the rules name.
     pub fn counters(&mut self) -> crate::kernel::Result<Vec<(String, String, u64)>> {
         let read = self.writer.counters()?;

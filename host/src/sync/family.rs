@@ -150,6 +150,36 @@ impl FamilyProxier {
         self.extensions.iter().map(|e| (e.name().to_string(), e.failures())).collect()
     }
 
+    /// Tries a replacement for the `index`-th extension on the state this
+    /// family holds (a fresh instance, the state replayed, a render, the
+    /// host's checks); nothing changes until [`Self::switch_extension`].
+    pub fn try_extension(
+        &self,
+        index: usize,
+        plugin: &Arc<crate::runtime::ExtensionPlugin>,
+    ) -> Result<crate::runtime::ExtensionInstance, Error> {
+        let e = self.extensions.get(index).ok_or_else(|| {
+            Error::Plugin(runtime::Error::Load {
+                plugin: plugin.name().into(),
+                message: format!("no extension {index}"),
+            })
+        })?;
+        e.try_replacement(plugin, &self.settings, &self.node, &self.cluster, &self.sent.ports, self.sent.objects)
+    }
+
+    /// Switches the `index`-th extension to a tried replacement; the next
+    /// sync writes its rules (in full).
+    pub fn switch_extension(
+        &mut self,
+        index: usize,
+        plugin: Arc<crate::runtime::ExtensionPlugin>,
+        instance: crate::runtime::ExtensionInstance,
+    ) {
+        if let Some(e) = self.extensions.get_mut(index) {
+            e.switch(plugin, instance);
+        }
+    }
+
     pub fn has_extensions(&self) -> bool {
         !self.extensions.is_empty()
     }
