@@ -9,11 +9,14 @@
 //! valid inputs (every refusal by the host is shown). A scheduler is checked
 //! for its names, its plans in every mode, its per-connection picks, its
 //! distribution, and, for the names IPVS defines, the behaviour the name
-//! promises. Each check is a row of a pass/fail table; any failure makes
+//! promises. An extension is checked for the contract on every case's
+//! state and the hostile inputs, in both rule modes and families, its
+//! rules through the host's checks and layout. Each check is a row of a pass/fail table; any failure makes
 //! the command exit non-zero.
 
 pub mod backend;
 pub mod cases;
+pub mod extension;
 pub mod kernel;
 pub mod scheduler;
 pub mod tracer;
@@ -39,6 +42,15 @@ pub struct Args {
     /// own network namespaces, with kpx running the component (root only).
     #[arg(long)]
     pub kernel: bool,
+    /// An extension's parameters (`key=value`, repeatable), as
+    /// `--extension NAME=FILE,key=value` would give them.
+    #[arg(long = "extension-param")]
+    pub extension_params: Vec<String>,
+    /// An annotation every Service of the kit's states carries for the
+    /// extension (`key=value`, repeatable; the kit configures it as `kit`,
+    /// so the Services get `ext.kpx.dev/kit.key`).
+    #[arg(long = "extension-annotation")]
+    pub extension_annotations: Vec<String>,
     /// Where compiled components are cached (default: compile in memory).
     #[arg(long = "plugin-cache-dir")]
     pub plugin_cache_dir: Option<PathBuf>,
@@ -49,6 +61,7 @@ pub struct Args {
 pub enum Kind {
     Scheduler,
     Backend,
+    Extension,
 }
 
 impl fmt::Display for Kind {
@@ -56,6 +69,7 @@ impl fmt::Display for Kind {
         f.write_str(match self {
             Kind::Scheduler => "scheduler",
             Kind::Backend => "backend",
+            Kind::Extension => "extension",
         })
     }
 }
@@ -202,8 +216,8 @@ pub enum Error {
     Mode(String),
     #[error("{0}")]
     Plugin(#[from] runtime::Error),
-    #[error("{component} is neither a scheduler nor a backend component: {scheduler}; {backend}")]
-    Kind { component: String, scheduler: String, backend: String },
+    #[error("{component} is not a scheduler, a backend or an extension component: {scheduler}; {backend}; {extension}")]
+    Kind { component: String, scheduler: String, backend: String, extension: String },
     #[error("{0}")]
     Other(String),
 }
@@ -230,9 +244,13 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
         .unwrap_or_default();
     match runtime.load_scheduler(&name, &bytes) {
         Ok(plugin) => {
-            if args.kernel || args.mode.is_some() {
+            if args.kernel
+                || args.mode.is_some()
+                || !args.extension_params.is_empty()
+                || !args.extension_annotations.is_empty()
+            {
                 return Err(Error::Other(format!(
-                    "{} is a scheduler component: --kernel and --mode are for backends",
+                    "{} is a scheduler component: --kernel and --mode are for backends, --extension-param for extensions",
                     args.component
                 )));
             }
@@ -244,14 +262,29 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
             Ok(report)
         }
         Err(scheduler_err @ runtime::Error::Load { .. }) => {
-            let plugin = runtime.load_backend(&name, &bytes).map_err(|backend_err| match backend_err {
-                runtime::Error::Load { .. } => Error::Kind {
-                    component: args.component.clone(),
-                    scheduler: scheduler_err.to_string(),
-                    backend: backend_err.to_string(),
-                },
-                other => Error::Plugin(other),
-            })?;
+            let plugin = match runtime.load_backend(&name, &bytes) {
+                Ok(plugin) => plugin,
+                Err(backend_err @ runtime::Error::Load { .. }) => {
+                    let plugin =
+                        runtime.load_extension(&name, &bytes).map_err(|extension_err| match extension_err {
+                            runtime::Error::Load { .. } => Error::Kind {
+                                component: args.component.clone(),
+                                scheduler: scheduler_err.to_string(),
+                                backend: backend_err.to_string(),
+                                extension: extension_err.to_string(),
+                            },
+                            other => Error::Plugin(other),
+                        })?;
+                    return extension_report(args, &plugin, &version);
+                }
+                Err(other) => return Err(Error::Plugin(other)),
+            };
+            if !args.extension_params.is_empty() || !args.extension_annotations.is_empty() {
+                return Err(Error::Other(format!(
+                    "{} is a backend: --extension-param is for extensions",
+                    args.component
+                )));
+            }
             let mode = match args.mode.as_deref() {
                 Some(m) => match m.parse::<ProxyMode>() {
                     Ok(mode @ (ProxyMode::Iptables | ProxyMode::Nftables | ProxyMode::Ipvs)) => mode,
@@ -274,4 +307,35 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
         }
         Err(other) => Err(Error::Plugin(other)),
     }
+}
+
+/// The kit's run on an extension (`--extension-param` its parameters).
+fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &str) -> Result<Report, Error> {
+    if args.kernel || args.mode.is_some() {
+        return Err(Error::Other(format!(
+            "{} is an extension component: --kernel and --mode are for backends",
+            args.component
+        )));
+    }
+    let pairs = |flag: &str, values: &[String]| {
+        values
+            .iter()
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+                _ => Err(Error::Other(format!("{flag} {p:?}: want key=value"))),
+            })
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let parameters = pairs("--extension-param", &args.extension_params)?;
+    let annotations = pairs("--extension-annotation", &args.extension_annotations)?;
+    let mut report = Report {
+        title: format!(
+            "kpx conformance: {} — extension component (kpx:proxier {version}), configured as {:?}",
+            args.component,
+            extension::NAME
+        ),
+        rows: Vec::new(),
+    };
+    extension::check(&mut report, plugin, &parameters, &annotations);
+    Ok(report)
 }

@@ -115,3 +115,38 @@ fn what_is_not_a_component_is_refused_with_the_reason() {
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("--mode \"userspace\""), "{text}");
 }
+
+/// The two example extensions pass the kit (the rate limit with its
+/// annotation on every Service, so it returns rules); the probe passes
+/// when it behaves, and fails naming the host's refusal when it names a
+/// port the state does not have or rejects before dispatch.
+#[test]
+fn extensions_are_checked_and_a_hostile_one_fails() {
+    let dir = env!("KPX_TEST_PLUGIN_DIR");
+    let ratelimit = format!("{dir}/kpx_example_ratelimit.wasm");
+    let text = {
+        let (code, text) = conformance(&[&ratelimit, "--extension-annotation", "new-connections-per-second=5"]);
+        assert_eq!(code, 0, "{text}");
+        text
+    };
+    assert!(text.contains("extension component"), "{text}");
+    let (pass, fail, _) = row(&text, "contract: the rules lay out into kernel objects of both modes");
+    assert!(pass > 0 && fail == 0, "the annotated Services got rules: {text}");
+    passes(&format!("{dir}/kpx_example_conncount.wasm"));
+
+    let probe = format!("{dir}/kpx_plugin_ext_probe.wasm");
+    let (code, text) = conformance(&[&probe, "--extension-param", "do=count"]);
+    assert_eq!(code, 0, "{text}");
+    for (what, why) in [
+        ("unknown-service", "\"nope/nope:none\" is not a service port of the state"),
+        ("reject-at-dispatch", "reject is only possible at the service attachment"),
+    ] {
+        let (code, text) = conformance(&[&probe, "--extension-param", &format!("do={what}")]);
+        assert_eq!(code, 1, "{what}: {text}");
+        assert!(text.contains(why), "{what}: {text}");
+        assert!(row(&text, "contract: the host accepts the rules").1 > 0, "{text}");
+    }
+    let (code, text) = conformance(&[&probe, "--mode", "nftables"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("extension component: --kernel and --mode are for backends"), "{text}");
+}
