@@ -1,16 +1,18 @@
-//! `kpx new-plugin --kind scheduler|backend NAME`: a plugin crate that
+//! `kpx new-plugin --kind scheduler|backend|extension NAME`: a plugin crate that
 //! builds out of kpx's tree with one command (`cargo plugin`), with unit
 //! tests on kpx-sdk's harness and a README saying how to check it with
 //! `kpx conformance` and run it. The scheduler template is a complete
 //! weighted-hashing scheduler that passes the conformance kit; the
-//! backend template starts from kpx's own nftables generator.
+//! backend template starts from kpx's own nftables generator; the
+//! extension template drops (and counts) connections from the sources a
+//! Service's annotation lists.
 
 use std::path::{Path, PathBuf};
 
 /// `kpx new-plugin`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// scheduler or backend (extension components are not in this kpx yet).
+    /// scheduler, backend or extension.
     #[arg(long)]
     pub kind: String,
     /// The crate's name, and a scheduler's name: 1 to 32 of a-z, 0-9 and '-', starting with a letter.
@@ -28,10 +30,11 @@ const CONFIG: &str = include_str!("template/config.toml.txt");
 const README: &str = include_str!("template/README.md.txt");
 const SCHEDULER: &str = include_str!("template/scheduler.rs.txt");
 const BACKEND: &str = include_str!("template/backend.rs.txt");
+const EXTENSION: &str = include_str!("template/extension.rs.txt");
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("--kind {0:?}: scheduler or backend (extension components are not in this kpx yet)")]
+    #[error("--kind {0:?}: scheduler, backend or extension")]
     Kind(String),
     #[error("{0:?}: a plugin's name is 1 to 32 of a-z, 0-9 and '-', starting with a letter")]
     Name(String),
@@ -52,7 +55,7 @@ fn valid_name(name: &str) -> bool {
 /// Creates the crate; returns its directory.
 pub fn new_plugin(args: &Args) -> Result<PathBuf, Error> {
     let kind = args.kind.as_str();
-    if !matches!(kind, "scheduler" | "backend") {
+    if !matches!(kind, "scheduler" | "backend" | "extension") {
         return Err(Error::Kind(args.kind.clone()));
     }
     if !valid_name(&args.name) {
@@ -70,7 +73,18 @@ pub fn new_plugin(args: &Args) -> Result<PathBuf, Error> {
     let sdk = sdk.canonicalize().unwrap_or(sdk);
     let crate_name = args.name.replace('-', "_");
     let mut cargo = CARGO.replace("{{NAME}}", &args.name).replace("{{SDK}}", &sdk.display().to_string());
+    // An extension's configured name: [a-z][a-z0-9]*, at most 10 bytes.
+    let ext: String =
+        args.name.chars().filter(char::is_ascii_alphanumeric).take(crate::runtime::extension::MAX_NAME).collect();
     let (source, run) = match kind {
+        "extension" => (
+            EXTENSION,
+            format!(
+                "Run it: `kpx --proxy-mode nftables --extension {ext}=$PWD/target/wasm32-unknown-unknown/release/{crate_name}.wasm ...` \
+                 (or iptables mode), and annotate a Service with `ext.kpx.dev/{ext}.deny-sources: \"10.1.0.0/16\"`. \
+                 Check it with `kpx conformance ... --extension-annotation deny-sources=10.1.0.0/16` so that it returns rules."
+            ),
+        ),
         "scheduler" => (
             SCHEDULER,
             format!(
@@ -101,7 +115,7 @@ pub fn new_plugin(args: &Args) -> Result<PathBuf, Error> {
     let files = [
         ("Cargo.toml", cargo),
         (".cargo/config.toml", CONFIG.to_string()),
-        ("src/lib.rs", source.replace("{{NAME}}", &args.name)),
+        ("src/lib.rs", source.replace("{{NAME}}", &args.name).replace("{{EXT}}", &ext)),
         ("README.md", readme),
         (".gitignore", "/target\n".to_string()),
     ];
@@ -130,7 +144,7 @@ mod tests {
         };
         let dir = std::env::temp_dir().join(format!("kpx-template-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(matches!(new_plugin(&args("extension", "x", &dir)), Err(Error::Kind(_))));
+        assert!(matches!(new_plugin(&args("vendor", "x", &dir)), Err(Error::Kind(_))));
         for bad in ["", "Upper", "9lives", "a_b", &"x".repeat(33)] {
             assert!(matches!(new_plugin(&args("scheduler", bad, &dir)), Err(Error::Name(_))), "{bad:?}");
         }

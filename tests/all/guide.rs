@@ -80,6 +80,12 @@ fn the_plugin_guide_runs_as_written() {
     eprintln!("the guide, from an empty directory: {blocks} blocks in {:.0} s (builds included)", took.as_secs_f64());
     assert!(text.contains("test result: ok. 2 passed"), "the guide's unit tests");
     assert!(text.lines().any(|l| l.starts_with("PASS: ")), "kpx conformance passes the guide's scheduler");
+    assert_eq!(text.lines().filter(|l| l.starts_with("PASS: ")).count(), 2, "and the extension template: {text}");
+    let objects = text
+        .lines()
+        .find(|l| l.starts_with("contract: the rules lay out into kernel objects of both modes"))
+        .and_then(|l| l.split_whitespace().rev().nth(3)?.parse::<usize>().ok());
+    assert!(objects.is_some_and(|n| n > 0), "the annotated template returned rules the kit checked: {objects:?}");
     let clients: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("client ")).collect();
     assert_eq!(clients.len(), 8, "{text}");
     let mut reached = BTreeSet::new();
