@@ -69,7 +69,9 @@ pub enum Error {
 }
 
 /// The `--extension` components, loaded (compiled or from the cache),
-/// with the digests of their files' bytes as loaded.
+/// with the digests of their files' bytes as loaded. A file that cannot
+/// be read or loaded is logged and left out (kube-proxy's rules do not
+/// wait on a vendor's component); a replacement file is tried as any.
 pub fn load_extensions(
     runtime: &Runtime,
     config: &Config,
@@ -79,17 +81,23 @@ pub fn load_extensions(
         if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
             return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
         }
-        let bytes = std::fs::read(&e.path)
-            .map_err(|source| Error::PluginFile { path: e.path.display().to_string(), source })?;
         let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
-        let plugin = runtime.load_extension(&label, &bytes)?;
-        tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
-        out.push(crate::extension::Configured {
-            name: e.name.clone(),
-            plugin: Arc::new(plugin),
-            parameters: e.parameters.clone(),
-        });
-        digests.push(crate::reload::digest(&bytes));
+        let loaded = std::fs::read(&e.path)
+            .map_err(|err| format!("cannot read it: {err}"))
+            .and_then(|bytes| Ok((runtime.load_extension(&label, &bytes).map_err(|err| err.to_string())?, bytes)));
+        let (plugin, digest) = match loaded {
+            Ok((p, bytes)) => {
+                tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
+                (Some(Arc::new(p)), crate::reload::digest(&bytes))
+            }
+            Err(err) => {
+                tracing::error!(extension = %e.name, file = %e.path.display(), "extension not loaded, kpx runs without it until its file is replaced: {err}");
+                // No bytes match this: whatever the file holds next is tried.
+                (None, [0; 32])
+            }
+        };
+        out.push(crate::extension::Configured { name: e.name.clone(), plugin, parameters: e.parameters.clone() });
+        digests.push(digest);
     }
     Ok((out, digests))
 }
@@ -296,6 +304,16 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let (extensions, extension_digests) = load_extensions(&plugin_runtime, &config)?;
     init(&config);
     remove_other_modes(config.mode, config.masquerade_bit);
+    // Extensions no longer configured: their objects would keep acting on
+    // destinations the state no longer vouches for.
+    let configured: Vec<String> = config.extensions.iter().map(|e| e.name.clone()).collect();
+    for family in families() {
+        match crate::extension::remove(family, &SystemExec::default(), config.mode, &configured) {
+            Ok(names) if names.is_empty() => {}
+            Ok(names) => tracing::info!(%family, "removed the objects of extensions no longer configured: {names:?}"),
+            Err(e) => tracing::warn!(%family, "cannot remove the objects of extensions no longer configured: {e}"),
+        }
+    }
     raise_open_files_limit();
     let config = Arc::new(config);
     // userspace mode's relays: a runtime of their own, apart from the
@@ -511,7 +529,7 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
         Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
-        match crate::extension::cleanup(family, &SystemExec::default()) {
+        match crate::extension::remove(family, &SystemExec::default(), ProxyMode::Userspace, &[]) {
             Ok(names) if names.is_empty() => {}
             Ok(names) => tracing::info!(%family, "removed the objects of extensions {names:?}"),
             Err(e) => tracing::warn!(%family, "cannot remove the extensions' objects: {e}"),

@@ -12,14 +12,17 @@ pub mod proxier;
 
 pub use proxier::{Configured, ExtensionProxier};
 
-use kpx_rules::model::IpFamily;
+use kpx_rules::model::{IpFamily, ProxyMode};
 
 use crate::kernel::{Exec, Result};
 
-/// `--cleanup`: every extension's objects in `family`, whatever its name
-/// (found by the names the host gives them: tables `kpx-<name>`, chains
-/// `KUBE-X-<NAME>-*`); the extensions removed.
-pub fn cleanup(family: IpFamily, exec: &dyn Exec) -> Result<Vec<String>> {
+/// Every extension's objects in `family` but those of `keep` in the
+/// running mode (`--cleanup`: none kept), found by the names the host
+/// gives them: tables `kpx-<name>`, chains `KUBE-X-<NAME>-*`. The
+/// extensions removed.
+pub fn remove(family: IpFamily, exec: &dyn Exec, mode: ProxyMode, keep: &[String]) -> Result<Vec<String>> {
+    let keep_iptables: &[String] = if mode == ProxyMode::Iptables { keep } else { &[] };
+    let keep_nftables: &[String] = if mode == ProxyMode::Nftables { keep } else { &[] };
     let mut names = std::collections::BTreeSet::new();
     let tool = if family == IpFamily::V4 { "iptables-save" } else { "ip6tables-save" };
     for table in ["mangle", "filter"] {
@@ -34,6 +37,7 @@ pub fn cleanup(family: IpFamily, exec: &dyn Exec) -> Result<Vec<String>> {
         }));
     }
     let mut removed: Vec<String> = Vec::new();
+    names.retain(|n| !keep_iptables.contains(n));
     for name in &names {
         iptables::IptablesWriter::new(name, family, Box::new(crate::kernel::SystemExec::default())).cleanup()?;
         removed.push(name.clone());
@@ -42,6 +46,9 @@ pub fn cleanup(family: IpFamily, exec: &dyn Exec) -> Result<Vec<String>> {
     if let Ok(tables) = kernel.table_names() {
         for table in tables.iter().filter(|t| t.starts_with("kpx-")) {
             let name = table.trim_start_matches("kpx-");
+            if keep_nftables.iter().any(|k| k == name) {
+                continue;
+            }
             nftables::NftablesWriter::new(name, family).cleanup()?;
             if !removed.iter().any(|n| n == name) {
                 removed.push(name.to_string());

@@ -42,7 +42,7 @@ fn counter_reaches(lab: &NodeLab, extension: &str, service: &str, counter: &str,
         let (_, text) = wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
         last = text
             .lines()
-            .find(|l| l.starts_with("kpx_extension_counter{") && l.contains(&labels))
+            .find(|l| l.starts_with("kpx_extension_counter_total{") && l.contains(&labels))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<u64>().ok());
         if last == Some(want) {
@@ -252,4 +252,64 @@ fn a_replaced_extension_takes_over() {
     let (made, _, took) = attempts(&lab, "10.96.0.10:80", 8);
     assert!(made <= 2 + took.ceil() as usize, "the limit stays after the refusal: {made} of 8 in {took:.2} s");
     drop(kpx);
+}
+
+/// What an extension left outlives kpx as it should, in both modes: a
+/// restarted kpx reconciles its objects (the counts go on from the
+/// kernel's), an extension whose file is missing at start does not hold
+/// kube-proxy's rules back and loads once the file appears, and the
+/// objects of an extension no longer configured are removed at start.
+#[test]
+fn extension_objects_across_restarts() {
+    for mode in ["nftables", "iptables"] {
+        let Some(lab) = lab_or_skip(1, &format!("extension restarts ({mode})")) else {
+            return;
+        };
+        let ep = lab.backends[0].ip.clone();
+        let (dir, manifests) = run_dirs(&format!("extension-restart-{mode}"));
+        write_service(&manifests, "web", "10.96.0.10", &[], &[ep.as_str()], &[]);
+        let file = dir.join("count.wasm");
+        std::fs::write(&file, std::fs::read(example("kpx_example_conncount.wasm")).unwrap()).unwrap();
+        let count = format!("count={}", file.display());
+        let args = kpx_args(&manifests, &["--proxy-mode", mode, "--extension", &count]);
+        let start = |log: &str| {
+            let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join(log)).expect("start kpx");
+            assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+            kpx
+        };
+        let kpx = start("kpx-1.log");
+        assert_eq!(attempts(&lab, "10.96.0.10:80", 6).0, 6);
+        assert_eq!(counter_reaches(&lab, "count", "test/web:tcp", "accepted", 6), Some(6));
+        drop(kpx);
+
+        // Restarted: the kernel's count goes on.
+        let kpx = start("kpx-2.log");
+        assert_eq!(attempts(&lab, "10.96.0.10:80", 4).0, 4);
+        assert_eq!(
+            counter_reaches(&lab, "count", "test/web:tcp", "accepted", 10),
+            Some(10),
+            "{mode}: kept across a restart"
+        );
+        drop(kpx);
+
+        // The file gone at start: kube-proxy's rules first, the extension
+        // once its file is back.
+        std::fs::remove_file(&file).unwrap();
+        let mut kpx = start("kpx-3.log");
+        assert!(kpx.log().contains("extension not loaded"), "{}", kpx.log());
+        assert_eq!(attempts(&lab, "10.96.0.10:80", 3).0, 3, "{mode}: Services work without the extension");
+        std::fs::write(&file, std::fs::read(example("kpx_example_conncount.wasm")).unwrap()).unwrap();
+        assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
+        drop(kpx);
+
+        // No longer configured: removed at start.
+        let bare = kpx_args(&manifests, &["--proxy-mode", mode]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &bare, &dir.join("kpx-4.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let nft = lab.node.exec(&["nft", "list", "tables"]).unwrap();
+        let ipt = lab.node.exec(&["iptables-save"]).unwrap();
+        assert!(!nft.contains("kpx-count") && !ipt.contains("KUBE-X-COUNT"), "{mode}:\n{nft}\n{ipt}");
+        assert!(kpx.log().contains("no longer configured"), "{}", kpx.log());
+        drop(kpx);
+    }
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kpx_rules::model::{IpFamily, Protocol};
 use kpx_rules::ops::extension::{Action, Attachment};
 
-use super::layout::{Destination, Layout, hash};
+use super::layout::{Destination, Layout};
 use crate::kernel::iptables::WAIT;
 use crate::kernel::{Cause, Exec, Result};
 
@@ -89,7 +89,9 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
             // The key comes from the objects (a manifest need not hold a
             // valid name): written as a comment, never as syntax.
             let service = kpx_rules::ops::sanitize_comment(&layout.chains[&e.chain].service, 255);
-            let to = format!("-m comment --comment \"{service}\" -j {pre}{}", e.chain);
+            // A goto: one port chain per connection, even where two ports
+            // share a destination.
+            let to = format!("-m comment --comment \"{service}\" -g {pre}{}", e.chain);
             let p = e.protocol.as_str();
             match (&e.destination, a == Attachment::Service) {
                 (Destination::Address(ip), false) => {
@@ -100,10 +102,14 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
                     host_prefix(family),
                     e.port
                 )),
-                (Destination::NodePort(None), false) => {
-                    rules.push(format!("-A {entry} -m addrtype --dst-type LOCAL {} {to}", dport(e.protocol, e.port)))
+                (Destination::NodePort { only: None, except }, false) => {
+                    let except = except.map(|c| format!(" ! -d {}/{}", c.network(), c.prefix_len)).unwrap_or_default();
+                    rules.push(format!(
+                        "-A {entry} -m addrtype --dst-type LOCAL{except} {} {to}",
+                        dport(e.protocol, e.port)
+                    ))
                 }
-                (Destination::NodePort(Some(cidrs)), false) => {
+                (Destination::NodePort { only: Some(cidrs), .. }, false) => {
                     for c in cidrs.iter().filter(|c| c.family() == family) {
                         rules.push(format!(
                             "-A {entry} -d {}/{} -m addrtype --dst-type LOCAL {} {to}",
@@ -115,8 +121,8 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
                 }
                 // Node ports after DNAT: by their original destination,
                 // so only when --nodeport-addresses names it.
-                (Destination::NodePort(None), true) => {}
-                (Destination::NodePort(Some(cidrs)), true) => {
+                (Destination::NodePort { only: None, .. }, true) => {}
+                (Destination::NodePort { only: Some(cidrs), .. }, true) => {
                     for c in cidrs.iter().filter(|c| c.family() == family) {
                         rules.push(format!(
                             "-A {entry} -m conntrack --ctproto {p} --ctorigdst {}/{} --ctorigdstport {} {to}",
@@ -142,7 +148,9 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
             if let Some(l) = &r.limit {
                 let rate = layout.limits[l];
                 line.push_str(&format!(
-                    " -m hashlimit --hashlimit-above {}/sec --hashlimit-burst {} --hashlimit-name kx{}",
+                    // No mode: one bucket, so a table of one entry (the
+                    // kernel's default is 8,192 buckets per name).
+                    " -m hashlimit --hashlimit-above {}/sec --hashlimit-burst {} --hashlimit-htable-size 1 --hashlimit-htable-max 1 --hashlimit-name kx{}",
                     rate.per_second,
                     rate.burst,
                     l.to_ascii_lowercase()
@@ -153,19 +161,22 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
                 Action::Drop => "DROP",
                 Action::Reject => "REJECT",
             };
-            match &r.counter {
-                None if r.action == Action::Continue => {}
-                None => line.push_str(&format!(" -j {verdict}")),
-                Some(c) => {
-                    let counter_chain = format!("{pre}{}", hash(&[name, "counter-chain", table, c, verdict]));
+            match (&r.counter, &r.counter_chain) {
+                (Some(c), Some(id)) => {
+                    let counter_chain = format!("{pre}{id}");
                     line.push_str(&format!(" -j {counter_chain}"));
                     let key = (table, counter_chain.clone());
-                    if !previous.counter_chains.contains_key(&key) && !written.counter_chains.contains_key(&key) {
+                    // Declared only when the kernel does not hold it: a
+                    // declaration flushes the chain, and its count with it.
+                    let held = previous.chains.get(table).is_some_and(|c| c.contains(&counter_chain));
+                    if !held && !written.counter_chains.contains_key(&key) {
                         declare.entry(table).or_default().insert(counter_chain.clone());
                         lines.entry(table).or_default().push(format!("-A {counter_chain} -j {verdict}"));
                     }
                     written.counter_chains.insert(key, c.clone());
                 }
+                _ if r.action == Action::Continue => {}
+                _ => line.push_str(&format!(" -j {verdict}")),
             }
             lines.entry(table).or_default().push(line);
         }
@@ -248,16 +259,19 @@ impl IptablesWriter {
         if !full && self.written.as_ref().is_some_and(|w| &w.layout == layout) {
             return Ok(false);
         }
-        let previous = match self.written.take() {
-            Some(w) if !full => w,
+        let previous = match (&self.written, full) {
+            (Some(w), false) => w.clone(),
+            // What the kernel holds: its counter chains are kept.
             _ => Written { chains: self.existing()?, ..Default::default() },
         };
         let (text, written) = payload(&self.name, self.family, layout, &previous);
         let mut args = WAIT.to_vec();
         args.push("--noflush");
+        // A failed restore keeps what was written (its counters are read);
+        // the next write (a full one) reads the kernel again.
         self.exec.run(&self.tool("iptables-restore"), &args, Some(text.as_bytes()))?;
-        self.ensure_jumps()?;
         self.written = Some(written);
+        self.ensure_jumps()?;
         Ok(true)
     }
 
@@ -381,8 +395,9 @@ mod tests {
         let dispatch: Vec<&&str> = lines.iter().filter(|l| l.starts_with("-A KUBE-X-LIM-DISPATCH ")).collect();
         assert_eq!(dispatch.len(), 2, "{text}");
         assert!(dispatch[0].contains("-d 10.96.0.10/32 -p tcp -m tcp --dport 80"), "{text}");
+        // iptables mode serves 127.0.0.1 node ports (--iptables-localhost-nodeports).
         assert!(dispatch[1].contains("-m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30080"), "{text}");
-        assert!(text.contains("--hashlimit-above 5/sec --hashlimit-burst 5 --hashlimit-name kx"), "{text}");
+        assert!(text.contains("--hashlimit-above 5/sec --hashlimit-burst 5 --hashlimit-htable-size 1"), "{text}");
         assert!(text.starts_with("*mangle\n") && text.contains("*filter\n:KUBE-X-LIM-SERVICE - [0:0]\nCOMMIT\n"));
         let counter_chain = written.counter_chains.keys().next().unwrap().1.clone();
         assert!(

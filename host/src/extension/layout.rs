@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use kpx_rules::model::{Cidr, NodePortAddresses, Protocol, ServicePort, Settings};
+use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, ProxyMode, ServicePort, Settings};
 use kpx_rules::ops::extension::{Action, Attachment, Rate, Ruleset, SourceMatch};
 
 /// Characters of a hash in a name: 10 base32 characters, 50 bits (a
@@ -20,9 +20,11 @@ pub const HASH_CHARS: usize = 10;
 pub enum Destination {
     /// An address of the port (cluster IP, external IP, load-balancer IP).
     Address(IpAddr),
-    /// The node port on this node's node-port addresses (`None`: every
-    /// local address; else these CIDRs).
-    NodePort(Option<Vec<Cidr>>),
+    /// The node port on this node's node-port addresses, as kube-proxy's
+    /// own capture has them in the mode: `only` None is every local
+    /// address but `except` (loopback, where the mode serves no node port
+    /// there); else these CIDRs.
+    NodePort { only: Option<Vec<Cidr>>, except: Option<Cidr> },
 }
 
 /// One way into a port chain: connections to `destination`, `protocol`,
@@ -43,6 +45,9 @@ pub struct ChainRule {
     pub limit: Option<String>,
     /// A counter's id.
     pub counter: Option<String>,
+    /// With a counter: the id of iptables' chain that counts and acts
+    /// (one per counter, table and action; see extension/iptables.rs).
+    pub counter_chain: Option<String>,
     pub action: Action,
 }
 
@@ -86,69 +91,112 @@ fn destinations(port: &ServicePort, attachment: Attachment, settings: &Settings)
     }
     let addresses = port.cluster_ip.iter().chain(&port.external_ips).chain(&port.load_balancer_ips);
     out.extend(addresses.map(|ip| (Destination::Address(*ip), port.port)));
-    if port.node_port != 0 {
-        let cidrs = match &settings.nodeport_addresses {
-            NodePortAddresses::All => Some(None),
-            NodePortAddresses::Only(c) if c.is_empty() => None,
-            NodePortAddresses::Only(c) => Some(Some(c.clone())),
-        };
-        if let Some(cidrs) = cidrs {
-            out.push((Destination::NodePort(cidrs), port.node_port));
-        }
+    if port.node_port != 0
+        && let Some(d) = node_port_destination(settings)
+    {
+        out.push((d, port.node_port));
     }
     out.sort();
     out.dedup();
     out
 }
 
-/// The id of the chain of (`attachment`, `service`): its hash, salted
-/// in the unlikely case another port's chain has it.
-fn port_chain_id(layout: &Layout, extension: &str, attachment: Attachment, service: &str) -> String {
-    (0u32..)
-        .map(|salt| {
-            let salt = salt.to_string();
-            let parts: &[&str] = if salt == "0" {
-                &[extension, "port", attachment.name(), service]
-            } else {
-                &[extension, "port", attachment.name(), service, &salt]
-            };
+/// Where the mode serves node ports, as kube-proxy's own capture does:
+/// loopback only in iptables mode with localhost node ports (IPv4).
+fn node_port_destination(settings: &Settings) -> Option<Destination> {
+    let localhost =
+        settings.mode == ProxyMode::Iptables && crate::kernel::iptables::frame::localhost_nodeports(settings);
+    let loopback: Cidr = match settings.family {
+        IpFamily::V4 => "127.0.0.0/8",
+        IpFamily::V6 => "::1/128",
+    }
+    .parse()
+    .expect("loopback");
+    match &settings.nodeport_addresses {
+        NodePortAddresses::All => Some(Destination::NodePort { only: None, except: (!localhost).then_some(loopback) }),
+        NodePortAddresses::Only(c) => {
+            let c: Vec<Cidr> = c
+                .iter()
+                .filter(|c| c.family() == settings.family && (localhost || !c.addr.is_loopback()))
+                .copied()
+                .collect();
+            (!c.is_empty()).then_some(Destination::NodePort { only: Some(c), except: None })
+        }
+    }
+}
+
+/// An id for the object `parts` describe, unique among `used` (its owner
+/// recorded there): the hash, salted in the unlikely case another object
+/// has it.
+fn unique_id(used: &mut BTreeMap<String, String>, parts: &[&str]) -> String {
+    let owner = parts.join("\0");
+    for salt in 0u32.. {
+        let id = if salt == 0 {
             hash(parts)
-        })
-        .find(|id| layout.chains.get(id).is_none_or(|c| c.service == service && c.attachment == attachment))
-        .expect("some salt is free")
+        } else {
+            let salt = salt.to_string();
+            let mut salted = parts.to_vec();
+            salted.push(&salt);
+            hash(&salted)
+        };
+        match used.get(&id) {
+            Some(o) if *o != owner => continue,
+            _ => {
+                used.insert(id.clone(), owner);
+                return id;
+            }
+        }
+    }
+    unreachable!("some salt is free")
 }
 
 /// The layout of a checked ruleset (validate::extension) for the ports
 /// the extension was sent.
 pub fn build(extension: &str, settings: &Settings, ruleset: &Ruleset, ports: &BTreeMap<String, ServicePort>) -> Layout {
     let mut out = Layout::default();
-    for (index, rule) in ruleset.rules.iter().enumerate() {
+    // Every id of the extension in one namespace: iptables names port and
+    // counter chains alike.
+    let mut used: BTreeMap<String, String> = BTreeMap::new();
+    // A rule's position among its port's rules at its attachment: a limit
+    // keeps its bucket while other ports' rules come and go.
+    let mut position: BTreeMap<(&str, Attachment), usize> = BTreeMap::new();
+    for rule in &ruleset.rules {
         let Some(port) = ports.get(&rule.service) else { continue };
-        let chain = port_chain_id(&out, extension, rule.attachment, &rule.service);
+        let chain = unique_id(&mut used, &[extension, "port", rule.attachment.name(), &rule.service]);
+        let n = position.entry((rule.service.as_str(), rule.attachment)).or_default();
+        let index = *n;
+        *n += 1;
         let limit = rule.over_rate.map(|r| {
-            let id = hash(&[
-                extension,
-                "limit",
-                rule.attachment.name(),
-                &rule.service,
-                &index.to_string(),
-                &r.per_second.to_string(),
-                &r.burst.to_string(),
-            ]);
+            let id = unique_id(
+                &mut used,
+                &[
+                    extension,
+                    "limit",
+                    rule.attachment.name(),
+                    &rule.service,
+                    &index.to_string(),
+                    &r.per_second.to_string(),
+                    &r.burst.to_string(),
+                ],
+            );
             out.limits.insert(id.clone(), r);
             id
         });
         let counter = rule.counter.as_ref().map(|name| {
-            let id = hash(&[extension, "counter", &rule.service, name]);
+            let id = unique_id(&mut used, &[extension, "counter", &rule.service, name]);
             out.counters.insert(id.clone(), Counter { service: rule.service.clone(), name: name.clone() });
             id
+        });
+        let counter_chain = counter.as_ref().map(|c| {
+            let table = if rule.attachment == Attachment::Service { "filter" } else { "mangle" };
+            unique_id(&mut used, &[extension, "counter-chain", table, c, &format!("{:?}", rule.action)])
         });
         let new_chain = !out.chains.contains_key(&chain);
         out.chains
             .entry(chain.clone())
             .or_insert_with(|| PortChain { service: rule.service.clone(), attachment: rule.attachment, rules: vec![] })
             .rules
-            .push(ChainRule { source: rule.source, limit, counter, action: rule.action });
+            .push(ChainRule { source: rule.source, limit, counter_chain, counter, action: rule.action });
         if new_chain {
             let entries = out.entries.entry(rule.attachment).or_default();
             for (destination, number) in destinations(port, rule.attachment, settings) {
@@ -204,7 +252,9 @@ mod tests {
         let dispatch = &layout.entries[&Attachment::BeforeDispatch];
         let kinds: Vec<_> = dispatch.iter().map(|e| (&e.destination, e.port)).collect();
         assert_eq!(kinds.len(), 3, "{kinds:?}");
-        assert!(dispatch.iter().any(|e| e.destination == Destination::NodePort(None) && e.port == 30080));
+        let loopback = "127.0.0.0/8".parse().unwrap();
+        let node_port = Destination::NodePort { only: None, except: Some(loopback) };
+        assert!(dispatch.iter().any(|e| e.destination == node_port && e.port == 30080), "{dispatch:?}");
         let firewall = &layout.entries[&Attachment::Firewall];
         assert_eq!(firewall.len(), 1);
         assert_eq!(firewall[0].destination, Destination::Address("192.0.2.1".parse().unwrap()));

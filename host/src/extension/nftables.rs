@@ -72,16 +72,27 @@ pub struct Written {
     objects: BTreeMap<String, u32>,
 }
 
-/// The batch that takes the table from `previous` (None: unknown, so the
-/// table is declared afresh) to `layout`.
+impl Written {
+    /// What the kernel holds (an earlier process's table): its layout
+    /// unknown, so the next write rewrites every chain, keeping the
+    /// objects it still names (and their counts and buckets).
+    pub fn held(chains: Vec<String>, objects: Vec<(String, u32)>) -> Written {
+        Written {
+            layout: Layout::default(),
+            chains: chains.into_iter().collect(),
+            objects: objects.into_iter().collect(),
+        }
+    }
+}
+
+/// The batch that takes the table from `previous` (None: there is no
+/// table) to `layout`.
 pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option<&Written>) -> (Vec<Message>, Written) {
     let comment = format!("rules of kpx extension {}", table.trim_start_matches("kpx-"));
     let mut out = vec![encode::add_table_in(table, &comment)];
     let mut written = Written { layout: layout.clone(), ..Default::default() };
-    match previous {
-        // Whatever an earlier process left goes, in the same batch.
-        None => out.extend([encode::delete_table_in(table), encode::add_table_in(table, &comment)]),
-        Some(p) => out.extend(p.chains.iter().map(|c| encode::flush_chain_in(table, c))),
+    if let Some(p) = previous {
+        out.extend(p.chains.iter().map(|c| encode::flush_chain_in(table, c)));
     }
     let mut rules = Vec::new();
     for (attachment, entries) in &layout.entries {
@@ -116,25 +127,32 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
                     conditions
                 },
                 objects: vec![],
-                verdict: TableVerdict::Jump(port_chain(&e.chain)),
+                // A goto: one port chain per connection, even where two
+                // ports share a destination.
+                verdict: TableVerdict::Goto(port_chain(&e.chain)),
                 comment: Some(service.clone()),
             };
+            let to_address = |cidr| Condition::Destination { negate: false, cidr };
             match (&e.destination, *attachment == Attachment::Service) {
-                (Destination::Address(ip), false) => rules.push(to(vec![Condition::Destination(Cidr::host(*ip))])),
+                (Destination::Address(ip), false) => rules.push(to(vec![to_address(Cidr::host(*ip))])),
                 (Destination::Address(ip), true) => {
                     rules.push(to(vec![Condition::OriginalDestination(Cidr::host(*ip))]))
                 }
-                (Destination::NodePort(None), false) => rules.push(to(vec![Condition::LocalDestination])),
-                (Destination::NodePort(Some(cidrs)), false) => {
+                (Destination::NodePort { only: None, except }, false) => {
+                    let mut c = vec![Condition::LocalDestination];
+                    c.extend(except.map(|cidr| Condition::Destination { negate: true, cidr }));
+                    rules.push(to(c));
+                }
+                (Destination::NodePort { only: Some(cidrs), .. }, false) => {
                     for c in cidrs.iter().filter(|c| c.family() == family) {
-                        rules.push(to(vec![Condition::Destination(*c), Condition::LocalDestination]));
+                        rules.push(to(vec![to_address(*c), Condition::LocalDestination]));
                     }
                 }
                 // After DNAT the packet's destination is an endpoint: node
                 // ports are told by their original destination, so only
                 // when --nodeport-addresses names it.
-                (Destination::NodePort(None), true) => {}
-                (Destination::NodePort(Some(cidrs)), true) => {
+                (Destination::NodePort { only: None, .. }, true) => {}
+                (Destination::NodePort { only: Some(cidrs), .. }, true) => {
                     for c in cidrs.iter().filter(|c| c.family() == family) {
                         rules.push(to(vec![Condition::OriginalDestination(*c)]));
                     }
@@ -215,16 +233,19 @@ impl NftablesWriter {
     }
 
     /// Writes `layout` unless it is what the table holds already; `full`
-    /// declares the table afresh.
+    /// reads the table back first and rewrites every chain (the counters
+    /// and limits it still names are kept, with their state).
     pub fn write(&mut self, layout: &Layout, full: bool) -> crate::kernel::Result<bool> {
-        if full {
-            self.written = None;
-        }
-        if self.written.as_ref().is_some_and(|w| &w.layout == layout) {
+        if !full && self.written.as_ref().is_some_and(|w| &w.layout == layout) {
             return Ok(false);
         }
-        let (batch, written) = messages(&self.table, self.kernel.family(), layout, self.written.as_ref());
-        self.written = None;
+        let previous = match (&self.written, full) {
+            (Some(w), false) => Some(w.clone()),
+            _ => self.kernel.table_contents(&self.table)?.map(|t| Written::held(t.chains, t.objects)),
+        };
+        let (batch, written) = messages(&self.table, self.kernel.family(), layout, previous.as_ref());
+        // A failed batch changed nothing: what was written stays (its
+        // counters are still read).
         self.kernel.apply(&batch)?;
         self.written = Some(written);
         Ok(true)

@@ -17,7 +17,9 @@ use crate::sync::family::Error;
 #[derive(Clone)]
 pub struct Configured {
     pub name: String,
-    pub plugin: Arc<ExtensionPlugin>,
+    /// None: its file could not be loaded at start (logged); kpx runs
+    /// without it until a replacement file loads.
+    pub plugin: Option<Arc<ExtensionPlugin>>,
     pub parameters: Vec<(String, String)>,
 }
 
@@ -52,7 +54,14 @@ pub struct ExtensionProxier {
     need_full: bool,
     /// Syncs that failed (plugin error or trap, refused rules, kernel).
     failures: u64,
+    /// After a failure: when to try again, and the wait after the next
+    /// failure (1 s doubling to 1 min).
+    retry_at: Option<std::time::Instant>,
+    backoff: std::time::Duration,
 }
+
+const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+const MAX_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ExtensionProxier {
     /// `mode` is iptables or nftables (the caller refuses the others).
@@ -66,6 +75,7 @@ impl ExtensionProxier {
         mode: ProxyMode,
         exec: Box<dyn Exec>,
     ) -> ExtensionProxier {
+        let failures = u64::from(configured.plugin.is_none());
         let writer = match mode {
             ProxyMode::Nftables => Writer::Nftables(NftablesWriter::new(&configured.name, family)),
             _ => Writer::Iptables(IptablesWriter::new(&configured.name, family, exec)),
@@ -77,7 +87,9 @@ impl ExtensionProxier {
             writer,
             counters: BTreeMap::new(),
             need_full: true,
-            failures: 0,
+            failures,
+            retry_at: None,
+            backoff: FIRST_RETRY,
         }
     }
 
@@ -103,10 +115,27 @@ impl ExtensionProxier {
         objects: usize,
         full: bool,
     ) -> Result<bool, Error> {
+        let now = std::time::Instant::now();
+        if self.retry_at.is_some_and(|at| now < at) {
+            // Backing off: the state is replayed at the retry.
+            return Ok(false);
+        }
         let result = self.program(settings, node, cluster, ports, changes, objects, full || self.need_full);
         self.need_full = result.is_err();
-        self.failures += u64::from(result.is_err());
+        if result.is_err() {
+            self.failures += 1;
+            self.retry_at = Some(now + self.backoff);
+            self.backoff = (self.backoff * 2).min(MAX_RETRY);
+        } else {
+            self.retry_at = None;
+            self.backoff = FIRST_RETRY;
+        }
         result
+    }
+
+    /// When a failed extension is to be tried again.
+    pub fn retry_at(&self) -> Option<std::time::Instant> {
+        self.retry_at
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -121,8 +150,9 @@ impl ExtensionProxier {
         full: bool,
     ) -> Result<bool, Error> {
         let c = self.configured.clone();
+        let Some(plugin) = &c.plugin else { return Ok(false) };
         if self.instance.is_none() {
-            self.instance = Some(c.plugin.instantiate(&c.name, settings, &c.parameters)?);
+            self.instance = Some(plugin.instantiate(&c.name, settings, &c.parameters)?);
         }
         // A full sync replays the state: the changes of a sync that failed
         // before this extension ran are in it.
@@ -135,7 +165,7 @@ impl ExtensionProxier {
         let ruleset = self.call(|i| i.render(objects))?;
         let family = self.family;
         let sync_err = |source: SyncError| Error::Sync { family, source };
-        crate::validate::extension::check(c.plugin.name(), family, &ruleset, ports).map_err(|e| sync_err(e.into()))?;
+        crate::validate::extension::check(plugin.name(), family, &ruleset, ports).map_err(|e| sync_err(e.into()))?;
         let layout = layout::build(&c.name, settings, &ruleset, ports);
         let wrote = self.writer.write(&layout, full).map_err(|e| sync_err(e.into()))?;
         self.counters = layout.counters;
@@ -179,7 +209,7 @@ impl ExtensionProxier {
     /// Runs `plugin` from now on, with a tried instance; the next sync
     /// writes its rules.
     pub fn switch(&mut self, plugin: Arc<ExtensionPlugin>, instance: ExtensionInstance) {
-        self.configured.plugin = plugin;
+        self.configured.plugin = Some(plugin);
         self.instance = Some(instance);
         self.need_full = true;
     }

@@ -30,6 +30,14 @@ pub struct NftablesKernel {
     netlink: Option<Netlink>,
 }
 
+/// An extension's table as the kernel holds it: chain names, and objects
+/// as (name, type).
+#[derive(Debug, Default, Clone)]
+pub struct TableContents {
+    pub chains: Vec<String>,
+    pub objects: Vec<(String, u32)>,
+}
+
 /// The table as the kernel holds it (names and declarations).
 #[derive(Debug, Default, Clone)]
 pub struct TableObjects {
@@ -163,6 +171,38 @@ impl NftablesKernel {
             out.push((name, packets));
         }
         Ok(out)
+    }
+
+    /// The chains and the objects of `table` (an extension's); None when
+    /// there is no such table.
+    pub fn table_contents(&mut self, table: &str) -> Result<Option<TableContents>> {
+        if !self.has_table(table)? {
+            return Ok(None);
+        }
+        let of = |payload: &[u8], table_attr: u16, name_attr: u16| -> Option<String> {
+            let attrs = nla::attrs(payload).ok()?;
+            (nla::find(&attrs, table_attr)?.string().ok()? == table).then_some(())?;
+            nla::find(&attrs, name_attr)?.string().ok()
+        };
+        let mut filter = Writer::new();
+        filter.str(sys::NFTA_CHAIN_TABLE, table);
+        let chains = self
+            .dump(sys::NFT_MSG_GETCHAIN, filter)?
+            .iter()
+            .filter_map(|p| of(p, sys::NFTA_CHAIN_TABLE, sys::NFTA_CHAIN_NAME))
+            .collect();
+        let mut filter = Writer::new();
+        filter.str(sys::NFTA_OBJ_TABLE, table);
+        let objects = self
+            .dump(sys::NFT_MSG_GETOBJ, filter)?
+            .iter()
+            .filter_map(|p| {
+                let name = of(p, sys::NFTA_OBJ_TABLE, sys::NFTA_OBJ_NAME)?;
+                let kind = nla::find(&nla::attrs(p).ok()?, sys::NFTA_OBJ_TYPE)?.u32_be().ok()?;
+                Some((name, kind))
+            })
+            .collect();
+        Ok(Some(TableContents { chains, objects }))
     }
 
     /// The names of this family's tables.

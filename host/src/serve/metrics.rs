@@ -97,7 +97,7 @@ pub struct Metrics {
     pub plugin_traps: Family<PluginLabel, Counter>,
     pub plugin_refusals: Family<PluginLabel, Counter>,
     pub plugin_reloads: Family<ReloadLabel, Counter>,
-    pub extension_counter: Family<ExtensionCounterLabel, Gauge>,
+    pub extension_counter: Family<ExtensionCounterLabel, Counter>,
     pub extension_failures: Family<ExtensionLabel, Gauge>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
@@ -219,7 +219,7 @@ impl Metrics {
         );
         r.register(
             "kpx_extension_counter",
-            "New connections an extension's rules counted, per service port and counter name (read from the kernel every 2 s)",
+            "New connections an extension's rules counted, per service port and counter name (read from the kernel every 2 s; a series goes when no rule names its counter)",
             m.extension_counter.clone(),
         );
         r.register(

@@ -180,6 +180,11 @@ impl FamilyProxier {
         }
     }
 
+    /// The earliest time a failed extension is to be tried again.
+    pub fn extension_retry(&self) -> Option<std::time::Instant> {
+        self.extensions.iter().filter_map(ExtensionProxier::retry_at).min()
+    }
+
     pub fn has_extensions(&self) -> bool {
         !self.extensions.is_empty()
     }

@@ -17,6 +17,9 @@ pub const MAX_RULES: usize = 65_536;
 pub const MAX_RULES_PER_PORT: usize = 64;
 /// Most counters of one service port.
 pub const MAX_COUNTERS_PER_PORT: usize = 64;
+/// Most counters, and most rate limits, of one extension: each is a
+/// kernel object (and a counter a metrics series).
+pub const MAX_OBJECTS: usize = 4096;
 
 /// Checks every rule; the first refusal names the rule and why.
 pub fn check(
@@ -40,6 +43,7 @@ pub fn check(
         });
     }
     let mut per_port: BTreeMap<(&str, Attachment), usize> = BTreeMap::new();
+    let (mut all_counters, mut limits) = (BTreeSet::new(), 0);
     let mut counters: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for (i, rule) in ruleset.rules.iter().enumerate() {
         if !ports.contains_key(&rule.service) {
@@ -53,10 +57,14 @@ pub fn check(
                 return Err(refuse(i, rule, format!("prefix length {} is too long", s.cidr.prefix_len)));
             }
         }
-        if let Some(Rate { per_second, burst }) = rule.over_rate
-            && !((1..=Rate::MAX).contains(&per_second) && (1..=Rate::MAX).contains(&burst))
-        {
-            return Err(refuse(i, rule, format!("a rate and its burst are 1 to {}", Rate::MAX)));
+        if let Some(Rate { per_second, burst }) = rule.over_rate {
+            if !((1..=Rate::MAX).contains(&per_second) && (1..=Rate::MAX).contains(&burst)) {
+                return Err(refuse(i, rule, format!("a rate and its burst are 1 to {}", Rate::MAX)));
+            }
+            limits += 1;
+            if limits > MAX_OBJECTS {
+                return Err(refuse(i, rule, format!("an extension has at most {MAX_OBJECTS} rate limits")));
+            }
         }
         if let Some(c) = &rule.counter {
             if !valid_counter_name(c) {
@@ -64,6 +72,10 @@ pub fn check(
             }
             let names = counters.entry(&rule.service).or_default();
             names.insert(c);
+            all_counters.insert((&rule.service, c));
+            if all_counters.len() > MAX_OBJECTS {
+                return Err(refuse(i, rule, format!("an extension has at most {MAX_OBJECTS} counters")));
+            }
             if names.len() > MAX_COUNTERS_PER_PORT {
                 return Err(refuse(i, rule, format!("a service port has at most {MAX_COUNTERS_PER_PORT} counters")));
             }

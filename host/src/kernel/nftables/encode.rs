@@ -778,8 +778,8 @@ pub enum Condition {
     New,
     /// `ct status dnat`
     Dnat,
-    /// `ip daddr CIDR` (ip6 in IPv6 tables)
-    Destination(Cidr),
+    /// `ip daddr [!=] CIDR` (ip6 in IPv6 tables)
+    Destination { negate: bool, cidr: Cidr },
     /// `ip saddr [!=] CIDR`
     Source { negate: bool, cidr: Cidr },
     /// `fib daddr type local`
@@ -801,6 +801,7 @@ pub enum TableVerdict {
     Drop,
     Reject,
     Jump(String),
+    Goto(String),
 }
 
 /// A host-written rule of an extension's table: conditions, then the
@@ -836,7 +837,7 @@ pub fn add_table_rule(table: &str, family: IpFamily, rule: &TableRule) -> Messag
                 e.bitwise(reg, &IPS_DST_NAT.to_ne_bytes(), &0u32.to_ne_bytes());
                 e.cmp(reg, true, &0u32.to_ne_bytes());
             }
-            Condition::Destination(cidr) => e.address_match(AddressField::Destination, false, cidr),
+            Condition::Destination { negate, cidr } => e.address_match(AddressField::Destination, *negate, cidr),
             Condition::Source { negate, cidr } => e.address_match(AddressField::Source, *negate, cidr),
             Condition::LocalDestination => {
                 e.expr("fib", |w| {
@@ -886,6 +887,7 @@ pub fn add_table_rule(table: &str, family: IpFamily, rule: &TableRule) -> Messag
         TableVerdict::Continue => {}
         TableVerdict::Drop => e.verdict(NF_DROP, None),
         TableVerdict::Jump(c) => e.verdict(NFT_JUMP, Some(c)),
+        TableVerdict::Goto(c) => e.verdict(NFT_GOTO, Some(c)),
         TableVerdict::Reject => {
             let code = if family == IpFamily::V4 { ICMP_PORT_UNREACH } else { ICMPV6_PORT_UNREACH };
             e.expr("reject", |w| {
