@@ -222,7 +222,7 @@ pub struct Flags {
     #[arg(long = "scheduler-plugin", action = clap::ArgAction::Append)]
     pub scheduler_plugin: Vec<String>,
 
-    /// kpx: an extension component, NAME=FILE.wasm[,key=value...] (repeatable; iptables and nftables modes): NAME ([a-z][a-z0-9]*, at most 8 bytes) names its chains KUBE-X-NAME-*, its nftables table kpx-NAME and its Service annotations ext.kpx.dev/NAME.*; the key=value pairs are its parameters.
+    /// kpx: an extension component, NAME=FILE.wasm[,key=value...] (repeatable; iptables and nftables modes): NAME ([a-z][a-z0-9]*, at most 10 bytes) names its chains KUBE-X-NAME-*, its nftables table kpx-NAME and its Service annotations ext.kpx.dev/NAME.*; the key=value pairs are its parameters.
     #[arg(long = "extension", action = clap::ArgAction::Append)]
     pub extension: Vec<String>,
 

@@ -4,7 +4,7 @@
 //! to an endpoint (`accepted`: the `service` attachment, after DNAT), and,
 //! for ports with load-balancer IPs, the new connections that arrived at
 //! them (`load_balancer`: the `firewall` attachment). The host exports
-//! them as `kpx_extension_counter{extension, service, counter}`.
+//! them as `kpx_extension_counter_total{extension, service, counter}`.
 //!
 //! A Service opts out with `ext.kpx.dev/<name>.count: "false"`; with the
 //! parameter `only-annotated=true`, only Services with

@@ -6,7 +6,7 @@
 //! the operator gave the extension (`--extension ratelimit=FILE.wasm`).
 //! New connections to every port of that Service beyond N a second (in
 //! bursts of up to B) are dropped before kube-proxy picks an endpoint,
-//! and counted: `kpx_extension_counter{counter="dropped"}`.
+//! and counted: `kpx_extension_counter_total{counter="dropped"}`.
 //!
 //! Parameters (`--extension ratelimit=FILE.wasm,key=value`):
 //! - `default=N`: the limit of Services without the annotation (none by default);

@@ -31,6 +31,9 @@ fn placement(a: Attachment) -> (&'static str, &'static str, &'static [&'static s
 
 const TABLES: [&str; 2] = ["mangle", "filter"];
 
+/// `iptables-save -c -t TABLE` of the tables extensions use.
+pub type Dumps = BTreeMap<&'static str, String>;
+
 /// The chain-name prefix of extension `name`.
 pub fn prefix(name: &str) -> String {
     format!("KUBE-X-{}-", name.to_ascii_uppercase())
@@ -299,25 +302,34 @@ impl IptablesWriter {
     }
 
     /// Packets per counter id: the counter chains' rules, summed.
-    pub fn counters(&self) -> Result<BTreeMap<String, u64>> {
-        let Some(written) = &self.written else { return Ok(BTreeMap::new()) };
+    /// `dumps`: `iptables-save -c` of mangle and filter, read once per
+    /// family for every extension ([`IptablesWriter::save_counts`]).
+    pub fn counters(&self, dumps: &Dumps) -> BTreeMap<String, u64> {
+        let Some(written) = &self.written else { return BTreeMap::new() };
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
         for id in written.counter_chains.values() {
             out.entry(id.clone()).or_default();
         }
-        for table in TABLES {
-            let text = self.exec.run(&self.tool("iptables-save"), &["-c", "-t", table], None)?;
+        for (table, text) in dumps {
             for line in text.lines() {
                 let Some((counts, rest)) = line.strip_prefix('[').and_then(|l| l.split_once("] -A ")) else {
                     continue;
                 };
                 let chain = rest.split_whitespace().next().unwrap_or_default();
-                let Some(id) = written.counter_chains.get(&(table, chain.to_string())) else { continue };
+                let Some(id) = written.counter_chains.get(&(*table, chain.to_string())) else { continue };
                 let packets = counts.split(':').next().and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
                 *out.entry(id.clone()).or_default() += packets;
             }
         }
-        Ok(out)
+        out
+    }
+
+    /// The tables extensions' counters live in, with their counts.
+    pub fn save_counts(&self) -> Result<Dumps> {
+        TABLES
+            .iter()
+            .map(|table| Ok((*table, self.exec.run(&self.tool("iptables-save"), &["-c", "-t", table], None)?)))
+            .collect()
     }
 
     /// Unlinks the jumps and deletes every chain of the extension

@@ -36,9 +36,16 @@ impl Writer {
         }
     }
 
-    fn counters(&mut self) -> crate::kernel::Result<BTreeMap<String, u64>> {
+    /// `dumps`: the family's iptables counts, read by the first
+    /// extension that needs them and shared by the others.
+    fn counters(&mut self, dumps: &mut Option<super::iptables::Dumps>) -> crate::kernel::Result<BTreeMap<String, u64>> {
         match self {
-            Writer::Iptables(w) => w.counters(),
+            Writer::Iptables(w) => {
+                if dumps.is_none() {
+                    *dumps = Some(w.save_counts()?);
+                }
+                Ok(w.counters(dumps.as_ref().expect("read above")))
+            }
             Writer::Nftables(w) => w.counters(),
         }
     }
@@ -215,8 +222,12 @@ impl ExtensionProxier {
     }
 
     /// (service port, counter, packets) of every counter the rules name.
-    pub fn counters(&mut self) -> crate::kernel::Result<Vec<(String, String, u64)>> {
-        let read = self.writer.counters()?;
+    /// `dumps` as [`Writer::counters`] shares them.
+    pub fn counters(
+        &mut self,
+        dumps: &mut Option<super::iptables::Dumps>,
+    ) -> crate::kernel::Result<Vec<(String, String, u64)>> {
+        let read = self.writer.counters(dumps)?;
         Ok(self
             .counters
             .iter()

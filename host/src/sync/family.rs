@@ -134,8 +134,10 @@ impl FamilyProxier {
     /// counters; an unreadable extension is logged and left out.
     pub fn extension_counters(&mut self) -> Vec<(String, String, String, u64)> {
         let mut out = Vec::new();
+        // One read of the iptables tables for all of them.
+        let mut dumps = None;
         for e in &mut self.extensions {
-            match e.counters() {
+            match e.counters(&mut dumps) {
                 Ok(c) => out.extend(c.into_iter().map(|(s, n, p)| (e.name().to_string(), s, n, p))),
                 Err(err) => {
                     tracing::warn!(extension = e.name(), family = %self.family, "cannot read the counters: {err}")
