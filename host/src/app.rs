@@ -308,7 +308,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     // destinations the state no longer vouches for.
     let configured: Vec<String> = config.extensions.iter().map(|e| e.name.clone()).collect();
     for family in families() {
-        match crate::extension::remove(family, &SystemExec::default(), config.mode, &configured) {
+        match crate::extension::remove(family, config.mode, &configured) {
             Ok(names) if names.is_empty() => {}
             Ok(names) => tracing::info!(%family, "removed the objects of extensions no longer configured: {names:?}"),
             Err(e) => tracing::warn!(%family, "cannot remove the objects of extensions no longer configured: {e}"),
@@ -529,7 +529,7 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
         Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
-        match crate::extension::remove(family, &SystemExec::default(), ProxyMode::Userspace, &[]) {
+        match crate::extension::remove(family, ProxyMode::Userspace, &[]) {
             Ok(names) if names.is_empty() => {}
             Ok(names) => tracing::info!(%family, "removed the objects of extensions {names:?}"),
             Err(e) => tracing::warn!(%family, "cannot remove the extensions' objects: {e}"),

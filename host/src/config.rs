@@ -1176,6 +1176,35 @@ fn check_interface_name(flag: &'static str, name: &str) -> Result<()> {
     }
 }
 
+/// `--extension NAME=FILE.wasm[,key=value...]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtensionSpec {
+    pub name: String,
+    pub path: PathBuf,
+    pub parameters: Vec<(String, String)>,
+}
+
+fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
+    let mut parts = value.split(',');
+    let first = parts.next().unwrap_or_default();
+    let (name, file) = first
+        .split_once('=')
+        .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        .ok_or_else(|| invalid("extension", value, "NAME=FILE.wasm[,key=value...]"))?;
+    if let Some(problem) = crate::runtime::extension::name_problem(name) {
+        return Err(invalid("extension", value, problem));
+    }
+    let mut parameters = Vec::new();
+    for p in parts {
+        let (k, v) = p
+            .split_once('=')
+            .filter(|(k, _)| !k.trim().is_empty())
+            .ok_or_else(|| invalid("extension", value, format!("parameter {p:?} is not key=value")))?;
+        parameters.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    Ok(ExtensionSpec { name: name.to_string(), path: PathBuf::from(file), parameters })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1530,33 +1559,28 @@ mod tests {
         assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
         assert_eq!(c.cluster_cidrs.len(), 2);
     }
-}
 
-/// `--extension NAME=FILE.wasm[,key=value...]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExtensionSpec {
-    pub name: String,
-    pub path: PathBuf,
-    pub parameters: Vec<(String, String)>,
-}
-
-fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
-    let mut parts = value.split(',');
-    let first = parts.next().unwrap_or_default();
-    let (name, file) = first
-        .split_once('=')
-        .filter(|(n, f)| !n.is_empty() && !f.is_empty())
-        .ok_or_else(|| invalid("extension", value, "NAME=FILE.wasm[,key=value...]"))?;
-    if let Some(problem) = crate::runtime::extension::name_problem(name) {
-        return Err(invalid("extension", value, problem));
+    #[test]
+    fn extensions_are_named_parametrised_and_refused_with_the_reason() {
+        let c = flags(&["--extension", "limit=/x/l.wasm,default=5, action = drop", "--extension", "count2=/x/c.wasm"])
+            .validate()
+            .unwrap();
+        assert_eq!(c.extensions.len(), 2);
+        assert_eq!(c.extensions[0].name, "limit");
+        assert_eq!(c.extensions[0].path, std::path::PathBuf::from("/x/l.wasm"));
+        assert_eq!(c.extensions[0].parameters, [("default".into(), "5".into()), ("action".into(), "drop".into())]);
+        for (bad, why) in [
+            ("limit", "NAME=FILE.wasm"),
+            ("=/x.wasm", "NAME=FILE.wasm"),
+            ("Limit=/x.wasm", "lower-case letter"),
+            ("ratelimiter1=/x.wasm", "at most 10 bytes"),
+            ("a-b=/x.wasm", "lower-case letter"),
+            ("a=/x.wasm,novalue", "parameter \"novalue\" is not key=value"),
+        ] {
+            let e = flags(&["--extension", bad]).validate().unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("--extension"), "{bad}: {e}");
+        }
+        let e = flags(&["--extension", "a=/1.wasm", "--extension", "a=/2.wasm"]).validate().unwrap_err().to_string();
+        assert!(e.contains("the name a is taken"), "{e}");
     }
-    let mut parameters = Vec::new();
-    for p in parts {
-        let (k, v) = p
-            .split_once('=')
-            .filter(|(k, _)| !k.trim().is_empty())
-            .ok_or_else(|| invalid("extension", value, format!("parameter {p:?} is not key=value")))?;
-        parameters.push((k.trim().to_string(), v.trim().to_string()));
-    }
-    Ok(ExtensionSpec { name: name.to_string(), path: PathBuf::from(file), parameters })
 }

@@ -129,54 +129,6 @@ use crate::state::{Changes, State};
 /// How often the extensions' counters are read for /metrics.
 pub const EXTENSION_COUNTER_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The extensions' counters as last read from the kernel, so that the
-/// exported counters only grow (a count the kernel restarted from 0 adds
-/// what it has counted since).
-#[derive(Default)]
-struct ExtensionCounts {
-    last: std::collections::BTreeMap<(String, String, String), u64>,
-}
-
-impl ExtensionCounts {
-    /// Reads every family's extension counters into
-    /// `kpx_extension_counter` (the families' counts added up), drops the
-    /// series of counters no rule names any more, and sets
-    /// `kpx_extension_failures`.
-    fn export(&mut self, proxiers: &mut [Proxier], telemetry: &Telemetry) {
-        use crate::serve::metrics::{ExtensionCounterLabel, ExtensionLabel};
-        let m = &telemetry.metrics;
-        let mut now: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
-        for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
-            for (extension, service, counter, packets) in p.extension_counters() {
-                *now.entry((extension, service, counter)).or_default() += packets;
-            }
-        }
-        let label = |(extension, service, counter): &(String, String, String)| ExtensionCounterLabel {
-            extension: extension.clone(),
-            service: service.clone(),
-            counter: counter.clone(),
-        };
-        for gone in self.last.keys().filter(|k| !now.contains_key(*k)) {
-            m.extension_counter.remove(&label(gone));
-        }
-        for (key, &packets) in &now {
-            let last = self.last.get(key).copied().unwrap_or(0);
-            let delta = if packets >= last { packets - last } else { packets };
-            m.extension_counter.get_or_create(&label(key)).inc_by(delta);
-        }
-        self.last = now;
-        let mut failures: std::collections::BTreeMap<String, u64> = Default::default();
-        for p in proxiers.iter().filter_map(Proxier::rules) {
-            for (extension, n) in p.extension_failures() {
-                *failures.entry(extension).or_default() += n;
-            }
-        }
-        for (extension, n) in failures {
-            m.extension_failures.get_or_create(&ExtensionLabel { extension }).set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-}
-
 /// upstream's `proxyutil.FullSyncPeriod`.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
@@ -500,7 +452,7 @@ pub fn run(
     let mut next_load = Instant::now() + planner::LOAD_INTERVAL;
     let counting = proxiers.iter().filter_map(Proxier::rules).any(FamilyProxier::has_extensions);
     let mut next_count = Instant::now() + EXTENSION_COUNTER_INTERVAL;
-    let mut extension_counts = ExtensionCounts::default();
+    let mut extension_series = crate::serve::metrics::ExtensionSeries::default();
     loop {
         let received = if state.is_synced() {
             let now = Instant::now();
@@ -511,9 +463,10 @@ pub fn run(
             if counting {
                 wake = wake.min(next_count);
             }
-            if let Some(retry) =
-                proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry).min()
-            {
+            // A retry already due is a pending sync (set below): waking
+            // for it again would spin until the sync may run.
+            let retry = proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry);
+            if let Some(retry) = retry.filter(|t| *t > now).min() {
                 wake = wake.min(retry);
             }
             if let Some(poll) = watcher.as_ref().and_then(Watcher::next_poll) {
@@ -582,7 +535,12 @@ pub fn run(
         }
         if counting && now >= next_count {
             next_count = now + EXTENSION_COUNTER_INTERVAL;
-            extension_counts.export(&mut proxiers, telemetry);
+            let (mut counted, mut failed) = (Vec::new(), Vec::new());
+            for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
+                counted.extend(p.extension_counted());
+                failed.extend(p.extension_failures());
+            }
+            extension_series.update(&telemetry.metrics, counted, failed);
         }
         if schedule.next(now) > now {
             continue;

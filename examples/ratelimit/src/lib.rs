@@ -10,7 +10,7 @@
 //!
 //! Parameters (`--extension ratelimit=FILE.wasm,key=value`):
 //! - `default=N`: the limit of Services without the annotation (none by default);
-//! - `action=drop|reject`: reject (TCP reset / ICMP unreachable) needs the
+//! - `action=drop|reject`: reject (ICMP port unreachable) needs the
 //!   `service` attachment, after kube-proxy's choice: the example then
 //!   limits there.
 #![forbid(unsafe_code)]

@@ -43,6 +43,8 @@ pub fn check(
         .map(|c| (c.label().to_string(), c, false))
         .chain(hostile_cases().into_iter().map(|(what, c)| (format!("hostile input: {what}"), c, true)))
         .collect();
+    // States the extension returned no rules for (nothing to lay out).
+    let mut empty = 0;
     for (label, case, hostile) in &cases {
         for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
             for family in [IpFamily::V4, IpFamily::V6] {
@@ -73,7 +75,16 @@ pub fn check(
                 let accepted = accept(plugin, &settings, &first, &ports);
                 report.row(&row).record(accepted.clone().map(|_| ()).map_err(|e| format!("{at}: {e}")));
                 if let Ok(layout) = accepted {
-                    report.row(OBJECTS).record(encode(&settings, &layout).map_err(|e| format!("{at}: {e}")));
+                    match encode(&settings, &layout) {
+                        Ok(Some(inert)) => {
+                            report.row(OBJECTS).pass();
+                            for i in inert {
+                                report.row(OBJECTS).note(format!("inert rules: {i}"));
+                            }
+                        }
+                        Ok(None) => empty += 1,
+                        Err(e) => report.row(OBJECTS).fail(format!("{at}: {e}")),
+                    }
                 }
                 if *hostile {
                     continue;
@@ -90,6 +101,11 @@ pub fn check(
             }
         }
     }
+    if empty > 0 {
+        report.row(OBJECTS).skip(format!(
+            "{empty} states got no rules (no Service of the family, or none with the annotations the extension reads: --extension-annotation)"
+        ));
+    }
 }
 
 /// The host's check, then the layout.
@@ -100,24 +116,56 @@ fn accept(
     ports: &[ServicePort],
 ) -> Result<layout::Layout, String> {
     let by_key = ports.iter().map(|p| (p.key.clone(), p.clone())).collect();
-    crate::validate::extension::check(plugin.name(), settings.family, rules, &by_key).map_err(|e| e.to_string())?;
-    Ok(layout::build(NAME, settings, rules, &by_key))
+    let skipped =
+        crate::validate::extension::check(plugin.name(), settings.family, rules, &by_key).map_err(|e| e.to_string())?;
+    if let Some((port, why)) = skipped.iter().next() {
+        return Err(format!("the rules for {port} are left out: {why}"));
+    }
+    Ok(layout::build(NAME, settings, rules, &by_key, &skipped))
 }
 
-/// Both modes' writes of a layout: every port chain reached from an
-/// entry, every rule of it written.
-fn encode(settings: &Settings, layout: &layout::Layout) -> Result<(), String> {
+/// Both modes' writes of a layout: each port chain's rules written in
+/// both, and reached from an entry for each of its destinations. A chain
+/// whose port has no destination at its attachment (a `firewall` rule of
+/// a port without load-balancer IPs) is inert: noted. None: no rules.
+fn encode(settings: &Settings, layout: &layout::Layout) -> Result<Option<Vec<String>>, String> {
+    if layout.chains.is_empty() {
+        return Ok(None);
+    }
     let (text, _) = iptables::payload(NAME, settings.family, layout, &Default::default());
     let (batch, _) = nftables::messages(&nftables::table_name(NAME), settings.family, layout, None);
-    let rules: usize = layout.chains.values().map(|c| c.rules.len()).sum();
-    let written = text.lines().filter(|l| l.starts_with("-A KUBE-X-KIT-") && !l.contains("-DISPATCH ")).count();
-    if written < rules || batch.len() < 1 + rules {
-        return Err(format!(
-            "{rules} rules laid out, {written} iptables rules and {} nftables messages written",
-            batch.len()
-        ));
+    let prefix = iptables::prefix(NAME);
+    let mut inert = Vec::new();
+    let mut entries_total = 0;
+    for (id, chain) in &layout.chains {
+        let name = format!("{prefix}{id}");
+        let written =
+            text.lines().filter(|l| l.starts_with(&format!("-A {name} ")) || *l == format!("-A {name}")).count();
+        if written != chain.rules.len() {
+            return Err(format!(
+                "{} rules of {} laid out, {written} written for iptables",
+                chain.rules.len(),
+                chain.service
+            ));
+        }
+        let entries = layout.entries.get(&chain.attachment).into_iter().flatten().filter(|e| &e.chain == id).count();
+        let reached = text.lines().filter(|l| l.ends_with(&format!(" -g {name}"))).count();
+        if reached < entries {
+            return Err(format!(
+                "{entries} destinations of {} lead to its chain, {reached} iptables entries",
+                chain.service
+            ));
+        }
+        if entries == 0 {
+            inert.push(format!("{}: no destination at {}", chain.service, chain.attachment.name()));
+        }
+        entries_total += entries;
     }
-    Ok(())
+    let rules: usize = layout.chains.values().map(|c| c.rules.len()).sum();
+    if batch.len() < 1 + rules + entries_total {
+        return Err(format!("{rules} rules and {entries_total} entries laid out, {} nftables messages", batch.len()));
+    }
+    Ok(Some(inert))
 }
 
 /// From an empty state, each port added with `apply`; then the first
@@ -151,5 +199,6 @@ fn incremental(
     }
     let by_key = rest.iter().map(|p| (p.key.clone(), p.clone())).collect();
     crate::validate::extension::check(plugin.name(), settings.family, &after, &by_key)
+        .map(|_| ())
         .map_err(|e| format!("after removing {}: {e}", first.key))
 }

@@ -49,10 +49,16 @@ pub struct Written {
     counter_chains: BTreeMap<(&'static str, String), String>,
 }
 
-/// The jump from a built-in chain to an attachment's entry chain.
-fn jump_args(a: Attachment, name: &str) -> Vec<String> {
+/// The jump from `builtin` to an attachment's entry chain.
+fn jump_args(a: Attachment, builtin: &str, name: &str) -> Vec<String> {
     let (_, entry, _) = placement(a);
-    let mut args = vec!["-m".into(), "conntrack".into(), "--ctstate".into(), "NEW".into()];
+    let mut args: Vec<String> = Vec::new();
+    // The node's own connections are seen on OUTPUT; looped back to it
+    // they would be seen (and counted) again.
+    if matches!(builtin, "PREROUTING" | "INPUT") {
+        args.extend(["!".into(), "-i".into(), "lo".into()]);
+    }
+    args.extend(["-m".into(), "conntrack".into(), "--ctstate".into(), "NEW".into()]);
     if a == Attachment::Service {
         // DNAT is a virtual state: a second match, or it would be "NEW or DNAT".
         args.extend(["-m".into(), "conntrack".into(), "--ctstate".into(), "DNAT".into()]);
@@ -124,6 +130,7 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
                 }
                 // Node ports after DNAT: by their original destination,
                 // so only when --nodeport-addresses names it.
+                // Left out by the layout (see `destinations`).
                 (Destination::NodePort { only: None, .. }, true) => {}
                 (Destination::NodePort { only: Some(cidrs), .. }, true) => {
                     for c in cidrs.iter().filter(|c| c.family() == family) {
@@ -285,8 +292,8 @@ impl IptablesWriter {
         // Inserted at the top, so the firewall's ends up first.
         for a in [Attachment::Service, Attachment::BeforeDispatch, Attachment::Firewall] {
             let (table, _, builtins) = placement(a);
-            let spec = jump_args(a, &self.name);
             for builtin in builtins {
+                let spec = jump_args(a, builtin, &self.name);
                 let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, "-C", builtin];
                 args.extend(spec.iter().map(String::as_str));
                 if let Err(e) = self.exec.run(&iptables, &args, None) {
@@ -304,12 +311,10 @@ impl IptablesWriter {
     /// Packets per counter id: the counter chains' rules, summed.
     /// `dumps`: `iptables-save -c` of mangle and filter, read once per
     /// family for every extension ([`IptablesWriter::save_counts`]).
-    pub fn counters(&self, dumps: &Dumps) -> BTreeMap<String, u64> {
-        let Some(written) = &self.written else { return BTreeMap::new() };
-        let mut out: BTreeMap<String, u64> = BTreeMap::new();
-        for id in written.counter_chains.values() {
-            out.entry(id.clone()).or_default();
-        }
+    /// Packets per counter chain: `table/chain` to (counter id, packets).
+    pub fn counters(&self, dumps: &Dumps) -> super::RawCounts {
+        let Some(written) = &self.written else { return Default::default() };
+        let mut out = super::RawCounts::new();
         for (table, text) in dumps {
             for line in text.lines() {
                 let Some((counts, rest)) = line.strip_prefix('[').and_then(|l| l.split_once("] -A ")) else {
@@ -318,7 +323,7 @@ impl IptablesWriter {
                 let chain = rest.split_whitespace().next().unwrap_or_default();
                 let Some(id) = written.counter_chains.get(&(*table, chain.to_string())) else { continue };
                 let packets = counts.split(':').next().and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
-                *out.entry(id.clone()).or_default() += packets;
+                out.insert(format!("{table}/{chain}"), (id.clone(), packets));
             }
         }
         out
@@ -343,8 +348,8 @@ impl IptablesWriter {
         let iptables = self.tool("iptables");
         for a in Attachment::ALL {
             let (table, _, builtins) = placement(a);
-            let spec = jump_args(a, &self.name);
             for builtin in builtins {
+                let spec = jump_args(a, builtin, &self.name);
                 let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, "-D", builtin];
                 args.extend(spec.iter().map(String::as_str));
                 for _ in 0..16 {
@@ -397,7 +402,13 @@ mod tests {
             counter: Some("dropped".into()),
             action: Action::Drop,
         };
-        build("lim", &Settings::new(IpFamily::V4, ProxyMode::Iptables), &Ruleset { rules: vec![rule] }, &ports())
+        build(
+            "lim",
+            &Settings::new(IpFamily::V4, ProxyMode::Iptables),
+            &Ruleset { rules: vec![rule] },
+            &ports(),
+            &Default::default(),
+        )
     }
 
     #[test]

@@ -91,8 +91,12 @@ fn destinations(port: &ServicePort, attachment: Attachment, settings: &Settings)
     }
     let addresses = port.cluster_ip.iter().chain(&port.external_ips).chain(&port.load_balancer_ips);
     out.extend(addresses.map(|ip| (Destination::Address(*ip), port.port)));
+    // After DNAT only the original destination tells a node port's
+    // connections apart: at `service`, only when --nodeport-addresses
+    // names CIDRs to match it with.
     if port.node_port != 0
         && let Some(d) = node_port_destination(settings)
+        && !(attachment == Attachment::Service && matches!(d, Destination::NodePort { only: None, .. }))
     {
         out.push((d, port.node_port));
     }
@@ -152,7 +156,13 @@ fn unique_id(used: &mut BTreeMap<String, String>, parts: &[&str]) -> String {
 
 /// The layout of a checked ruleset (validate::extension) for the ports
 /// the extension was sent.
-pub fn build(extension: &str, settings: &Settings, ruleset: &Ruleset, ports: &BTreeMap<String, ServicePort>) -> Layout {
+pub fn build(
+    extension: &str,
+    settings: &Settings,
+    ruleset: &Ruleset,
+    ports: &BTreeMap<String, ServicePort>,
+    skipped: &crate::validate::extension::Skipped,
+) -> Layout {
     let mut out = Layout::default();
     // Every id of the extension in one namespace: iptables names port and
     // counter chains alike.
@@ -161,7 +171,7 @@ pub fn build(extension: &str, settings: &Settings, ruleset: &Ruleset, ports: &BT
     // keeps its bucket while other ports' rules come and go.
     let mut position: BTreeMap<(&str, Attachment), usize> = BTreeMap::new();
     for rule in &ruleset.rules {
-        let Some(port) = ports.get(&rule.service) else { continue };
+        let Some(port) = ports.get(&rule.service).filter(|_| !skipped.contains_key(&rule.service)) else { continue };
         let chain = unique_id(&mut used, &[extension, "port", rule.attachment.name(), &rule.service]);
         let n = position.entry((rule.service.as_str(), rule.attachment)).or_default();
         let index = *n;
@@ -247,6 +257,7 @@ mod tests {
             &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
             &Ruleset { rules },
             &ports,
+            &Default::default(),
         );
         assert_eq!(layout.chains.len(), 2);
         let dispatch = &layout.entries[&Attachment::BeforeDispatch];
@@ -271,12 +282,14 @@ mod tests {
             &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
             &Ruleset { rules: vec![rule(Attachment::Service, None, Some(5))] },
             &ports,
+            &Default::default(),
         );
         let b = build(
             "x",
             &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
             &Ruleset { rules: vec![rule(Attachment::Service, None, Some(6))] },
             &ports,
+            &Default::default(),
         );
         assert_eq!(a.chains.keys().collect::<Vec<_>>(), b.chains.keys().collect::<Vec<_>>());
         assert_ne!(a.limits.keys().collect::<Vec<_>>(), b.limits.keys().collect::<Vec<_>>());
@@ -285,6 +298,7 @@ mod tests {
             &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
             &Ruleset { rules: vec![rule(Attachment::Service, None, Some(5))] },
             &ports,
+            &Default::default(),
         );
         assert_ne!(a.chains.keys().collect::<Vec<_>>(), c.chains.keys().collect::<Vec<_>>());
     }

@@ -29,8 +29,8 @@ fn hooks(a: Attachment) -> (&'static str, &'static [BaseChain]) {
     const fn base(name: &'static str, hook: NfHook, priority: i32) -> BaseChain {
         BaseChain { name, kind: ChainKind::Filter, hook, priority }
     }
-    // Before kube-proxy's firewall check (dstnat - 10) and its dispatch
-    // (dstnat); after its filter chains' DNAT (filter - 1).
+    // Before kube-proxy's firewall check (dstnat - 10) and its DNAT
+    // (dstnat); the service hooks come after DNAT, just before filter.
     const FIREWALL: &[BaseChain] = &[
         base("firewall-prerouting", NfHook::Prerouting, DSTNAT - 11),
         base("firewall-output", NfHook::Output, DSTNAT - 11),
@@ -105,6 +105,11 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
             if *attachment == Attachment::Service {
                 conditions.push(Condition::Dnat);
             }
+            // The node's own connections are seen on output; looped back
+            // to it they would be seen (and counted) again.
+            if matches!(b.hook, NfHook::Prerouting | NfHook::Input) {
+                conditions.push(Condition::NotFromLoopback);
+            }
             rules.push(TableRule {
                 chain: b.name.to_string(),
                 conditions,
@@ -151,6 +156,7 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
                 // After DNAT the packet's destination is an endpoint: node
                 // ports are told by their original destination, so only
                 // when --nodeport-addresses names it.
+                // Left out by the layout (see `destinations`).
                 (Destination::NodePort { only: None, .. }, true) => {}
                 (Destination::NodePort { only: Some(cidrs), .. }, true) => {
                     for c in cidrs.iter().filter(|c| c.family() == family) {
@@ -228,10 +234,6 @@ impl NftablesWriter {
         NftablesWriter { table: table_name(extension), kernel: NftablesKernel::new(family), written: None }
     }
 
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
     /// Writes `layout` unless it is what the table holds already; `full`
     /// reads the table back first and rewrites every chain (the counters
     /// and limits it still names are kept, with their state).
@@ -252,12 +254,16 @@ impl NftablesWriter {
     }
 
     /// Packets per counter id.
-    pub fn counters(&mut self) -> crate::kernel::Result<BTreeMap<String, u64>> {
+    /// Packets per counter object: object name to (counter id, packets).
+    pub fn counters(&mut self) -> crate::kernel::Result<super::RawCounts> {
         Ok(self
             .kernel
             .counters(&self.table)?
             .into_iter()
-            .filter_map(|(name, packets)| Some((name.strip_prefix("c-")?.to_string(), packets)))
+            .filter_map(|(name, packets)| {
+                let id = name.strip_prefix("c-")?.to_string();
+                Some((name, (id, packets)))
+            })
             .collect())
     }
 
@@ -269,5 +275,66 @@ impl NftablesWriter {
         }
         self.kernel.apply(&[encode::delete_table_in(&self.table)])?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extension::layout::build;
+    use kpx_rules::model::{ProxyMode, ServicePort, Settings};
+    use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
+
+    fn layout(counter: &str) -> Layout {
+        let mut p = ServicePort::new("ns", "web", "", kpx_rules::model::Protocol::Tcp, 80);
+        p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        let ports = BTreeMap::from([(p.key.clone(), p)]);
+        let rule = Rule {
+            attachment: Attachment::BeforeDispatch,
+            service: "ns/web".into(),
+            source: None,
+            over_rate: Some(Rate { per_second: 5, burst: 5 }),
+            counter: Some(counter.into()),
+            action: Action::Drop,
+        };
+        let settings = Settings::new(IpFamily::V4, ProxyMode::Nftables);
+        build("x", &settings, &Ruleset { rules: vec![rule] }, &ports, &Default::default())
+    }
+
+    fn whats(batch: &[Message]) -> Vec<String> {
+        batch.iter().map(|m| m.what.clone()).collect()
+    }
+
+    #[test]
+    fn a_rewrite_keeps_the_objects_it_still_names_and_deletes_the_rest() {
+        let (first, written) = messages("kpx-x", IpFamily::V4, &layout("a"), None);
+        let first = whats(&first);
+        assert_eq!(first[0], "add table kpx-x");
+        assert!(!first.iter().any(|w| w.starts_with("flush") || w.starts_with("delete")), "{first:?}");
+        assert_eq!(first.iter().filter(|w| w.starts_with("add object")).count(), 2, "a limit and a counter: {first:?}");
+
+        // The counter renamed: the old one deleted after the chains are
+        // flushed (nothing refers to it then), the limit kept as it was
+        // (re-adding an existing object leaves its state alone).
+        let (next, _) = messages("kpx-x", IpFamily::V4, &layout("b"), Some(&written));
+        let next = whats(&next);
+        let flushed = next.iter().rposition(|w| w.starts_with("flush chain")).unwrap();
+        let deleted = next.iter().position(|w| w.starts_with("delete object")).unwrap();
+        assert!(flushed < deleted, "{next:?}");
+        assert_eq!(next.iter().filter(|w| w.starts_with("delete object")).count(), 1, "{next:?}");
+        assert!(!next.iter().any(|w| w.starts_with("delete chain")), "{next:?}");
+
+        // What an earlier process left, read back: every chain flushed,
+        // objects not named any more deleted, the named ones kept.
+        let held = Written::held(
+            vec!["dispatch".into(), "old-chain".into()],
+            vec![("c-OLD".into(), NFT_OBJECT_COUNTER), ("l-OLD".into(), NFT_OBJECT_LIMIT)],
+        );
+        let (adopt, _) = messages("kpx-x", IpFamily::V4, &layout("a"), Some(&held));
+        let adopt = whats(&adopt);
+        for want in ["flush chain old-chain", "delete chain old-chain", "delete object c-OLD", "delete object l-OLD"] {
+            assert!(adopt.iter().any(|w| w == want), "{want}: {adopt:?}");
+        }
+        assert!(!adopt.iter().any(|w| w == "delete chain dispatch"), "{adopt:?}");
     }
 }

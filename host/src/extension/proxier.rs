@@ -38,7 +38,7 @@ impl Writer {
 
     /// `dumps`: the family's iptables counts, read by the first
     /// extension that needs them and shared by the others.
-    fn counters(&mut self, dumps: &mut Option<super::iptables::Dumps>) -> crate::kernel::Result<BTreeMap<String, u64>> {
+    fn counters(&mut self, dumps: &mut Option<super::iptables::Dumps>) -> crate::kernel::Result<super::RawCounts> {
         match self {
             Writer::Iptables(w) => {
                 if dumps.is_none() {
@@ -61,6 +61,10 @@ pub struct ExtensionProxier {
     need_full: bool,
     /// Syncs that failed (plugin error or trap, refused rules, kernel).
     failures: u64,
+    /// The counting objects as last read.
+    raw: super::RawCounts,
+    /// The settings the instance was made with: others make a new one.
+    settings: Option<Settings>,
     /// After a failure: when to try again, and the wait after the next
     /// failure (1 s doubling to 1 min).
     retry_at: Option<std::time::Instant>,
@@ -95,6 +99,8 @@ impl ExtensionProxier {
             counters: BTreeMap::new(),
             need_full: true,
             failures,
+            raw: Default::default(),
+            settings: None,
             retry_at: None,
             backoff: FIRST_RETRY,
         }
@@ -104,8 +110,9 @@ impl ExtensionProxier {
         &self.configured.name
     }
 
-    pub fn failures(&self) -> u64 {
-        self.failures
+    /// Failed syncs since the last call.
+    pub fn take_failures(&mut self) -> u64 {
+        std::mem::take(&mut self.failures)
     }
 
     /// Feeds the changes the backend got, renders, checks and writes.
@@ -158,6 +165,14 @@ impl ExtensionProxier {
     ) -> Result<bool, Error> {
         let c = self.configured.clone();
         let Some(plugin) = &c.plugin else { return Ok(false) };
+        let mut full = full;
+        if self.settings.as_ref() != Some(settings) {
+            // Constructed with settings, as a backend's proxier is: new
+            // settings, a new instance.
+            self.instance = None;
+            self.settings = Some(settings.clone());
+            full = true;
+        }
         if self.instance.is_none() {
             self.instance = Some(plugin.instantiate(&c.name, settings, &c.parameters)?);
         }
@@ -172,8 +187,12 @@ impl ExtensionProxier {
         let ruleset = self.call(|i| i.render(objects))?;
         let family = self.family;
         let sync_err = |source: SyncError| Error::Sync { family, source };
-        crate::validate::extension::check(plugin.name(), family, &ruleset, ports).map_err(|e| sync_err(e.into()))?;
-        let layout = layout::build(&c.name, settings, &ruleset, ports);
+        let skipped = crate::validate::extension::check(plugin.name(), family, &ruleset, ports)
+            .map_err(|e| sync_err(e.into()))?;
+        for (port, why) in &skipped {
+            tracing::warn!(extension = %c.name, family = %family, service = %port, "the rules for this port are left out: {why}");
+        }
+        let layout = layout::build(&c.name, settings, &ruleset, ports, &skipped);
         let wrote = self.writer.write(&layout, full).map_err(|e| sync_err(e.into()))?;
         self.counters = layout.counters;
         Ok(wrote)
@@ -219,19 +238,25 @@ impl ExtensionProxier {
         self.configured.plugin = Some(plugin);
         self.instance = Some(instance);
         self.need_full = true;
+        // The old component's backoff is not the new one's.
+        self.retry_at = None;
+        self.backoff = FIRST_RETRY;
     }
 
-    /// (service port, counter, packets) of every counter the rules name.
-    /// `dumps` as [`Writer::counters`] shares them.
-    pub fn counters(
-        &mut self,
-        dumps: &mut Option<super::iptables::Dumps>,
-    ) -> crate::kernel::Result<Vec<(String, String, u64)>> {
-        let read = self.writer.counters(dumps)?;
-        Ok(self
-            .counters
+    /// (service port, counter, packets counted since the last call) of
+    /// every counter the rules name; `dumps` as [`Writer::counters`]
+    /// shares them. A failed read counts nothing new (and is logged).
+    pub fn counted(&mut self, dumps: &mut Option<super::iptables::Dumps>) -> Vec<(String, String, u64)> {
+        let new = match self.writer.counters(dumps) {
+            Ok(raw) => super::advance(&mut self.raw, raw),
+            Err(e) => {
+                tracing::warn!(extension = %self.configured.name, family = %self.family, "cannot read the counters: {e}");
+                BTreeMap::new()
+            }
+        };
+        self.counters
             .iter()
-            .map(|(id, c)| (c.service.clone(), c.name.clone(), read.get(id).copied().unwrap_or(0)))
-            .collect())
+            .map(|(id, c)| (c.service.clone(), c.name.clone(), new.get(id).copied().unwrap_or(0)))
+            .collect()
     }
 }

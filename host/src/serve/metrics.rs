@@ -56,6 +56,39 @@ pub struct ExtensionLabel {
     pub extension: String,
 }
 
+/// The extensions' series: the counters their rules name (a series goes
+/// with its counter), and their failures.
+#[derive(Default)]
+pub struct ExtensionSeries {
+    named: std::collections::BTreeSet<(String, String, String)>,
+}
+
+impl ExtensionSeries {
+    /// `counted`: (extension, service, counter, packets since the last
+    /// update) of every named counter, every family's; `failed`:
+    /// (extension, failed syncs since the last update).
+    pub fn update(&mut self, m: &Metrics, counted: Vec<(String, String, String, u64)>, failed: Vec<(String, u64)>) {
+        let label = |(extension, service, counter): &(String, String, String)| ExtensionCounterLabel {
+            extension: extension.clone(),
+            service: service.clone(),
+            counter: counter.clone(),
+        };
+        let mut named = std::collections::BTreeSet::new();
+        for (extension, service, counter, packets) in counted {
+            let key = (extension, service, counter);
+            m.extension_counter.get_or_create(&label(&key)).inc_by(packets);
+            named.insert(key);
+        }
+        for gone in self.named.difference(&named) {
+            m.extension_counter.remove(&label(gone));
+        }
+        self.named = named;
+        for (extension, n) in failed {
+            m.extension_failures.get_or_create(&ExtensionLabel { extension }).inc_by(n);
+        }
+    }
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_buckets() -> impl Iterator<Item = f64> {
@@ -98,7 +131,7 @@ pub struct Metrics {
     pub plugin_refusals: Family<PluginLabel, Counter>,
     pub plugin_reloads: Family<ReloadLabel, Counter>,
     pub extension_counter: Family<ExtensionCounterLabel, Counter>,
-    pub extension_failures: Family<ExtensionLabel, Gauge>,
+    pub extension_failures: Family<ExtensionLabel, Counter>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
 }

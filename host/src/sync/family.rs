@@ -130,26 +130,22 @@ impl FamilyProxier {
         self
     }
 
-    /// (extension, service port, counter, packets) of every extension's
-    /// counters; an unreadable extension is logged and left out.
-    pub fn extension_counters(&mut self) -> Vec<(String, String, String, u64)> {
+    /// (extension, service port, counter, packets counted since the last
+    /// call) of every counter the extensions' rules name.
+    pub fn extension_counted(&mut self) -> Vec<(String, String, String, u64)> {
         let mut out = Vec::new();
         // One read of the iptables tables for all of them.
         let mut dumps = None;
         for e in &mut self.extensions {
-            match e.counters(&mut dumps) {
-                Ok(c) => out.extend(c.into_iter().map(|(s, n, p)| (e.name().to_string(), s, n, p))),
-                Err(err) => {
-                    tracing::warn!(extension = e.name(), family = %self.family, "cannot read the counters: {err}")
-                }
-            }
+            let name = e.name().to_string();
+            out.extend(e.counted(&mut dumps).into_iter().map(|(s, c, p)| (name.clone(), s, c, p)));
         }
         out
     }
 
-    /// (extension, failed syncs) of every extension.
-    pub fn extension_failures(&self) -> Vec<(String, u64)> {
-        self.extensions.iter().map(|e| (e.name().to_string(), e.failures())).collect()
+    /// (extension, failed syncs since the last call) of every extension.
+    pub fn extension_failures(&mut self) -> Vec<(String, u64)> {
+        self.extensions.iter_mut().map(|e| (e.name().to_string(), e.take_failures())).collect()
     }
 
     /// Tries a replacement for the `index`-th extension on the state this

@@ -21,13 +21,19 @@ pub const MAX_COUNTERS_PER_PORT: usize = 64;
 /// kernel object (and a counter a metrics series).
 pub const MAX_OBJECTS: usize = 4096;
 
-/// Checks every rule; the first refusal names the rule and why.
+/// Service ports whose rules are left out, with why: a port over its own
+/// bounds is its Service's problem (an annotation listing too much), not
+/// every Service's.
+pub type Skipped = BTreeMap<String, String>;
+
+/// Checks every rule; the first refusal names the rule and why. The ports
+/// over a per-port bound are returned, to be left out.
 pub fn check(
     plugin: &str,
     family: IpFamily,
     ruleset: &Ruleset,
     ports: &BTreeMap<String, ServicePort>,
-) -> Result<(), Rejected> {
+) -> Result<Skipped, Rejected> {
     let refuse = |i: usize, rule: &Rule, reason: String| Rejected {
         plugin: plugin.to_string(),
         at: format!("rule {i}"),
@@ -43,8 +49,9 @@ pub fn check(
         });
     }
     let mut per_port: BTreeMap<(&str, Attachment), usize> = BTreeMap::new();
-    let (mut all_counters, mut limits) = (BTreeSet::new(), 0);
     let mut counters: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let (mut all_counters, mut limits) = (BTreeSet::new(), 0);
+    let mut skipped = Skipped::new();
     for (i, rule) in ruleset.rules.iter().enumerate() {
         if !ports.contains_key(&rule.service) {
             return Err(refuse(i, rule, format!("{:?} is not a service port of the state", rule.service)));
@@ -70,14 +77,16 @@ pub fn check(
             if !valid_counter_name(c) {
                 return Err(refuse(i, rule, format!("a counter's name is [a-z0-9_], 1 to {MAX_COUNTER_NAME} bytes")));
             }
-            let names = counters.entry(&rule.service).or_default();
-            names.insert(c);
             all_counters.insert((&rule.service, c));
             if all_counters.len() > MAX_OBJECTS {
                 return Err(refuse(i, rule, format!("an extension has at most {MAX_OBJECTS} counters")));
             }
+            let names = counters.entry(&rule.service).or_default();
+            names.insert(c);
             if names.len() > MAX_COUNTERS_PER_PORT {
-                return Err(refuse(i, rule, format!("a service port has at most {MAX_COUNTERS_PER_PORT} counters")));
+                skipped
+                    .entry(rule.service.clone())
+                    .or_insert_with(|| format!("more than {MAX_COUNTERS_PER_PORT} counters (rule {i} names the next)"));
             }
         }
         if rule.action == Action::Reject && rule.attachment != Attachment::Service {
@@ -90,14 +99,12 @@ pub fn check(
         let n = per_port.entry((&rule.service, rule.attachment)).or_default();
         *n += 1;
         if *n > MAX_RULES_PER_PORT {
-            return Err(refuse(
-                i,
-                rule,
-                format!("a service port has at most {MAX_RULES_PER_PORT} rules at one attachment"),
-            ));
+            skipped.entry(rule.service.clone()).or_insert_with(|| {
+                format!("more than {MAX_RULES_PER_PORT} rules at {} (rule {i} is the next)", rule.attachment.name())
+            });
         }
     }
-    Ok(())
+    Ok(skipped)
 }
 
 #[cfg(test)]
@@ -124,7 +131,8 @@ mod tests {
 
     fn refusal(rules: Vec<Rule>) -> String {
         match check("x", IpFamily::V4, &Ruleset { rules }, &ports()) {
-            Ok(()) => "accepted".into(),
+            Ok(skipped) if skipped.is_empty() => "accepted".into(),
+            Ok(skipped) => format!("skipped {skipped:?}"),
             Err(e) => e.to_string(),
         }
     }
@@ -156,10 +164,14 @@ mod tests {
             let got = refusal(vec![rule(), bad]);
             assert!(got.contains("rule 1") && got.contains(why), "want {why:?}: {got}");
         }
+        // A port over its own bounds is left out, named; the rest stands.
         let many = vec![rule(); MAX_RULES_PER_PORT + 1];
-        assert!(refusal(many).contains(&format!("at most {MAX_RULES_PER_PORT} rules")));
+        let got = refusal(many);
+        assert!(got.starts_with("skipped") && got.contains("ns/web") && got.contains("more than 64 rules"), "{got}");
         let counters: Vec<Rule> =
             (0..=MAX_COUNTERS_PER_PORT).map(|i| Rule { counter: Some(format!("c{i}")), ..rule() }).collect();
-        assert!(refusal(counters).contains("counters"));
+        assert!(refusal(counters).contains("more than 64 counters"));
+        let objects = vec![Rule { over_rate: Some(Rate { per_second: 1, burst: 1 }), ..rule() }; MAX_OBJECTS + 1];
+        assert!(refusal(objects).contains("at most 4096 rate limits"));
     }
 }

@@ -11,7 +11,9 @@
 //! - `panic`: render panics (a trap);
 //! - `spin`: render never returns (fuel ends it);
 //! - `drop-all`: drops every new connection to every port (valid: a
-//!   Service's traffic only, by construction).
+//!   Service's traffic only, by construction);
+//! - `reject-all`: rejects every new connection to every port, after
+//!   kube-proxy's choice (valid).
 #![forbid(unsafe_code)]
 
 use kpx_sdk::extension::{Action, Attachment, Extension, Rule, SourceMatch, State};
@@ -45,6 +47,10 @@ impl Extension for Probe {
         Ok(match self.what.as_str() {
             "count" => keys.iter().map(|k| rule(k)).collect(),
             "drop-all" => keys.iter().map(|k| Rule { action: Action::Drop, counter: None, ..rule(k) }).collect(),
+            "reject-all" => keys
+                .iter()
+                .map(|k| Rule { action: Action::Reject, attachment: Attachment::Service, counter: None, ..rule(k) })
+                .collect(),
             "unknown-service" => vec![rule("nope/nope:none")],
             "reject-at-dispatch" => vec![Rule { action: Action::Reject, ..rule(&first) }],
             "bad-counter" => vec![Rule { counter: Some("Bad Name".into()), ..rule(&first) }],

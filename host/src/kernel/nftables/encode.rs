@@ -792,6 +792,8 @@ pub enum Condition {
     OriginalDestination(Cidr),
     /// `ct original proto-dst N`
     OriginalPort(u16),
+    /// `iifname != "lo"`
+    NotFromLoopback,
 }
 
 /// What a rule in an extension's table ends with.
@@ -867,6 +869,12 @@ pub fn add_table_rule(table: &str, family: IpFamily, rule: &TableRule) -> Messag
                     e.bitwise(reg, &mask, &vec![0u8; mask.len()]);
                 }
                 e.cmp(reg, false, &address_bytes(&cidr.network()));
+            }
+            Condition::NotFromLoopback => {
+                e.meta(reg, NFT_META_IIFNAME);
+                let mut lo = b"lo".to_vec();
+                lo.resize(16, 0);
+                e.cmp(reg, true, &lo);
             }
             Condition::OriginalPort(port) => {
                 e.expr("ct", |w| {
