@@ -1185,8 +1185,7 @@ pub struct ExtensionSpec {
 }
 
 fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
-    let mut parts = value.split(',');
-    let first = parts.next().unwrap_or_default();
+    let (first, rest) = value.split_once(',').unwrap_or((value, ""));
     let (name, file) = first
         .split_once('=')
         .filter(|(n, f)| !n.is_empty() && !f.is_empty())
@@ -1194,14 +1193,8 @@ fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
     if let Some(problem) = crate::runtime::extension::name_problem(name) {
         return Err(invalid("extension", value, problem));
     }
-    let mut parameters = Vec::new();
-    for p in parts {
-        let (k, v) = p
-            .split_once('=')
-            .filter(|(k, _)| !k.trim().is_empty())
-            .ok_or_else(|| invalid("extension", value, format!("parameter {p:?} is not key=value")))?;
-        parameters.push((k.trim().to_string(), v.trim().to_string()));
-    }
+    let parameters =
+        crate::state::annotations::pairs(rest).map_err(|e| invalid("extension", value, format!("a parameter: {e}")))?;
     Ok(ExtensionSpec { name: name.to_string(), path: PathBuf::from(file), parameters })
 }
 
@@ -1575,7 +1568,7 @@ mod tests {
             ("Limit=/x.wasm", "lower-case letter"),
             ("ratelimiter1=/x.wasm", "at most 10 bytes"),
             ("a-b=/x.wasm", "lower-case letter"),
-            ("a=/x.wasm,novalue", "parameter \"novalue\" is not key=value"),
+            ("a=/x.wasm,novalue", "a parameter: \"novalue\" is not key=value"),
         ] {
             let e = flags(&["--extension", bad]).validate().unwrap_err().to_string();
             assert!(e.contains(why) && e.contains("--extension"), "{bad}: {e}");

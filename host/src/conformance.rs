@@ -317,6 +317,7 @@ fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &st
             args.component
         )));
     }
+    // One pair per flag: a value may hold commas (a list of CIDRs).
     let pairs = |flag: &str, values: &[String]| {
         values
             .iter()

@@ -248,18 +248,31 @@ impl Runtime {
         Ok((found, pre))
     }
 
-    /// Loads a scheduler component (the `scheduler-plugin` world).
-    pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
-        let (found, pre) = self.link(name, bytes)?;
+    /// Links a component of a world only 0.2.0 defines (`kind`: scheduler
+    /// or extension), with `pre` its typed pre-instance.
+    fn link_world<P>(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        kind: &str,
+        pre: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
+    ) -> Result<P> {
+        let (found, linked) = self.link(name, bytes)?;
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         if found != wit::since_v0_2_0::VERSION {
-            return Err(load_err(format!("no scheduler bindings for kpx:proxier {found}")));
+            return Err(load_err(format!("no {kind} bindings for kpx:proxier {found}")));
         }
-        let pre = wit::since_v0_2_0::SchedulerPre::new(pre).map_err(|e| {
+        pre(linked).map_err(|e| {
             load_err(format!(
-                "not a scheduler component (the scheduler-plugin world exports kpx:proxier/scheduler@{found}): {e:#}"
+                "not {} {kind} component (the {kind}-plugin world exports kpx:proxier/{kind}@{found}): {e:#}",
+                if kind.starts_with('e') { "an" } else { "a" }
             ))
-        })?;
+        })
+    }
+
+    /// Loads a scheduler component (the `scheduler-plugin` world).
+    pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
+        let pre = self.link_world(name, bytes, "scheduler", wit::since_v0_2_0::SchedulerPre::new)?;
         Ok(SchedulerPlugin {
             name: Arc::from(name),
             engine: self.engine.clone(),
@@ -272,16 +285,7 @@ impl Runtime {
 
     /// Loads an extension component (the `extension-plugin` world).
     pub fn load_extension(&self, name: &str, bytes: &[u8]) -> Result<ExtensionPlugin> {
-        let (found, pre) = self.link(name, bytes)?;
-        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
-        if found != wit::since_v0_2_0::VERSION {
-            return Err(load_err(format!("no extension bindings for kpx:proxier {found}")));
-        }
-        let pre = wit::since_v0_2_0::ExtensionPre::new(pre).map_err(|e| {
-            load_err(format!(
-                "not an extension component (the extension-plugin world exports kpx:proxier/extension@{found}): {e:#}"
-            ))
-        })?;
+        let pre = self.link_world(name, bytes, "extension", wit::since_v0_2_0::ExtensionPre::new)?;
         Ok(ExtensionPlugin {
             name: Arc::from(name),
             engine: self.engine.clone(),
@@ -445,15 +449,8 @@ impl BackendInstance {
 
     /// Sends changes since the last call.
     pub fn apply(&mut self, changes: &[Change]) -> Result<()> {
-        let n = changes
-            .iter()
-            .map(|c| match c {
-                Change::Upsert(s) => s.size(),
-                _ => 1,
-            })
-            .sum();
         let s = &mut self.sandbox;
-        s.refuel(n);
+        s.refuel(changes_size(changes));
         let result = self.bindings.apply(&mut s.store, changes);
         s.check("apply", result)
     }
@@ -482,6 +479,17 @@ fn is_output_limit(e: &wasmtime::Error) -> bool {
 /// Service ports plus endpoints: the size that scales a call's fuel.
 pub fn objects(services: &[ServicePort]) -> usize {
     services.iter().map(ServicePort::size).sum()
+}
+
+/// The size of a batch of changes, as [`objects`] counts a state.
+pub fn changes_size(changes: &[Change]) -> usize {
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Upsert(s) => s.size(),
+            _ => 1,
+        })
+        .sum()
 }
 
 #[cfg(test)]

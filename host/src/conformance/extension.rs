@@ -132,7 +132,7 @@ fn encode(settings: &Settings, layout: &layout::Layout) -> Result<Option<Vec<Str
     if layout.chains.is_empty() {
         return Ok(None);
     }
-    let (text, _) = iptables::payload(NAME, settings.family, layout, &Default::default());
+    let (text, _) = iptables::payload(NAME, layout, &Default::default());
     let (batch, _) = nftables::messages(&nftables::table_name(NAME), settings.family, layout, None);
     let prefix = iptables::prefix(NAME);
     let mut inert = Vec::new();

@@ -12,10 +12,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kpx_rules::model::{IpFamily, Protocol};
+use kpx_rules::model::IpFamily;
 use kpx_rules::ops::extension::{Action, Attachment};
 
-use super::layout::{Destination, Layout};
+use super::layout::{Layout, Test};
 use crate::kernel::iptables::WAIT;
 use crate::kernel::{Cause, Exec, Result};
 
@@ -74,17 +74,8 @@ fn jump_args(a: Attachment, builtin: &str, name: &str) -> Vec<String> {
     args
 }
 
-fn host_prefix(family: IpFamily) -> u8 {
-    if family == IpFamily::V4 { 32 } else { 128 }
-}
-
-/// The `-p P -m P --dport N` of a destination port.
-fn dport(p: Protocol, port: u16) -> String {
-    format!("-p {0} -m {0} --dport {port}", p.as_str())
-}
-
 /// The payload that takes the kernel from `previous` to `layout`.
-pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written) -> (String, Written) {
+pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Written) {
     let pre = prefix(name);
     let mut written = Written { layout: layout.clone(), ..Default::default() };
     let mut lines: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
@@ -102,46 +93,27 @@ pub fn payload(name: &str, family: IpFamily, layout: &Layout, previous: &Written
             // share a destination.
             let to = format!("-m comment --comment \"{service}\" -g {pre}{}", e.chain);
             let p = e.protocol.as_str();
-            match (&e.destination, a == Attachment::Service) {
-                (Destination::Address(ip), false) => {
-                    rules.push(format!("-A {entry} -d {ip}/{} {} {to}", host_prefix(family), dport(e.protocol, e.port)))
-                }
-                (Destination::Address(ip), true) => rules.push(format!(
-                    "-A {entry} -m conntrack --ctproto {p} --ctorigdst {ip}/{} --ctorigdstport {} {to}",
-                    host_prefix(family),
-                    e.port
-                )),
-                (Destination::NodePort { only: None, except }, false) => {
-                    let except = except.map(|c| format!(" ! -d {}/{}", c.network(), c.prefix_len)).unwrap_or_default();
-                    rules.push(format!(
-                        "-A {entry} -m addrtype --dst-type LOCAL{except} {} {to}",
-                        dport(e.protocol, e.port)
-                    ))
-                }
-                (Destination::NodePort { only: Some(cidrs), .. }, false) => {
-                    for c in cidrs.iter().filter(|c| c.family() == family) {
-                        rules.push(format!(
-                            "-A {entry} -d {}/{} -m addrtype --dst-type LOCAL {} {to}",
-                            c.network(),
-                            c.prefix_len,
-                            dport(e.protocol, e.port)
-                        ));
+            for tests in e.tests(a) {
+                let mut line = format!("-A {entry}");
+                let mut original = String::new();
+                for t in tests {
+                    match t {
+                        Test::Destination { negate, cidr } => {
+                            let not = if negate { "! " } else { "" };
+                            line.push_str(&format!(" {not}-d {}/{}", cidr.network(), cidr.prefix_len));
+                        }
+                        Test::Local => line.push_str(" -m addrtype --dst-type LOCAL"),
+                        Test::OriginalDestination(c) => {
+                            original = format!(" --ctorigdst {}/{}", c.network(), c.prefix_len)
+                        }
                     }
                 }
-                // Node ports after DNAT: by their original destination,
-                // so only when --nodeport-addresses names it.
-                // Left out by the layout (see `destinations`).
-                (Destination::NodePort { only: None, .. }, true) => {}
-                (Destination::NodePort { only: Some(cidrs), .. }, true) => {
-                    for c in cidrs.iter().filter(|c| c.family() == family) {
-                        rules.push(format!(
-                            "-A {entry} -m conntrack --ctproto {p} --ctorigdst {}/{} --ctorigdstport {} {to}",
-                            c.network(),
-                            c.prefix_len,
-                            e.port
-                        ));
-                    }
+                if a == Attachment::Service {
+                    line.push_str(&format!(" -m conntrack --ctproto {p}{original} --ctorigdstport {}", e.port));
+                } else {
+                    line.push_str(&format!(" -p {p} -m {p} --dport {}", e.port));
                 }
+                rules.push(format!("{line} {to}"));
             }
         }
     }
@@ -274,7 +246,7 @@ impl IptablesWriter {
             // What the kernel holds: its counter chains are kept.
             _ => Written { chains: self.existing()?, ..Default::default() },
         };
-        let (text, written) = payload(&self.name, self.family, layout, &previous);
+        let (text, written) = payload(&self.name, layout, &previous);
         let mut args = WAIT.to_vec();
         args.push("--noflush");
         // A failed restore keeps what was written (its counters are read);
@@ -383,7 +355,7 @@ impl IptablesWriter {
 mod tests {
     use super::*;
     use crate::extension::layout::build;
-    use kpx_rules::model::{ProxyMode, ServicePort, Settings};
+    use kpx_rules::model::{Protocol, ProxyMode, ServicePort, Settings};
     use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
 
     fn ports() -> BTreeMap<String, ServicePort> {
@@ -413,7 +385,7 @@ mod tests {
 
     #[test]
     fn every_destination_jumps_to_the_port_chain_and_counters_are_declared_once() {
-        let (text, written) = payload("lim", IpFamily::V4, &layout(5), &Written::default());
+        let (text, written) = payload("lim", &layout(5), &Written::default());
         let lines: Vec<&str> = text.lines().collect();
         let dispatch: Vec<&&str> = lines.iter().filter(|l| l.starts_with("-A KUBE-X-LIM-DISPATCH ")).collect();
         assert_eq!(dispatch.len(), 2, "{text}");
@@ -430,14 +402,14 @@ mod tests {
 
         // The same counter in the next payload: neither declared (which
         // would flush its count) nor written again.
-        let (next, _) = payload("lim", IpFamily::V4, &layout(6), &written);
+        let (next, _) = payload("lim", &layout(6), &written);
         assert!(!next.contains(&format!(":{counter_chain} ")), "{next}");
         assert!(!next.contains(&format!("-A {counter_chain} ")), "{next}");
         assert!(next.contains("--hashlimit-above 6/sec"), "{next}");
 
         // Nothing left: every chain of the extension flushed and deleted,
         // the entry chains kept (the built-in chains jump to them).
-        let (gone, _) = payload("lim", IpFamily::V4, &Layout::default(), &written);
+        let (gone, _) = payload("lim", &Layout::default(), &written);
         assert!(gone.contains(&format!("-X {counter_chain}\n")), "{gone}");
         assert!(!gone.contains("-X KUBE-X-LIM-DISPATCH"), "{gone}");
     }

@@ -38,6 +38,45 @@ pub struct Entry {
     pub chain: String,
 }
 
+/// What one kernel rule of an entry tests, besides the protocol and the
+/// port (the packet's before DNAT, the original one after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Test {
+    /// The packet's destination is (`negate`: is not) in the CIDR.
+    Destination { negate: bool, cidr: Cidr },
+    /// The packet's destination is a local address.
+    Local,
+    /// The connection's original destination is in the CIDR.
+    OriginalDestination(Cidr),
+}
+
+impl Entry {
+    /// The kernel rules this entry becomes at `attachment`, each as what
+    /// it tests: before DNAT the packet's destination, after it (the
+    /// `service` attachment) the connection's original one.
+    pub fn tests(&self, attachment: Attachment) -> Vec<Vec<Test>> {
+        let after_dnat = attachment == Attachment::Service;
+        let is = |cidr| Test::Destination { negate: false, cidr };
+        match (&self.destination, after_dnat) {
+            (Destination::Address(ip), false) => vec![vec![is(Cidr::host(*ip))]],
+            (Destination::Address(ip), true) => vec![vec![Test::OriginalDestination(Cidr::host(*ip))]],
+            (Destination::NodePort { only: None, except }, false) => {
+                let mut tests = vec![Test::Local];
+                tests.extend(except.map(|cidr| Test::Destination { negate: true, cidr }));
+                vec![tests]
+            }
+            (Destination::NodePort { only: Some(cidrs), .. }, false) => {
+                cidrs.iter().map(|c| vec![is(*c), Test::Local]).collect()
+            }
+            // `destinations` leaves these out: nothing tells them apart.
+            (Destination::NodePort { only: None, .. }, true) => vec![],
+            (Destination::NodePort { only: Some(cidrs), .. }, true) => {
+                cidrs.iter().map(|c| vec![Test::OriginalDestination(*c)]).collect()
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChainRule {
     pub source: Option<SourceMatch>,

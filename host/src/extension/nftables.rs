@@ -5,11 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kpx_rules::model::{Cidr, IpFamily};
+use kpx_rules::model::IpFamily;
 use kpx_rules::ops::extension::{Action, Attachment};
 use kpx_rules::ops::nftables::{BaseChain, ChainKind, NfHook};
 
-use super::layout::{Destination, Layout};
+use super::layout::{Layout, Test};
 use crate::kernel::nftables::NftablesKernel;
 use crate::kernel::nftables::encode::{self, Condition, Object, TableRule, TableVerdict};
 use crate::kernel::nftables::netlink::Message;
@@ -137,32 +137,15 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
                 verdict: TableVerdict::Goto(port_chain(&e.chain)),
                 comment: Some(service.clone()),
             };
-            let to_address = |cidr| Condition::Destination { negate: false, cidr };
-            match (&e.destination, *attachment == Attachment::Service) {
-                (Destination::Address(ip), false) => rules.push(to(vec![to_address(Cidr::host(*ip))])),
-                (Destination::Address(ip), true) => {
-                    rules.push(to(vec![Condition::OriginalDestination(Cidr::host(*ip))]))
-                }
-                (Destination::NodePort { only: None, except }, false) => {
-                    let mut c = vec![Condition::LocalDestination];
-                    c.extend(except.map(|cidr| Condition::Destination { negate: true, cidr }));
-                    rules.push(to(c));
-                }
-                (Destination::NodePort { only: Some(cidrs), .. }, false) => {
-                    for c in cidrs.iter().filter(|c| c.family() == family) {
-                        rules.push(to(vec![to_address(*c), Condition::LocalDestination]));
-                    }
-                }
-                // After DNAT the packet's destination is an endpoint: node
-                // ports are told by their original destination, so only
-                // when --nodeport-addresses names it.
-                // Left out by the layout (see `destinations`).
-                (Destination::NodePort { only: None, .. }, true) => {}
-                (Destination::NodePort { only: Some(cidrs), .. }, true) => {
-                    for c in cidrs.iter().filter(|c| c.family() == family) {
-                        rules.push(to(vec![Condition::OriginalDestination(*c)]));
-                    }
-                }
+            for tests in e.tests(*attachment) {
+                rules.push(to(tests
+                    .into_iter()
+                    .map(|t| match t {
+                        Test::Destination { negate, cidr } => Condition::Destination { negate, cidr },
+                        Test::Local => Condition::LocalDestination,
+                        Test::OriginalDestination(c) => Condition::OriginalDestination(c),
+                    })
+                    .collect()));
             }
         }
     }

@@ -23,6 +23,17 @@ pub struct Configured {
     pub parameters: Vec<(String, String)>,
 }
 
+/// What a family feeds its extensions: its state as its backend holds it.
+#[derive(Clone, Copy)]
+pub struct Feed<'a> {
+    pub settings: &'a Settings,
+    pub node: &'a Node,
+    pub cluster: &'a Cluster,
+    pub ports: &'a BTreeMap<String, ServicePort>,
+    /// Service ports plus endpoints (what scales a call's fuel).
+    pub objects: usize,
+}
+
 enum Writer {
     Iptables(IptablesWriter),
     Nftables(NftablesWriter),
@@ -118,23 +129,13 @@ impl ExtensionProxier {
     /// Feeds the changes the backend got, renders, checks and writes.
     /// A failure leaves the extension's objects as they were; the next
     /// sync starts it over (a fresh instance after a trap).
-    #[allow(clippy::too_many_arguments)]
-    pub fn sync(
-        &mut self,
-        settings: &Settings,
-        node: &Node,
-        cluster: &Cluster,
-        ports: &BTreeMap<String, ServicePort>,
-        changes: &[Change],
-        objects: usize,
-        full: bool,
-    ) -> Result<bool, Error> {
+    pub fn sync(&mut self, feed: &Feed, changes: &[Change], full: bool) -> Result<bool, Error> {
         let now = std::time::Instant::now();
         if self.retry_at.is_some_and(|at| now < at) {
             // Backing off: the state is replayed at the retry.
             return Ok(false);
         }
-        let result = self.program(settings, node, cluster, ports, changes, objects, full || self.need_full);
+        let result = self.program(feed, changes, full || self.need_full);
         self.need_full = result.is_err();
         if result.is_err() {
             self.failures += 1;
@@ -152,17 +153,8 @@ impl ExtensionProxier {
         self.retry_at
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn program(
-        &mut self,
-        settings: &Settings,
-        node: &Node,
-        cluster: &Cluster,
-        ports: &BTreeMap<String, ServicePort>,
-        changes: &[Change],
-        objects: usize,
-        full: bool,
-    ) -> Result<bool, Error> {
+    fn program(&mut self, feed: &Feed, changes: &[Change], full: bool) -> Result<bool, Error> {
+        let Feed { settings, node, cluster, ports, objects } = *feed;
         let c = self.configured.clone();
         let Some(plugin) = &c.plugin else { return Ok(false) };
         let mut full = full;
@@ -213,15 +205,8 @@ impl ExtensionProxier {
     /// A replacement component's trial on the state given: instantiated
     /// with this extension's name and parameters, the state replayed, its
     /// rules rendered and checked. Nothing is written.
-    pub fn try_replacement(
-        &self,
-        plugin: &Arc<ExtensionPlugin>,
-        settings: &Settings,
-        node: &Node,
-        cluster: &Cluster,
-        ports: &BTreeMap<String, ServicePort>,
-        objects: usize,
-    ) -> Result<ExtensionInstance, Error> {
+    pub fn try_replacement(&self, plugin: &Arc<ExtensionPlugin>, feed: &Feed) -> Result<ExtensionInstance, Error> {
+        let Feed { settings, node, cluster, ports, objects } = *feed;
         let c = &self.configured;
         let mut instance = plugin.instantiate(&c.name, settings, &c.parameters)?;
         let services: Vec<ServicePort> = ports.values().cloned().collect();

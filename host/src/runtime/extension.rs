@@ -88,15 +88,8 @@ impl ExtensionInstance {
 
     /// Sends changes since the last call.
     pub fn apply(&mut self, changes: &[Change]) -> Result<()> {
-        let n = changes
-            .iter()
-            .map(|c| match c {
-                Change::Upsert(s) => s.size(),
-                _ => 1,
-            })
-            .sum();
         let s = &mut self.sandbox;
-        s.refuel(n);
+        s.refuel(super::changes_size(changes));
         let result = self.bindings.apply(&mut s.store, &self.prefix, changes);
         s.check("apply", result)
     }

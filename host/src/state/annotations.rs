@@ -31,8 +31,9 @@ pub fn extensions(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String
         .collect()
 }
 
-/// `key=value,...` pairs; the error names the malformed entry.
-fn pairs(text: &str) -> Result<Vec<(String, String)>, String> {
+/// `key=value,...` pairs (annotations, `--extension` parameters); the
+/// error names the malformed entry.
+pub fn pairs(text: &str) -> Result<Vec<(String, String)>, String> {
     text.split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())

@@ -162,7 +162,7 @@ impl FamilyProxier {
                 message: format!("no extension {index}"),
             })
         })?;
-        e.try_replacement(plugin, &self.settings, &self.node, &self.cluster, &self.sent.ports, self.sent.objects)
+        e.try_replacement(plugin, &feed(&self.settings, &self.node, &self.cluster, &self.sent))
     }
 
     /// Switches the `index`-th extension to a tried replacement; the next
@@ -388,10 +388,9 @@ impl FamilyProxier {
         // An extension's failure is its own: logged and counted, its last
         // good objects kept, and retried from a replayed state at the next
         // sync; kube-proxy's rules above are written and stay healthy.
+        let feed = feed(&self.settings, &self.node, &self.cluster, &self.sent);
         for e in &mut self.extensions {
-            if let Err(err) =
-                e.sync(&self.settings, &self.node, &self.cluster, &self.sent.ports, changes, self.sent.objects, full)
-            {
+            if let Err(err) = e.sync(&feed, changes, full) {
                 tracing::error!(extension = e.name(), family = %self.family, "extension failed, keeping its last good rules: {err}");
             }
         }
@@ -563,6 +562,17 @@ impl FamilyProxier {
 }
 
 /// A replacement component that passed its trial on one family's state.
+/// A family's state as its extensions are fed it (a free function: the
+/// extensions are borrowed apart from it).
+fn feed<'a>(
+    settings: &'a Settings,
+    node: &'a Node,
+    cluster: &'a Cluster,
+    sent: &'a Sent,
+) -> crate::extension::proxier::Feed<'a> {
+    crate::extension::proxier::Feed { settings, node, cluster, ports: &sent.ports, objects: sent.objects }
+}
+
 pub struct Trial {
     plugin: Arc<BackendPlugin>,
     /// Holds the state (replayed and rendered once).
