@@ -1576,4 +1576,29 @@ mod tests {
         let e = flags(&["--extension", "a=/1.wasm", "--extension", "a=/2.wasm"]).validate().unwrap_err().to_string();
         assert!(e.contains("the name a is taken"), "{e}");
     }
+
+    #[test]
+    fn the_config_file_names_plugins_in_its_kpx_section() {
+        let dir = std::env::temp_dir().join(format!("kpx-config-kpx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nkpx:\n  schedulerPlugins: [\"mine=/etc/kpx/s.wasm\"]\n  extensions: [\"ratelimit=/etc/kpx/r.wasm,default=5\"]\n  pluginCacheDir: /var/cache/x\n  colour: red\n",
+        )
+        .unwrap();
+        let config = format!("--config={}", path.display());
+        let parsed = cli(&[&config]).unwrap();
+        assert!(parsed.warnings.iter().any(|w| w.contains("unknown field kpx.colour")), "{:?}", parsed.warnings);
+        let c = parsed.flags.validate().unwrap();
+        assert_eq!(c.scheduler_plugins, [("mine".to_string(), std::path::PathBuf::from("/etc/kpx/s.wasm"))]);
+        assert_eq!(c.extensions[0].name, "ratelimit");
+        assert_eq!(c.extensions[0].parameters, [("default".to_string(), "5".to_string())]);
+        assert_eq!(c.plugin_cache_dir, std::path::PathBuf::from("/var/cache/x"));
+        // The command line, given too, wins.
+        let c = cli(&[&config, "--extension", "count=/x.wasm"]).unwrap().flags.validate().unwrap();
+        assert_eq!(c.extensions.len(), 1);
+        assert_eq!(c.extensions[0].name, "count");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

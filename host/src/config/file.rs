@@ -49,6 +49,9 @@ pub struct KubeProxyConfiguration {
     /// Newer versions: the mode-independent sync periods.
     pub sync_period: Option<String>,
     pub min_sync_period: Option<String>,
+    /// kpx's own settings (kube-proxy warns of the field and ignores it):
+    /// the plugin flags, in their command-line syntax.
+    pub kpx: Option<Kpx>,
     /// Fields this version does not know.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
@@ -155,6 +158,23 @@ pub struct Logging {
     pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
+/// The `kpx:` section: `--backend-plugin`, `--scheduler-plugin`,
+/// `--extension` and `--plugin-cache-dir`, each value as on the command
+/// line (which, given there too, wins).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Kpx {
+    pub backend_plugin: Option<String>,
+    /// `NAME=FILE.wasm` each.
+    pub scheduler_plugins: Option<Vec<String>>,
+    /// `NAME=FILE.wasm[,key=value...]` each.
+    pub extensions: Option<Vec<String>>,
+    pub plugin_cache_dir: Option<String>,
+    /// Fields this version does not know.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
 /// Why a configuration file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -217,12 +237,27 @@ impl KubeProxyConfiguration {
         nested("conntrack", self.conntrack.as_ref().map(|c| &c.unknown));
         nested("detectLocal", self.detect_local.as_ref().map(|c| &c.unknown));
         nested("logging", self.logging.as_ref().map(|c| &c.unknown));
+        nested("kpx", self.kpx.as_ref().map(|c| &c.unknown));
         out
     }
 
     /// The flag values this configuration stands for, on top of `flags`
     /// (the defaults).
     pub fn apply(&self, flags: &mut Flags) {
+        if let Some(k) = &self.kpx {
+            if let Some(p) = k.backend_plugin.as_deref().filter(|p| !p.is_empty()) {
+                flags.backend_plugin = Some(p.into());
+            }
+            if let Some(s) = &k.scheduler_plugins {
+                flags.scheduler_plugin = s.clone();
+            }
+            if let Some(e) = &k.extensions {
+                flags.extension = e.clone();
+            }
+            if let Some(d) = k.plugin_cache_dir.as_deref().filter(|d| !d.is_empty()) {
+                flags.plugin_cache_dir = d.into();
+            }
+        }
         if let Some(gates) = &self.feature_gates {
             flags.feature_gates = gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
         }
