@@ -218,6 +218,10 @@ pub struct Flags {
     #[arg(long = "backend-plugin")]
     pub backend_plugin: Option<PathBuf>,
 
+    /// kpx: a parameter of the backend component, KEY=VALUE (repeatable); it reads it from its settings as `param.KEY`.
+    #[arg(long = "backend-param", action = clap::ArgAction::Append)]
+    pub backend_param: Vec<String>,
+
     /// kpx: a scheduler component, NAME=FILE.wasm (repeatable); its schedulers are chosen by the kpx.dev/scheduler annotation and take precedence over built-in ones of the same name.
     #[arg(long = "scheduler-plugin", action = clap::ArgAction::Append)]
     pub scheduler_plugin: Vec<String>,
@@ -411,6 +415,8 @@ pub struct Config {
     /// ipvs mode's flags.
     pub ipvs: Ipvs,
     pub backend_plugin: Option<PathBuf>,
+    /// `--backend-param KEY=VALUE`, in the order given.
+    pub backend_params: Vec<(String, String)>,
     /// `--scheduler-plugin NAME=FILE`, in the order given.
     pub scheduler_plugins: Vec<(String, PathBuf)>,
     /// `--extension NAME=FILE[,key=value...]`, in the order given.
@@ -648,6 +654,7 @@ impl Flags {
             "logging_format" => self.logging_format = other.logging_format.clone(),
             "manifests" => self.manifests = other.manifests.clone(),
             "backend_plugin" => self.backend_plugin = other.backend_plugin.clone(),
+            "backend_param" => self.backend_param = other.backend_param.clone(),
             "scheduler_plugin" => self.scheduler_plugin = other.scheduler_plugin.clone(),
             "extension" => self.extension = other.extension.clone(),
             "plugin_cache_dir" => self.plugin_cache_dir = other.plugin_cache_dir.clone(),
@@ -1110,6 +1117,14 @@ impl Flags {
             scheduler_plugins.push((name.to_string(), PathBuf::from(file)));
         }
         let extensions = self.extension.iter().map(|v| extension_spec(v)).collect::<Result<Vec<_>, _>>()?;
+        let backend_params = self
+            .backend_param
+            .iter()
+            .map(|v| match v.split_once('=') {
+                Some((k, value)) if !k.trim().is_empty() => Ok((k.trim().to_string(), value.trim().to_string())),
+                _ => Err(invalid("backend-param", v, "KEY=VALUE")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         for (i, e) in extensions.iter().enumerate() {
             if extensions[..i].iter().any(|o| o.name == e.name) {
                 return Err(invalid("extension", &self.extension[i], format!("the name {} is taken", e.name)));
@@ -1153,6 +1168,7 @@ impl Flags {
             sync_period,
             ipvs,
             backend_plugin: self.backend_plugin,
+            backend_params,
             scheduler_plugins,
             extensions,
             plugin_cache_dir: self.plugin_cache_dir,

@@ -42,6 +42,10 @@ pub struct Args {
     /// own network namespaces, with kpx running the component (root only).
     #[arg(long)]
     pub kernel: bool,
+    /// A backend's parameters (`KEY=VALUE`, repeatable), as
+    /// `--backend-param` gives them to kpx.
+    #[arg(long = "backend-param")]
+    pub backend_params: Vec<String>,
     /// An extension's parameters (`key=value`, repeatable), as
     /// `--extension NAME=FILE,key=value` would give them.
     #[arg(long = "extension-param")]
@@ -248,6 +252,7 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
                 || args.mode.is_some()
                 || !args.extension_params.is_empty()
                 || !args.extension_annotations.is_empty()
+                || !args.backend_params.is_empty()
             {
                 return Err(Error::Other(format!(
                     "{} is a scheduler component: --kernel and --mode are for backends, --extension-param for extensions",
@@ -290,7 +295,7 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
                     Ok(mode @ (ProxyMode::Iptables | ProxyMode::Nftables | ProxyMode::Ipvs)) => mode,
                     _ => return Err(Error::Mode(m.to_string())),
                 },
-                None => backend::mode_of(&plugin).map_err(Error::Other)?,
+                None => backend::mode_of(&plugin, &args.backend_params).map_err(Error::Other)?,
             };
             let mut report = Report {
                 title: format!(
@@ -299,9 +304,16 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
                 ),
                 rows: Vec::new(),
             };
-            backend::check(&mut report, &plugin, mode);
+            backend::check(&mut report, &plugin, mode, &args.backend_params);
             if args.kernel {
-                kernel::check(&mut report, &args.component, mode, kpx, args.plugin_cache_dir.as_deref());
+                kernel::check(
+                    &mut report,
+                    &args.component,
+                    mode,
+                    kpx,
+                    args.plugin_cache_dir.as_deref(),
+                    &args.backend_params,
+                );
             }
             Ok(report)
         }
@@ -311,9 +323,9 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
 
 /// The kit's run on an extension (`--extension-param` its parameters).
 fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &str) -> Result<Report, Error> {
-    if args.kernel || args.mode.is_some() {
+    if args.kernel || args.mode.is_some() || !args.backend_params.is_empty() {
         return Err(Error::Other(format!(
-            "{} is an extension component: --kernel and --mode are for backends",
+            "{} is an extension component: --kernel, --mode and --backend-param are for backends",
             args.component
         )));
     }

@@ -45,6 +45,8 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
         let scheduler = if config.ipvs.scheduler.is_empty() { "rr" } else { &config.ipvs.scheduler };
         s.extra.push(("ipvs-scheduler".into(), scheduler.to_string()));
     }
+    // The operator's parameters of the backend (--backend-param).
+    s.extra.extend(config.backend_params.iter().map(|(k, v)| (format!("param.{k}"), v.clone())));
     let npa = &config.nodeport_addresses;
     let nftables = config.mode == ProxyMode::Nftables;
     if config.mode == ProxyMode::Ipvs && npa.cidrs.is_empty() && !npa.primary {

@@ -148,5 +148,23 @@ fn extensions_are_checked_and_a_hostile_one_fails() {
     }
     let (code, text) = conformance(&[&probe, "--mode", "nftables"]);
     assert_eq!(code, 2, "{text}");
-    assert!(text.contains("extension component: --kernel and --mode are for backends"), "{text}");
+    assert!(text.contains("extension component: --kernel, --mode and --backend-param are for backends"), "{text}");
+}
+
+/// Backends the kit must refuse: the hostile test backend told by its
+/// parameter (`--backend-param`, which reaches it in its settings as kpx
+/// passes it) to serve nothing, or to DNAT to an address no endpoint has.
+#[test]
+fn hostile_backends_fail_conformance() {
+    let hostile = format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let (code, text) = conformance(&[&hostile, "--mode", "nftables", "--backend-param", "hostile=empty"]);
+    assert_eq!(code, 1, "{text}");
+    let (pass, fail, _) = row(&text, "flows (tracer): 01-clusterip");
+    assert!(fail > 0 && pass == 0, "serving nothing fails the flows: {text}");
+    let (code, text) = conformance(&[&hostile, "--mode", "iptables", "--backend-param", "hostile=dnat"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("which is not an endpoint of the state") || text.contains("not an endpoint"), "{text}");
+    // Without the parameter it is the mode's own generator, and passes.
+    let (code, text) = conformance(&[&hostile, "--mode", "nftables"]);
+    assert_eq!(code, 0, "{text}");
 }

@@ -165,6 +165,8 @@ pub struct Logging {
 #[serde(rename_all = "camelCase")]
 pub struct Kpx {
     pub backend_plugin: Option<String>,
+    /// `KEY=VALUE` each.
+    pub backend_params: Option<Vec<String>>,
     /// `NAME=FILE.wasm` each.
     pub scheduler_plugins: Option<Vec<String>>,
     /// `NAME=FILE.wasm[,key=value...]` each.
@@ -247,6 +249,9 @@ impl KubeProxyConfiguration {
         if let Some(k) = &self.kpx {
             if let Some(p) = k.backend_plugin.as_deref().filter(|p| !p.is_empty()) {
                 flags.backend_plugin = Some(p.into());
+            }
+            if let Some(p) = &k.backend_params {
+                flags.backend_param = p.clone();
             }
             if let Some(s) = &k.scheduler_plugins {
                 flags.scheduler_plugin = s.clone();

@@ -11,11 +11,11 @@ use crate::runtime::{BackendPlugin, objects};
 
 /// The mode whose rules the component returns for the first case, asked
 /// in each mode in turn (a backend may refuse settings of another mode).
-pub fn mode_of(plugin: &BackendPlugin) -> Result<ProxyMode, String> {
+pub fn mode_of(plugin: &BackendPlugin, params: &[String]) -> Result<ProxyMode, String> {
     let case = Case::all().into_iter().next().expect("the cases are embedded");
     let mut refusals = Vec::new();
     for mode in [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs] {
-        match render(plugin, &case, mode, IpFamily::V4) {
+        match render(plugin, &case, mode, IpFamily::V4, params) {
             Ok(rendered) => return Ok(kind_of(&rendered.ruleset)),
             Err(e) => refusals.push(format!("{mode}: {e}")),
         }
@@ -24,10 +24,11 @@ pub fn mode_of(plugin: &BackendPlugin) -> Result<ProxyMode, String> {
 }
 
 /// Every check of a backend in `mode`.
-pub fn check(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
-    contract(report, plugin, mode);
-    tracer::flows(report, plugin, mode);
-    hostile(report, plugin, mode);
+/// `params`: the backend's `--backend-param KEY=VALUE`s.
+pub fn check(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode, params: &[String]) {
+    contract(report, plugin, mode, params);
+    tracer::flows(report, plugin, mode, params);
+    hostile(report, plugin, mode, params);
 }
 
 const SAME_RULES: &str = "contract: fresh instances render the same rules";
@@ -44,17 +45,18 @@ fn kind_of(ruleset: &Ruleset) -> ProxyMode {
 }
 
 /// The contract's promises, on every case's state.
-fn contract(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
+fn contract(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode, params: &[String]) {
     for case in Case::all() {
         for family in [IpFamily::V4, IpFamily::V6] {
             let label = format!("{} ({family})", case.label());
-            let (first, second) = match (render(plugin, &case, mode, family), render(plugin, &case, mode, family)) {
-                (Ok(a), Ok(b)) => (a, b),
-                (Err(e), _) | (_, Err(e)) => {
-                    report.row(SAME_RULES).fail(format!("{label}: {e}"));
-                    continue;
-                }
-            };
+            let (first, second) =
+                match (render(plugin, &case, mode, family, params), render(plugin, &case, mode, family, params)) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), _) | (_, Err(e)) => {
+                        report.row(SAME_RULES).fail(format!("{label}: {e}"));
+                        continue;
+                    }
+                };
             if first.ports.is_empty() {
                 continue;
             }
@@ -67,7 +69,7 @@ fn contract(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
             } else {
                 Err(format!("{label}: two fresh instances rendered different rules for the same state"))
             });
-            match incremental(plugin, &case, mode, family, &first.ruleset) {
+            match incremental(plugin, &case, mode, family, params, &first.ruleset) {
                 Ok(partials) => {
                     report.row(INCREMENTAL).pass();
                     for _ in 0..partials {
@@ -89,9 +91,10 @@ fn incremental(
     case: &Case,
     mode: ProxyMode,
     family: IpFamily,
+    params: &[String],
     expected: &Ruleset,
 ) -> Result<usize, (&'static str, String)> {
-    let Inputs { settings, node, cluster, ports } = inputs(case, mode, family).map_err(|e| (INCREMENTAL, e))?;
+    let Inputs { settings, node, cluster, ports } = inputs(case, mode, family, params).map_err(|e| (INCREMENTAL, e))?;
     let fail = |e: crate::runtime::Error| (INCREMENTAL, e.to_string());
     let mut instance = plugin.instantiate(&settings).map_err(fail)?;
     instance.reset(&node, &cluster, &[]).map_err(fail)?;
@@ -151,11 +154,11 @@ fn incremental(
 
 /// Hostile but valid states: a component must render them (no trap, no
 /// error, within its fuel) into rules the host accepts.
-fn hostile(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
+fn hostile(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode, params: &[String]) {
     for (what, case) in hostile_cases() {
         let row = format!("hostile input: {what}");
         for family in [IpFamily::V4, IpFamily::V6] {
-            let outcome = render(plugin, &case, mode, family).and_then(|r| {
+            let outcome = render(plugin, &case, mode, family, params).and_then(|r| {
                 Host::new(plugin.name(), &r.settings, &r.ports)
                     .accept(&r.ruleset, true)
                     .map_err(|e| format!("the host refuses the rules: {e}"))

@@ -49,7 +49,7 @@ pub fn check(
         for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
             for family in [IpFamily::V4, IpFamily::V6] {
                 let at = if *hostile { format!("{mode}, {family}") } else { format!("{label} ({mode}, {family})") };
-                let Inputs { settings, node, cluster, mut ports } = match inputs(case, mode, family) {
+                let Inputs { settings, node, cluster, mut ports } = match inputs(case, mode, family, &[]) {
                     Ok(i) => i,
                     Err(e) => {
                         report.row(ACCEPTED).fail(format!("{at}: the case: {e}"));

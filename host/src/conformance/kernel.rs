@@ -224,6 +224,7 @@ pub fn check(
     mode: kpx_rules::model::ProxyMode,
     kpx: &Path,
     cache: Option<&Path>,
+    params: &[String],
 ) {
     if let Err(e) = Lab::new() {
         report.row("flows (kernel)").fail(format!("cannot build network namespaces: {e}"));
@@ -236,6 +237,9 @@ pub fn check(
     }
     if let Some(dir) = cache {
         extra.extend(["--plugin-cache-dir".to_string(), dir.display().to_string()]);
+    }
+    for p in params {
+        extra.extend(["--backend-param".to_string(), p.clone()]);
     }
     flows(report, kpx, mode.as_str(), &extra);
 }

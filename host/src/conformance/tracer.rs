@@ -33,8 +33,13 @@ pub struct Inputs {
 }
 
 /// The case's state for a family, as the daemon would send it.
-pub fn inputs(case: &Case, mode: ProxyMode, family: IpFamily) -> Result<Inputs, String> {
-    let config = case.config(std::path::Path::new("/dev/null"), &["--proxy-mode", mode.as_str()])?;
+/// `params`: the backend's `--backend-param KEY=VALUE`s.
+pub fn inputs(case: &Case, mode: ProxyMode, family: IpFamily, params: &[String]) -> Result<Inputs, String> {
+    let mut args = vec!["--proxy-mode", mode.as_str()];
+    for p in params {
+        args.extend(["--backend-param", p.as_str()]);
+    }
+    let config = case.config(std::path::Path::new("/dev/null"), &args)?;
     let state = case.state()?;
     let node = node_for_plugins(&config, state.node(family), family);
     let settings = settings_for(&config, family, &node, &case.node.addresses);
@@ -44,8 +49,14 @@ pub fn inputs(case: &Case, mode: ProxyMode, family: IpFamily) -> Result<Inputs, 
 }
 
 /// A fresh instance's full render of a case in one family.
-pub fn render(plugin: &BackendPlugin, case: &Case, mode: ProxyMode, family: IpFamily) -> Result<Rendered, String> {
-    let Inputs { settings, node, cluster, ports } = inputs(case, mode, family)?;
+pub fn render(
+    plugin: &BackendPlugin,
+    case: &Case,
+    mode: ProxyMode,
+    family: IpFamily,
+    params: &[String],
+) -> Result<Rendered, String> {
+    let Inputs { settings, node, cluster, ports } = inputs(case, mode, family, params)?;
     let mut instance = plugin.instantiate(&settings).map_err(|e| e.to_string())?;
     instance.reset(&node, &cluster, &ports).map_err(|e| e.to_string())?;
     let ruleset = instance.render(true, objects(&ports)).map_err(|e| e.to_string())?;
@@ -172,7 +183,7 @@ pub fn flows_row(case: &Case, how: &str) -> String {
 
 /// Every case's rules through the host's checks, and its flows through
 /// the tracer: a row per case, a check per flow.
-pub fn flows(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
+pub fn flows(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode, params: &[String]) {
     const ACCEPTED: &str = "every case's full render passes the host's checks";
     for case in Case::all() {
         let row = flows_row(&case, "tracer");
@@ -182,7 +193,7 @@ pub fn flows(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode) {
                 continue;
             }
             let label = format!("{} ({family})", case.label());
-            let rendered = match render(plugin, &case, mode, family) {
+            let rendered = match render(plugin, &case, mode, family, params) {
                 Ok(r) => r,
                 Err(e) => {
                     report.row(ACCEPTED).fail(format!("{label}: {e}"));

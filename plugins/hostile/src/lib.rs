@@ -88,8 +88,11 @@ impl Hostile {
         }
     }
 
+    /// A case the state asks for (a Service `hostile-<case>`), or the
+    /// operator does (`--backend-param hostile=<case>`, as the
+    /// conformance kit's tests do).
     fn asks(&self, what: &str) -> bool {
-        self.names.contains(&format!("hostile-{what}"))
+        self.names.contains(&format!("hostile-{what}")) || self.settings.extra("param.hostile") == Some(what)
     }
 
     fn departed(&self) -> Option<(IpAddr, u16)> {
