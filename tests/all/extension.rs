@@ -359,3 +359,139 @@ fn extension_objects_across_restarts() {
         drop(kpx);
     }
 }
+
+/// Every kind of match, object and verdict the host writes for an
+/// extension, in both families and both modes, as the kernel takes it:
+/// written into a fresh namespace (the kernel refuses a malformed
+/// expression), listed back by nft and iptables-save as what it says,
+/// rewritten, and removed.
+#[test]
+fn every_extension_object_is_accepted_by_the_kernel() {
+    use kpx::extension::iptables::IptablesWriter;
+    use kpx::extension::layout::build;
+    use kpx::extension::nftables::NftablesWriter;
+    use kpx_rules::model::{Cidr, IpFamily, NodePortAddresses, Protocol, ProxyMode, ServicePort, Settings};
+    use kpx_rules::ops::extension::{Action, Attachment, Rate, Rule, Ruleset, SourceMatch};
+    let Some(lab) = lab_or_skip(1, "extension objects in the kernel") else {
+        return;
+    };
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let v4 = family == IpFamily::V4;
+        let ip = |a: &str, b: &str| -> std::net::IpAddr { if v4 { a.parse().unwrap() } else { b.parse().unwrap() } };
+        let mut port = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
+        port.cluster_ip = Some(ip("10.96.0.10", "fd00:96::10"));
+        port.external_ips = vec![ip("192.0.2.10", "2001:db8::10")];
+        port.load_balancer_ips = vec![ip("198.51.100.10", "2001:db8:1::10")];
+        port.node_port = 30080;
+        let ports = std::collections::BTreeMap::from([(port.key.clone(), port)]);
+        let source = SourceMatch {
+            negate: true,
+            cidr: Cidr { addr: ip("10.1.0.0", "fd00:1::"), prefix_len: if v4 { 16 } else { 64 } },
+        };
+        let rule = |attachment, action, counter: &str| Rule {
+            attachment,
+            service: "ns/web".into(),
+            source: Some(source),
+            over_rate: Some(Rate { per_second: 100, burst: 200 }),
+            counter: Some(counter.into()),
+            action,
+        };
+        let rules = Ruleset {
+            rules: vec![
+                rule(Attachment::Firewall, Action::Continue, "lb"),
+                rule(Attachment::BeforeDispatch, Action::Drop, "dropped"),
+                rule(Attachment::Service, Action::Reject, "rejected"),
+            ],
+        };
+        for mode in [ProxyMode::Nftables, ProxyMode::Iptables] {
+            for nodeports in [
+                NodePortAddresses::All,
+                NodePortAddresses::Only(vec![Cidr {
+                    addr: ip("192.168.100.0", "fd00:100::"),
+                    prefix_len: if v4 { 24 } else { 64 },
+                }]),
+            ] {
+                let mut settings = Settings::new(family, mode);
+                settings.nodeport_addresses = nodeports.clone();
+                let layout = build("objs", &settings, &rules, &ports, &Default::default());
+                let what = format!("{family} {mode} {nodeports:?}");
+                let (write, empty) = (layout.clone(), kpx::extension::layout::Layout::default());
+                let listing = match mode {
+                    ProxyMode::Nftables => {
+                        let done = lab.node.enter(move || {
+                            let mut w = NftablesWriter::new("objs", family);
+                            w.write(&write, true).map_err(|e| e.to_string())?;
+                            // Rewritten from what it holds, then emptied.
+                            w.write(&write, true).map_err(|e| e.to_string())?;
+                            Ok::<_, String>(())
+                        });
+                        done.unwrap().unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let table = if v4 { "ip" } else { "ip6" };
+                        lab.node.exec(&["nft", "list", "table", table, "kpx-objs"]).unwrap()
+                    }
+                    _ => {
+                        let done = lab.node.enter(move || {
+                            let mut w =
+                                IptablesWriter::new("objs", family, Box::new(kpx::kernel::SystemExec::default()));
+                            w.write(&write, true).map_err(|e| e.to_string())?;
+                            w.write(&write, true).map_err(|e| e.to_string())?;
+                            Ok::<_, String>(())
+                        });
+                        done.unwrap().unwrap_or_else(|e| panic!("{what}: {e}"));
+                        lab.node.exec(&[if v4 { "iptables-save" } else { "ip6tables-save" }]).unwrap()
+                    }
+                };
+                let wants: Vec<&str> = match mode {
+                    ProxyMode::Nftables => vec![
+                        if v4 { "ct original ip daddr 10.96.0.10" } else { "ct original ip6 daddr fd00:96::10" },
+                        "ct original proto-dst 80",
+                        if v4 { "ip saddr != 10.1.0.0/16" } else { "ip6 saddr != fd00:1::/64" },
+                        "limit name \"l-",
+                        "counter name \"c-",
+                        "reject",
+                        "drop",
+                        "goto p-",
+                        "iifname != \"lo\"",
+                        "ct status dnat",
+                        "fib daddr type local",
+                        "rate over 100/second burst 200 packets",
+                    ],
+                    _ => vec![
+                        "--ctorigdst",
+                        "--ctorigdstport 80",
+                        "--hashlimit-above 100/sec --hashlimit-burst 200",
+                        "-j REJECT",
+                        "-j DROP",
+                        "-g KUBE-X-OBJS-",
+                        "! -i lo",
+                        "--ctstate DNAT",
+                        "-m addrtype --dst-type LOCAL",
+                    ],
+                };
+                for want in wants {
+                    assert!(listing.contains(want), "{what}: {want:?} missing from:\n{listing}");
+                }
+                if let NodePortAddresses::Only(_) = nodeports {
+                    let want = if mode == ProxyMode::Nftables { "30080" } else { "--ctorigdstport 30080" };
+                    assert!(listing.contains(want), "{what}: the node port's entries:\n{listing}");
+                }
+                let gone = lab.node.enter(move || match mode {
+                    ProxyMode::Nftables => {
+                        let mut w = NftablesWriter::new("objs", family);
+                        w.write(&empty, true).map_err(|e| e.to_string())?;
+                        w.cleanup().map(|_| ()).map_err(|e| e.to_string())
+                    }
+                    _ => {
+                        let mut w = IptablesWriter::new("objs", family, Box::new(kpx::kernel::SystemExec::default()));
+                        w.write(&empty, true).map_err(|e| e.to_string())?;
+                        w.cleanup().map(|_| ()).map_err(|e| e.to_string())
+                    }
+                });
+                gone.unwrap().unwrap_or_else(|e| panic!("{what}: removing: {e}"));
+            }
+        }
+    }
+    let nft = lab.node.exec(&["nft", "list", "ruleset"]).unwrap();
+    let ipt = lab.node.exec(&["iptables-save"]).unwrap() + &lab.node.exec(&["ip6tables-save"]).unwrap();
+    assert!(!nft.contains("kpx-objs") && !ipt.contains("KUBE-X-OBJS"), "left behind:\n{nft}\n{ipt}");
+}
