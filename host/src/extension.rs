@@ -55,7 +55,8 @@ pub fn remove(family: IpFamily, mode: ProxyMode, keep: &[String]) -> Result<Vec<
                 .map(str::to_ascii_lowercase)
         }));
     }
-    names.retain(|n| !keep_iptables.contains(n));
+    // Only names kpx could have given.
+    names.retain(|n| !keep_iptables.contains(n) && crate::runtime::extension::name_problem(n).is_none());
     // One extension's failure does not keep the others' objects.
     let (mut removed, mut first_error) = (Vec::new(), None);
     for name in &names {
@@ -67,7 +68,7 @@ pub fn remove(family: IpFamily, mode: ProxyMode, keep: &[String]) -> Result<Vec<
     let mut kernel = crate::kernel::nftables::NftablesKernel::new(family);
     if let Ok(tables) = kernel.table_names() {
         for name in tables.iter().filter_map(|t| t.strip_prefix("kpx-")) {
-            if keep_nftables.iter().any(|k| k == name) {
+            if keep_nftables.iter().any(|k| k == name) || crate::runtime::extension::name_problem(name).is_some() {
                 continue;
             }
             match nftables::NftablesWriter::new(name, family).cleanup() {
@@ -98,9 +99,12 @@ mod tests {
         assert_eq!(advance(&mut last, raw(&[("a", "x", 7), ("b", "x", 3)]))["x"], 2);
         // b made anew (an action changed): its 1 counts, a's 0 new.
         assert_eq!(advance(&mut last, raw(&[("a", "x", 7), ("b", "x", 1)]))["x"], 1);
-        // a read that fails is no read: nothing added, nothing forgotten
-        // (the caller keeps `last` as it was).
+        // b gone (its chain deleted): a alone goes on.
         assert_eq!(advance(&mut last, raw(&[("a", "x", 9)]))["x"], 2);
-        assert_eq!(advance(&mut last, raw(&[("a", "x", 9), ("b", "x", 4)]))["x"], 4);
+        // A counter of another id is its own.
+        assert_eq!(
+            advance(&mut last, raw(&[("a", "x", 9), ("c", "y", 4)])),
+            [("x".to_string(), 0), ("y".to_string(), 4)].into()
+        );
     }
 }

@@ -530,7 +530,11 @@ pub fn run(
         }
         // A failed extension's retry is due: a sync tries it (the others
         // have nothing to write).
-        if proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry).any(|t| t <= now) {
+        // Not while the sync itself backs off: extensions run after a good
+        // write, and their retry must not hurry a failing sync.
+        if schedule.retry_at.is_none()
+            && proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry).any(|t| t <= now)
+        {
             schedule.pending = true;
         }
         if counting && now >= next_count {
@@ -608,7 +612,9 @@ pub fn run(
         // else the replaced component comes back everywhere.
         let rolled_back = proxiers.iter_mut().filter_map(Proxier::rules_mut).fold(false, |b, p| p.settle(ok) | b);
         if let Some((role, digest, path)) = switched.take() {
-            if let (true, Some(w)) = (ok, watcher.as_mut()) {
+            // An extension has no rollback: its switch stands whatever the
+            // pass did, and the watcher must know the bytes it runs.
+            if let (true, Some(w)) = (ok || matches!(role, Role::Extension { .. }), watcher.as_mut()) {
                 w.applied(&role, digest);
             }
             if rolled_back {

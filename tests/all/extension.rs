@@ -148,7 +148,7 @@ fn broken_extensions(mode: &str) {
         ("rejectd", "reject-at-dispatch", "reject is only possible at the service attachment"),
         ("badctr", "bad-counter", "a counter's name is [a-z0-9_]"),
         ("family", "wrong-family", "the source is not an IPv4 CIDR"),
-        ("toomany", "too-many", "an extension may return at most 65536 rules"),
+        ("toomany", "too-many", "an extension may return at most 262144 rules"),
         ("error", "error", "asked to fail"),
         // The panic message is the panic hook's own line (checked below).
         ("panic", "panic", "render trapped: wasm trap"),
@@ -494,4 +494,115 @@ fn every_extension_object_is_accepted_by_the_kernel() {
     let nft = lab.node.exec(&["nft", "list", "ruleset"]).unwrap();
     let ipt = lab.node.exec(&["iptables-save"]).unwrap() + &lab.node.exec(&["ip6tables-save"]).unwrap();
     assert!(!nft.contains("kpx-objs") && !ipt.contains("KUBE-X-OBJS"), "left behind:\n{nft}\n{ipt}");
+}
+
+/// Someone flushes an extension's counter chain and deletes one of its
+/// jumps: the next full write (as after a restart or a failure, and every
+/// hour) puts the counter chain's rule back and the jumps in their order
+/// (the firewall's before dispatch).
+#[test]
+fn a_full_write_repairs_flushed_extension_chains() {
+    use kpx::extension::iptables::IptablesWriter;
+    use kpx::extension::layout::build;
+    use kpx_rules::model::{IpFamily, Protocol, ProxyMode, ServicePort, Settings};
+    use kpx_rules::ops::extension::{Action, Attachment, Rule, Ruleset};
+    let Some(lab) = lab_or_skip(1, "extension repair") else {
+        return;
+    };
+    let mut port = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
+    port.cluster_ip = Some("10.96.0.10".parse().unwrap());
+    port.load_balancer_ips = vec!["198.51.100.10".parse().unwrap()];
+    let ports = std::collections::BTreeMap::from([(port.key.clone(), port)]);
+    let rule = |attachment| Rule {
+        attachment,
+        service: "ns/web".into(),
+        source: None,
+        over_rate: None,
+        counter: Some("n".into()),
+        action: Action::Drop,
+    };
+    let rules = Ruleset { rules: vec![rule(Attachment::Firewall), rule(Attachment::BeforeDispatch)] };
+    let layout = build("fix", &Settings::new(IpFamily::V4, ProxyMode::Iptables), &rules, &ports, &Default::default());
+    let write = |layout: kpx::extension::layout::Layout| {
+        lab.node
+            .enter(move || {
+                let mut w = IptablesWriter::new("fix", IpFamily::V4, Box::new(kpx::kernel::SystemExec::default()));
+                w.write(&layout, true).map_err(|e| e.to_string())
+            })
+            .unwrap()
+            .unwrap()
+    };
+    write(layout.clone());
+    let mangle = || lab.node.exec(&["iptables-save", "-t", "mangle"]).unwrap();
+    let before = mangle();
+    let counter_chains: Vec<String> = before
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-X-FIX-") && l.ends_with("-j DROP"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().to_string())
+        .collect();
+    assert!(!counter_chains.is_empty(), "{before}");
+    let jumps = |text: &str| -> Vec<String> {
+        text.lines().filter(|l| l.starts_with("-A PREROUTING") && l.contains("KUBE-X-FIX-")).map(String::from).collect()
+    };
+    let order = jumps(&before);
+    assert!(order.len() == 2 && order[0].contains("-FIREWALL") && order[1].contains("-DISPATCH"), "{before}");
+    for c in &counter_chains {
+        lab.node.exec(&["iptables", "-t", "mangle", "-F", c]).unwrap();
+    }
+    // The firewall's jump is the chain's first rule.
+    lab.node.exec(&["iptables", "-t", "mangle", "-D", "PREROUTING", "1"]).unwrap();
+    assert_eq!(jumps(&mangle()).len(), 1);
+
+    write(layout);
+    let after = mangle();
+    for c in &counter_chains {
+        assert!(after.contains(&format!("-A {c} -j DROP")), "{c} refilled:\n{after}");
+    }
+    let order = jumps(&after);
+    assert!(order.len() == 2 && order[0].contains("-FIREWALL") && order[1].contains("-DISPATCH"), "{after}");
+    lab.node
+        .enter(|| {
+            IptablesWriter::new("fix", IpFamily::V4, Box::new(kpx::kernel::SystemExec::default())).cleanup().unwrap()
+        })
+        .unwrap();
+}
+
+/// While an extension fails, its last good rules stay, but only for the
+/// ports the state still holds: a Service deleted meanwhile takes its
+/// objects with it (its address may go to another Service next).
+#[test]
+fn a_failing_extension_keeps_its_last_good_rules_on_the_current_state() {
+    let Some(lab) = lab_or_skip(1, "extension fall-back") else {
+        return;
+    };
+    let ep = lab.backends[0].ip.clone();
+    let (dir, manifests) = run_dirs("extension-fallback");
+    write_service(&manifests, "web", "10.96.0.10", &[], &[ep.as_str()], &[]);
+    write_service(&manifests, "other", "10.96.0.11", &[], &[ep.as_str()], &[]);
+    let dropper = probe("probe", "drop-all");
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables", "--extension", &dropper]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let table = || lab.node.exec(&["nft", "list", "table", "ip", "kpx-probe"]).unwrap();
+    let before = table();
+    assert!(before.contains("10.96.0.10") && before.contains("10.96.0.11"), "{before}");
+
+    // Failing from now on; meanwhile `other` goes.
+    let synced = kpx.log().matches("synced rules family=IPv4").count();
+    write_service(&manifests, "fail-now", "10.96.0.12", &[], &[ep.as_str()], &[]);
+    std::fs::remove_file(manifests.join("other.yaml")).unwrap();
+    assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert!(kpx.wait_for_log("fail-now asks me to fail", 1, Duration::from_secs(10)), "{}", kpx.log());
+    let t0 = Instant::now();
+    let mut after = table();
+    while after.contains("10.96.0.11") && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+        after = table();
+    }
+    assert!(after.contains("10.96.0.10"), "web's rule stays while the extension fails:\n{after}");
+    assert!(!after.contains("10.96.0.11"), "the deleted Service's goes:\n{after}");
+    assert!(!after.contains("10.96.0.12"), "the new Service gets none from a failing extension:\n{after}");
+    assert_eq!(attempts(&lab, "10.96.0.10:80", 3).0, 0, "web is still dropped");
+    assert_eq!(attempts(&lab, "10.96.0.12:80", 3).0, 3, "kube-proxy's rules for the new Service are written");
+    drop(kpx);
 }

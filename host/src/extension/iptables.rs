@@ -47,6 +47,8 @@ pub struct Written {
     chains: BTreeMap<&'static str, BTreeSet<String>>,
     /// Counter chains: (table, chain) to the counter's id.
     counter_chains: BTreeMap<(&'static str, String), String>,
+    /// Read from the kernel: chains it holds without a rule.
+    empty: BTreeSet<(&'static str, String)>,
 }
 
 /// The jump from `builtin` to an attachment's entry chain.
@@ -150,7 +152,8 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
                     let key = (table, counter_chain.clone());
                     // Declared only when the kernel does not hold it: a
                     // declaration flushes the chain, and its count with it.
-                    let held = previous.chains.get(table).is_some_and(|c| c.contains(&counter_chain));
+                    let held = previous.chains.get(table).is_some_and(|c| c.contains(&counter_chain))
+                        && !previous.empty.contains(&key);
                     if !held && !written.counter_chains.contains_key(&key) {
                         declare.entry(table).or_default().insert(counter_chain.clone());
                         lines.entry(table).or_default().push(format!("-A {counter_chain} -j {verdict}"));
@@ -219,17 +222,27 @@ impl IptablesWriter {
     }
 
     /// The extension's chains the kernel holds, per table.
-    fn existing(&self) -> Result<BTreeMap<&'static str, BTreeSet<String>>> {
+    /// The extension's chains the kernel holds, per table, as a previous
+    /// write: chains without a rule (someone flushed them) count as not
+    /// held, so a counter chain among them is written again.
+    fn existing(&self) -> Result<Written> {
         let pre = prefix(&self.name);
-        let mut out: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+        let mut out = Written::default();
         for table in TABLES {
             let text = self.exec.run(&self.tool("iptables-save"), &["-t", table], None)?;
+            let mut with_rules = BTreeSet::new();
             for line in text.lines() {
                 if let Some(chain) = line.strip_prefix(':').and_then(|l| l.split_whitespace().next())
                     && chain.starts_with(&pre)
                 {
-                    out.entry(table).or_default().insert(chain.to_string());
+                    out.chains.entry(table).or_default().insert(chain.to_string());
                 }
+                if let Some(chain) = line.strip_prefix("-A ").and_then(|l| l.split_whitespace().next()) {
+                    with_rules.insert(chain.to_string());
+                }
+            }
+            for chain in out.chains.get(&table).into_iter().flatten().filter(|c| !with_rules.contains(*c)) {
+                out.empty.insert((table, chain.clone()));
             }
         }
         Ok(out)
@@ -244,7 +257,7 @@ impl IptablesWriter {
         let previous = match (&self.written, full) {
             (Some(w), false) => w.clone(),
             // What the kernel holds: its counter chains are kept.
-            _ => Written { chains: self.existing()?, ..Default::default() },
+            _ => self.existing()?,
         };
         let (text, written) = payload(&self.name, layout, &previous);
         let mut args = WAIT.to_vec();
@@ -261,20 +274,43 @@ impl IptablesWriter {
     /// chains exist: every payload declares them).
     fn ensure_jumps(&self) -> Result<()> {
         let iptables = self.tool("iptables");
-        // Inserted at the top, so the firewall's ends up first.
-        for a in [Attachment::Service, Attachment::BeforeDispatch, Attachment::Firewall] {
-            let (table, _, builtins) = placement(a);
-            for builtin in builtins {
-                let spec = jump_args(a, builtin, &self.name);
-                let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, "-C", builtin];
-                args.extend(spec.iter().map(String::as_str));
-                if let Err(e) = self.exec.run(&iptables, &args, None) {
+        let run = |op: &'static str, table: &'static str, builtin: &str, a: Attachment| {
+            let spec = jump_args(a, builtin, &self.name);
+            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, op, builtin];
+            args.extend(spec.iter().map(String::as_str));
+            self.exec.run(&iptables, &args, None)
+        };
+        // Per built-in chain, the jumps in the order they must run (the
+        // firewall's before dispatch). One missing: all taken out and
+        // inserted again at the top, last first, so the order holds.
+        for (table, builtin, order) in [
+            ("mangle", "PREROUTING", &[Attachment::Firewall, Attachment::BeforeDispatch][..]),
+            ("mangle", "OUTPUT", &[Attachment::Firewall, Attachment::BeforeDispatch][..]),
+            ("filter", "INPUT", &[Attachment::Service][..]),
+            ("filter", "FORWARD", &[Attachment::Service][..]),
+            ("filter", "OUTPUT", &[Attachment::Service][..]),
+        ] {
+            let mut missing = false;
+            for a in order {
+                if let Err(e) = run("-C", table, builtin, *a) {
                     if e.cause() == Cause::Locked {
                         return Err(e);
                     }
-                    args[4] = "-I";
-                    self.exec.run(&iptables, &args, None)?;
+                    missing = true;
                 }
+            }
+            if !missing {
+                continue;
+            }
+            for a in order {
+                for _ in 0..16 {
+                    if run("-D", table, builtin, *a).is_err() {
+                        break;
+                    }
+                }
+            }
+            for a in order.iter().rev() {
+                run("-I", table, builtin, *a)?;
             }
         }
         Ok(())
@@ -313,7 +349,7 @@ impl IptablesWriter {
     /// (`--cleanup`); the chains removed.
     pub fn cleanup(&mut self) -> Result<usize> {
         self.written = None;
-        let existing = self.existing()?;
+        let existing = self.existing()?.chains;
         if existing.is_empty() {
             return Ok(0);
         }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
 
+use kpx_rules::ops::extension::Ruleset;
+
 use super::iptables::IptablesWriter;
 use super::layout::{self, Counter, Layout};
 use super::nftables::NftablesWriter;
@@ -49,6 +51,14 @@ impl Writer {
 
     /// `dumps`: the family's iptables counts, read by the first
     /// extension that needs them and shared by the others.
+    /// Removes every object of the extension in its mode, if any.
+    fn clear(&mut self) -> crate::kernel::Result<()> {
+        match self {
+            Writer::Iptables(w) => w.cleanup().map(|_| ()),
+            Writer::Nftables(w) => w.cleanup().map(|_| ()),
+        }
+    }
+
     fn counters(&mut self, dumps: &mut Option<super::iptables::Dumps>) -> crate::kernel::Result<super::RawCounts> {
         match self {
             Writer::Iptables(w) => {
@@ -74,6 +84,11 @@ pub struct ExtensionProxier {
     failures: u64,
     /// The counting objects as last read.
     raw: super::RawCounts,
+    /// The rules of the last good render.
+    last_good: Option<Ruleset>,
+    /// Its objects were removed (nothing good to keep) and nothing was
+    /// written since.
+    cleared: bool,
     /// The settings the instance was made with: others make a new one.
     settings: Option<Settings>,
     /// After a failure: when to try again, and the wait after the next
@@ -111,6 +126,8 @@ impl ExtensionProxier {
             need_full: true,
             failures,
             raw: Default::default(),
+            last_good: None,
+            cleared: false,
             settings: None,
             retry_at: None,
             backoff: FIRST_RETRY,
@@ -127,12 +144,15 @@ impl ExtensionProxier {
     }
 
     /// Feeds the changes the backend got, renders, checks and writes.
-    /// A failure leaves the extension's objects as they were; the next
-    /// sync starts it over (a fresh instance after a trap).
+    /// A failure (or a retry not yet due, or no component loaded) keeps
+    /// the last good rules, laid out again on the current state: rules for
+    /// ports that left go with them, so no object acts on a destination
+    /// the state no longer holds. The next try replays the state (a fresh
+    /// instance after a trap).
     pub fn sync(&mut self, feed: &Feed, changes: &[Change], full: bool) -> Result<bool, Error> {
         let now = std::time::Instant::now();
-        if self.retry_at.is_some_and(|at| now < at) {
-            // Backing off: the state is replayed at the retry.
+        if self.retry_at.is_some_and(|at| now < at) || self.configured.plugin.is_none() {
+            self.fall_back(feed);
             return Ok(false);
         }
         let result = self.program(feed, changes, full || self.need_full);
@@ -141,11 +161,43 @@ impl ExtensionProxier {
             self.failures += 1;
             self.retry_at = Some(now + self.backoff);
             self.backoff = (self.backoff * 2).min(MAX_RETRY);
+            self.fall_back(feed);
         } else {
             self.retry_at = None;
             self.backoff = FIRST_RETRY;
         }
         result
+    }
+
+    /// The last good rules (none: none at all) on the current state.
+    fn fall_back(&mut self, feed: &Feed) {
+        let kept = self.last_good.as_ref().map_or_else(Vec::new, |r| {
+            r.rules.iter().filter(|rule| feed.ports.contains_key(&rule.service)).cloned().collect()
+        });
+        let ruleset = Ruleset { rules: kept };
+        // They passed the checks on a larger state; a smaller one leaves
+        // fewer ports over the totals.
+        let skipped = crate::validate::extension::check(&self.configured.name, self.family, &ruleset, feed.ports)
+            .unwrap_or_default();
+        let layout = layout::build(&self.configured.name, feed.settings, &ruleset, feed.ports, &skipped);
+        self.counters = layout.counters.clone();
+        if layout.chains.is_empty() {
+            // Nothing good to keep: whatever an earlier process left goes,
+            // once, and no empty objects or jumps are made for it.
+            if !self.cleared {
+                match self.writer.clear() {
+                    Ok(()) => self.cleared = true,
+                    Err(e) => {
+                        tracing::warn!(extension = %self.configured.name, family = %self.family, "cannot remove its objects: {e}")
+                    }
+                }
+            }
+            return;
+        }
+        self.cleared = false;
+        if let Err(e) = self.writer.write(&layout, false) {
+            tracing::warn!(extension = %self.configured.name, family = %self.family, "cannot write the last good rules on the current state: {e}");
+        }
     }
 
     /// When a failed extension is to be tried again.
@@ -185,8 +237,12 @@ impl ExtensionProxier {
             tracing::warn!(extension = %c.name, family = %family, service = %port, "the rules for this port are left out: {why}");
         }
         let layout = layout::build(&c.name, settings, &ruleset, ports, &skipped);
+        // Set first: a write that fails after the restore (a jump) still
+        // leaves these counters to read.
+        self.counters = layout.counters.clone();
         let wrote = self.writer.write(&layout, full).map_err(|e| sync_err(e.into()))?;
-        self.counters = layout.counters;
+        self.last_good = Some(ruleset);
+        self.cleared = false;
         Ok(wrote)
     }
 

@@ -11,7 +11,10 @@ use kpx_rules::ops::extension::{Action, Attachment, MAX_COUNTER_NAME, Rate, Rule
 
 use super::{Rejected, shorten_debug};
 
-/// Most rules in one extension's ruleset.
+/// Most rules an extension may return: more is refused outright (bounded
+/// work for the host).
+pub const MAX_RETURNED: usize = 262_144;
+/// Most rules written for one extension.
 pub const MAX_RULES: usize = 65_536;
 /// Most rules for one service port at one attachment.
 pub const MAX_RULES_PER_PORT: usize = 64;
@@ -21,13 +24,26 @@ pub const MAX_COUNTERS_PER_PORT: usize = 64;
 /// kernel object (and a counter a metrics series).
 pub const MAX_OBJECTS: usize = 4096;
 
-/// Service ports whose rules are left out, with why: a port over its own
-/// bounds is its Service's problem (an annotation listing too much), not
-/// every Service's.
+/// Service ports whose rules are left out, with why. A port's numbers are
+/// its Service's doing (an annotation listing too much), so a port over
+/// its own bounds, or one that would take the extension past its totals
+/// (ports in key order), is left out and the others' rules stand: one
+/// Service cannot freeze the extension for every Service.
 pub type Skipped = BTreeMap<String, String>;
 
-/// Checks every rule; the first refusal names the rule and why. The ports
-/// over a per-port bound are returned, to be left out.
+/// What one port asks for.
+#[derive(Default)]
+struct PortLoad<'a> {
+    rules: usize,
+    per_attachment: BTreeMap<Attachment, usize>,
+    counters: BTreeSet<&'a str>,
+    limits: usize,
+}
+
+/// Checks every rule; a rule that is wrong whatever the Services say (an
+/// unknown port, a bad name, family or rate, reject where the kernel
+/// cannot) refuses the ruleset, naming the rule. The ports to leave out
+/// are returned.
 pub fn check(
     plugin: &str,
     family: IpFamily,
@@ -40,18 +56,15 @@ pub fn check(
         item: shorten_debug(rule),
         reason,
     };
-    if ruleset.rules.len() > MAX_RULES {
+    if ruleset.rules.len() > MAX_RETURNED {
         return Err(Rejected {
             plugin: plugin.to_string(),
             at: "ruleset".into(),
             item: format!("{} rules", ruleset.rules.len()),
-            reason: format!("an extension may return at most {MAX_RULES} rules"),
+            reason: format!("an extension may return at most {MAX_RETURNED} rules"),
         });
     }
-    let mut per_port: BTreeMap<(&str, Attachment), usize> = BTreeMap::new();
-    let mut counters: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    let (mut all_counters, mut limits) = (BTreeSet::new(), 0);
-    let mut skipped = Skipped::new();
+    let mut load: BTreeMap<&str, PortLoad> = BTreeMap::new();
     for (i, rule) in ruleset.rules.iter().enumerate() {
         if !ports.contains_key(&rule.service) {
             return Err(refuse(i, rule, format!("{:?} is not a service port of the state", rule.service)));
@@ -64,30 +77,15 @@ pub fn check(
                 return Err(refuse(i, rule, format!("prefix length {} is too long", s.cidr.prefix_len)));
             }
         }
-        if let Some(Rate { per_second, burst }) = rule.over_rate {
-            if !((1..=Rate::MAX).contains(&per_second) && (1..=Rate::MAX).contains(&burst)) {
-                return Err(refuse(i, rule, format!("a rate and its burst are 1 to {}", Rate::MAX)));
-            }
-            limits += 1;
-            if limits > MAX_OBJECTS {
-                return Err(refuse(i, rule, format!("an extension has at most {MAX_OBJECTS} rate limits")));
-            }
+        if let Some(Rate { per_second, burst }) = rule.over_rate
+            && !((1..=Rate::MAX).contains(&per_second) && (1..=Rate::MAX).contains(&burst))
+        {
+            return Err(refuse(i, rule, format!("a rate and its burst are 1 to {}", Rate::MAX)));
         }
-        if let Some(c) = &rule.counter {
-            if !valid_counter_name(c) {
-                return Err(refuse(i, rule, format!("a counter's name is [a-z0-9_], 1 to {MAX_COUNTER_NAME} bytes")));
-            }
-            all_counters.insert((&rule.service, c));
-            if all_counters.len() > MAX_OBJECTS {
-                return Err(refuse(i, rule, format!("an extension has at most {MAX_OBJECTS} counters")));
-            }
-            let names = counters.entry(&rule.service).or_default();
-            names.insert(c);
-            if names.len() > MAX_COUNTERS_PER_PORT {
-                skipped
-                    .entry(rule.service.clone())
-                    .or_insert_with(|| format!("more than {MAX_COUNTERS_PER_PORT} counters (rule {i} names the next)"));
-            }
+        if let Some(c) = &rule.counter
+            && !valid_counter_name(c)
+        {
+            return Err(refuse(i, rule, format!("a counter's name is [a-z0-9_], 1 to {MAX_COUNTER_NAME} bytes")));
         }
         if rule.action == Action::Reject && rule.attachment != Attachment::Service {
             return Err(refuse(
@@ -96,12 +94,37 @@ pub fn check(
                 format!("reject is only possible at the service attachment (not {})", rule.attachment.name()),
             ));
         }
-        let n = per_port.entry((&rule.service, rule.attachment)).or_default();
-        *n += 1;
-        if *n > MAX_RULES_PER_PORT {
-            skipped.entry(rule.service.clone()).or_insert_with(|| {
-                format!("more than {MAX_RULES_PER_PORT} rules at {} (rule {i} is the next)", rule.attachment.name())
-            });
+        let l = load.entry(&rule.service).or_default();
+        l.rules += 1;
+        *l.per_attachment.entry(rule.attachment).or_default() += 1;
+        l.counters.extend(rule.counter.as_deref());
+        l.limits += usize::from(rule.over_rate.is_some());
+    }
+    let mut skipped = Skipped::new();
+    let (mut rules, mut counters, mut limits) = (0, 0, 0);
+    for (port, l) in &load {
+        let why = if let Some((a, n)) = l.per_attachment.iter().find(|(_, n)| **n > MAX_RULES_PER_PORT) {
+            Some(format!("{n} rules at {} (at most {MAX_RULES_PER_PORT})", a.name()))
+        } else if l.counters.len() > MAX_COUNTERS_PER_PORT {
+            Some(format!("{} counters (at most {MAX_COUNTERS_PER_PORT})", l.counters.len()))
+        } else if rules + l.rules > MAX_RULES {
+            Some(format!("its {} rules would take the extension past {MAX_RULES}", l.rules))
+        } else if counters + l.counters.len() > MAX_OBJECTS {
+            Some(format!("its {} counters would take the extension past {MAX_OBJECTS}", l.counters.len()))
+        } else if limits + l.limits > MAX_OBJECTS {
+            Some(format!("its {} rate limits would take the extension past {MAX_OBJECTS}", l.limits))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => {
+                skipped.insert(port.to_string(), why);
+            }
+            None => {
+                rules += l.rules;
+                counters += l.counters.len();
+                limits += l.limits;
+            }
         }
     }
     Ok(skipped)
@@ -167,11 +190,31 @@ mod tests {
         // A port over its own bounds is left out, named; the rest stands.
         let many = vec![rule(); MAX_RULES_PER_PORT + 1];
         let got = refusal(many);
-        assert!(got.starts_with("skipped") && got.contains("ns/web") && got.contains("more than 64 rules"), "{got}");
-        let counters: Vec<Rule> =
-            (0..=MAX_COUNTERS_PER_PORT).map(|i| Rule { counter: Some(format!("c{i}")), ..rule() }).collect();
-        assert!(refusal(counters).contains("more than 64 counters"));
-        let objects = vec![Rule { over_rate: Some(Rate { per_second: 1, burst: 1 }), ..rule() }; MAX_OBJECTS + 1];
-        assert!(refusal(objects).contains("at most 4096 rate limits"));
+        assert!(got.starts_with("skipped") && got.contains("ns/web") && got.contains("65 rules at service"), "{got}");
+        let counters: Vec<Rule> = (0..=MAX_COUNTERS_PER_PORT)
+            .map(|i| Rule {
+                counter: Some(format!("c{i}")),
+                attachment: if i % 2 == 0 { Attachment::Service } else { Attachment::BeforeDispatch },
+                ..rule()
+            })
+            .collect();
+        assert!(refusal(counters).contains("65 counters"));
+        // Past the extension's totals: the ports that would pass them are
+        // left out, the earlier ones stand.
+        let ports: BTreeMap<String, ServicePort> = (0..=MAX_OBJECTS)
+            .map(|i| {
+                let p = ServicePort::new("ns", &format!("web{i:05}"), "", Protocol::Tcp, 80);
+                (p.key.clone(), p)
+            })
+            .collect();
+        let limited: Vec<Rule> = ports
+            .keys()
+            .map(|k| Rule { service: k.clone(), over_rate: Some(Rate { per_second: 1, burst: 1 }), ..rule() })
+            .collect();
+        let skipped = check("x", IpFamily::V4, &Ruleset { rules: limited }, &ports).unwrap();
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert!(skipped["ns/web04096"].contains("would take the extension past 4096"), "{skipped:?}");
+        let huge = vec![rule(); MAX_RETURNED + 1];
+        assert!(refusal(huge).contains("at most 262144 rules"));
     }
 }

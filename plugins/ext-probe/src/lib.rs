@@ -6,7 +6,7 @@
 //! - `reject-at-dispatch`: reject before kube-proxy's choice;
 //! - `bad-counter`: a counter name with upper case and a space;
 //! - `wrong-family`: an IPv6 source in an IPv4 instance (and back);
-//! - `too-many`: 70,000 rules;
+//! - `too-many`: 300,000 rules (more than the host takes at all);
 //! - `error`: render fails with a message;
 //! - `panic`: render panics (a trap);
 //! - `spin`: render never returns (fuel ends it);
@@ -14,6 +14,9 @@
 //!   Service's traffic only, by construction);
 //! - `reject-all`: rejects every new connection to every port, after
 //!   kube-proxy's choice (valid).
+//!
+//! Whatever `do=` says, render fails while the state holds a Service
+//! named `fail-now` (a failure the tests can start and end).
 #![forbid(unsafe_code)]
 
 use kpx_sdk::extension::{Action, Attachment, Extension, Rule, SourceMatch, State};
@@ -42,6 +45,9 @@ impl Extension for Probe {
     }
 
     fn rules(&mut self, state: &State) -> Result<Vec<Rule>, String> {
+        if state.ports.values().any(|p| p.name == "fail-now") {
+            return Err("a Service named fail-now asks me to fail".into());
+        }
         let keys: Vec<&String> = state.ports.keys().collect();
         let first = keys.first().map_or("none/none", |k| k.as_str()).to_string();
         Ok(match self.what.as_str() {
@@ -62,7 +68,7 @@ impl Extension for Probe {
                 let source = SourceMatch { negate: false, cidr: Cidr { addr, prefix_len: 24 } };
                 vec![Rule { source: Some(source), ..rule(&first) }]
             }
-            "too-many" => (0..70_000).map(|_| rule(&first)).collect(),
+            "too-many" => (0..300_000).map(|_| rule(&first)).collect(),
             "error" => return Err("asked to fail".into()),
             "panic" => panic!("asked to panic"),
             "spin" => {
