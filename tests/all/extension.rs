@@ -606,3 +606,47 @@ fn a_failing_extension_keeps_its_last_good_rules_on_the_current_state() {
     assert_eq!(attempts(&lab, "10.96.0.12:80", 3).0, 3, "kube-proxy's rules for the new Service are written");
     drop(kpx);
 }
+
+/// A Service whose external IP is the node's address, on the number that
+/// is another Service's node port: its connections are its own, and the
+/// node-port Service's rate limit leaves them alone (kube-proxy sends them
+/// to the external IP's Service; the extension must not count them as the
+/// node port's).
+#[test]
+fn a_node_port_limit_leaves_another_services_address_alone() {
+    for mode in ["nftables", "iptables"] {
+        let Some(lab) = lab_or_skip(1, &format!("node-port exemption ({mode})")) else {
+            return;
+        };
+        let ep = lab.backends[0].ip.clone();
+        let node = kpx_netlab::node::NODE_IP;
+        let (dir, manifests) = run_dirs(&format!("extension-exempt-{mode}"));
+        write_manifest(
+            &manifests.join("web.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: test\n  annotations: {{ext.kpx.dev/ratelimit.new-connections-per-second: \"1\", ext.kpx.dev/ratelimit.burst: \"1\"}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.10\n  ports:\n  - {{name: tcp, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}}\n---\n{}",
+                slice("web", &[ep.as_str()])
+            ),
+        );
+        write_manifest(
+            &manifests.join("other.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: other, namespace: test}}\nspec:\n  clusterIP: 10.96.0.11\n  externalIPs: [{node}]\n  ports:\n  - {{name: tcp, port: 30080, targetPort: 8080, protocol: TCP}}\n---\n{}",
+                slice("other", &[ep.as_str()])
+            ),
+        );
+        let ratelimit = format!("ratelimit={}", example("kpx_example_ratelimit.wasm"));
+        let mut args = vec!["--proxy-mode", mode, "--extension", &ratelimit];
+        if mode == "nftables" {
+            args.extend(["--nodeport-addresses", "192.168.100.0/24"]);
+        }
+        let args = kpx_args(&manifests, &args);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let (made, _, _) = attempts(&lab, &format!("{node}:30080"), 8);
+        assert_eq!(made, 8, "{mode}: the external IP's Service is not limited by web's node port");
+        let (made, _, took) = attempts(&lab, "10.96.0.10:80", 8);
+        assert!(made <= 2 + took.ceil() as usize, "{mode}: web itself is limited: {made} of 8 in {took:.2} s");
+        drop(kpx);
+    }
+}

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kpx_rules::model::IpFamily;
 use kpx_rules::ops::extension::{Action, Attachment};
 
-use super::layout::{Layout, Test};
+use super::layout::{Destination, Layout, Test};
 use crate::kernel::iptables::WAIT;
 use crate::kernel::{Cause, Exec, Result};
 
@@ -87,7 +87,19 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
         let entry = format!("{pre}{entry}");
         declare.entry(table).or_default().insert(entry.clone());
         let rules = lines.entry(table).or_default();
+        let mut exempted = false;
         for e in layout.entries.get(&a).into_iter().flatten() {
+            // Entries are sorted: addresses first, then node ports, before
+            // which another Service's address on the node port's number
+            // returns.
+            if !exempted && matches!(e.destination, Destination::NodePort { .. }) {
+                exempted = true;
+                for (ip, proto, port) in layout.exempt.get(&a).into_iter().flatten() {
+                    let len = if ip.is_ipv4() { 32 } else { 128 };
+                    let p = proto.as_str();
+                    rules.push(format!("-A {entry} -d {ip}/{len} -p {p} -m {p} --dport {port} -j RETURN"));
+                }
+            }
             // The key comes from the objects (a manifest need not hold a
             // valid name): written as a comment, never as syntax.
             let service = kpx_rules::ops::sanitize_comment(&layout.chains[&e.chain].service, 255);

@@ -114,6 +114,11 @@ pub struct Layout {
     pub counters: BTreeMap<String, Counter>,
     /// Rate limits by id.
     pub limits: BTreeMap<String, Rate>,
+    /// Per attachment before DNAT: addresses of the state's Service ports
+    /// (any port's, with rules or not) whose protocol and port a node-port
+    /// entry has. They are another Service's traffic if the address is the
+    /// node's: they return before the node-port entries see them.
+    pub exempt: BTreeMap<Attachment, Vec<(IpAddr, Protocol, u16)>>,
 }
 
 /// A name's hash: base32 of SHA-256 over the parts, `HASH_CHARS` long.
@@ -256,6 +261,29 @@ pub fn build(
     for entries in out.entries.values_mut() {
         entries.sort();
     }
+    for (attachment, entries) in &out.entries {
+        let node_ports: std::collections::BTreeSet<(Protocol, u16)> = entries
+            .iter()
+            .filter(|e| matches!(e.destination, Destination::NodePort { .. }))
+            .map(|e| (e.protocol, e.port))
+            .collect();
+        if node_ports.is_empty() || *attachment == Attachment::Service {
+            continue;
+        }
+        let mut exempt: Vec<(IpAddr, Protocol, u16)> = ports
+            .values()
+            .filter(|p| node_ports.contains(&(p.protocol, p.port)))
+            .flat_map(|p| {
+                let addresses = p.cluster_ip.iter().chain(&p.external_ips).chain(&p.load_balancer_ips);
+                addresses.map(move |ip| (*ip, p.protocol, p.port))
+            })
+            .collect();
+        exempt.sort();
+        exempt.dedup();
+        if !exempt.is_empty() {
+            out.exempt.insert(*attachment, exempt);
+        }
+    }
     out
 }
 
@@ -308,6 +336,7 @@ mod tests {
         let firewall = &layout.entries[&Attachment::Firewall];
         assert_eq!(firewall.len(), 1);
         assert_eq!(firewall[0].destination, Destination::Address("192.0.2.1".parse().unwrap()));
+        assert!(layout.exempt.is_empty(), "no other port has the node port's number");
         // One counter named twice is one object; the rate limit is its own.
         assert_eq!(layout.counters.len(), 2);
         assert_eq!(layout.limits.len(), 1);
@@ -340,5 +369,19 @@ mod tests {
             &Default::default(),
         );
         assert_ne!(a.chains.keys().collect::<Vec<_>>(), c.chains.keys().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn another_services_address_on_the_node_ports_number_returns_first() {
+        let mut other = ServicePort::new("ns", "other", "", Protocol::Tcp, 30080);
+        other.external_ips = vec!["192.168.100.1".parse().unwrap()];
+        let ports = BTreeMap::from([("ns/web:http".to_string(), port()), ("ns/other".to_string(), other)]);
+        let settings = Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables);
+        let rules =
+            vec![rule(Attachment::BeforeDispatch, Some("all"), None), rule(Attachment::Service, Some("n"), None)];
+        let layout = build("x", &settings, &Ruleset { rules }, &ports, &Default::default());
+        let want = vec![("192.168.100.1".parse().unwrap(), Protocol::Tcp, 30080)];
+        assert_eq!(layout.exempt.get(&Attachment::BeforeDispatch), Some(&want));
+        assert!(!layout.exempt.contains_key(&Attachment::Service), "after DNAT no node-port entry reads the address");
     }
 }

@@ -9,7 +9,7 @@ use kpx_rules::model::IpFamily;
 use kpx_rules::ops::extension::{Action, Attachment};
 use kpx_rules::ops::nftables::{BaseChain, ChainKind, NfHook};
 
-use super::layout::{Layout, Test};
+use super::layout::{Destination, Layout, Test};
 use crate::kernel::nftables::NftablesKernel;
 use crate::kernel::nftables::encode::{self, Condition, Object, TableRule, TableVerdict};
 use crate::kernel::nftables::netlink::Message;
@@ -118,7 +118,27 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
                 comment: None,
             });
         }
+        let mut exempted = false;
         for e in entries {
+            // Entries are sorted: addresses first, then node ports, before
+            // which another Service's address on the node port's number
+            // returns.
+            if !exempted && matches!(e.destination, Destination::NodePort { .. }) {
+                exempted = true;
+                for (ip, proto, port) in layout.exempt.get(attachment).into_iter().flatten() {
+                    rules.push(TableRule {
+                        chain: chain.to_string(),
+                        conditions: vec![
+                            Condition::Destination { negate: false, cidr: kpx_rules::model::Cidr::host(*ip) },
+                            Condition::Protocol(*proto),
+                            Condition::Port(*port),
+                        ],
+                        objects: vec![],
+                        verdict: TableVerdict::Return,
+                        comment: None,
+                    });
+                }
+            }
             let service = &layout.chains[&e.chain].service;
             let to = |mut conditions: Vec<Condition>| TableRule {
                 chain: chain.to_string(),

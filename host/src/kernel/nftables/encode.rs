@@ -802,6 +802,7 @@ pub enum TableVerdict {
     Continue,
     Drop,
     Reject,
+    Return,
     Jump(String),
     Goto(String),
 }
@@ -896,6 +897,7 @@ pub fn add_table_rule(table: &str, family: IpFamily, rule: &TableRule) -> Messag
         TableVerdict::Drop => e.verdict(NF_DROP, None),
         TableVerdict::Jump(c) => e.verdict(NFT_JUMP, Some(c)),
         TableVerdict::Goto(c) => e.verdict(NFT_GOTO, Some(c)),
+        TableVerdict::Return => e.verdict(NFT_RETURN, None),
         TableVerdict::Reject => {
             let code = if family == IpFamily::V4 { ICMP_PORT_UNREACH } else { ICMPV6_PORT_UNREACH };
             e.expr("reject", |w| {
