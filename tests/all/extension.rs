@@ -338,14 +338,24 @@ fn extension_objects_across_restarts() {
         );
         drop(kpx);
 
-        // The file gone at start: kube-proxy's rules first, the extension
-        // once its file is back.
+        // The file gone at start: kube-proxy's rules first, the extension's
+        // old objects gone (nothing good to keep), and the extension back
+        // once its file is.
+        let held = || {
+            let nft = lab.node.exec(&["nft", "list", "tables"]).unwrap();
+            let ipt = lab.node.exec(&["iptables-save"]).unwrap();
+            nft.contains("kpx-count") || ipt.contains(":KUBE-X-COUNT-")
+        };
         std::fs::remove_file(&file).unwrap();
         let mut kpx = start("kpx-3.log");
         assert!(kpx.log().contains("extension not loaded"), "{}", kpx.log());
+        assert!(!held(), "{mode}: the unloaded extension's old objects are removed");
         assert_eq!(attempts(&lab, "10.96.0.10:80", 3).0, 3, "{mode}: Services work without the extension");
+        let synced = kpx.log().matches("synced rules family=IPv4").count();
         std::fs::write(&file, std::fs::read(example("kpx_example_conncount.wasm")).unwrap()).unwrap();
         assert!(kpx.wait_for_log("replaced component applied", 1, Duration::from_secs(10)), "{}", kpx.log());
+        assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(10)), "{}", kpx.log());
+        assert!(held(), "{mode}: the loaded extension wrote its objects");
         drop(kpx);
 
         // No longer configured: removed at start.
