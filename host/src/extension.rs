@@ -43,10 +43,10 @@ pub fn remove(family: IpFamily, mode: ProxyMode, keep: &[String]) -> Result<Vec<
     let keep_nftables: &[String] = if mode == ProxyMode::Nftables { keep } else { &[] };
     let exec = || Box::new(crate::kernel::SystemExec::default());
     let mut names = std::collections::BTreeSet::new();
-    let tool = if family == IpFamily::V4 { "iptables-save" } else { "ip6tables-save" };
+    let tool = crate::kernel::iptables::tool(family, "iptables-save");
     for table in ["mangle", "filter"] {
         // No iptables at all: nothing of ours there.
-        let Ok(text) = exec().run(tool, &["-t", table], None) else { continue };
+        let Ok(text) = exec().run(&tool, &["-t", table], None) else { continue };
         names.extend(text.lines().filter_map(|l| {
             let chain = l.strip_prefix(":KUBE-X-")?.split_whitespace().next()?;
             ["-DISPATCH", "-FIREWALL", "-SERVICE"]

@@ -270,30 +270,27 @@ impl Runtime {
         })
     }
 
-    /// Loads a scheduler component (the `scheduler-plugin` world).
-    pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
-        let pre = self.link_world(name, bytes, "scheduler", wit::since_v0_2_0::SchedulerPre::new)?;
-        Ok(SchedulerPlugin {
+    /// What a component loaded as `name` keeps besides its pre-instance.
+    fn base(&self, name: &str) -> PluginBase {
+        PluginBase {
             name: Arc::from(name),
             engine: self.engine.clone(),
-            pre,
             limits: self.limits,
             stats: Arc::new(PluginStats::default()),
             wasi_seed: self.wasi_seed,
-        })
+        }
+    }
+
+    /// Loads a scheduler component (the `scheduler-plugin` world).
+    pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
+        let pre = self.link_world(name, bytes, "scheduler", wit::since_v0_2_0::SchedulerPre::new)?;
+        Ok(SchedulerPlugin { base: self.base(name), pre })
     }
 
     /// Loads an extension component (the `extension-plugin` world).
     pub fn load_extension(&self, name: &str, bytes: &[u8]) -> Result<ExtensionPlugin> {
         let pre = self.link_world(name, bytes, "extension", wit::since_v0_2_0::ExtensionPre::new)?;
-        Ok(ExtensionPlugin {
-            name: Arc::from(name),
-            engine: self.engine.clone(),
-            pre,
-            limits: self.limits,
-            stats: Arc::new(PluginStats::default()),
-            wasi_seed: self.wasi_seed,
-        })
+        Ok(ExtensionPlugin { base: self.base(name), pre })
     }
 
     /// Checks the contract version, compiles (or loads from cache) and
@@ -302,43 +299,68 @@ impl Runtime {
         let (found, pre) = self.link(name, bytes)?;
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         let pre = wit::BackendPre::new(&found, pre).map_err(|e| load_err(format!("{e:#}")))?;
-        Ok(BackendPlugin {
-            name: Arc::from(name),
-            engine: self.engine.clone(),
-            pre,
-            limits: self.limits,
-            stats: Arc::new(PluginStats::default()),
-            wasi_seed: self.wasi_seed,
-        })
+        Ok(BackendPlugin { base: self.base(name), pre })
     }
 }
 
-/// A loaded backend component, ready to instantiate.
-pub struct BackendPlugin {
+/// What every loaded component keeps besides its typed pre-instance, and
+/// the Store its instances start in.
+pub(crate) struct PluginBase {
     name: Arc<str>,
     engine: Engine,
-    pre: wit::BackendPre,
     limits: Limits,
     stats: Arc<PluginStats>,
     wasi_seed: u64,
 }
 
-impl BackendPlugin {
-    pub fn name(&self) -> &str {
+impl PluginBase {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn stats(&self) -> &PluginStats {
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub(crate) fn stats(&self) -> &PluginStats {
         &self.stats
+    }
+
+    /// A fresh Store, fuelled for instantiation.
+    fn sandbox(&self) -> Sandbox {
+        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats, self.wasi_seed);
+        sandbox.refuel(0);
+        sandbox
+    }
+
+    /// Checks an instantiation made in `sandbox` and counts it.
+    fn instantiated<T>(&self, sandbox: &mut Sandbox, made: wasmtime::Result<T>) -> Result<T> {
+        let made = sandbox.check("instantiate", made)?;
+        self.stats.instances.fetch_add(1, Ordering::Relaxed);
+        Ok(made)
+    }
+}
+
+/// A loaded backend component, ready to instantiate.
+pub struct BackendPlugin {
+    base: PluginBase,
+    pre: wit::BackendPre,
+}
+
+impl BackendPlugin {
+    pub fn name(&self) -> &str {
+        self.base.name()
+    }
+
+    pub fn stats(&self) -> &PluginStats {
+        self.base.stats()
     }
 
     /// A fresh instance holding a new proxier for `settings`.
     pub fn instantiate(&self, settings: &Settings) -> Result<BackendInstance> {
-        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats, self.wasi_seed);
-        sandbox.refuel(0);
-        let bindings = self.pre.instantiate(&mut sandbox.store, settings);
-        let bindings = sandbox.check("instantiate", bindings)?;
-        self.stats.instances.fetch_add(1, Ordering::Relaxed);
+        let mut sandbox = self.base.sandbox();
+        let made = self.pre.instantiate(&mut sandbox.store, settings);
+        let bindings = self.base.instantiated(&mut sandbox, made)?;
         Ok(BackendInstance { sandbox, bindings })
     }
 }

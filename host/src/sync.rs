@@ -126,6 +126,11 @@ use crate::serve::metrics::{PluginLabel, PolicyLabel, ReloadLabel, TableLabel};
 use crate::source::{Event, Kind, Object, ObjectRef};
 use crate::state::{Changes, State};
 
+/// The earliest time a failed extension of any family is to be tried again.
+fn extension_retry(proxiers: &[Proxier]) -> Option<Instant> {
+    proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry).min()
+}
+
 /// How often the extensions' counters are read for /metrics.
 pub const EXTENSION_COUNTER_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -465,8 +470,7 @@ pub fn run(
             }
             // A retry already due is a pending sync (set below): waking
             // for it again would spin until the sync may run.
-            let retry = proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry);
-            if let Some(retry) = retry.filter(|t| *t > now).min() {
+            if let Some(retry) = extension_retry(&proxiers).filter(|t| *t > now) {
                 wake = wake.min(retry);
             }
             if let Some(poll) = watcher.as_ref().and_then(Watcher::next_poll) {
@@ -532,9 +536,7 @@ pub fn run(
         // have nothing to write).
         // Not while the sync itself backs off: extensions run after a good
         // write, and their retry must not hurry a failing sync.
-        if schedule.retry_at.is_none()
-            && proxiers.iter().filter_map(Proxier::rules).filter_map(FamilyProxier::extension_retry).any(|t| t <= now)
-        {
+        if schedule.retry_at.is_none() && extension_retry(&proxiers).is_some_and(|t| t <= now) {
             schedule.pending = true;
         }
         if counting && now >= next_count {

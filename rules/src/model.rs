@@ -338,6 +338,11 @@ impl ServicePort {
         }
     }
 
+    /// Its cluster IP, external IPs and load-balancer IPs.
+    pub fn addresses(&self) -> impl Iterator<Item = &IpAddr> {
+        self.cluster_ip.iter().chain(&self.external_ips).chain(&self.load_balancer_ips)
+    }
+
     /// Replaces the endpoints, all of them usable cluster-wide.
     pub fn with_cluster_endpoints(mut self, endpoints: Vec<Endpoint>) -> Self {
         self.cluster_endpoints = (0..endpoints.len() as u32).collect();

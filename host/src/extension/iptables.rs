@@ -227,13 +227,9 @@ impl IptablesWriter {
     }
 
     fn tool(&self, base: &str) -> String {
-        match self.family {
-            IpFamily::V4 => base.to_string(),
-            IpFamily::V6 => base.replacen("iptables", "ip6tables", 1),
-        }
+        crate::kernel::iptables::tool(self.family, base)
     }
 
-    /// The extension's chains the kernel holds, per table.
     /// The extension's chains the kernel holds, per table, as a previous
     /// write: chains without a rule (someone flushed them) count as not
     /// held, so a counter chain among them is written again.
@@ -284,14 +280,24 @@ impl IptablesWriter {
 
     /// The jumps from the built-in chains, where missing (the entry
     /// chains exist: every payload declares them).
+    /// `iptables -t TABLE OP BUILTIN <the jump to a's entry chain>`.
+    fn jump(&self, op: &str, table: &str, builtin: &str, a: Attachment) -> Result<String> {
+        let spec = jump_args(a, builtin, &self.name);
+        let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, op, builtin];
+        args.extend(spec.iter().map(String::as_str));
+        self.exec.run(&self.tool("iptables"), &args, None)
+    }
+
+    /// Deletes every copy of a jump (stops at the first "no such rule").
+    fn unlink(&self, table: &str, builtin: &str, a: Attachment) {
+        for _ in 0..16 {
+            if self.jump("-D", table, builtin, a).is_err() {
+                break;
+            }
+        }
+    }
+
     fn ensure_jumps(&self) -> Result<()> {
-        let iptables = self.tool("iptables");
-        let run = |op: &'static str, table: &'static str, builtin: &str, a: Attachment| {
-            let spec = jump_args(a, builtin, &self.name);
-            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, op, builtin];
-            args.extend(spec.iter().map(String::as_str));
-            self.exec.run(&iptables, &args, None)
-        };
         // Per built-in chain, the jumps in the order they must run (the
         // firewall's before dispatch). One missing: all taken out and
         // inserted again at the top, last first, so the order holds.
@@ -304,7 +310,7 @@ impl IptablesWriter {
         ] {
             let mut missing = false;
             for a in order {
-                if let Err(e) = run("-C", table, builtin, *a) {
+                if let Err(e) = self.jump("-C", table, builtin, *a) {
                     if e.cause() == Cause::Locked {
                         return Err(e);
                     }
@@ -315,23 +321,18 @@ impl IptablesWriter {
                 continue;
             }
             for a in order {
-                for _ in 0..16 {
-                    if run("-D", table, builtin, *a).is_err() {
-                        break;
-                    }
-                }
+                self.unlink(table, builtin, *a);
             }
             for a in order.iter().rev() {
-                run("-I", table, builtin, *a)?;
+                self.jump("-I", table, builtin, *a)?;
             }
         }
         Ok(())
     }
 
-    /// Packets per counter id: the counter chains' rules, summed.
+    /// Packets per counter chain: `table/chain` to (counter id, packets).
     /// `dumps`: `iptables-save -c` of mangle and filter, read once per
     /// family for every extension ([`IptablesWriter::save_counts`]).
-    /// Packets per counter chain: `table/chain` to (counter id, packets).
     pub fn counters(&self, dumps: &Dumps) -> super::RawCounts {
         let Some(written) = &self.written else { return Default::default() };
         let mut out = super::RawCounts::new();
@@ -365,18 +366,10 @@ impl IptablesWriter {
         if existing.is_empty() {
             return Ok(0);
         }
-        let iptables = self.tool("iptables");
         for a in Attachment::ALL {
             let (table, _, builtins) = placement(a);
             for builtin in builtins {
-                let spec = jump_args(a, builtin, &self.name);
-                let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", table, "-D", builtin];
-                args.extend(spec.iter().map(String::as_str));
-                for _ in 0..16 {
-                    if self.exec.run(&iptables, &args, None).is_err() {
-                        break;
-                    }
-                }
+                self.unlink(table, builtin, a);
             }
         }
         let mut text = String::new();

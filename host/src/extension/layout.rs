@@ -133,8 +133,7 @@ fn destinations(port: &ServicePort, attachment: Attachment, settings: &Settings)
         out.extend(port.load_balancer_ips.iter().map(|ip| (Destination::Address(*ip), port.port)));
         return out;
     }
-    let addresses = port.cluster_ip.iter().chain(&port.external_ips).chain(&port.load_balancer_ips);
-    out.extend(addresses.map(|ip| (Destination::Address(*ip), port.port)));
+    out.extend(port.addresses().map(|ip| (Destination::Address(*ip), port.port)));
     // After DNAT only the original destination tells a node port's
     // connections apart: at `service`, only when --nodeport-addresses
     // names CIDRs to match it with.
@@ -261,22 +260,20 @@ pub fn build(
     for entries in out.entries.values_mut() {
         entries.sort();
     }
-    for (attachment, entries) in &out.entries {
+    // After DNAT (`service`) no node-port entry reads the address.
+    for (attachment, entries) in out.entries.iter().filter(|(a, _)| **a != Attachment::Service) {
         let node_ports: std::collections::BTreeSet<(Protocol, u16)> = entries
             .iter()
             .filter(|e| matches!(e.destination, Destination::NodePort { .. }))
             .map(|e| (e.protocol, e.port))
             .collect();
-        if node_ports.is_empty() || *attachment == Attachment::Service {
+        if node_ports.is_empty() {
             continue;
         }
         let mut exempt: Vec<(IpAddr, Protocol, u16)> = ports
             .values()
             .filter(|p| node_ports.contains(&(p.protocol, p.port)))
-            .flat_map(|p| {
-                let addresses = p.cluster_ip.iter().chain(&p.external_ips).chain(&p.load_balancer_ips);
-                addresses.map(move |ip| (*ip, p.protocol, p.port))
-            })
+            .flat_map(|p| p.addresses().map(move |ip| (*ip, p.protocol, p.port)))
             .collect();
         exempt.sort();
         exempt.dedup();

@@ -256,7 +256,6 @@ impl NftablesWriter {
         Ok(true)
     }
 
-    /// Packets per counter id.
     /// Packets per counter object: object name to (counter id, packets).
     pub fn counters(&mut self) -> crate::kernel::Result<super::RawCounts> {
         Ok(self

@@ -11,7 +11,7 @@ use kpx_rules::ops::extension::Ruleset;
 use super::iptables::IptablesWriter;
 use super::layout::{self, Counter, Layout};
 use super::nftables::NftablesWriter;
-use crate::kernel::{Exec, SyncError, SystemExec};
+use crate::kernel::{SyncError, SystemExec};
 use crate::runtime::{self, ExtensionInstance, ExtensionPlugin};
 use crate::sync::family::Error;
 
@@ -49,8 +49,6 @@ impl Writer {
         }
     }
 
-    /// `dumps`: the family's iptables counts, read by the first
-    /// extension that needs them and shared by the others.
     /// Removes every object of the extension in its mode, if any.
     fn clear(&mut self) -> crate::kernel::Result<()> {
         match self {
@@ -59,6 +57,8 @@ impl Writer {
         }
     }
 
+    /// `dumps`: the family's iptables counts, read by the first
+    /// extension that needs them and shared by the others.
     fn counters(&mut self, dumps: &mut Option<super::iptables::Dumps>) -> crate::kernel::Result<super::RawCounts> {
         match self {
             Writer::Iptables(w) => {
@@ -103,19 +103,10 @@ const MAX_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 impl ExtensionProxier {
     /// `mode` is iptables or nftables (the caller refuses the others).
     pub fn new(configured: Configured, family: IpFamily, mode: ProxyMode) -> ExtensionProxier {
-        ExtensionProxier::with_exec(configured, family, mode, Box::new(SystemExec::default()))
-    }
-
-    pub fn with_exec(
-        configured: Configured,
-        family: IpFamily,
-        mode: ProxyMode,
-        exec: Box<dyn Exec>,
-    ) -> ExtensionProxier {
         let failures = u64::from(configured.plugin.is_none());
         let writer = match mode {
             ProxyMode::Nftables => Writer::Nftables(NftablesWriter::new(&configured.name, family)),
-            _ => Writer::Iptables(IptablesWriter::new(&configured.name, family, exec)),
+            _ => Writer::Iptables(IptablesWriter::new(&configured.name, family, Box::new(SystemExec::default()))),
         };
         ExtensionProxier {
             configured,
@@ -152,7 +143,11 @@ impl ExtensionProxier {
     pub fn sync(&mut self, feed: &Feed, changes: &[Change], full: bool) -> Result<bool, Error> {
         let now = std::time::Instant::now();
         if self.retry_at.is_some_and(|at| now < at) || self.configured.plugin.is_none() {
-            self.fall_back(feed);
+            // The state moved (or a full sync asks): the last good rules
+            // laid out again; else what was laid out stands.
+            if full || !changes.is_empty() {
+                self.fall_back(feed);
+            }
             return Ok(false);
         }
         let result = self.program(feed, changes, full || self.need_full);
@@ -207,8 +202,7 @@ impl ExtensionProxier {
 
     fn program(&mut self, feed: &Feed, changes: &[Change], full: bool) -> Result<bool, Error> {
         let Feed { settings, node, cluster, ports, objects } = *feed;
-        let c = self.configured.clone();
-        let Some(plugin) = &c.plugin else { return Ok(false) };
+        let Some(plugin) = self.configured.plugin.clone() else { return Ok(false) };
         let mut full = full;
         if self.settings.as_ref() != Some(settings) {
             // Constructed with settings, as a backend's proxier is: new
@@ -218,7 +212,7 @@ impl ExtensionProxier {
             full = true;
         }
         if self.instance.is_none() {
-            self.instance = Some(plugin.instantiate(&c.name, settings, &c.parameters)?);
+            self.instance = Some(plugin.instantiate(&self.configured.name, settings, &self.configured.parameters)?);
         }
         // A full sync replays the state: the changes of a sync that failed
         // before this extension ran are in it.
@@ -234,9 +228,9 @@ impl ExtensionProxier {
         let skipped = crate::validate::extension::check(plugin.name(), family, &ruleset, ports)
             .map_err(|e| sync_err(e.into()))?;
         for (port, why) in &skipped {
-            tracing::warn!(extension = %c.name, family = %family, service = %port, "the rules for this port are left out: {why}");
+            tracing::warn!(extension = %self.configured.name, family = %family, service = %port, "the rules for this port are left out: {why}");
         }
-        let layout = layout::build(&c.name, settings, &ruleset, ports, &skipped);
+        let layout = layout::build(&self.configured.name, settings, &ruleset, ports, &skipped);
         // Set first: a write that fails after the restore (a jump) still
         // leaves these counters to read.
         self.counters = layout.counters.clone();

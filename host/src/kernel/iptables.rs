@@ -106,10 +106,7 @@ impl IptablesKernel {
     }
 
     fn tool(&self, base: &str) -> String {
-        match self.family {
-            IpFamily::V4 => base.to_string(),
-            IpFamily::V6 => base.replacen("iptables", "ip6tables", 1),
-        }
+        tool(self.family, base)
     }
 
     /// Creates the top-level chains and the jumps to them from the built-in
@@ -224,6 +221,15 @@ impl IptablesKernel {
     /// The kernel's rules, read back as typed rules.
     pub fn dump(&self, d: Dialect) -> Result<Dump> {
         Ok(parse_dump(&self.save()?, d))
+    }
+}
+
+/// `base` (iptables, iptables-save, iptables-restore) for `family`: the
+/// ip6tables one for IPv6.
+pub fn tool(family: IpFamily, base: &str) -> String {
+    match family {
+        IpFamily::V4 => base.to_string(),
+        IpFamily::V6 => base.replacen("iptables", "ip6tables", 1),
     }
 }
 

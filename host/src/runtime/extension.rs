@@ -2,15 +2,11 @@
 //! and fed like backends (same engine, limits, fuel and log budget), one
 //! Store per instance. An instance sees only its own annotations.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
 use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
 use kpx_rules::ops::extension::Ruleset;
-use wasmtime::Engine;
 
 use super::wit::since_v0_2_0::{self as v0_2_0};
-use super::{Limits, PluginStats, Result, Sandbox, objects};
+use super::{PluginBase, PluginStats, Result, Sandbox, objects};
 
 /// The longest extension name: `KUBE-X-<NAME>-` plus a 10-character
 /// hash fits iptables' 28-byte chain names.
@@ -35,22 +31,18 @@ pub fn name_problem(name: &str) -> Option<String> {
 
 /// A loaded extension component, ready to instantiate.
 pub struct ExtensionPlugin {
-    pub(super) name: Arc<str>,
-    pub(super) engine: Engine,
+    pub(super) base: PluginBase,
     pub(super) pre: v0_2_0::ExtensionPre,
-    pub(super) limits: Limits,
-    pub(super) stats: Arc<PluginStats>,
-    pub(super) wasi_seed: u64,
 }
 
 impl ExtensionPlugin {
     /// The component's label (its file name, or a test's name).
     pub fn name(&self) -> &str {
-        &self.name
+        self.base.name()
     }
 
     pub fn stats(&self) -> &PluginStats {
-        &self.stats
+        self.base.stats()
     }
 
     /// A fresh instance of the extension configured as `name`, its
@@ -61,11 +53,9 @@ impl ExtensionPlugin {
         settings: &Settings,
         parameters: &[(String, String)],
     ) -> Result<ExtensionInstance> {
-        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats, self.wasi_seed);
-        sandbox.refuel(0);
-        let bindings = self.pre.instantiate(&mut sandbox.store, settings, parameters);
-        let bindings = sandbox.check("instantiate", bindings)?;
-        self.stats.instances.fetch_add(1, Ordering::Relaxed);
+        let mut sandbox = self.base.sandbox();
+        let made = self.pre.instantiate(&mut sandbox.store, settings, parameters);
+        let bindings = self.base.instantiated(&mut sandbox, made)?;
         Ok(ExtensionInstance { sandbox, bindings, prefix: annotation_prefix(name) })
     }
 }

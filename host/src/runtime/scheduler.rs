@@ -1,14 +1,12 @@
 //! Scheduler components: loaded, sandboxed and called like backends
 //! (same engine, limits, fuel and log budget), one Store per instance.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kpx_rules::plan::Plan;
-use wasmtime::Engine;
 
 use super::wit::since_v0_2_0::{self as v0_2_0, PickRequest, PickSetup, ScheduleRequest};
-use super::{Limits, PluginStats, Result, Sandbox};
+use super::{PluginBase, PluginStats, Result, Sandbox};
 
 /// Fuel for one `schedule` call, before the share per endpoint.
 const SCHEDULE_FUEL_BASE: u64 = 100_000_000;
@@ -33,32 +31,27 @@ pub fn load_problem(names: &[String]) -> Option<String> {
 
 /// A loaded scheduler component, ready to instantiate.
 pub struct SchedulerPlugin {
-    pub(super) name: Arc<str>,
-    pub(super) engine: Engine,
+    pub(super) base: PluginBase,
     pub(super) pre: v0_2_0::SchedulerPre,
-    pub(super) limits: Limits,
-    pub(super) stats: Arc<PluginStats>,
-    pub(super) wasi_seed: u64,
 }
 
 impl SchedulerPlugin {
     pub fn name(&self) -> &str {
-        &self.name
+        self.base.name()
     }
 
     pub fn stats(&self) -> &PluginStats {
-        &self.stats
+        self.base.stats()
     }
 
     /// A fresh instance, with the names it answers to.
     pub fn instantiate(&self) -> Result<SchedulerInstance> {
-        let mut sandbox = Sandbox::new(&self.engine, &self.name, self.limits, &self.stats, self.wasi_seed);
-        sandbox.refuel(0);
-        let bindings = self.pre.instantiate(&mut sandbox.store);
-        let bindings = sandbox.check("instantiate", bindings)?;
-        self.stats.instances.fetch_add(1, Ordering::Relaxed);
+        let mut sandbox = self.base.sandbox();
+        let made = self.pre.instantiate(&mut sandbox.store);
+        let bindings = self.base.instantiated(&mut sandbox, made)?;
         let mut instance = SchedulerInstance { sandbox, bindings, names: Vec::new() };
-        instance.sandbox.refuel_with(SCHEDULE_FUEL_BASE, SCHEDULE_MAX_OUTPUT.min(self.limits.max_output_bytes));
+        let max_output = SCHEDULE_MAX_OUTPUT.min(self.base.limits().max_output_bytes);
+        instance.sandbox.refuel_with(SCHEDULE_FUEL_BASE, max_output);
         let names = instance.bindings.names(&mut instance.sandbox.store);
         instance.names = instance.sandbox.check("names", names)?;
         Ok(instance)
@@ -149,7 +142,7 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::runtime::{Runtime, builtin};
+    use crate::runtime::{Limits, Runtime, builtin};
 
     fn instance() -> SchedulerInstance {
         let runtime = Runtime::new(Limits::default(), None).unwrap();
