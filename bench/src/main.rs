@@ -21,6 +21,8 @@ pub struct Args {
     pub json: PathBuf,
     /// userspace mode: only the in-process pick path (no namespaces).
     pub picks_only: bool,
+    /// Only the WASM render against the native generator (no kernel).
+    pub plugin_only: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -46,6 +48,7 @@ fn parse_args() -> Result<Args> {
             .collect(),
         json: PathBuf::from("target/bench.json"),
         picks_only: false,
+        plugin_only: false,
     };
     let mut sizes: Option<Vec<(usize, usize)>> = None;
     let mut latency: Option<Vec<usize>> = None;
@@ -77,12 +80,13 @@ fn parse_args() -> Result<Args> {
                 });
             }
             "--picks-only" => args.picks_only = true,
+            "--plugin-only" => args.plugin_only = true,
             "--quick" => {
                 sizes = Some(vec![(1000, 10)]);
                 latency = Some(vec![1000]);
             }
             other => bail!(
-                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --quick, --picks-only)"
+                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --quick, --picks-only, --plugin-only)"
             ),
         }
     }
@@ -105,6 +109,9 @@ fn parse_args() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
+    if args.plugin_only {
+        return measure::plugin_only(&args);
+    }
     // userspace mode has no rules to sync at scale: its figures are the
     // relay's (relay.rs).
     let relay = if args.modes.iter().any(|m| m == "userspace") { Some(relay::run(&args)?) } else { None };

@@ -72,6 +72,13 @@ pub struct Stages {
 }
 
 impl Stages {
+    /// WASM against native up to the kernel payload: the host's rendering
+    /// of the typed rules added on both sides, which is what the ratio
+    /// covered when plugins returned kernel text (up to 77e411a).
+    fn to_payload_ratio(&self) -> f64 {
+        (self.plugin + self.render).as_secs_f64() / (self.native + self.render).as_secs_f64().max(1e-9)
+    }
+
     /// Each stage's median over several runs.
     fn median(runs: &[Stages]) -> Stages {
         let m = |f: fn(&Stages) -> Duration| {
@@ -635,12 +642,12 @@ pub fn run(args: &Args) -> Result<Report> {
 impl Report {
     pub fn table(&self) -> String {
         let mut out = format!("kpx benchmark — {} — commit {} — {}\n\n", self.machine, self.commit, self.date);
-        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  valid.  render  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  written   | RSS MiB  daemon sync\n");
+        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  payload  valid.  render  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  written   | RSS MiB  daemon sync\n");
         for r in &self.sizes {
             let f = &r.full;
             let p = &r.partial;
             out.push_str(&format!(
-                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB | {:>7} {:>9}\n",
+                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.2}x {:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB | {:>7} {:>9}\n",
                 r.mode,
                 r.services,
                 r.endpoints,
@@ -649,6 +656,7 @@ impl Report {
                 ms(f.plugin),
                 ms(f.native),
                 f.plugin.as_secs_f64() / f.native.as_secs_f64().max(1e-9),
+                f.to_payload_ratio(),
                 ms(f.validate),
                 ms(f.render),
                 ms(f.own()),
@@ -663,7 +671,7 @@ impl Report {
                 r.daemon_sync.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or("-".into()),
             ));
         }
-        out.push_str("(all times in ms; plugin, native, validation and render of a full sync and every stage of the one-endpoint change are medians of 5 runs, the rest one run; \"source\" = YAML parsing of the manifests; \"plugin\" = the WASM render with its typed output copied into the host; \"kpx own\" = host (state and change tracking) + plugin + validation + render (iptables-restore text or netlink messages); \"kernel\" = the daemon's write of it into an empty namespace: iptables-restore, or one nf_tables netlink batch; \"written\" = payload or netlink bytes)\n");
+        out.push_str("(all times in ms; plugin, native, validation and render of a full sync and every stage of the one-endpoint change are medians of 5 runs, the rest one run; \"source\" = YAML parsing of the manifests; \"plugin\" = the WASM render with its typed output copied into the host; \"wasm/nat\" = plugin / native; \"payload\" = the same up to the kernel payload, (plugin + render) / (native + render), what a generator that wrote kernel text itself was compared on; \"kpx own\" = host (state and change tracking) + plugin + validation + render (iptables-restore text or netlink messages); \"kernel\" = the daemon's write of it into an empty namespace: iptables-restore, or one nf_tables netlink batch; \"written\" = payload or netlink bytes)\n");
         if !self.latency.is_empty() {
             out.push_str(
                 "\nfirst-packet latency (TCP connect to the last Service, through the node: 500 new connections):\n",
@@ -689,6 +697,7 @@ impl Report {
                 "mode": r.mode, "services": r.services, "endpoints": r.endpoints,
                 "full": stages(&r.full), "one_endpoint_added": stages(&r.partial),
                 "wasm_over_native": r.full.plugin.as_secs_f64() / r.full.native.as_secs_f64().max(1e-9),
+                "wasm_over_native_to_payload": r.full.to_payload_ratio(),
                 "own_over_kernel": r.full.own().as_secs_f64() / r.full.kernel.as_secs_f64().max(1e-9),
                 "chains": r.chains, "peak_rss_mib": r.rss_mib, "daemon_first_sync_s": r.daemon_sync.map(|d| d.as_secs_f64()),
             })).collect::<Vec<_>>(),
@@ -696,4 +705,82 @@ impl Report {
                 "mode": l.mode, "services": l.services, "median_us": l.median_us, "p90_us": l.p90_us})).collect::<Vec<_>>(),
         })
     }
+}
+
+/// `--plugin-only`: the WASM render against the same generator native,
+/// nothing else, `PLUGIN_ONLY_REPS` times each, interleaved so drift hits
+/// both sides alike. Split into the state crossing in (`reset`) and the
+/// render with its output crossing out, so a change to either side of
+/// the boundary shows where it went.
+pub fn plugin_only(args: &Args) -> Result<()> {
+    const PLUGIN_ONLY_REPS: usize = 21;
+    let dir = PathBuf::from("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.canonicalize()?;
+    println!(
+        "mode      services x eps |  wasm: reset  render   total | native: reset  render   total | wasm/native (medians of {PLUGIN_ONLY_REPS}, ms)"
+    );
+    for (mode, services, endpoints) in &args.sizes {
+        let text = cluster::manifests(*services, *endpoints, None);
+        let proxy_mode: ProxyMode = mode.parse().map_err(anyhow::Error::msg)?;
+        let (objects, errors) = parse_documents(&text);
+        if !errors.is_empty() {
+            bail!("synthetic manifests rejected: {}", errors[0]);
+        }
+        let mut state = State::new(NODE);
+        for o in objects {
+            state.apply(Event::Apply(o));
+        }
+        state.apply(Event::Synced);
+        let names: Vec<ServiceName> = state.service_names().cloned().collect();
+        let ports: Vec<ServicePort> = names.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+        let config = config(mode)?;
+        let node = Node { name: NODE.into(), addresses: vec!["192.168.0.2".parse()?], ..Default::default() };
+        let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
+        let objects_count: usize = ports.iter().map(|p| 1 + p.endpoints.len()).sum();
+        let runtime = Runtime::new(Limits::default(), Some(dir.join("plugin-cache")))?;
+        let plugin = runtime.load_backend(mode, builtin::get(mode).context("no built-in plugin")?)?;
+        let (mut wasm, mut native) = (Vec::new(), Vec::new());
+        for _ in 0..PLUGIN_ONLY_REPS {
+            let mut instance = plugin.instantiate(&settings)?;
+            let t = Instant::now();
+            instance.reset(&node, &Cluster::default(), &ports)?;
+            let reset = t.elapsed();
+            let ruleset = instance.render(true, objects_count)?;
+            wasm.push((reset, t.elapsed()));
+            drop((instance, ruleset));
+
+            let mut n = Native::new(proxy_mode, settings.clone());
+            let input = ports.clone();
+            let t = Instant::now();
+            n.backend().reset(node.clone(), Cluster::default(), input);
+            let reset = t.elapsed();
+            let ruleset = n.backend().render(true).map_err(anyhow::Error::msg)?;
+            native.push((reset, t.elapsed()));
+            drop((n, ruleset));
+        }
+        let med = |mut v: Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        let split = |runs: &[(Duration, Duration)]| {
+            let reset = med(runs.iter().map(|r| r.0).collect());
+            let render = med(runs.iter().map(|r| r.1 - r.0).collect());
+            let total = med(runs.iter().map(|r| r.1).collect());
+            (reset, render, total)
+        };
+        let (wr, wn, wt) = split(&wasm);
+        let (nr, nn, nt) = split(&native);
+        println!(
+            "{mode:<9} {services:>6} x {endpoints:<6}| {:>11.1} {:>7.1} {:>7.1} | {:>13.1} {:>7.1} {:>7.1} | {:.2}x",
+            ms(wr),
+            ms(wn),
+            ms(wt),
+            ms(nr),
+            ms(nn),
+            ms(nt),
+            wt.as_secs_f64() / nt.as_secs_f64().max(1e-9)
+        );
+    }
+    Ok(())
 }

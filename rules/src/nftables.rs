@@ -55,11 +55,19 @@ use elements::Contribution;
 type Registry = FxHashMap<(Set, Words), Contributors>;
 type Contributors = Vec<(Text, Option<ElemData>)>;
 
-fn contribute(registry: &mut Registry, e: &Elem, service: &Text) {
+/// Records `service` as a contributor of `e`; true when it is now the
+/// first one (the one whose element the kernel holds).
+fn contribute(registry: &mut Registry, e: &Elem, service: &Text) -> bool {
     let list = registry.entry((e.set.clone(), e.key)).or_default();
     match list.binary_search_by(|(k, _)| k.cmp(service)) {
-        Ok(i) => list[i].1 = e.data.clone(),
-        Err(i) => list.insert(i, (service.clone(), e.data.clone())),
+        Ok(i) => {
+            list[i].1 = e.data.clone();
+            i == 0
+        }
+        Err(i) => {
+            list.insert(i, (service.clone(), e.data.clone()));
+            i == 0
+        }
     }
 }
 
@@ -78,20 +86,34 @@ fn effective(registry: &Registry, id: &(Set, Words)) -> Option<Option<ElemData>>
     registry.get(id).and_then(|l| l.first()).map(|(_, v)| v.clone())
 }
 
-/// Element operations, one batch per set.
+/// Element operations, one batch per set, the batches in set order.
 struct ElementOps {
     family: IpFamily,
-    sets: BTreeMap<Set, ElementWriter>,
+    sets: Vec<(Set, ElementWriter)>,
+    index: FxHashMap<Set, usize>,
+    /// The batch of the last push: runs of elements share a set.
+    last: usize,
 }
 
 impl ElementOps {
     fn new(family: IpFamily) -> ElementOps {
-        ElementOps { family, sets: BTreeMap::new() }
+        ElementOps { family, sets: Vec::new(), index: FxHashMap::default(), last: 0 }
     }
 
     fn push(&mut self, set: &Set, key: &Words, data: Option<&ElemData>) {
-        let family = self.family;
-        let w = self.sets.entry(set.clone()).or_insert_with(|| ElementWriter::new(family, set.to_ref()));
+        let at = match self.sets.get(self.last) {
+            Some((s, _)) if s == set => self.last,
+            _ => match self.index.get(set) {
+                Some(&i) => i,
+                None => {
+                    self.sets.push((set.clone(), ElementWriter::new(self.family, set.to_ref())));
+                    self.index.insert(set.clone(), self.sets.len() - 1);
+                    self.sets.len() - 1
+                }
+            },
+        };
+        self.last = at;
+        let w = &mut self.sets[at].1;
         w.words(key.as_slice());
         match data {
             Some(ElemData::Endpoint(words)) => {
@@ -104,10 +126,11 @@ impl ElementOps {
         }
     }
 
-    fn finish(self, delete: bool) -> impl Iterator<Item = Op> {
+    fn finish(mut self, delete: bool) -> impl Iterator<Item = Op> {
+        self.sets.sort_by(|a, b| a.0.cmp(&b.0));
         self.sets
-            .into_values()
-            .map(move |w| if delete { Op::DeleteElements(w.finish()) } else { Op::AddElements(w.finish()) })
+            .into_iter()
+            .map(move |(_, w)| if delete { Op::DeleteElements(w.finish()) } else { Op::AddElements(w.finish()) })
     }
 }
 
@@ -134,11 +157,20 @@ impl NftablesProxier {
         self.contributed.clear();
         self.registry.clear();
         let ctx = elements::Context { settings: &self.settings, node: &self.node };
-        for (key, svc) in self.services.iter() {
-            let c = elements::contribution(&ctx, svc, &self.names);
+        // Every element once, from its first contributor, in service order:
+        // services come in key order, so a service that is first for an
+        // element when it contributes it stays first.
+        let mut adds = ElementOps::new(self.settings.family);
+        let contributions: Vec<(&String, Contribution)> =
+            self.services.iter().map(|(key, svc)| (key, elements::contribution(&ctx, svc, &self.names))).collect();
+        // Sized once: growing it rehashes every element again.
+        self.registry.reserve(contributions.iter().map(|(_, c)| c.elements.len()).sum());
+        for (key, c) in contributions {
             let service: Text = Arc::from(key.as_str());
             for e in &c.elements {
-                contribute(&mut self.registry, e, &service);
+                if contribute(&mut self.registry, e, &service) {
+                    adds.push(&e.set, &e.key, e.data.as_ref());
+                }
             }
             self.contributed.insert(key.clone(), c);
         }
@@ -159,16 +191,6 @@ impl NftablesProxier {
         for c in self.contributed.values() {
             out.ops.extend(c.objects.rules.iter().cloned().map(Op::AddRule));
             out.ops.extend(c.objects.elements.iter().cloned().map(Op::AddElements));
-        }
-        // Every element once, from its first contributor, in service order.
-        let mut adds = ElementOps::new(self.settings.family);
-        for (key, c) in &self.contributed {
-            for e in &c.elements {
-                let first = self.registry.get(&(e.set.clone(), e.key)).and_then(|l| l.first());
-                if first.is_some_and(|(k, _)| &**k == key.as_str()) {
-                    adds.push(&e.set, &e.key, e.data.as_ref());
-                }
-            }
         }
         out.ops.extend(adds.finish(false));
         out

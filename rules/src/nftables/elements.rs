@@ -12,7 +12,7 @@ use super::affinity;
 use crate::model::{IpFamily, Node, Plan, Protocol, ServicePort, Settings};
 use crate::ops::nftables::{
     AddressField, DataType, HostSet, KeyExpr, KeyType, Match, Rule, SetDecl, SetRef, Verdict, VerdictKind,
-    protocol_number, push_address,
+    protocol_number,
 };
 
 /// Text that is cloned often (set and chain names): a reference count.
@@ -55,10 +55,29 @@ impl Set {
 }
 
 /// Up to 12 words: a key or data laid out as the contract's element words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Words past `len` are always zero, so equality and hashing need only the
+/// used ones (a whole-array compare is a byte loop in WebAssembly).
+#[derive(Debug, Clone, Copy, PartialOrd, Ord)]
 pub struct Words {
     len: u8,
     w: [u32; 12],
+}
+
+impl PartialEq for Words {
+    fn eq(&self, other: &Words) -> bool {
+        self.len == other.len && self.as_slice().iter().zip(other.as_slice()).all(|(a, b)| a == b)
+    }
+}
+
+impl Eq for Words {}
+
+impl std::hash::Hash for Words {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u8(self.len);
+        for &w in self.as_slice() {
+            state.write_u32(w);
+        }
+    }
 }
 
 impl Words {
@@ -72,10 +91,15 @@ impl Words {
         self
     }
 
+    /// The address's words, as [`crate::ops::nftables::push_address`] lays them out.
     pub fn address(self, ip: IpAddr) -> Words {
-        let mut v = Vec::with_capacity(4);
-        push_address(&mut v, ip);
-        v.into_iter().fold(self, Words::push)
+        match ip {
+            IpAddr::V4(v4) => self.push(u32::from(v4)),
+            IpAddr::V6(v6) => {
+                let w = u128::from(v6);
+                self.push((w >> 96) as u32).push((w >> 64) as u32).push((w >> 32) as u32).push(w as u32)
+            }
+        }
     }
 
     pub fn as_slice(&self) -> &[u32] {
@@ -219,8 +243,8 @@ pub struct Contribution {
     pub objects: affinity::Objects,
 }
 
-fn goto(chain: &str) -> Option<ElemData> {
-    Some(ElemData::Verdict(VerdictKind::Goto, Some(Arc::from(chain))))
+fn goto(names: &super::Names, chain: &str) -> Option<ElemData> {
+    Some(ElemData::Verdict(VerdictKind::Goto, Some(names.get(chain))))
 }
 
 pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> Contribution {
@@ -270,7 +294,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
                 Which::Cluster => &chains.cluster,
                 Which::Local => &chains.local,
             };
-            c.elements.push(Elem { set: Set::Own(names.get(&purpose.affinity_map())), key, data: goto(chain) });
+            c.elements.push(Elem { set: Set::Own(names.get(&purpose.affinity_map())), key, data: goto(names, chain) });
             return;
         }
         // A weighted plan: candidate i holds w_i of the map's slots.
@@ -292,7 +316,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
 
     // Cluster IP.
     if has_internal {
-        c.elements.push(host(HostSet::ServiceIps, tuple(cluster_ip), goto("cluster-ip")));
+        c.elements.push(host(HostSet::ServiceIps, tuple(cluster_ip), goto(names, "cluster-ip")));
         endpoints_for(Purpose::Internal, tuple(cluster_ip), internal_set, &mut c);
     } else {
         c.elements.push(host(HostSet::NoEndpointServices, tuple(cluster_ip), filter_verdict.clone()));
@@ -301,7 +325,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
     // External IPs and load-balancer IPs.
     for &ip in ext_ips.iter().chain(lb_ips) {
         if has_endpoints {
-            c.elements.push(host(HostSet::ServiceIps, tuple(ip), goto(external_chain)));
+            c.elements.push(host(HostSet::ServiceIps, tuple(ip), goto(names, external_chain)));
             endpoints_for(Purpose::External, tuple(ip), external_set, &mut c);
             if etp_local {
                 endpoints_for(Purpose::Shortcut, tuple(ip), Which::Cluster, &mut c);
@@ -333,7 +357,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
         let np = Words::new().push(proto).push(u32::from(svc.node_port));
         if has_endpoints {
             let chain = if etp_local { "nodeport-local" } else { "nodeport-cluster" };
-            c.elements.push(host(HostSet::ServiceNodePorts, np, goto(chain)));
+            c.elements.push(host(HostSet::ServiceNodePorts, np, goto(names, chain)));
             endpoints_for(Purpose::NodePortExternal, np, external_set, &mut c);
             if etp_local {
                 endpoints_for(Purpose::NodePortShortcut, np, Which::Cluster, &mut c);
