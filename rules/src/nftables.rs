@@ -204,6 +204,7 @@ impl NftablesProxier {
         let mut flushes = Vec::new();
         let mut stale_objects = Vec::new();
         let mut new_objects = Vec::new();
+        let mut changed_counts: BTreeSet<CountMap> = BTreeSet::new();
         for key in self.services.take_changed() {
             let service: Text = Arc::from(key.as_str());
             let old = self.contributed.remove(&key).unwrap_or_default();
@@ -227,6 +228,7 @@ impl NftablesProxier {
                 new_objects.push(new.objects.clone());
             }
             if self.services.contains(&key) {
+                changed_counts.extend(new.counts.iter().copied());
                 self.contributed.insert(key, new);
             }
         }
@@ -250,8 +252,11 @@ impl NftablesProxier {
         out.ops.extend(deletes.finish(true));
         out.ops.extend(flushes);
         out.ops.extend(stale_objects);
-        let needed: BTreeSet<CountMap> = self.contributed.values().flat_map(|c| c.counts.iter().copied()).collect();
-        let new_counts: Vec<CountMap> = needed.difference(&self.counts).copied().collect();
+        // Every service's maps are in `counts` once it has contributed
+        // (a full render declares them all, a partial one what its changed
+        // services add; maps are never dropped), so only the changed ones
+        // can need new maps: no walk over every service.
+        let new_counts: Vec<CountMap> = changed_counts.difference(&self.counts).copied().collect();
         for &map in &new_counts {
             out.push(Op::AddSet(elements::count_map_declaration(map)));
         }
