@@ -332,6 +332,35 @@ fn apply(ns: &Netns, written: Written) -> Result<Duration> {
     }
 }
 
+/// The synthetic manifests, parsed as the manifest source does.
+fn parse(text: &str) -> Result<Vec<kpx::source::Object>> {
+    let (objects, errors) = parse_documents(text);
+    if let Some(e) = errors.first() {
+        bail!("synthetic manifests rejected: {e}");
+    }
+    Ok(objects)
+}
+
+/// The objects merged into the state (synced), and every IPv4 service port.
+fn state_of(objects: Vec<kpx::source::Object>) -> (State, Vec<ServicePort>) {
+    let mut state = State::new(NODE);
+    for o in objects {
+        state.apply(Event::Apply(o));
+    }
+    state.apply(Event::Synced);
+    let names: Vec<ServiceName> = state.service_names().cloned().collect();
+    let ports = names.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+    (state, ports)
+}
+
+/// The bench node and the mode's IPv4 settings, as the daemon derives them.
+fn node_settings(mode: &str) -> Result<(Node, Settings)> {
+    let config = config(mode)?;
+    let node = Node { name: NODE.into(), addresses: vec!["192.168.0.2".parse()?], ..Default::default() };
+    let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
+    Ok((node, settings))
+}
+
 fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir: &Path) -> Result<SizeResult> {
     eprintln!("== {mode} {services} services x {endpoints} endpoints");
     let text = cluster::manifests(services, endpoints, None);
@@ -342,20 +371,11 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
 
     // Source: the manifests parsed into objects.
     let t = Instant::now();
-    let (objects, errors) = parse_documents(&text);
-    if !errors.is_empty() {
-        bail!("synthetic manifests rejected: {}", errors[0]);
-    }
+    let objects = parse(&text)?;
     let source_full = t.elapsed();
     // Host: objects merged into the state, every service port computed.
     let t = Instant::now();
-    let mut state = State::new(NODE);
-    for o in objects {
-        state.apply(Event::Apply(o));
-    }
-    state.apply(Event::Synced);
-    let names: Vec<ServiceName> = state.service_names().cloned().collect();
-    let ports: Vec<ServicePort> = names.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
+    let (mut state, ports) = state_of(objects);
     let mut scope = Scope::default();
     for p in &ports {
         scope.count(IpFamily::V4, p, true);
@@ -363,9 +383,7 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     let host_full = t.elapsed();
     let _ = state.take_changes();
 
-    let config = config(mode)?;
-    let node = Node { name: NODE.into(), addresses: vec!["192.168.0.2".parse()?], ..Default::default() };
-    let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
+    let (node, settings) = node_settings(mode)?;
     let objects_count: usize = ports.iter().map(|p| 1 + p.endpoints.len()).sum();
 
     // Plugin (WASM): the whole state across the boundary, a full render,
@@ -723,20 +741,8 @@ pub fn plugin_only(args: &Args) -> Result<()> {
     for (mode, services, endpoints) in &args.sizes {
         let text = cluster::manifests(*services, *endpoints, None);
         let proxy_mode: ProxyMode = mode.parse().map_err(anyhow::Error::msg)?;
-        let (objects, errors) = parse_documents(&text);
-        if !errors.is_empty() {
-            bail!("synthetic manifests rejected: {}", errors[0]);
-        }
-        let mut state = State::new(NODE);
-        for o in objects {
-            state.apply(Event::Apply(o));
-        }
-        state.apply(Event::Synced);
-        let names: Vec<ServiceName> = state.service_names().cloned().collect();
-        let ports: Vec<ServicePort> = names.iter().flat_map(|n| state.service_ports(IpFamily::V4, n)).collect();
-        let config = config(mode)?;
-        let node = Node { name: NODE.into(), addresses: vec!["192.168.0.2".parse()?], ..Default::default() };
-        let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
+        let (_, ports) = state_of(parse(&text)?);
+        let (node, settings) = node_settings(mode)?;
         let objects_count: usize = ports.iter().map(|p| 1 + p.endpoints.len()).sum();
         let runtime = Runtime::new(Limits::default(), Some(dir.join("plugin-cache")))?;
         let plugin = runtime.load_backend(mode, builtin::get(mode).context("no built-in plugin")?)?;
