@@ -277,6 +277,9 @@ struct Models {
     nftables: kpx::validate::nftables::Model,
     /// Own set declarations written so far (nftables elements are read by them).
     sets: BTreeMap<String, SetDecl>,
+    /// iptables: what the host's chains hold after the last write (a
+    /// partial sync edits them, as the daemon does).
+    host_chains: Option<kpx::kernel::iptables::render::HostChains>,
 }
 
 /// The host's rendering of a ruleset, with its frame on a full sync.
@@ -284,7 +287,12 @@ fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: boo
     let t = Instant::now();
     let written = match ruleset {
         Ruleset::Ipvs(_) => anyhow::bail!("the benchmark measures the iptables and nftables modes"),
-        Ruleset::Iptables(rs) => Written::Iptables(payload(&ipt_frame(settings), rs, &[], dialect(settings))),
+        Ruleset::Iptables(rs) => {
+            let previous = if full { None } else { models.host_chains.as_ref() };
+            let (text, host) = payload(&ipt_frame(settings), rs, &[], dialect(settings), previous);
+            models.host_chains = Some(host);
+            Written::Iptables(text)
+        }
         Ruleset::Nftables(tx) => {
             for op in &tx.ops {
                 if let kpx_rules::ops::nftables::Op::AddSet(d) = op {
@@ -747,6 +755,8 @@ pub fn plugin_only(args: &Args) -> Result<()> {
         let runtime = Runtime::new(Limits::default(), Some(dir.join("plugin-cache")))?;
         let plugin = runtime.load_backend(mode, builtin::get(mode).context("no built-in plugin")?)?;
         let (mut wasm, mut native) = (Vec::new(), Vec::new());
+        // The first WASM ruleset, checked against the first native one.
+        let mut first = None;
         for _ in 0..PLUGIN_ONLY_REPS {
             let mut instance = plugin.instantiate(&settings)?;
             let t = Instant::now();
@@ -754,7 +764,10 @@ pub fn plugin_only(args: &Args) -> Result<()> {
             let reset = t.elapsed();
             let ruleset = instance.render(true, objects_count)?;
             wasm.push((reset, t.elapsed()));
-            drop((instance, ruleset));
+            if first.is_none() {
+                first = Some(ruleset);
+            }
+            drop(instance);
 
             let mut n = Native::new(proxy_mode, settings.clone());
             let input = ports.clone();
@@ -763,6 +776,9 @@ pub fn plugin_only(args: &Args) -> Result<()> {
             let reset = t.elapsed();
             let ruleset = n.backend().render(true).map_err(anyhow::Error::msg)?;
             native.push((reset, t.elapsed()));
+            if native.len() == 1 && Some(&ruleset) != first.as_ref() {
+                bail!("the WASM and native renders differ");
+            }
             drop((n, ruleset));
         }
         let med = |mut v: Vec<Duration>| {

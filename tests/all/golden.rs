@@ -45,7 +45,7 @@ fn render_case(yaml: &str) -> String {
             full: true,
         };
         kpx::validate::iptables::check(&ctx, &rs).unwrap_or_else(|e| panic!("golden output fails validation: {e}"));
-        let text = payload(&frame(&settings), &rs, &[], dialect(&settings));
+        let (text, _) = payload(&frame(&settings), &rs, &[], dialect(&settings), None);
         out.push_str(&format!("# {family}\n{text}"));
     }
     out

@@ -638,7 +638,7 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
     let frame = kpx::kernel::ipvs::iptables::frame(&settings, &sets, Vec::new());
     let d = Dialect { family: IpFamily::V4, masquerade_mark: settings.masquerade_mark() };
     let script = sets.restore_script();
-    let text = payload(&frame, &Default::default(), &[], d);
+    let (text, _) = payload(&frame, &Default::default(), &[], d, None);
     let jumps = frame.jumps.clone();
     let (saved, dump_text, after_cleanup) = ns
         .enter(move || {

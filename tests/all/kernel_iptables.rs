@@ -23,6 +23,17 @@ fn start(lab: &NodeLab, dir: &std::path::Path) -> kpx_netlab::node::Kpx {
     kpx
 }
 
+/// Packets counted by the REJECT rule of the Service without endpoints.
+fn reject_packets(lab: &NodeLab) -> u64 {
+    let saved = lab.node.exec(&["iptables-save", "-c", "-t", "filter"]).expect("iptables-save -c");
+    let line = saved
+        .lines()
+        .find(|l| l.contains("-A KUBE-SERVICES") && l.contains("10.96.0.11/32") && l.contains("REJECT"))
+        .unwrap_or_else(|| panic!("no REJECT rule for {EMPTY}:\n{saved}"));
+    let counters = line.strip_prefix('[').and_then(|l| l.split_once(']')).map(|(c, _)| c);
+    counters.and_then(|c| c.split_once(':')).and_then(|(p, _)| p.parse().ok()).unwrap_or(0)
+}
+
 /// Polls until `done` holds for a round of requests; the time it took.
 fn time_until(
     lab: &NodeLab,
@@ -105,6 +116,12 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         assert!(t0.elapsed() < Duration::from_millis(500), "{proto:?} refusal took {:?}", t0.elapsed());
     }
 
+    // Partial syncs edit kube-proxy's top-level chains in place: the
+    // other Services' rules there keep their counters (a rewrite of the
+    // chain would zero them).
+    let rejected = reject_packets(&lab);
+    assert!(rejected > 0, "the refusals did not go through the REJECT rule:\n{}", kernel_rules(&lab));
+
     // An endpoint added in the manifest shows in traffic within 2 s.
     let t0 = Instant::now();
     write_web(&manifests, &[be1, be2, be3]);
@@ -124,6 +141,13 @@ fn clusterip_tcp_udp_reject_and_endpoint_changes() {
         removed.is_some_and(|d| d <= Duration::from_secs(2)),
         "be1 still reached after 2 s: {removed:?}\n{}",
         kpx.log()
+    );
+
+    assert!(
+        reject_packets(&lab) >= rejected,
+        "filter KUBE-SERVICES was rewritten by a partial sync (counter {} -> {})",
+        rejected,
+        reject_packets(&lab)
     );
 
     // Deleting the Service's file removes its rules and chains.

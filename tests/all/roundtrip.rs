@@ -78,7 +78,7 @@ fn iptables_roundtrip(ns: &Ns, family: IpFamily, rs: &ipt::Ruleset) -> Result<us
     let kernel = IptablesKernel::new(family, Box::new(NsExec(ns.name.clone())));
     // Each round starts from a namespace holding nothing of kpx's.
     kernel.cleanup().map_err(|e| e.to_string())?;
-    let text = payload(&frame, rs, &[], d);
+    let (text, _) = payload(&frame, rs, &[], d, None);
     kernel.apply(&text).map_err(|e| format!("{e}\n{text}"))?;
     let dump = kernel.dump(d).map_err(|e| e.to_string())?;
     let mut want: BTreeMap<(Table, String), Vec<R>> = BTreeMap::new();
@@ -869,7 +869,7 @@ fn rendered_iptables_rules_parse_to_themselves() {
         let s = settings(family, ProxyMode::Iptables);
         let d: Dialect = dialect(&s);
         let rs = every_iptables_variant(family);
-        let text = payload(&ipt_frame(&s), &rs, &[], d);
+        let (text, _) = payload(&ipt_frame(&s), &rs, &[], d, None);
         let dump = kpx::kernel::iptables::parse::parse_dump(&text, d);
         for r in &rs.rules {
             assert!(dump.rules(r.table, &r.chain).any(|x| *x == normalize(r, d)), "{r:?} not read back from\n{text}");

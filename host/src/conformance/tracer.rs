@@ -131,7 +131,8 @@ impl Host {
                     model: &self.iptables,
                     full,
                 };
-                let prepared = iptables::prepare(&ctx, &self.settings, rs, max_bytes).map_err(|e| e.to_string())?;
+                let prepared =
+                    iptables::prepare(&ctx, &self.settings, rs, max_bytes, None).map_err(|e| e.to_string())?;
                 self.iptables.commit(prepared.checked);
                 self.scope.forget_removed();
             }

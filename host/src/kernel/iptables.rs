@@ -20,7 +20,7 @@ use super::{Cause, Exec, Result, SyncError, Written};
 use crate::validate::iptables::{Checked, Context, Model, check};
 use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
-use render::{Dialect, payload, rule_args};
+use render::{Dialect, HostChains, payload, rule_args};
 
 /// upstream's wait flags: wait 5 s for the xtables lock, polling every 100 ms.
 pub const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
@@ -34,20 +34,25 @@ pub struct Prepared {
     pub checked: Checked,
     pub frame: frame::Frame,
     pub text: String,
+    /// What the host's chains hold once `text` is written.
+    pub host_chains: HostChains,
 }
 
 /// The host's checks of a ruleset and its rendering as one
 /// iptables-restore payload (within `max_bytes`, no line past
 /// [`MAX_LINE`]): everything a sync does before the kernel.
+/// `previous`: what the host's chains held after the last write, to edit
+/// them in place (a partial sync); None writes them whole.
 pub fn prepare(
     ctx: &Context,
     settings: &Settings,
     ruleset: &Ruleset,
     max_bytes: usize,
+    previous: Option<&HostChains>,
 ) -> std::result::Result<Prepared, Rejected> {
     let checked: Checked = check(ctx, ruleset)?;
     let frame = frame::frame(settings);
-    let text = payload(&frame, ruleset, &checked.stale, ctx.dialect);
+    let (text, host_chains) = payload(&frame, ruleset, &checked.stale, ctx.dialect, previous);
     if text.len() > max_bytes {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
@@ -64,7 +69,7 @@ pub fn prepare(
             reason: format!("longer than {MAX_LINE} bytes"),
         });
     }
-    Ok(Prepared { checked, frame, text })
+    Ok(Prepared { checked, frame, text, host_chains })
 }
 
 pub fn dialect(settings: &Settings) -> Dialect {
@@ -81,7 +86,7 @@ pub fn trace_tables(
 ) -> std::result::Result<kpx_rules::trace::iptables::Tables, String> {
     let d = dialect(settings);
     let frame = frame::frame(settings);
-    let dump = parse_dump(&payload(&frame, ruleset, &[], d), d);
+    let dump = parse_dump(&payload(&frame, ruleset, &[], d, None).0, d);
     let mut tables = crate::trace::iptables_tables(&dump, d).map_err(|e| e.to_string())?;
     for jump in &frame.jumps {
         tables.insert_first(jump.clone());
@@ -239,11 +244,14 @@ pub struct IptablesDataplane {
     kernel: IptablesKernel,
     model: Model,
     max_bytes: usize,
+    /// What the host's chains hold, as the last write left them; None
+    /// after a failed write (the next sync is full and writes them whole).
+    host_chains: Option<HostChains>,
 }
 
 impl IptablesDataplane {
     pub fn new(kernel: IptablesKernel) -> IptablesDataplane {
-        IptablesDataplane { kernel, model: Model::default(), max_bytes: super::DEFAULT_MAX_BYTES }
+        IptablesDataplane { kernel, model: Model::default(), max_bytes: super::DEFAULT_MAX_BYTES, host_chains: None }
     }
 
     /// The most bytes a sync may write (the plugin output cap).
@@ -261,7 +269,7 @@ impl IptablesDataplane {
     /// (a replacement component's trial).
     pub fn check(&self, plugin: &str, settings: &Settings, ruleset: &Ruleset, scope: &Scope) -> Result<(), SyncError> {
         let ctx = Context { plugin, dialect: dialect(settings), scope, model: &self.model, full: true };
-        prepare(&ctx, settings, ruleset, self.max_bytes)?;
+        prepare(&ctx, settings, ruleset, self.max_bytes, None)?;
         Ok(())
     }
 
@@ -287,14 +295,20 @@ impl IptablesDataplane {
             self.model.reset(own);
         }
         let ctx = Context { plugin, dialect: d, scope, model: &self.model, full };
-        let Prepared { checked, frame, text } = prepare(&ctx, settings, ruleset, self.max_bytes)?;
+        // A full sync writes the host's chains whole; a partial one edits
+        // what the last write left.
+        let previous = if full { None } else { self.host_chains.as_ref() };
+        let Prepared { checked, frame, text, host_chains } =
+            prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
         if full {
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }
+        self.host_chains = None;
         self.kernel.apply(&text)?;
+        self.host_chains = Some(host_chains);
         self.model.commit(checked);
         // The host's chains hold the frame's rules and the plugin's hook
-        // rules, both written whole on every sync; own chains keep theirs.
+        // rules; own chains keep theirs.
         let mut counts = [0usize; 2];
         let hooked = ruleset.rules.iter().filter(|r| Hook::of(r.table, &r.chain).is_some());
         for r in frame.rules.iter().chain(frame.trailing.iter()).chain(hooked) {

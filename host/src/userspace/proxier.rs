@@ -272,7 +272,7 @@ impl UserspaceProxier {
             .collect();
         let frame = rules::frame(&portals, &self.settings, self.node_address);
         let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
-        let text = payload(&frame, &Default::default(), &[], d);
+        let (text, _) = payload(&frame, &Default::default(), &[], d, None);
         let write = || -> crate::kernel::Result<()> {
             if full {
                 self.kernel.ensure_jumps(&frame.jumps, d)?;

@@ -268,7 +268,7 @@ mod tests {
     }
 
     fn lines(portals: &[Portal], settings: &Settings) -> Vec<String> {
-        let text = payload(&frame(portals, settings, None), &Default::default(), &[], d4());
+        let (text, _) = payload(&frame(portals, settings, None), &Default::default(), &[], d4(), None);
         text.lines().filter(|l| l.starts_with("-A")).map(str::to_string).collect()
     }
 
@@ -364,7 +364,7 @@ mod tests {
         port.node_port = 30080;
         let portal = Portal { port: &port, internal: Some(36001), external: Some(36002), cluster: None };
         let frame = frame(&[portal], &settings(), Some("192.168.0.2".parse().unwrap()));
-        let text = payload(&frame, &Default::default(), &[], d4());
+        let (text, _) = payload(&frame, &Default::default(), &[], d4(), None);
         for want in [
             "-A KUBE-PORTALS-CONTAINER -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j DNAT --to-destination 192.168.0.2:36001",
             "-A KUBE-PORTALS-HOST -d 172.30.0.41/32 -p tcp -m comment --comment \"ns1/web:p80\" -m tcp --dport 80 -j REDIRECT --to-ports 36001",

@@ -243,8 +243,15 @@ pub struct Contribution {
     pub objects: affinity::Objects,
 }
 
+/// A goto to one of the table's fixed chains (interned: a few names).
 fn goto(names: &super::Names, chain: &str) -> Option<ElemData> {
     Some(ElemData::Verdict(VerdictKind::Goto, Some(names.get(chain))))
+}
+
+/// A goto to a Service's own chain (not interned: the interner would keep
+/// every Service's name for the life of the instance).
+fn goto_own(chain: &str) -> Option<ElemData> {
+    Some(ElemData::Verdict(VerdictKind::Goto, Some(Arc::from(chain))))
 }
 
 pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> Contribution {
@@ -294,7 +301,7 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
                 Which::Cluster => &chains.cluster,
                 Which::Local => &chains.local,
             };
-            c.elements.push(Elem { set: Set::Own(names.get(&purpose.affinity_map())), key, data: goto(names, chain) });
+            c.elements.push(Elem { set: Set::Own(names.get(&purpose.affinity_map())), key, data: goto_own(chain) });
             return;
         }
         // A weighted plan: candidate i holds w_i of the map's slots.

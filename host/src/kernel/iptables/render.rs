@@ -223,24 +223,45 @@ pub fn rule_args(rule: &Rule, d: Dialect) -> Vec<String> {
     super::parse::split_words(&line).into_iter().skip(2).collect()
 }
 
+/// What the host's chains held after the last write: each one's rule
+/// lines as written (`-A CHAIN ...`), by table and chain.
+pub type HostChains = std::collections::HashMap<(Table, &'static str), Vec<String>>;
+
 /// The whole iptables-restore payload of a sync: the frame's chains and
 /// rules around the plugin's, then deletions (the plugin's, and stale own
-/// chains the host found in the kernel).
+/// chains the host found in the kernel), and what the host's chains hold
+/// after it.
+///
+/// With `previous` (what the host's chains held after the last write, on
+/// a partial sync), a host chain is not flushed: an unchanged one is left
+/// alone, a changed one is edited in place, its differing middle deleted
+/// and inserted by position (`-D CHAIN N`, `-I CHAIN N ...`). One
+/// Service's change then rewrites its own rules, not a 10,000-rule
+/// KUBE-SERVICES, and the other rules keep their counters. If the kernel
+/// no longer holds what `previous` says, a deletion fails and the whole
+/// payload with it (iptables-restore commits all or nothing): the sync
+/// fails and the next one is full.
 pub fn payload(
     frame: &Frame,
     plugin: &kpx_rules::ops::iptables::Ruleset,
     stale: &[(Table, String)],
     d: Dialect,
-) -> String {
+    previous: Option<&HostChains>,
+) -> (String, HostChains) {
     let rules = || frame.rules.iter().chain(&plugin.rules).chain(&frame.trailing);
     // About 100 bytes a rule: one allocation instead of doubling to megabytes.
     let mut out = String::with_capacity(128 * (rules().count() + plugin.chains.len() + 8));
+    let mut host = HostChains::new();
+    for &(table, chain) in &frame.chains {
+        host.insert((table, chain), Vec::new());
+    }
+    let edited = |table: Table, chain: &str| previous.is_some_and(|p| p.contains_key(&(table, chain)));
     for table in [Table::Filter, Table::Nat] {
         let _ = writeln!(out, "*{}", table.name());
         let of_table = |(t, _): &&(Table, String)| *t == table;
         let deleted = || plugin.delete_chains.iter().chain(stale).filter(of_table);
         let mut seen = std::collections::HashSet::new();
-        let declared = frame.chains.iter().filter(|(t, _)| *t == table).map(|(_, c)| *c);
+        let declared = frame.chains.iter().filter(|&&(t, c)| t == table && !edited(t, c)).map(|(_, c)| *c);
         // Deleted chains are flushed by declaring them, then deleted.
         let declared = declared.chain(plugin.chains.iter().chain(deleted()).filter(of_table).map(|(_, c)| c.as_str()));
         for chain in declared {
@@ -249,7 +270,22 @@ pub fn payload(
             }
         }
         for rule in rules().filter(|r| r.table == table) {
+            let key = frame.chains.iter().copied().find(|&(t, c)| t == table && c == rule.chain);
+            let Some(lines) = key.and_then(|k| host.get_mut(&k)) else {
+                write_rule(&mut out, rule, d);
+                continue;
+            };
+            let at = out.len();
             write_rule(&mut out, rule, d);
+            lines.extend(out[at..].lines().map(str::to_string));
+            if edited(table, &rule.chain) {
+                out.truncate(at);
+            }
+        }
+        for &(t, chain) in frame.chains.iter().filter(|&&(t, c)| t == table && edited(t, c)) {
+            if let Some(old) = previous.and_then(|p| p.get(&(t, chain))) {
+                edit(&mut out, chain, old, &host[&(t, chain)]);
+            }
         }
         let mut gone = std::collections::HashSet::new();
         for (_, chain) in deleted() {
@@ -259,7 +295,22 @@ pub fn payload(
         }
         out.push_str("COMMIT\n");
     }
-    out
+    (out, host)
+}
+
+/// Turns `chain`'s `old` lines into `new` in place: the middle between
+/// their common start and end deleted, then inserted, by rule number.
+fn edit(out: &mut String, chain: &str, old: &[String], new: &[String]) {
+    let start = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let end = old[start..].iter().rev().zip(new[start..].iter().rev()).take_while(|(a, b)| a == b).count();
+    for _ in start..old.len() - end {
+        let _ = writeln!(out, "-D {chain} {}", start + 1);
+    }
+    let prefix = format!("-A {chain} ");
+    for (i, l) in new[start..new.len() - end].iter().enumerate() {
+        let rest = l.strip_prefix(&prefix).unwrap_or(l);
+        let _ = writeln!(out, "-I {chain} {} {rest}", start + 1 + i);
+    }
 }
 
 #[cfg(test)]
@@ -312,6 +363,55 @@ mod tests {
         );
         let slot = Rule::chain(Table::Nat, "KUBE-SVC-A").with(Match::HashSlot(3)).jump("KUBE-SEP-B");
         assert_eq!(rule_lines(&slot, d4()), ["-A KUBE-SVC-A -m mark --mark 0x3/0x3fff -j KUBE-SEP-B"]);
+    }
+
+    fn services(ips: &[&str]) -> kpx_rules::ops::iptables::Ruleset {
+        let mut rs = kpx_rules::ops::iptables::Ruleset::default();
+        for ip in ips {
+            rs.push(
+                Rule::hook(Hook::NatServices)
+                    .with(Match::Protocol(Protocol::Tcp))
+                    .with(Match::destination_ip(ip.parse().unwrap()))
+                    .with(Match::DestinationPort(80))
+                    .jump("KUBE-SVC-A"),
+            );
+        }
+        rs
+    }
+
+    #[test]
+    fn partial_payloads_edit_the_host_chains_in_place() {
+        let frame = Frame {
+            chains: vec![(Table::Nat, "KUBE-SERVICES"), (Table::Nat, "KUBE-NODEPORTS")],
+            rules: Vec::new(),
+            trailing: vec![Rule::hook(Hook::NatServices).jump("KUBE-NODEPORTS")],
+            jumps: Vec::new(),
+        };
+        let (whole, host) = payload(&frame, &services(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]), &[], d4(), None);
+        assert!(whole.contains(":KUBE-SERVICES - [0:0]\n") && whole.contains(":KUBE-NODEPORTS - [0:0]\n"), "{whole}");
+        assert_eq!(host[&(Table::Nat, "KUBE-SERVICES")].len(), 4);
+
+        // Unchanged: neither flushed nor written.
+        let (same, _) = payload(&frame, &services(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]), &[], d4(), Some(&host));
+        assert_eq!(same, "*filter\nCOMMIT\n*nat\nCOMMIT\n");
+
+        // The middle rule replaced, one added before the trailing jump.
+        let (edit, after) =
+            payload(&frame, &services(&["10.0.0.1", "10.0.0.9", "10.0.0.3", "10.0.0.4"]), &[], d4(), Some(&host));
+        let nat = edit.split("*nat\n").nth(1).unwrap();
+        assert_eq!(
+            nat,
+            // The common start is one rule, the common end the jump.
+            "-D KUBE-SERVICES 2\n\
+             -D KUBE-SERVICES 2\n\
+             -I KUBE-SERVICES 2 -d 10.0.0.9/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
+             -I KUBE-SERVICES 3 -d 10.0.0.3/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
+             -I KUBE-SERVICES 4 -d 10.0.0.4/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
+             COMMIT\n"
+        );
+        let whole_after =
+            payload(&frame, &services(&["10.0.0.1", "10.0.0.9", "10.0.0.3", "10.0.0.4"]), &[], d4(), None).1;
+        assert_eq!(after, whole_after, "the edit leaves what a whole write would");
     }
 
     #[test]

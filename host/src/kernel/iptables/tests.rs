@@ -35,7 +35,7 @@ fn render(settings: &Settings, services: Vec<ServicePort>) -> (Ruleset, String) 
     let mut p = IptablesProxier::new(settings.clone());
     p.reset(Node::default(), Cluster::default(), services);
     let AnyRuleset::Iptables(rs) = p.render(true).unwrap() else { panic!("not iptables") };
-    let text = payload(&frame(settings), &rs, &[], dialect(settings));
+    let (text, _) = payload(&frame(settings), &rs, &[], dialect(settings), None);
     (rs, text)
 }
 

@@ -241,7 +241,7 @@ impl IpvsDataplane {
         if full {
             self.iptables.ensure_jumps(&frame.jumps, d)?;
         }
-        let text = payload(&frame, &Default::default(), &[], d);
+        let (text, _) = payload(&frame, &Default::default(), &[], d, None);
         self.iptables.apply(&text)?;
         if !self.timeouts_set && self.timeouts != Timeouts::default() {
             let t = self.timeouts;

@@ -280,7 +280,7 @@ mod tests {
     /// The frame's rules of one chain, as iptables-save prints them.
     fn chain(table: Table, name: &str) -> Vec<String> {
         let frame = frame(&settings(), &sets(), Vec::new());
-        let text = payload(&frame, &Ruleset::default(), &[], d());
+        let (text, _) = payload(&frame, &Ruleset::default(), &[], d(), None);
         text.split("COMMIT\n")
             .find(|t| t.starts_with(&format!("*{}", table.name())))
             .unwrap()
@@ -365,7 +365,7 @@ mod tests {
         assert!(f.rules.iter().any(|r| r.matches.contains(&Match::PhysdevIsIn { negate: true })));
         assert!(f.rules.iter().any(|r| r.matches.iter().any(|m| matches!(m, Match::IpvsVirtual { .. }))));
         assert!(f.rules.iter().any(|r| r.target == Target::HostJump(super::super::slots::CHAIN.into())));
-        let text = payload(&f, &Ruleset::default(), &[], d());
+        let (text, _) = payload(&f, &Ruleset::default(), &[], d(), None);
         let dump = parse_dump(&text, d());
         let mut back = Vec::new();
         for table in Table::ALL {
