@@ -235,7 +235,7 @@ pub type HostChains = std::collections::HashMap<(Table, &'static str), Vec<Strin
 /// With `previous` (what the host's chains held after the last write, on
 /// a partial sync), a host chain is not flushed: an unchanged one is left
 /// alone, a changed one is edited in place, its differing middle deleted
-/// and inserted by position (`-D CHAIN N`, `-I CHAIN N ...`). One
+/// (`-D CHAIN rule`) and inserted by position (`-I CHAIN N rule`). One
 /// Service's change then rewrites its own rules, not a 10,000-rule
 /// KUBE-SERVICES, and the other rules keep their counters. If the kernel
 /// no longer holds what `previous` says, a deletion fails and the whole
@@ -299,17 +299,19 @@ pub fn payload(
 }
 
 /// Turns `chain`'s `old` lines into `new` in place: the middle between
-/// their common start and end deleted, then inserted, by rule number.
+/// their common start and end deleted by their whole text (a rule that is
+/// not there fails the payload; a number could hit someone else's rule),
+/// then the new middle inserted by rule number.
 fn edit(out: &mut String, chain: &str, old: &[String], new: &[String]) {
     let start = old.iter().zip(new).take_while(|(a, b)| a == b).count();
     let end = old[start..].iter().rev().zip(new[start..].iter().rev()).take_while(|(a, b)| a == b).count();
-    for _ in start..old.len() - end {
-        let _ = writeln!(out, "-D {chain} {}", start + 1);
-    }
     let prefix = format!("-A {chain} ");
+    let rest = |l: &'_ str| l.strip_prefix(prefix.as_str()).unwrap_or(l).to_string();
+    for l in &old[start..old.len() - end] {
+        let _ = writeln!(out, "-D {chain} {}", rest(l));
+    }
     for (i, l) in new[start..new.len() - end].iter().enumerate() {
-        let rest = l.strip_prefix(&prefix).unwrap_or(l);
-        let _ = writeln!(out, "-I {chain} {} {rest}", start + 1 + i);
+        let _ = writeln!(out, "-I {chain} {} {}", start + 1 + i, rest(l));
     }
 }
 
@@ -402,8 +404,8 @@ mod tests {
         assert_eq!(
             nat,
             // The common start is one rule, the common end the jump.
-            "-D KUBE-SERVICES 2\n\
-             -D KUBE-SERVICES 2\n\
+            "-D KUBE-SERVICES -d 10.0.0.2/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
+             -D KUBE-SERVICES -d 10.0.0.3/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
              -I KUBE-SERVICES 2 -d 10.0.0.9/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
              -I KUBE-SERVICES 3 -d 10.0.0.3/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
              -I KUBE-SERVICES 4 -d 10.0.0.4/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A\n\
