@@ -282,7 +282,7 @@ pub fn payload(
                 out.truncate(at);
             }
         }
-        for &(t, chain) in frame.chains.iter().filter(|&&(t, c)| t == table && edited(t, c)) {
+        for &(t, chain) in frame.chains.iter().filter(|&&(t, _)| t == table) {
             if let Some(old) = previous.and_then(|p| p.get(&(t, chain))) {
                 edit(&mut out, chain, old, &host[&(t, chain)]);
             }
@@ -306,12 +306,11 @@ fn edit(out: &mut String, chain: &str, old: &[String], new: &[String]) {
     let start = old.iter().zip(new).take_while(|(a, b)| a == b).count();
     let end = old[start..].iter().rev().zip(new[start..].iter().rev()).take_while(|(a, b)| a == b).count();
     let prefix = format!("-A {chain} ");
-    let rest = |l: &'_ str| l.strip_prefix(prefix.as_str()).unwrap_or(l).to_string();
     for l in &old[start..old.len() - end] {
-        let _ = writeln!(out, "-D {chain} {}", rest(l));
+        let _ = writeln!(out, "-D {chain} {}", l.strip_prefix(&prefix).unwrap_or(l));
     }
     for (i, l) in new[start..new.len() - end].iter().enumerate() {
-        let _ = writeln!(out, "-I {chain} {} {}", start + 1 + i, rest(l));
+        let _ = writeln!(out, "-I {chain} {} {}", start + 1 + i, l.strip_prefix(&prefix).unwrap_or(l));
     }
 }
 
