@@ -59,16 +59,17 @@ type Contributors = Vec<(Text, Option<ElemData>)>;
 /// first one (the one whose element the kernel holds).
 fn contribute(registry: &mut Registry, e: &Elem, service: &Text) -> bool {
     let list = registry.entry((e.set.clone(), e.key)).or_default();
-    match list.binary_search_by(|(k, _)| k.cmp(service)) {
+    let at = match list.binary_search_by(|(k, _)| k.cmp(service)) {
         Ok(i) => {
             list[i].1 = e.data.clone();
-            i == 0
+            i
         }
         Err(i) => {
             list.insert(i, (service.clone(), e.data.clone()));
-            i == 0
+            i
         }
-    }
+    };
+    at == 0
 }
 
 fn withdraw(registry: &mut Registry, e: &Elem, service: &Text) {
