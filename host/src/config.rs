@@ -1120,10 +1120,7 @@ impl Flags {
         let backend_params = self
             .backend_param
             .iter()
-            .map(|v| match v.split_once('=') {
-                Some((k, value)) if !k.trim().is_empty() => Ok((k.trim().to_string(), value.trim().to_string())),
-                _ => Err(invalid("backend-param", v, "KEY=VALUE")),
-            })
+            .map(|v| crate::state::annotations::pair(v).ok_or_else(|| invalid("backend-param", v, "KEY=VALUE")))
             .collect::<Result<Vec<_>, _>>()?;
         for (i, e) in extensions.iter().enumerate() {
             if extensions[..i].iter().any(|o| o.name == e.name) {

@@ -333,9 +333,8 @@ fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &st
     let pairs = |flag: &str, values: &[String]| {
         values
             .iter()
-            .map(|p| match p.split_once('=') {
-                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-                _ => Err(Error::Other(format!("{flag} {p:?}: want key=value"))),
+            .map(|p| {
+                crate::state::annotations::pair(p).ok_or_else(|| Error::Other(format!("{flag} {p:?}: want key=value")))
             })
             .collect::<Result<Vec<_>, _>>()
     };

@@ -249,12 +249,13 @@ impl Runtime {
     }
 
     /// Links a component of a world only 0.2.0 defines (`kind`: scheduler
-    /// or extension), with `pre` its typed pre-instance.
+    /// or extension, with the article its error message uses), with `pre`
+    /// its typed pre-instance.
     fn link_world<P>(
         &self,
         name: &str,
         bytes: &[u8],
-        kind: &str,
+        (article, kind): (&str, &str),
         pre: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
     ) -> Result<P> {
         let (found, linked) = self.link(name, bytes)?;
@@ -264,8 +265,7 @@ impl Runtime {
         }
         pre(linked).map_err(|e| {
             load_err(format!(
-                "not {} {kind} component (the {kind}-plugin world exports kpx:proxier/{kind}@{found}): {e:#}",
-                if kind.starts_with('e') { "an" } else { "a" }
+                "not {article} {kind} component (the {kind}-plugin world exports kpx:proxier/{kind}@{found}): {e:#}"
             ))
         })
     }
@@ -283,13 +283,13 @@ impl Runtime {
 
     /// Loads a scheduler component (the `scheduler-plugin` world).
     pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
-        let pre = self.link_world(name, bytes, "scheduler", wit::since_v0_2_0::SchedulerPre::new)?;
+        let pre = self.link_world(name, bytes, ("a", "scheduler"), wit::since_v0_2_0::SchedulerPre::new)?;
         Ok(SchedulerPlugin { base: self.base(name), pre })
     }
 
     /// Loads an extension component (the `extension-plugin` world).
     pub fn load_extension(&self, name: &str, bytes: &[u8]) -> Result<ExtensionPlugin> {
-        let pre = self.link_world(name, bytes, "extension", wit::since_v0_2_0::ExtensionPre::new)?;
+        let pre = self.link_world(name, bytes, ("an", "extension"), wit::since_v0_2_0::ExtensionPre::new)?;
         Ok(ExtensionPlugin { base: self.base(name), pre })
     }
 

@@ -37,11 +37,17 @@ pub fn pairs(text: &str) -> Result<Vec<(String, String)>, String> {
     text.split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|entry| match entry.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => Err(format!("{entry:?} is not key=value")),
-        })
+        .map(|entry| pair(entry).ok_or_else(|| format!("{entry:?} is not key=value")))
         .collect()
+}
+
+/// One `key=value` (trimmed; the key not empty, the value may hold `=` and
+/// commas): a flag that takes one pair per use.
+pub fn pair(entry: &str) -> Option<(String, String)> {
+    match entry.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Some((k.trim().to_string(), v.trim().to_string())),
+        _ => None,
+    }
 }
 
 /// The scheduler a Service's annotations select; `object` names it in logs.
