@@ -25,9 +25,11 @@ use crate::Args;
 const SERVICE: &str = "10.96.0.10";
 const BULK_PORT: u16 = 9000;
 const PING_PORT: u16 = 9001;
-/// Bytes per bulk transfer, and transfers per path.
-const BULK_BYTES: u64 = 1 << 30;
-const BULK_RUNS: usize = 5;
+/// Bytes per bulk transfer, and transfers per path: one pair (a direct
+/// transfer and one through the relay, the order alternating) after
+/// another, so that both sides of each pair's ratio see the same machine.
+const BULK_BYTES: u64 = 512 << 20;
+const BULK_RUNS: usize = 11;
 const CONNECTIONS: usize = 2000;
 const RATE_THREADS: usize = 4;
 const RATE_SECONDS: u64 = 3;
@@ -44,6 +46,8 @@ pub struct Relay {
     /// MB/s (10^6 bytes), best of the runs: direct, through the relay.
     pub direct_mbps: f64,
     pub relay_mbps: f64,
+    /// Each pair's relay / direct, sorted.
+    pub pair_ratios: Vec<f64>,
     /// Per-connection time (connect, one byte each way, close), µs.
     pub direct_p50: f64,
     pub direct_p99: f64,
@@ -251,10 +255,17 @@ pub fn run(args: &Args) -> Result<Relay> {
     let (direct_ping, relay_ping) = (at(&backend, PING_PORT), at(SERVICE, PING_PORT));
     let mbps = |d: Duration| BULK_BYTES as f64 / d.as_secs_f64() / 1e6;
     let (mut direct, mut relay) = (Vec::new(), Vec::new());
-    for _ in 0..BULK_RUNS {
-        direct.push(mbps(bulk(&lab.client, direct_bulk)?));
-        relay.push(mbps(bulk(&lab.client, relay_bulk)?));
+    for i in 0..BULK_RUNS {
+        if i % 2 == 0 {
+            direct.push(mbps(bulk(&lab.client, direct_bulk)?));
+            relay.push(mbps(bulk(&lab.client, relay_bulk)?));
+        } else {
+            relay.push(mbps(bulk(&lab.client, relay_bulk)?));
+            direct.push(mbps(bulk(&lab.client, direct_bulk)?));
+        }
     }
+    let mut pair_ratios: Vec<f64> = relay.iter().zip(&direct).map(|(r, d)| r / d).collect();
+    pair_ratios.sort_by(f64::total_cmp);
     let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let direct_times = connections(&lab.client, direct_ping)?;
     let relay_times = connections(&lab.client, relay_ping)?;
@@ -268,6 +279,7 @@ pub fn run(args: &Args) -> Result<Relay> {
         picks,
         direct_mbps: best(&direct),
         relay_mbps: best(&relay),
+        pair_ratios,
         direct_p50: percentile(&direct_times, 0.5),
         direct_p99: percentile(&direct_times, 0.99),
         relay_p50: percentile(&relay_times, 0.5),
@@ -278,14 +290,22 @@ pub fn run(args: &Args) -> Result<Relay> {
 }
 
 impl Relay {
+    /// The median of the pairs' relay / direct (0 without traffic runs).
+    fn pair_median(&self) -> f64 {
+        if self.pair_ratios.is_empty() { 0.0 } else { median(self.pair_ratios.clone()) }
+    }
+
     pub fn table(&self) -> String {
         let mut out = String::from("userspace mode\n  pick path (choose + release, through the component):");
         for p in &self.picks {
             out.push_str(&format!(" {} x{} {:.2} µs;", p.scheduler, p.candidates, p.micros));
         }
         out.push_str(&format!(
-            "\n  bulk TCP ({} MiB, best of {BULK_RUNS}): direct {:.0} MB/s, relay {:.0} MB/s = {:.1}%\n",
+            "\n  bulk TCP ({} MiB, {BULK_RUNS} pairs): relay / direct, median of the pairs {:.1}% (pairs {:.1}-{:.1}%); best of each path: direct {:.0} MB/s, relay {:.0} MB/s = {:.1}%\n",
             BULK_BYTES >> 20,
+            100.0 * self.pair_median(),
+            100.0 * self.pair_ratios.first().copied().unwrap_or(0.0),
+            100.0 * self.pair_ratios.last().copied().unwrap_or(0.0),
             self.direct_mbps,
             self.relay_mbps,
             100.0 * self.relay_mbps / self.direct_mbps
@@ -310,6 +330,7 @@ impl Relay {
         json!({
             "pick_us": self.picks.iter().map(|p| json!({"scheduler": p.scheduler, "candidates": p.candidates, "us": p.micros})).collect::<Vec<_>>(),
             "bulk_mbps": {"direct": self.direct_mbps, "relay": self.relay_mbps, "ratio": self.relay_mbps / self.direct_mbps},
+            "bulk_pair_ratios": {"median": self.pair_median(), "sorted": self.pair_ratios},
             "connection_us": {"direct_p50": self.direct_p50, "direct_p99": self.direct_p99, "relay_p50": self.relay_p50, "relay_p99": self.relay_p99},
             "connections_per_s": {"direct": self.direct_rate, "relay": self.relay_rate},
         })
