@@ -3,6 +3,7 @@
 //! parts). See README.md, "Benchmarks".
 
 mod cluster;
+mod daemon;
 mod measure;
 mod relay;
 
@@ -23,6 +24,10 @@ pub struct Args {
     pub picks_only: bool,
     /// Only the WASM render against the native generator (no kernel).
     pub plugin_only: bool,
+    /// One-endpoint changes made through each daemon run.
+    pub changes: usize,
+    /// The sources each daemon run reads the cluster from.
+    pub sources: Vec<daemon::Source>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -49,6 +54,8 @@ fn parse_args() -> Result<Args> {
         json: PathBuf::from("target/bench.json"),
         picks_only: false,
         plugin_only: false,
+        changes: 100,
+        sources: vec![daemon::Source::Manifests, daemon::Source::ListWatch],
     };
     let mut sizes: Option<Vec<(usize, usize)>> = None;
     let mut latency: Option<Vec<usize>> = None;
@@ -80,13 +87,17 @@ fn parse_args() -> Result<Args> {
                 });
             }
             "--picks-only" => args.picks_only = true,
+            "--changes" => args.changes = value()?.parse()?,
+            "--sources" => {
+                args.sources = value()?.split(',').map(daemon::Source::parse).collect::<Result<_>>()?;
+            }
             "--plugin-only" => args.plugin_only = true,
             "--quick" => {
                 sizes = Some(vec![(1000, 10)]);
                 latency = Some(vec![1000]);
             }
             other => bail!(
-                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --quick, --picks-only, --plugin-only)"
+                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --changes N, --sources manifests,listwatch, --quick, --picks-only, --plugin-only)"
             ),
         }
     }

@@ -31,8 +31,9 @@ use serde_json::json;
 
 use crate::Args;
 use crate::cluster;
+use crate::daemon::{self, DaemonRun};
 
-const NODE: &str = "bench-node";
+pub(crate) const NODE: &str = "bench-node";
 const PROBE: &str = "10.111.255.10:80";
 
 /// Runs of each in-process stage; the median is reported (this machine's
@@ -117,8 +118,8 @@ pub struct SizeResult {
     pub full: Stages,
     pub partial: Stages,
     pub chains: usize,
-    pub rss_mib: Option<f64>,
-    pub daemon_sync: Option<Duration>,
+    /// The daemon's own runs, one per source.
+    pub daemon: Vec<DaemonRun>,
 }
 
 #[derive(Debug, Clone)]
@@ -146,10 +147,10 @@ fn output(program: &str, args: &[&str]) -> String {
 }
 
 /// A network namespace removed on drop.
-struct Netns(String);
+pub(crate) struct Netns(pub(crate) String);
 
 impl Netns {
-    fn new(tag: &str) -> Result<Netns> {
+    pub(crate) fn new(tag: &str) -> Result<Netns> {
         let name = format!("kpxbench-{}-{tag}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
         let ok = Command::new("ip").args(["netns", "add", &name]).status()?.success();
@@ -159,7 +160,7 @@ impl Netns {
         Ok(Netns(name))
     }
 
-    fn ns(&self) -> kpx_netlab::Ns {
+    pub(crate) fn ns(&self) -> kpx_netlab::Ns {
         kpx_netlab::Ns { name: self.0.clone() }
     }
 }
@@ -522,60 +523,17 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     drop(ns);
     let partial = Stages::median(&partials);
 
-    // The daemon itself: peak memory and the time to its first full sync.
-    let (rss_mib, daemon_sync) = match daemon(args, mode, &text, dir, &format!("{mode}-{services}")) {
-        Ok((rss, sync)) => (Some(rss), Some(sync)),
-        Err(e) => {
-            eprintln!("   daemon run failed: {e:#}");
-            (None, None)
+    // The daemon itself, from each source: its first sync and one-endpoint
+    // changes, as it logs them, and its peak memory.
+    let mut daemons = Vec::new();
+    for &source in &args.sources {
+        eprintln!("   the daemon, from {}: first sync, {} changes", source.name(), args.changes);
+        match daemon::run(args, mode, services, &text, dir, source) {
+            Ok(run) => daemons.push(run),
+            Err(e) => eprintln!("   daemon run ({}) failed: {e:#}", source.name()),
         }
-    };
-    Ok(SizeResult { mode: mode.into(), services, endpoints, full, partial, chains, rss_mib, daemon_sync })
-}
-
-/// Runs kpx on the manifests in a fresh namespace; (peak RSS MiB, time to
-/// the first IPv4 sync).
-fn daemon(args: &Args, mode: &str, manifests: &str, dir: &Path, tag: &str) -> Result<(f64, Duration)> {
-    let ns = Netns::new(&format!("d-{tag}"))?;
-    let mdir = dir.join(format!("manifests-{tag}"));
-    let _ = std::fs::remove_dir_all(&mdir);
-    std::fs::create_dir_all(&mdir)?;
-    std::fs::write(mdir.join("cluster.yaml"), manifests)?;
-    let log = dir.join(format!("kpx-{tag}.log"));
-    let cache = dir.join("plugin-cache");
-    let t = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.0])
-        .arg(&args.kpx)
-        .args(["--proxy-mode", mode, "--hostname-override", NODE, "--cluster-cidr", "10.128.0.0/9"])
-        .arg("--manifests")
-        .arg(&mdir)
-        .arg("--plugin-cache-dir")
-        .arg(&cache)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let result = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("synced rules family=IPv4") {
-            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))?;
-            let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM")?;
-            let kib: f64 = hwm.split_whitespace().nth(1).context("VmHWM")?.parse()?;
-            break Ok((kib / 1024.0, t.elapsed()));
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            break Err(anyhow::anyhow!("kpx exited ({status}): {}", text.lines().last().unwrap_or("")));
-        }
-        if Instant::now() > deadline {
-            break Err(anyhow::anyhow!("kpx did not sync in 15 minutes"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+    }
+    Ok(SizeResult { mode: mode.into(), services, endpoints, full, partial, chains, daemon: daemons })
 }
 
 /// First-packet latency through `services` Services: new TCP connections
@@ -668,12 +626,12 @@ pub fn run(args: &Args) -> Result<Report> {
 impl Report {
     pub fn table(&self) -> String {
         let mut out = format!("kpx benchmark — {} — commit {} — {}\n\n", self.machine, self.commit, self.date);
-        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  payload  valid.  render  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  written   | RSS MiB  daemon sync\n");
+        out.push_str("mode      services x eps | source | full sync: host   plugin  native  wasm/nat  payload  valid.  render  kpx own  kernel   own/kernel | one endpoint added: kpx own  kernel  total | chains  written\n");
         for r in &self.sizes {
             let f = &r.full;
             let p = &r.partial;
             out.push_str(&format!(
-                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.2}x {:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB | {:>7} {:>9}\n",
+                "{:<9} {:>6} x {:<4}  | {:>6.0} | {:>13.1} {:>8.1} {:>7.1} {:>8.2}x {:>7.2}x {:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.1}% | {:>24.2} {:>7.2} {:>6.2} | {:>6} {:>8} KiB\n",
                 r.mode,
                 r.services,
                 r.endpoints,
@@ -693,11 +651,12 @@ impl Report {
                 ms(p.total()),
                 r.chains,
                 f.bytes / 1024,
-                r.rss_mib.map(|m| format!("{m:.0}")).unwrap_or("-".into()),
-                r.daemon_sync.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or("-".into()),
             ));
         }
         out.push_str("(all times in ms; plugin, native, validation and render of a full sync and every stage of the one-endpoint change are medians of 5 runs, the rest one run; \"source\" = YAML parsing of the manifests; \"plugin\" = the WASM render with its typed output copied into the host; \"wasm/nat\" = plugin / native; \"payload\" = the same up to the kernel payload, (plugin + render) / (native + render), what a generator that wrote kernel text itself was compared on; \"kpx own\" = host (state and change tracking) + plugin + validation + render (iptables-restore text or netlink messages); \"kernel\" = the daemon's write of it into an empty namespace: iptables-restore, or one nf_tables netlink batch; \"written\" = payload or netlink bytes)\n");
+        if self.sizes.iter().any(|r| !r.daemon.is_empty()) {
+            out.push_str(&daemon_table(&self.sizes));
+        }
         if !self.latency.is_empty() {
             out.push_str(
                 "\nfirst-packet latency (TCP connect to the last Service, through the node: 500 new connections):\n",
@@ -725,12 +684,47 @@ impl Report {
                 "wasm_over_native": r.full.plugin.as_secs_f64() / r.full.native.as_secs_f64().max(1e-9),
                 "wasm_over_native_to_payload": r.full.to_payload_ratio(),
                 "own_over_kernel": r.full.own().as_secs_f64() / r.full.kernel.as_secs_f64().max(1e-9),
-                "chains": r.chains, "peak_rss_mib": r.rss_mib, "daemon_first_sync_s": r.daemon_sync.map(|d| d.as_secs_f64()),
+                "chains": r.chains, "daemon": r.daemon.iter().map(DaemonRun::json).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "first_packet_latency": self.latency.iter().map(|l| json!({
                 "mode": l.mode, "services": l.services, "median_us": l.median_us, "p90_us": l.p90_us})).collect::<Vec<_>>(),
         })
     }
+}
+
+/// The daemon's own figures, a row per size and source.
+fn daemon_table(sizes: &[SizeResult]) -> String {
+    let mut out = String::from(
+        "\nthrough the daemon (its own log):\nmode      services x eps  source     | start to first sync  own   read  host  plugin  check  kernel  own/kernel | one endpoint added: p50   p99   max  (kpx own  kernel, medians) | peak RSS MiB\n",
+    );
+    for r in sizes {
+        for d in &r.daemon {
+            let f = &d.first;
+            out.push_str(&format!(
+                "{:<9} {:>6} x {:<4}  {:<10} | {:>19.0} {:>5.0} {:>6} {:>5.0} {:>7.0} {:>6.0} {:>7.0} {:>10.0}% | {:>24.2} {:>5.2} {:>5.2}  ({:>7.2} {:>7.2})         | {:>6.0}\n",
+                r.mode,
+                r.services,
+                r.endpoints,
+                d.source.name(),
+                d.to_first_sync.as_secs_f64() * 1e3,
+                d.own_to_first_sync_ms(),
+                d.read_ms.map_or("-".into(), |m| format!("{m:.0}")),
+                f.host_ms,
+                f.plugin_ms,
+                f.check_ms,
+                f.kernel_ms,
+                100.0 * d.own_to_first_sync_ms() / f.kernel_ms.max(1e-9),
+                d.change_quantile(0.5),
+                d.change_quantile(0.99),
+                d.change_quantile(1.0),
+                d.change_stage(|s| s.own_ms()),
+                d.change_stage(|s| s.kernel_ms),
+                d.rss_mib,
+            ));
+        }
+    }
+    out.push_str("(ms; kpx started in a fresh namespace with --iptables-min-sync-period 100ms; \"start to first sync\" = from spawning the process to the \"synced rules\" line of its first IPv4 sync, which kpx logs once the kernel's write has returned; \"own\" = that less the kernel's part; \"read\" = the manifest source's first read (file read and parsed); host, plugin, check and kernel are the first sync's stages as the daemon logs them; a change is one EndpointSlice with one endpoint for one Service, made 150 ms after the last sync, timed from the file renamed into the manifest directory or the object stored by the list/watch server to that change's \"synced rules\" line; peak RSS is the daemon's VmHWM at the end of the run)\n");
+    out
 }
 
 /// `--plugin-only`: the WASM render against the same generator native,

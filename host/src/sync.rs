@@ -437,6 +437,11 @@ fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telem
 
 /// Runs until the source's sender is dropped (the source stopped).
 /// `watcher`: the component files replaced while kpx runs.
+/// A stage's time for the log: milliseconds, to 10 µs.
+fn millis(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e5).round() / 100.0
+}
+
 pub fn run(
     mut state: State,
     events: Receiver<Event>,
@@ -571,7 +576,7 @@ pub fn run(
                     telemetry.health.updated(proxier.family(), Stamp::now());
                     m.last_sync_timestamp.set(unix_now());
                     m.plugin_render_duration.observe(report.plugin.as_secs_f64());
-                    m.validation_duration.observe(report.write.as_secs_f64());
+                    m.validation_duration.observe(report.check.as_secs_f64());
                     if let Some(rules) = report.iptables_rules {
                         iptables_rules.insert(proxier.family(), rules);
                     }
@@ -580,7 +585,12 @@ pub fn run(
                         full = report.full,
                         changes = report.changes,
                         bytes = report.bytes,
-                        elapsed_ms = start.elapsed().as_millis() as u64,
+                        elapsed_ms = millis(start.elapsed()),
+                        host_ms = millis(report.host),
+                        plugin_ms = millis(report.plugin),
+                        check_ms = millis(report.check),
+                        kernel_ms = millis(report.kernel),
+                        extensions_ms = millis(report.extensions),
                         "synced rules"
                     )
                 }

@@ -298,8 +298,10 @@ impl IptablesDataplane {
         // A full sync writes the host's chains whole; a partial one edits
         // what the last write left.
         let previous = if full { None } else { self.host_chains.as_ref() };
+        let t = std::time::Instant::now();
         let Prepared { checked, frame, text, host_chains } =
             prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
+        let check = t.elapsed();
         if full {
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }
@@ -315,6 +317,6 @@ impl IptablesDataplane {
             counts[usize::from(r.table == Table::Nat)] += 1;
         }
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        Ok(Written { bytes: text.len(), iptables_rules: Some(rules) })
+        Ok(Written { bytes: text.len(), check, iptables_rules: Some(rules) })
     }
 }

@@ -391,24 +391,28 @@ impl NftablesDataplane {
     ) -> std::result::Result<Written, SyncError> {
         let family = settings.family;
         let ctx = Context { plugin, family, scope, model: &self.model, full };
+        let t = std::time::Instant::now();
         let (checked, ops) = prepare(&ctx, settings, tx, self.max_bytes)?;
+        let mut check = t.elapsed();
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
         let mut batch = Vec::new();
         if full {
             let frame = frame::frame(settings, cluster);
             let kernel = self.kernel.objects()?;
+            let t = std::time::Instant::now();
             batch.push(encode::add_table());
             if let Some(kernel) = kernel {
                 batch.extend(reconcile(family, &kernel, &frame, &checked).map_err(refuse)?);
             }
             let decls = set_declarations(&checked, &self.model);
             batch.extend(messages(family, settings.masquerade_mark(), &frame, &decls, self.max_bytes).map_err(refuse)?);
+            check += t.elapsed();
         }
         batch.extend(ops);
         let bytes = batch.iter().map(|m| m.attrs.buf.len() + 20).sum();
         self.kernel.apply(&batch)?;
         self.model.commit(checked);
-        Ok(Written { bytes, iptables_rules: None })
+        Ok(Written { bytes, check, iptables_rules: None })
     }
 }
 

@@ -267,7 +267,7 @@ impl Metrics {
         );
         r.register(
             "kpx_validation_duration_seconds",
-            "Time the host spent checking and writing a plugin's ruleset per sync",
+            "Time the host spent checking a plugin's ruleset and rendering it into the kernel's syntax or messages per sync",
             m.validation_duration.clone(),
         );
         r.register(

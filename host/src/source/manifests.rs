@@ -13,7 +13,7 @@ mod parse;
 
 pub use parse::{ParseError, parse_documents};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, SystemTime};
@@ -27,7 +27,8 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 pub const FULL_POLL: Duration = Duration::from_secs(60);
 /// A change is read once its files have been quiet this long (a writer
 /// that truncates and then writes, or an editor that moves the old file
-/// away before writing the new one, is seen once, finished)...
+/// away before writing the new one, is seen once, finished), or at once
+/// when every file it touched was renamed into place ([`Settling`])...
 const QUIET: Duration = Duration::from_millis(100);
 /// ...or after this long, however busy they stay.
 const MOST_SETTLE: Duration = Duration::from_secs(2);
@@ -54,6 +55,12 @@ struct FileState {
 pub struct ManifestSource {
     root: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
+    /// Each object's definitions by file, the first in path order (and in
+    /// file order within one file) being the one that counts.
+    defined: BTreeMap<ObjectRef, BTreeMap<PathBuf, Object>>,
+    /// Files read or dropped since the last diff, with the objects they
+    /// defined before: only their objects are compared again.
+    touched: BTreeMap<PathBuf, Vec<ObjectRef>>,
     reported: BTreeMap<ObjectRef, Object>,
     /// The last poll read every file it listed (or kept its last good
     /// objects): what was reported is the whole state.
@@ -64,7 +71,14 @@ impl ManifestSource {
     pub fn new(root: impl Into<PathBuf>) -> Result<ManifestSource> {
         let root = root.into();
         std::fs::metadata(&root).map_err(|source| Error::Unreadable { path: root.clone(), source })?;
-        Ok(ManifestSource { root, files: BTreeMap::new(), reported: BTreeMap::new(), complete: false })
+        Ok(ManifestSource {
+            root,
+            files: BTreeMap::new(),
+            defined: BTreeMap::new(),
+            touched: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            complete: false,
+        })
     }
 
     /// Files to read: the path itself, or the YAML/JSON files under it
@@ -105,12 +119,11 @@ impl ManifestSource {
         self.complete = true;
         let mut changed = false;
         let listed: std::collections::HashSet<&PathBuf> = files.iter().collect();
-        self.files.retain(|path, _| {
-            let keep = listed.contains(path);
-            changed |= !keep;
-            keep
-        });
+        let gone: Vec<PathBuf> = self.files.keys().filter(|p| !listed.contains(p)).cloned().collect();
         drop(listed);
+        for path in gone {
+            changed |= self.drop_file(&path);
+        }
         for path in files {
             changed |= self.read(path, false);
         }
@@ -191,8 +204,22 @@ impl ManifestSource {
     /// One manifest file named by inotify: read again, or dropped if gone.
     fn refresh_file(&mut self, path: &Path) -> bool {
         match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.files.remove(path).is_some(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.drop_file(path),
             _ => self.read(path.to_path_buf(), true),
+        }
+    }
+
+    /// Forgets a file that is gone; whether it was held.
+    fn drop_file(&mut self, path: &Path) -> bool {
+        self.touch(path);
+        self.files.remove(path).is_some()
+    }
+
+    /// Notes the objects `path` defined before it changes (once per diff).
+    fn touch(&mut self, path: &Path) {
+        if !self.touched.contains_key(path) {
+            let before = self.files.get(path).map(|f| f.objects.iter().map(Object::object_ref).collect());
+            self.touched.insert(path.to_path_buf(), before.unwrap_or_default());
         }
     }
 
@@ -223,6 +250,7 @@ impl ManifestSource {
             }
         };
         let (mut objects, errors) = parse_documents(&text);
+        self.touch(&path);
         let previous = self.files.remove(&path).map(|f| f.objects).unwrap_or_default();
         keep_last_good(&mut objects, &errors, previous);
         for err in errors {
@@ -245,32 +273,52 @@ impl ManifestSource {
     }
 
     fn diff(&mut self) -> Vec<Event> {
-        let mut current: BTreeMap<ObjectRef, (&Path, &Object)> = BTreeMap::new();
-        for (path, file) in &self.files {
+        // The objects the touched files defined before and define now.
+        let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
+        for (path, before) in std::mem::take(&mut self.touched) {
+            for r in before {
+                if let Some(defs) = self.defined.get_mut(&r) {
+                    defs.remove(&path);
+                    if defs.is_empty() {
+                        self.defined.remove(&r);
+                    }
+                }
+                affected.insert(r);
+            }
+            let Some(file) = self.files.get(&path) else { continue };
             for object in &file.objects {
                 let r = object.object_ref();
-                if let Some((first, _)) = current.get(&r) {
-                    tracing::error!(file = %path.display(), object = %r, "rejected: already defined in {}", first.display());
-                    continue;
+                let defs = self.defined.entry(r.clone()).or_default();
+                if defs.contains_key(&path) {
+                    tracing::error!(file = %path.display(), object = %r, "rejected: already defined earlier in the same file");
+                } else {
+                    defs.insert(path.clone(), object.clone());
                 }
-                current.insert(r, (path, object));
+                affected.insert(r);
             }
         }
-        let mut events = Vec::new();
-        for r in self.reported.keys() {
-            if !current.contains_key(r) {
-                events.push(Event::Delete(r.clone()));
+        let (mut deletes, mut applies) = (Vec::new(), Vec::new());
+        for r in affected {
+            let Some(defs) = self.defined.get(&r) else {
+                if self.reported.remove(&r).is_some() {
+                    deletes.push(Event::Delete(r));
+                }
+                continue;
+            };
+            let mut defs = defs.iter();
+            let Some((first, object)) = defs.next() else { continue };
+            for (path, _) in defs {
+                tracing::error!(file = %path.display(), object = %r, "rejected: already defined in {}", first.display());
             }
-        }
-        for (r, (_, object)) in &current {
             // Objects of unchanged files are the very copies reported.
-            let same = self.reported.get(r).is_some_and(|old| old.same_copy(object) || old == *object);
+            let same = self.reported.get(&r).is_some_and(|old| old.same_copy(object) || old == object);
             if !same {
-                events.push(Event::Apply((*object).clone()));
+                self.reported.insert(r, object.clone());
+                applies.push(Event::Apply(object.clone()));
             }
         }
-        self.reported = current.into_iter().map(|(r, (_, o))| (r, o.clone())).collect();
-        events
+        deletes.extend(applies);
+        deletes
     }
 
     /// Reports the initial objects, then `Synced`, then changes as they
@@ -292,6 +340,7 @@ impl ManifestSource {
         let (notes_tx, mut notes) = tokio::sync::mpsc::unbounded_channel::<notify::Result<notify::Event>>();
         let mut watcher = self.watcher(notes_tx.clone());
         let mut root_id = file_id(&self.root);
+        let began = std::time::Instant::now();
         loop {
             match self.poll() {
                 Ok(_) if self.complete => break,
@@ -304,6 +353,13 @@ impl ManifestSource {
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
+        tracing::info!(
+            path = %self.root.display(),
+            files = self.files.len(),
+            objects = self.reported.len(),
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            "read the manifests"
+        );
         let initial: Vec<Event> = self.reported.values().cloned().map(Event::Apply).chain([Event::Synced]).collect();
         if !send(&tx, initial) {
             return;
@@ -314,11 +370,22 @@ impl ManifestSource {
         loop {
             let events = tokio::select! {
                 note = notes.recv(), if watcher.is_some() => {
+                    let mut settling = Settling::default();
+                    settling.note(&note);
                     let mut batch = vec![note];
+                    // Notes already queued belong to the same change.
+                    while let Ok(n) = notes.try_recv() {
+                        let n = Some(n);
+                        settling.note(&n);
+                        batch.push(n);
+                    }
                     let began = tokio::time::Instant::now();
-                    while began.elapsed() < MOST_SETTLE {
+                    while !settling.finished() && began.elapsed() < MOST_SETTLE {
                         match tokio::time::timeout(QUIET, notes.recv()).await {
-                            Ok(n) => batch.push(n),
+                            Ok(n) => {
+                                settling.note(&n);
+                                batch.push(n);
+                            }
                             Err(_) => break,
                         }
                     }
@@ -434,6 +501,63 @@ fn keep_last_good(objects: &mut Vec<Object>, errors: &[ParseError], previous: Ve
             objects.push(old);
         }
     }
+}
+
+/// Whether a change's notes show it finished: every path that could hold
+/// manifests was last renamed into place (an atomic replacement: the
+/// file is whole the moment it has its name), so it is read at once
+/// rather than after [`QUIET`]. A path written, created, removed or
+/// renamed away may be an editor or a writer midway, and waits; so does
+/// a change whose notes were lost.
+#[derive(Debug, Default)]
+struct Settling {
+    unsettled: std::collections::HashSet<PathBuf>,
+    blind: bool,
+}
+
+impl Settling {
+    fn note(&mut self, note: &Option<notify::Result<notify::Event>>) {
+        use notify::EventKind;
+        use notify::event::{ModifyKind, RenameMode};
+        let Some(Ok(e)) = note else {
+            self.blind = true;
+            return;
+        };
+        match e.kind {
+            EventKind::Access(_) => {}
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+                for p in &e.paths {
+                    self.unsettled.remove(p);
+                }
+            }
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+                if let [from, to] = e.paths.as_slice() {
+                    self.unsettled.remove(to);
+                    if could_hold_manifests(from) {
+                        self.unsettled.insert(from.clone());
+                    }
+                } else {
+                    self.blind = true;
+                }
+            }
+            _ => {
+                self.blind |= e.need_rescan();
+                self.unsettled.extend(e.paths.iter().filter(|p| could_hold_manifests(p)).cloned());
+            }
+        }
+    }
+
+    fn finished(&self) -> bool {
+        !self.blind && self.unsettled.is_empty()
+    }
+}
+
+/// A manifest file, or what may be a directory of them (no extension, a
+/// ConfigMap volume's `..data`); not a writer's temporary file or an
+/// editor's swap file, whose comings and goings change nothing.
+fn could_hold_manifests(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    is_manifest(path) || name.starts_with("..") || !name.starts_with('.') && path.extension().is_none() || path.is_dir()
 }
 
 fn is_manifest(path: &Path) -> bool {

@@ -39,10 +39,19 @@ pub struct Report {
     pub full: bool,
     pub changes: usize,
     pub bytes: usize,
-    /// Time in the plugin (apply and render).
+    /// The host's own work before the plugin: the state's changes
+    /// collected into service ports, the node's addresses read.
+    pub host: std::time::Duration,
+    /// Time in the plugin: a new instance given the whole state (the
+    /// first sync, and after a trap), or the changes; and the render.
     pub plugin: std::time::Duration,
-    /// Time the host took to check, render and write the ruleset.
-    pub write: std::time::Duration,
+    /// The host's checks of the ruleset and its rendering into the
+    /// kernel's syntax or messages.
+    pub check: std::time::Duration,
+    /// The kernel's part: reads and writes.
+    pub kernel: std::time::Duration,
+    /// Extensions' syncs after the write.
+    pub extensions: std::time::Duration,
     /// iptables mode: the rules kube-proxy owns now, (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,
 }
@@ -322,6 +331,7 @@ impl FamilyProxier {
     /// One sync. `full` asks for a full render; a failure makes the next
     /// sync full too.
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
+        let t = std::time::Instant::now();
         let mut plugin_changes = std::mem::take(&mut self.replanned);
         plugin_changes.extend(self.collect_changes(state, changes));
         let full = full || self.need_full;
@@ -343,7 +353,8 @@ impl FamilyProxier {
             }
         }
         self.refresh_settings();
-        let result = self.program(plugin_changes.len(), &plugin_changes, full);
+        let host = t.elapsed();
+        let result = self.program(plugin_changes.len(), &plugin_changes, full).map(|r| Report { host, ..r });
         if result.is_err() {
             self.need_full = true;
         }
@@ -384,7 +395,9 @@ impl FamilyProxier {
                 full,
             )
             .map_err(|source| Error::Sync { family: self.family, source })?;
+        let dataplane = t.elapsed();
         self.sent.scope.forget_removed();
+        let t = std::time::Instant::now();
         // An extension's failure is its own: logged and counted, its last
         // good objects kept, and retried from a replayed state at the next
         // sync; kube-proxy's rules above are written and stay healthy.
@@ -399,8 +412,11 @@ impl FamilyProxier {
             full,
             changes: n_changes,
             bytes: written.bytes,
+            host: std::time::Duration::ZERO,
             plugin,
-            write: t.elapsed(),
+            check: written.check,
+            kernel: dataplane.saturating_sub(written.check),
+            extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
         })
     }

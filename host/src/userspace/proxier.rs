@@ -273,6 +273,8 @@ impl UserspaceProxier {
         let frame = rules::frame(&portals, &self.settings, self.node_address);
         let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
         let (text, _) = payload(&frame, &Default::default(), &[], d, None);
+        let check = t.elapsed();
+        let t = Instant::now();
         let write = || -> crate::kernel::Result<()> {
             if full {
                 self.kernel.ensure_jumps(&frame.jumps, d)?;
@@ -291,8 +293,11 @@ impl UserspaceProxier {
             full,
             changes: changed,
             bytes: text.len(),
+            host: Duration::ZERO,
             plugin: Duration::ZERO,
-            write: t.elapsed(),
+            check,
+            kernel: t.elapsed(),
+            extensions: Duration::ZERO,
             iptables_rules: Some((frame.rules.len() - nat, nat)),
         })
     }

@@ -158,7 +158,9 @@ impl IpvsDataplane {
     ) -> Result<Written, SyncError> {
         let crate::kernel::StateView { scope, ports, local_addresses, .. } = state;
         let ports = ports.values();
+        let t = std::time::Instant::now();
         self.check(plugin, settings, ruleset, scope)?;
+        let check = t.elapsed();
         let mut ipvs = Ipvs::open().map_err(kernel_error)?;
         let masquerade_mark = settings.masquerade_mark();
         // Every service of the family, so that one in an excluded range
@@ -280,6 +282,7 @@ impl IpvsDataplane {
         // rtnetlink write.
         Ok(Written {
             bytes: writes + script.len() + text.len(),
+            check,
             iptables_rules: Some((frame.rules.len() - rules, rules)),
         })
     }

@@ -37,15 +37,44 @@ impl std::fmt::Display for ParseError {
 /// The Service, EndpointSlice and Node objects of a YAML or JSON text,
 /// and an error for each document that is not valid. Other kinds are
 /// skipped.
+/// A file of many documents (a cluster's dump) is parsed on up to
+/// [`PARSE_THREADS`] threads, each a contiguous run of documents; the
+/// result is in the file's order either way.
 pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
+    let docs = split_documents(text);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(PARSE_THREADS);
+    if threads < 2 || docs.len() < PARALLEL_DOCUMENTS {
+        return parse_run(&docs, 1);
+    }
+    let run = docs.len().div_ceil(threads);
+    let parsed: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            docs.chunks(run).enumerate().map(|(i, chunk)| scope.spawn(move || parse_run(chunk, 1 + i * run))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    let (mut objects, mut errors) = (Vec::new(), Vec::new());
+    for (o, e) in parsed {
+        objects.extend(o);
+        errors.extend(e);
+    }
+    (objects, errors)
+}
+
+/// Threads for one file's documents, at most.
+const PARSE_THREADS: usize = 4;
+/// Fewer documents than this are parsed on the calling thread.
+pub(super) const PARALLEL_DOCUMENTS: usize = 512;
+
+/// Documents numbered from `first` on.
+fn parse_run(docs: &[std::borrow::Cow<'_, str>], first: usize) -> (Vec<Object>, Vec<ParseError>) {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
-    for (i, doc) in split_documents(text).into_iter().enumerate() {
-        let document = i + 1;
-        if blank(&doc) {
+    for (i, doc) in docs.iter().enumerate() {
+        let document = first + i;
+        if blank(doc) {
             continue;
         }
-        match serde_saphyr::from_str_with_options::<Value>(&doc, yaml_options()) {
+        match serde_saphyr::from_str_with_options::<Value>(doc, yaml_options()) {
             Ok(value) => collect(value, document, &mut objects, &mut errors),
             Err(e) => errors.push(ParseError {
                 document,

@@ -77,6 +77,32 @@ fn a_document_that_is_not_yaml_leaves_the_others() {
 }
 
 #[test]
+fn a_large_file_parses_in_order_with_every_document_numbered() {
+    // Past the parallel threshold, with bad documents near the start, at
+    // a run's edge and at the end: the same objects in the file's order,
+    // and each error numbered by its place in the file.
+    let n = 3 * parse::PARALLEL_DOCUMENTS + 7;
+    let bad = [2, n / 2, n / 2 + 1, n];
+    let text: String = (1..=n)
+        .map(|i| {
+            if bad.contains(&i) {
+                format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: bad-{i}}}\nspec: {{ports: [{{port: 70000}}]}}\n")
+            } else {
+                format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: s-{i}}}\nspec: {{ports: [{{port: 80}}]}}\n")
+            }
+        })
+        .collect();
+    let (objects, errors) = parse_documents(&text);
+    let names: Vec<String> = objects.iter().map(|o| o.object_ref().name.clone()).collect();
+    let want: Vec<String> = (1..=n).filter(|i| !bad.contains(i)).map(|i| format!("s-{i}")).collect();
+    assert_eq!(names, want);
+    let numbered: Vec<(usize, String)> =
+        errors.iter().map(|e| (e.document, e.object.clone().unwrap_or_default())).collect();
+    let want: Vec<(usize, String)> = bad.iter().map(|&i| (i, format!("Service bad-{i}"))).collect();
+    assert_eq!(numbered, want);
+}
+
+#[test]
 fn poll_reports_changes_and_deletions() {
     let dir = std::env::temp_dir().join(format!("kpx-manifests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -261,6 +287,53 @@ fn a_duplicate_takes_over_when_the_first_definition_goes() {
 }
 
 #[test]
+fn a_changed_file_is_compared_alone_and_duplicates_hand_over() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-handover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = |name: &str, ip: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    };
+    let (a, b) = (dir.join("a.yaml"), dir.join("b.yaml"));
+    // a defines x and y; b defines y again (a's counts) and z.
+    std::fs::write(&a, svc("svc-x", "10.96.0.1") + &svc("svc-y", "10.96.0.2")).unwrap();
+    std::fs::write(&b, svc("svc-y", "10.96.0.20") + &svc("svc-z", "10.96.0.3")).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    let ips = |events: &[Event]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Apply(Object::Service(s)) => {
+                    format!(
+                        "{} {}",
+                        s.metadata.name.as_deref().unwrap(),
+                        s.spec.as_ref().unwrap().cluster_ip.as_deref().unwrap()
+                    )
+                }
+                Event::Delete(r) => format!("-{}", r.name),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(ips(&source.poll().unwrap()), ["svc-x 10.96.0.1", "svc-y 10.96.0.2", "svc-z 10.96.0.3"]);
+    // y leaves a: b's definition takes over; x, unchanged, is not reported.
+    std::fs::write(&a, svc("svc-x", "10.96.0.1")).unwrap();
+    assert_eq!(ips(&source.refresh(std::slice::from_ref(&a)).unwrap()), ["svc-y 10.96.0.20"]);
+    // y comes back to a: a's counts again.
+    std::fs::write(&a, svc("svc-x", "10.96.0.1") + &svc("svc-y", "10.96.0.2")).unwrap();
+    assert_eq!(ips(&source.refresh(std::slice::from_ref(&a)).unwrap()), ["svc-y 10.96.0.2"]);
+    // b goes: z is deleted, y (a's) stays as it is.
+    std::fs::remove_file(&b).unwrap();
+    assert_eq!(ips(&source.refresh(std::slice::from_ref(&b)).unwrap()), ["-svc-z"]);
+    // a goes too: x and y are deleted.
+    std::fs::remove_file(&a).unwrap();
+    assert_eq!(ips(&source.refresh(std::slice::from_ref(&a)).unwrap()), ["-svc-x", "-svc-y"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_listing_that_fails_at_start_is_never_the_empty_state() {
     let dir = std::env::temp_dir().join(format!("kpx-unlisted-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -362,4 +435,56 @@ fn a_dangling_manifest_link_keeps_its_objects() {
     let _ = fresh.poll().unwrap();
     assert!(!fresh.is_complete());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One inotify note, as the watcher sends it.
+fn note(kind: notify::EventKind, paths: &[&str]) -> Option<notify::Result<notify::Event>> {
+    let mut e = notify::Event::new(kind);
+    for p in paths {
+        e = e.add_path(PathBuf::from(p));
+    }
+    Some(Ok(e))
+}
+
+#[test]
+fn only_renames_into_place_are_read_without_waiting() {
+    use notify::EventKind::{Access, Create, Modify, Remove};
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RemoveKind, RenameMode};
+    let to = || Modify(ModifyKind::Name(RenameMode::To));
+    let settled = |notes: Vec<Option<notify::Result<notify::Event>>>| {
+        let mut s = Settling::default();
+        for n in &notes {
+            s.note(n);
+        }
+        s.finished()
+    };
+    // A file written elsewhere and renamed into place: at once.
+    assert!(settled(vec![note(to(), &["/m/web.yaml"])]));
+    // A temporary file in the directory, written, then renamed over the manifest.
+    assert!(settled(vec![
+        note(Create(CreateKind::File), &["/m/web.yaml.tmp"]),
+        note(Modify(ModifyKind::Data(DataChange::Any)), &["/m/web.yaml.tmp"]),
+        note(Access(AccessKind::Close(AccessMode::Write)), &["/m/web.yaml.tmp"]),
+        note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/web.yaml.tmp"]),
+        note(to(), &["/m/web.yaml"]),
+        note(Modify(ModifyKind::Name(RenameMode::Both)), &["/m/web.yaml.tmp", "/m/web.yaml"]),
+    ]));
+    // Written in place (it may be truncated and written in steps): waits.
+    assert!(!settled(vec![
+        note(Modify(ModifyKind::Data(DataChange::Any)), &["/m/web.yaml"]),
+        note(Access(AccessKind::Close(AccessMode::Write)), &["/m/web.yaml"]),
+    ]));
+    // An editor moving the manifest away before writing it again: waits,
+    // even once the new one is renamed in (the old name is gone).
+    assert!(!settled(vec![note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/web.yaml"])]));
+    assert!(!settled(vec![
+        note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/web.yaml"]),
+        note(to(), &["/m/web.yaml~"]),
+        note(Modify(ModifyKind::Name(RenameMode::Both)), &["/m/web.yaml", "/m/web.yaml~"]),
+    ]));
+    // A removed manifest, or a directory going: waits.
+    assert!(!settled(vec![note(Remove(RemoveKind::File), &["/m/web.yaml"])]));
+    assert!(!settled(vec![note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/team-a"])]));
+    // Lost notes: waits, and the change is read in full.
+    assert!(!settled(vec![note(to(), &["/m/web.yaml"]), None]));
 }
