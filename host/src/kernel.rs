@@ -98,10 +98,9 @@ impl From<nftables::netlink::Error> for SyncError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
     pub bytes: usize,
-    /// The host's checks of the ruleset and its rendering into the
-    /// kernel's syntax or messages; the rest of the sync's time is the
-    /// kernel's (reads, writes).
-    pub check: std::time::Duration,
+    /// Time spent in the kernel's reads and writes (the programs that
+    /// make them included); the rest of the sync's time is the host's.
+    pub kernel: std::time::Duration,
     /// iptables and ipvs modes: the iptables rules kube-proxy owns now,
     /// (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,

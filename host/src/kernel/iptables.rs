@@ -284,8 +284,11 @@ impl IptablesDataplane {
         scope: &Scope,
     ) -> Result<Written, SyncError> {
         let d = dialect(settings);
+        let mut kernel = std::time::Duration::ZERO;
         if full {
+            let t = std::time::Instant::now();
             let dump = self.kernel.dump(d)?;
+            kernel += t.elapsed();
             let own = Table::ALL.into_iter().flat_map(|t| {
                 dump.chains(t)
                     .filter(|c| own_chain_name_problem(c).is_none())
@@ -298,15 +301,15 @@ impl IptablesDataplane {
         // A full sync writes the host's chains whole; a partial one edits
         // what the last write left.
         let previous = if full { None } else { self.host_chains.as_ref() };
-        let t = std::time::Instant::now();
         let Prepared { checked, frame, text, host_chains } =
             prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
-        let check = t.elapsed();
+        let t = std::time::Instant::now();
         if full {
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }
         self.host_chains = None;
         self.kernel.apply(&text)?;
+        kernel += t.elapsed();
         self.host_chains = Some(host_chains);
         self.model.commit(checked);
         // The host's chains hold the frame's rules and the plugin's hook
@@ -317,6 +320,6 @@ impl IptablesDataplane {
             counts[usize::from(r.table == Table::Nat)] += 1;
         }
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        Ok(Written { bytes: text.len(), check, iptables_rules: Some(rules) })
+        Ok(Written { bytes: text.len(), kernel, iptables_rules: Some(rules) })
     }
 }

@@ -391,28 +391,29 @@ impl NftablesDataplane {
     ) -> std::result::Result<Written, SyncError> {
         let family = settings.family;
         let ctx = Context { plugin, family, scope, model: &self.model, full };
-        let t = std::time::Instant::now();
         let (checked, ops) = prepare(&ctx, settings, tx, self.max_bytes)?;
-        let mut check = t.elapsed();
+        let mut kernel = std::time::Duration::ZERO;
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
         let mut batch = Vec::new();
         if full {
             let frame = frame::frame(settings, cluster);
-            let kernel = self.kernel.objects()?;
             let t = std::time::Instant::now();
+            let held = self.kernel.objects()?;
+            kernel += t.elapsed();
             batch.push(encode::add_table());
-            if let Some(kernel) = kernel {
-                batch.extend(reconcile(family, &kernel, &frame, &checked).map_err(refuse)?);
+            if let Some(held) = held {
+                batch.extend(reconcile(family, &held, &frame, &checked).map_err(refuse)?);
             }
             let decls = set_declarations(&checked, &self.model);
             batch.extend(messages(family, settings.masquerade_mark(), &frame, &decls, self.max_bytes).map_err(refuse)?);
-            check += t.elapsed();
         }
         batch.extend(ops);
         let bytes = batch.iter().map(|m| m.attrs.buf.len() + 20).sum();
+        let t = std::time::Instant::now();
         self.kernel.apply(&batch)?;
+        kernel += t.elapsed();
         self.model.commit(checked);
-        Ok(Written { bytes, check, iptables_rules: None })
+        Ok(Written { bytes, kernel, iptables_rules: None })
     }
 }
 

@@ -127,7 +127,8 @@ impl ManifestSource {
         for path in files {
             changed |= self.read(path, false);
         }
-        if !changed {
+        // Files a refresh read before it asked for this poll count too.
+        if !changed && self.touched.is_empty() {
             return Ok(Vec::new());
         }
         Ok(self.diff())
@@ -140,24 +141,7 @@ impl ManifestSource {
     pub fn refresh(&mut self, paths: &[PathBuf]) -> Option<Vec<Event>> {
         let root_is_file = self.root_is_file();
         let mut changed = false;
-        // inotify names paths from the watched directory as the kernel
-        // resolved it: back to the root as given, which the files are
-        // keyed by.
-        let canonical = std::fs::canonicalize(&self.root).ok();
-        let absolute = std::path::absolute(&self.root).ok();
-        let paths: Vec<PathBuf> = paths
-            .iter()
-            .map(|p| {
-                [canonical.as_ref(), absolute.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .find_map(|base| p.strip_prefix(base).ok())
-                    .map_or_else(
-                        || p.clone(),
-                        |rest| if rest.as_os_str().is_empty() { self.root.clone() } else { self.root.join(rest) },
-                    )
-            })
-            .collect();
+        let paths: Vec<PathBuf> = paths.iter().map(|p| self.keyed(p)).collect();
         for path in &paths {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if root_is_file {
@@ -211,6 +195,9 @@ impl ManifestSource {
 
     /// Forgets a file that is gone; whether it was held.
     fn drop_file(&mut self, path: &Path) -> bool {
+        if !self.files.contains_key(path) {
+            return false;
+        }
         self.touch(path);
         self.files.remove(path).is_some()
     }
@@ -370,48 +357,21 @@ impl ManifestSource {
         loop {
             let events = tokio::select! {
                 note = notes.recv(), if watcher.is_some() => {
-                    let mut settling = Settling::default();
-                    settling.note(&note);
-                    let mut batch = vec![note];
-                    // Notes already queued belong to the same change.
-                    while let Ok(n) = notes.try_recv() {
-                        let n = Some(n);
-                        settling.note(&n);
-                        batch.push(n);
-                    }
-                    let began = tokio::time::Instant::now();
-                    while !settling.finished() && began.elapsed() < MOST_SETTLE {
-                        match tokio::time::timeout(QUIET, notes.recv()).await {
-                            Ok(n) => {
-                                settling.note(&n);
-                                batch.push(n);
-                            }
-                            Err(_) => break,
+                    let (batch, fast) = self.settle(note, &mut notes).await;
+                    let mut events = self.apply_notes(batch);
+                    // A change read at once that deletes waits out QUIET all
+                    // the same: a writer renaming several files into place
+                    // may be moving the object to another of them.
+                    while fast && events.as_ref().is_ok_and(|e| e.iter().any(|e| matches!(e, Event::Delete(_)))) {
+                        let Ok(note) = tokio::time::timeout(QUIET, notes.recv()).await else { break };
+                        let (more, _) = self.settle(note, &mut notes).await;
+                        match (&mut events, self.apply_notes(more)) {
+                            (Ok(events), Ok(more)) => events.extend(more),
+                            (_, Err(e)) => events = Err(e),
+                            (Err(_), Ok(_)) => {}
                         }
                     }
-                    let mut paths = Vec::new();
-                    let mut rescan = false;
-                    for n in batch {
-                        match n {
-                            // Opens and reads (kpx's own among them) change nothing.
-                            Some(Ok(e)) if matches!(e.kind, notify::EventKind::Access(_)) => {}
-                            Some(Ok(e)) => {
-                                rescan |= e.need_rescan();
-                                paths.extend(e.paths);
-                            }
-                            Some(Err(e)) => {
-                                tracing::warn!(path = %self.root.display(), "inotify: {e}; re-reading every manifest");
-                                rescan = true;
-                            }
-                            None => rescan = true,
-                        }
-                    }
-                    paths.sort();
-                    paths.dedup();
-                    match (rescan, self.refresh(&paths)) {
-                        (false, Some(events)) => Ok(events),
-                        _ => self.poll(),
-                    }
+                    events
                 }
                 _ = full.tick() => self.poll(),
             };
@@ -434,6 +394,93 @@ impl ManifestSource {
                 }
             }
         }
+    }
+
+    /// The notes of one change, from its first: those already queued,
+    /// then more until the change has settled ([`Settling`]), or QUIET
+    /// passes without one, or MOST_SETTLE in all; and whether it settled
+    /// without waiting.
+    async fn settle(
+        &self,
+        first: Option<notify::Result<notify::Event>>,
+        notes: &mut tokio::sync::mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+    ) -> (Vec<Option<notify::Result<notify::Event>>>, bool) {
+        let held = |p: &Path| self.holds(p);
+        let mut settling = Settling::default();
+        settling.note(&first, held);
+        let mut batch = vec![first];
+        while let Ok(n) = notes.try_recv() {
+            let n = Some(n);
+            settling.note(&n, held);
+            batch.push(n);
+        }
+        if settling.finished() {
+            return (batch, true);
+        }
+        let began = tokio::time::Instant::now();
+        while !settling.finished() && began.elapsed() < MOST_SETTLE {
+            match tokio::time::timeout(QUIET, notes.recv()).await {
+                Ok(n) => {
+                    settling.note(&n, held);
+                    batch.push(n);
+                }
+                Err(_) => break,
+            }
+        }
+        (batch, false)
+    }
+
+    /// Reads what a change's notes name (everything, when they say notes
+    /// were lost or name a directory) and returns the events.
+    fn apply_notes(&mut self, batch: Vec<Option<notify::Result<notify::Event>>>) -> std::io::Result<Vec<Event>> {
+        let mut paths = Vec::new();
+        let mut rescan = false;
+        for n in batch {
+            match n {
+                // Opens and reads (kpx's own among them) change nothing.
+                Some(Ok(e)) if matches!(e.kind, notify::EventKind::Access(_)) => {}
+                Some(Ok(e)) => {
+                    rescan |= e.need_rescan();
+                    paths.extend(e.paths);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(path = %self.root.display(), "inotify: {e}; re-reading every manifest");
+                    rescan = true;
+                }
+                None => rescan = true,
+            }
+        }
+        if rescan {
+            return self.poll();
+        }
+        paths.sort();
+        paths.dedup();
+        match self.refresh(&paths) {
+            Some(events) => Ok(events),
+            None => self.poll(),
+        }
+    }
+
+    /// Whether `path` (as inotify names it) is a file the source holds,
+    /// or a directory it holds files below.
+    fn holds(&self, path: &Path) -> bool {
+        let path = self.keyed(path);
+        self.files.contains_key(&path) || self.holds_below(&path)
+    }
+
+    /// A path inotify named (from the watched directory as the kernel
+    /// resolved it) as the files are keyed: under the root as given.
+    fn keyed(&self, path: &Path) -> PathBuf {
+        let canonical = std::fs::canonicalize(&self.root).ok();
+        let absolute = std::path::absolute(&self.root).ok();
+        [canonical.as_ref(), absolute.as_ref()]
+            .into_iter()
+            .flatten()
+            .find_map(|base| path.strip_prefix(base).ok())
+            .map_or_else(
+                || path.to_path_buf(),
+                |rest| if rest.as_os_str().is_empty() { self.root.clone() } else { self.root.join(rest) },
+            )
     }
 
     /// An inotify watch on the root (its directory, when it names a
@@ -506,9 +553,10 @@ fn keep_last_good(objects: &mut Vec<Object>, errors: &[ParseError], previous: Ve
 /// Whether a change's notes show it finished: every path that could hold
 /// manifests was last renamed into place (an atomic replacement: the
 /// file is whole the moment it has its name), so it is read at once
-/// rather than after [`QUIET`]. A path written, created, removed or
-/// renamed away may be an editor or a writer midway, and waits; so does
-/// a change whose notes were lost.
+/// rather than after [`QUIET`]. A path written or created may be a
+/// writer midway, and a held file or directory removed or renamed away
+/// an editor or a swap midway: those wait, and so does a change whose
+/// notes were lost.
 #[derive(Debug, Default)]
 struct Settling {
     unsettled: std::collections::HashSet<PathBuf>,
@@ -516,7 +564,9 @@ struct Settling {
 }
 
 impl Settling {
-    fn note(&mut self, note: &Option<notify::Result<notify::Event>>) {
+    /// `held`: whether the source holds a path (a file, or files below a
+    /// directory): one going away cannot be looked at any more.
+    fn note(&mut self, note: &Option<notify::Result<notify::Event>>, held: impl Fn(&Path) -> bool) {
         use notify::EventKind;
         use notify::event::{ModifyKind, RenameMode};
         let Some(Ok(e)) = note else {
@@ -533,12 +583,16 @@ impl Settling {
             EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
                 if let [from, to] = e.paths.as_slice() {
                     self.unsettled.remove(to);
-                    if could_hold_manifests(from) {
+                    if could_hold_manifests(from) || held(from) {
                         self.unsettled.insert(from.clone());
                     }
                 } else {
                     self.blind = true;
                 }
+            }
+            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_)) => {
+                self.blind |= e.need_rescan();
+                self.unsettled.extend(e.paths.iter().filter(|p| could_hold_manifests(p) || held(p)).cloned());
             }
             _ => {
                 self.blind |= e.need_rescan();

@@ -46,7 +46,7 @@ pub struct Report {
     /// first sync, and after a trap), or the changes; and the render.
     pub plugin: std::time::Duration,
     /// The host's checks of the ruleset and its rendering into the
-    /// kernel's syntax or messages.
+    /// kernel's syntax or messages, and its record of what was written.
     pub check: std::time::Duration,
     /// The kernel's part: reads and writes.
     pub kernel: std::time::Duration,
@@ -414,8 +414,8 @@ impl FamilyProxier {
             bytes: written.bytes,
             host: std::time::Duration::ZERO,
             plugin,
-            check: written.check,
-            kernel: dataplane.saturating_sub(written.check),
+            check: dataplane.saturating_sub(written.kernel),
+            kernel: written.kernel,
             extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
         })

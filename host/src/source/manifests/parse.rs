@@ -48,9 +48,23 @@ pub fn parse_documents(text: &str) -> (Vec<Object>, Vec<ParseError>) {
     }
     let run = docs.len().div_ceil(threads);
     let parsed: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> =
-            docs.chunks(run).enumerate().map(|(i, chunk)| scope.spawn(move || parse_run(chunk, 1 + i * run))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        // A run whose thread cannot be had (a tight pids limit) is parsed
+        // here, after the others are started.
+        let started: Vec<_> = docs
+            .chunks(run)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let first = 1 + i * run;
+                (std::thread::Builder::new().spawn_scoped(scope, move || parse_run(chunk, first)).ok(), chunk, first)
+            })
+            .collect();
+        started
+            .into_iter()
+            .map(|(handle, chunk, first)| match handle {
+                Some(h) => h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                None => parse_run(chunk, first),
+            })
+            .collect()
     });
     let (mut objects, mut errors) = (Vec::new(), Vec::new());
     for (o, e) in parsed {

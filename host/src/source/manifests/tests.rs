@@ -451,10 +451,12 @@ fn only_renames_into_place_are_read_without_waiting() {
     use notify::EventKind::{Access, Create, Modify, Remove};
     use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RemoveKind, RenameMode};
     let to = || Modify(ModifyKind::Name(RenameMode::To));
+    // What the source holds: a file, and a directory with a dot in its name.
+    let held = |p: &Path| p == Path::new("/m/web.yaml") || p == Path::new("/m/conf.d");
     let settled = |notes: Vec<Option<notify::Result<notify::Event>>>| {
         let mut s = Settling::default();
         for n in &notes {
-            s.note(n);
+            s.note(n, held);
         }
         s.finished()
     };
@@ -482,9 +484,60 @@ fn only_renames_into_place_are_read_without_waiting() {
         note(to(), &["/m/web.yaml~"]),
         note(Modify(ModifyKind::Name(RenameMode::Both)), &["/m/web.yaml", "/m/web.yaml~"]),
     ]));
-    // A removed manifest, or a directory going: waits.
+    // A removed manifest, or a directory going: waits, whatever its name.
     assert!(!settled(vec![note(Remove(RemoveKind::File), &["/m/web.yaml"])]));
     assert!(!settled(vec![note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/team-a"])]));
+    assert!(!settled(vec![note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/conf.d"])]));
+    assert!(!settled(vec![
+        note(Modify(ModifyKind::Name(RenameMode::From)), &["/m/conf.d"]),
+        note(to(), &["/m/conf.d"]),
+        note(Modify(ModifyKind::Name(RenameMode::Both)), &["/m/conf.d", "/m/old.d"]),
+    ]));
+    // A temporary file the source never held, going: nothing to wait for.
+    assert!(settled(vec![note(Remove(RemoveKind::File), &["/m/web.yaml.tmp"])]));
     // Lost notes: waits, and the change is read in full.
     assert!(!settled(vec![note(to(), &["/m/web.yaml"]), None]));
+}
+
+#[test]
+fn notes_that_ask_for_a_full_read_lose_nothing() {
+    use notify::EventKind::{Create, Modify};
+    use notify::event::{CreateKind, DataChange, ModifyKind};
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-notes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = dir.join("a.yaml");
+    std::fs::write(&a, GOOD).unwrap();
+    let mut source = ManifestSource::new(&dir).unwrap();
+    assert_eq!(source.poll().unwrap().len(), 2);
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let modified = |p: &Path| note(Modify(ModifyKind::Data(DataChange::Any)), &[&path(p)]);
+    // Same-length edits: the mtime is moved on so that the stamp changes.
+    let bump = |file: &Path, secs: u64| {
+        let t = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
+        std::fs::File::options().write(true).open(file).unwrap().set_modified(t).unwrap();
+    };
+    // Lost notes beside a named change: the full read still reports it.
+    std::fs::write(&a, GOOD.replace("10.1.0.5", "10.1.0.6")).unwrap();
+    bump(&a, 1);
+    let events = source.apply_notes(vec![modified(&a), None]).unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    // A named change beside a new directory (which asks for a full read
+    // after the change was read): still reported.
+    std::fs::write(&a, GOOD.replace("10.1.0.5", "10.1.0.7")).unwrap();
+    bump(&a, 2);
+    std::fs::create_dir_all(dir.join("team-b")).unwrap();
+    let events = source
+        .apply_notes(vec![modified(&a), note(Create(CreateKind::Folder), &[&path(&dir.join("team-b"))])])
+        .unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    // A writer's temporary manifest, never read, gone again: no trace.
+    let events = source
+        .apply_notes(vec![note(
+            notify::EventKind::Remove(notify::event::RemoveKind::File),
+            &[&path(&dir.join("tmp-1.yaml"))],
+        )])
+        .unwrap();
+    assert!(events.is_empty() && source.touched.is_empty(), "{events:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
