@@ -6,6 +6,7 @@ mod cluster;
 mod daemon;
 mod measure;
 mod relay;
+mod upstream;
 
 use std::path::PathBuf;
 
@@ -41,6 +42,7 @@ fn parse_args() -> Result<Args> {
             ("iptables", 1000, 10),
             ("iptables", 10000, 1),
             ("nftables", 1000, 10),
+            ("nftables", 3000, 10),
             ("nftables", 10000, 10),
             ("nftables", 30000, 10),
         ]

@@ -34,6 +34,9 @@ use crate::cluster;
 use crate::daemon::{self, DaemonRun};
 
 pub(crate) const NODE: &str = "bench-node";
+/// The largest size upstream's nftables shape is loaded for as the
+/// reference (1.5 s at 1k x 10, 6.5 s at 3k, 118 s at 10k here).
+const UPSTREAM_MAX: usize = 3000;
 const PROBE: &str = "10.111.255.10:80";
 
 /// Runs of each in-process stage; the median is reported (this machine's
@@ -120,6 +123,9 @@ pub struct SizeResult {
     pub chains: usize,
     /// The daemon's own runs, one per source.
     pub daemon: Vec<DaemonRun>,
+    /// nftables mode up to [`UPSTREAM_MAX`] Services: upstream's ruleset
+    /// shape loaded with `nft -f` (time, chains), the reference.
+    pub upstream: Option<(Duration, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -533,7 +539,15 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
             Err(e) => eprintln!("   daemon run ({}) failed: {e:#}", source.name()),
         }
     }
-    Ok(SizeResult { mode: mode.into(), services, endpoints, full, partial, chains, daemon: daemons })
+    // Upstream's shape for the same cluster: 118 s at 10k x 10 here, so
+    // only up to UPSTREAM_MAX Services.
+    let upstream = if proxy_mode == ProxyMode::Nftables && services <= UPSTREAM_MAX {
+        eprintln!("   upstream's nftables shape, nft -f");
+        Some(crate::upstream::load(services, endpoints)?)
+    } else {
+        None
+    };
+    Ok(SizeResult { mode: mode.into(), services, endpoints, full, partial, chains, daemon: daemons, upstream })
 }
 
 /// First-packet latency through `services` Services: new TCP connections
@@ -657,6 +671,9 @@ impl Report {
         if self.sizes.iter().any(|r| !r.daemon.is_empty()) {
             out.push_str(&daemon_table(&self.sizes));
         }
+        if self.sizes.iter().any(|r| r.upstream.is_some()) {
+            out.push_str(&upstream_table(&self.sizes));
+        }
         if !self.latency.is_empty() {
             out.push_str(
                 "\nfirst-packet latency (TCP connect to the last Service, through the node: 500 new connections):\n",
@@ -685,6 +702,11 @@ impl Report {
                 "wasm_over_native_to_payload": r.full.to_payload_ratio(),
                 "own_over_kernel": r.full.own().as_secs_f64() / r.full.kernel.as_secs_f64().max(1e-9),
                 "chains": r.chains, "daemon": r.daemon.iter().map(DaemonRun::json).collect::<Vec<_>>(),
+                "upstream_shape": r.upstream.map(|(took, chains)| json!({
+                    "nft_f_ms": ms(took), "chains": chains,
+                    "kpx_start_to_first_sync_over_upstream": r.daemon.iter().map(|d| json!({"source": d.source.name(), "ratio": d.to_first_sync.as_secs_f64() / took.as_secs_f64()})).collect::<Vec<_>>(),
+                    "kpx_kernel_over_upstream": r.daemon.first().map(|d| d.first.kernel_ms / ms(took)),
+                })),
             })).collect::<Vec<_>>(),
             "first_packet_latency": self.latency.iter().map(|l| json!({
                 "mode": l.mode, "services": l.services, "median_us": l.median_us, "p90_us": l.p90_us})).collect::<Vec<_>>(),
@@ -724,6 +746,38 @@ fn daemon_table(sizes: &[SizeResult]) -> String {
         }
     }
     out.push_str("(ms; kpx started in a fresh namespace with --iptables-min-sync-period 100ms; \"start to first sync\" = from spawning the process to the \"synced rules\" line of its first IPv4 sync, which kpx logs once the kernel's write has returned; \"own\" = that less the kernel's part; \"read\" = the manifest source's first read (file read and parsed); host, plugin, check and kernel are the first sync's stages as the daemon logs them; a change is one EndpointSlice with one endpoint for one Service, made 150 ms after the last sync, timed from the file renamed into the manifest directory or the object stored by the list/watch server to that change's \"synced rules\" line; peak RSS is the daemon's VmHWM at the end of the run)\n");
+    out
+}
+
+/// kpx against upstream's ruleset shape for the same cluster.
+fn upstream_table(sizes: &[SizeResult]) -> String {
+    let mut out = String::from(
+        "\nagainst upstream's nftables shape (the same cluster as upstream writes it: a chain per service port and per endpoint, loaded with nft -f into a fresh namespace):\n",
+    );
+    for r in sizes {
+        let Some((took, chains)) = r.upstream else { continue };
+        let up = ms(took);
+        out.push_str(&format!(
+            "  {:<9} {:>6} x {:<4} upstream's shape {:>6} chains {:>8.0} ms |",
+            r.mode, r.services, r.endpoints, chains, up
+        ));
+        for d in &r.daemon {
+            out.push_str(&format!(
+                " kpx from process start to first sync ({}) {:.0} ms = {:.2}x;",
+                d.source.name(),
+                d.to_first_sync.as_secs_f64() * 1e3,
+                d.to_first_sync.as_secs_f64() * 1e3 / up
+            ));
+        }
+        if let Some(d) = r.daemon.first() {
+            out.push_str(&format!(
+                " kpx's kernel write alone {:.0} ms = {:.2}x",
+                d.first.kernel_ms,
+                d.first.kernel_ms / up
+            ));
+        }
+        out.push('\n');
+    }
     out
 }
 
