@@ -52,6 +52,7 @@ pub fn manifests(services: usize, endpoints: usize, probe_backend: Option<&str>)
     out
 }
 
-fn lb_ip(i: usize) -> Ipv4Addr {
+/// Service i's load-balancer IP (every tenth Service is a LoadBalancer).
+pub fn lb_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(0xC633_6400u32 + i as u32) // 198.51.100.0 upwards
 }

@@ -28,6 +28,10 @@ use crate::measure::{NODE, Netns};
 const MIN_SYNC_PERIOD: &str = "100ms";
 /// The pause between changes: longer than the min sync period.
 const IDLE: Duration = Duration::from_millis(150);
+/// The pause before the first change: the first pass's other family and
+/// its work after the write (30k Services: about 250 ms) done, so that
+/// the first change, too, meets an idle proxy.
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// Where kpx reads the cluster from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,17 +186,16 @@ fn now_unix() -> f64 {
 /// The daemon's log, read as it grows.
 struct Log {
     file: std::fs::File,
-    partial: String,
+    partial: Vec<u8>,
 }
 
 impl Log {
-    /// The lines completed since the last call.
+    /// The lines completed since the last call (bytes, so that a read
+    /// ending inside a character loses nothing).
     fn lines(&mut self) -> Vec<String> {
-        let mut more = String::new();
-        let _ = self.file.read_to_string(&mut more);
-        self.partial.push_str(&more);
-        let Some(end) = self.partial.rfind('\n') else { return Vec::new() };
-        let done: Vec<String> = self.partial[..end].lines().map(str::to_string).collect();
+        let _ = self.file.read_to_end(&mut self.partial);
+        let Some(end) = self.partial.iter().rposition(|&b| b == b'\n') else { return Vec::new() };
+        let done: Vec<String> = String::from_utf8_lossy(&self.partial[..end]).lines().map(str::to_string).collect();
         self.partial.drain(..=end);
         done
     }
@@ -331,7 +334,7 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
         .stderr(std::fs::File::create(&log_path)?)
         .spawn()?;
     let mut daemon =
-        Daemon { child, log: Log { file: std::fs::File::open(&log_path)?, partial: String::new() }, path: log_path };
+        Daemon { child, log: Log { file: std::fs::File::open(&log_path)?, partial: Vec::new() }, path: log_path };
     let mut read_ms = None;
     let first = daemon.wait(
         Duration::from_secs(900),
@@ -343,7 +346,7 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
         },
     )?;
     let to_first_sync = Duration::from_secs_f64((first.at - started).max(0.0));
-    std::thread::sleep(IDLE);
+    std::thread::sleep(SETTLE);
     let (mut changes, mut change_syncs) = (Vec::new(), Vec::new());
     for c in 0..args.changes {
         let (i, yaml) = change(c, services);

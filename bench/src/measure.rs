@@ -35,7 +35,8 @@ use crate::daemon::{self, DaemonRun};
 
 pub(crate) const NODE: &str = "bench-node";
 /// The largest size upstream's nftables shape is loaded for as the
-/// reference (1.5 s at 1k x 10, 6.5 s at 3k, 118 s at 10k here).
+/// reference (about 1 s at 1k x 10 and 18-22 s at 3k here, at e9f2b6b;
+/// the time grows faster than the chain count).
 const UPSTREAM_MAX: usize = 3000;
 const PROBE: &str = "10.111.255.10:80";
 
@@ -543,7 +544,7 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     // only up to UPSTREAM_MAX Services.
     let upstream = if proxy_mode == ProxyMode::Nftables && services <= UPSTREAM_MAX {
         eprintln!("   upstream's nftables shape, nft -f");
-        Some(crate::upstream::load(services, endpoints)?)
+        crate::upstream::load(services, endpoints).map_err(|e| eprintln!("   upstream's shape failed: {e:#}")).ok()
     } else {
         None
     };
@@ -705,7 +706,7 @@ impl Report {
                 "upstream_shape": r.upstream.map(|(took, chains)| json!({
                     "nft_f_ms": ms(took), "chains": chains,
                     "kpx_start_to_first_sync_over_upstream": r.daemon.iter().map(|d| json!({"source": d.source.name(), "ratio": d.to_first_sync.as_secs_f64() / took.as_secs_f64()})).collect::<Vec<_>>(),
-                    "kpx_kernel_over_upstream": r.daemon.first().map(|d| d.first.kernel_ms / ms(took)),
+                    "kpx_kernel_over_upstream": r.daemon.first().map(|d| json!({"source": d.source.name(), "ratio": d.first.kernel_ms / ms(took)})),
                 })),
             })).collect::<Vec<_>>(),
             "first_packet_latency": self.latency.iter().map(|l| json!({

@@ -66,8 +66,7 @@ pub fn ruleset(services: usize, endpoints: usize) -> String {
             let _ = writeln!(chains, "  chain {external} {{\n    jump mark-for-masquerade\n    goto {service}\n  }}");
             node_ports.push(format!("tcp . {} : goto {external}", 20000 + i % 45000));
             if kind == 0 {
-                let lb = std::net::Ipv4Addr::from(0xC633_6400u32 + i as u32);
-                ips.push(format!("{lb} . tcp . 80 : goto {external}"));
+                ips.push(format!("{} . tcp . 80 : goto {external}", cluster::lb_ip(i)));
             }
         }
     }

@@ -435,13 +435,13 @@ fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telem
     }
 }
 
-/// Runs until the source's sender is dropped (the source stopped).
-/// `watcher`: the component files replaced while kpx runs.
 /// A stage's time for the log: milliseconds, to 10 µs.
 fn millis(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e5).round() / 100.0
 }
 
+/// Runs until the source's sender is dropped (the source stopped).
+/// `watcher`: the component files replaced while kpx runs.
 pub fn run(
     mut state: State,
     events: Receiver<Event>,

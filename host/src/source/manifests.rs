@@ -362,12 +362,21 @@ impl ManifestSource {
                     // A change read at once that deletes waits out QUIET all
                     // the same: a writer renaming several files into place
                     // may be moving the object to another of them.
-                    while fast && events.as_ref().is_ok_and(|e| e.iter().any(|e| matches!(e, Event::Delete(_)))) {
+                    // Events already compared are never dropped: an error
+                    // after them is logged and they are sent.
+                    let began = tokio::time::Instant::now();
+                    while fast
+                        && began.elapsed() < MOST_SETTLE
+                        && events.as_ref().is_ok_and(|e| e.iter().any(|e| matches!(e, Event::Delete(_))))
+                    {
                         let Ok(note) = tokio::time::timeout(QUIET, notes.recv()).await else { break };
                         let (more, _) = self.settle(note, &mut notes).await;
                         match (&mut events, self.apply_notes(more)) {
                             (Ok(events), Ok(more)) => events.extend(more),
-                            (_, Err(e)) => events = Err(e),
+                            (_, Err(e)) => {
+                                tracing::error!(path = %self.root.display(), error = %e, "cannot list manifests; keeping the last good objects");
+                                break;
+                            }
                             (Err(_), Ok(_)) => {}
                         }
                     }
@@ -611,7 +620,10 @@ impl Settling {
 /// editor's swap file, whose comings and goings change nothing.
 fn could_hold_manifests(path: &Path) -> bool {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    is_manifest(path) || name.starts_with("..") || !name.starts_with('.') && path.extension().is_none() || path.is_dir()
+    is_manifest(path)
+        || name.starts_with("..")
+        || (!name.starts_with('.') && path.extension().is_none())
+        || path.is_dir()
 }
 
 fn is_manifest(path: &Path) -> bool {

@@ -270,6 +270,8 @@ impl UserspaceProxier {
                 cluster: s.portal(Side::Cluster),
             })
             .collect();
+        let host = t.elapsed();
+        let t = Instant::now();
         let frame = rules::frame(&portals, &self.settings, self.node_address);
         let d = Dialect { family: self.family, masquerade_mark: 1 << self.config.masquerade_bit };
         let (text, _) = payload(&frame, &Default::default(), &[], d, None);
@@ -293,7 +295,7 @@ impl UserspaceProxier {
             full,
             changes: changed,
             bytes: text.len(),
-            host: Duration::ZERO,
+            host,
             plugin: Duration::ZERO,
             check,
             kernel: t.elapsed(),
