@@ -137,6 +137,12 @@ fn main() -> Result<()> {
     if let Some(r) = &relay {
         println!("{}", r.table());
         json["userspace"] = r.json();
+        if json.get("commit").is_none() {
+            let (machine, commit, date) = measure::provenance();
+            json["machine"] = machine.into();
+            json["commit"] = commit.into();
+            json["date"] = date.into();
+        }
     }
     if let Some(dir) = args.json.parent() {
         std::fs::create_dir_all(dir)?;

@@ -612,6 +612,13 @@ pub fn run(args: &Args) -> Result<Report> {
     for (mode, s) in &args.latency {
         latency.push(measure_latency(args, mode, *s, &dir)?);
     }
+    let (machine, commit, date) = provenance();
+    Ok(Report { machine, commit, date, sizes, latency })
+}
+
+/// Where and when a run was taken: (machine, commit, date). The commit
+/// is `-dirty` when the work tree differs from it (untracked files too).
+pub fn provenance() -> (String, String, String) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -629,13 +636,11 @@ pub fn run(args: &Args) -> Result<Report> {
         output("iptables", &["--version"]),
     );
     let dirty = if output("git", &["status", "--porcelain"]).is_empty() { "" } else { "-dirty" };
-    Ok(Report {
+    (
         machine,
-        commit: format!("{}{dirty}", output("git", &["rev-parse", "--short", "HEAD"])),
-        date: output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
-        sizes,
-        latency,
-    })
+        format!("{}{dirty}", output("git", &["rev-parse", "--short", "HEAD"])),
+        output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+    )
 }
 
 impl Report {
