@@ -199,7 +199,8 @@ impl ManifestSource {
             return false;
         }
         self.touch(path);
-        self.files.remove(path).is_some()
+        self.files.remove(path);
+        true
     }
 
     /// Notes the objects `path` defined before it changes (once per diff).
