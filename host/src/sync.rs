@@ -559,6 +559,10 @@ pub fn run(
         let start = Instant::now();
         changes.merge(state.take_changes());
         let full = schedule.wants_full(start);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let names: Vec<String> = changes.services.keys().map(ToString::to_string).collect();
+            tracing::debug!(full, node = changes.node, cluster = changes.cluster, services = ?names, "sync pass");
+        }
         let mut ok = true;
         let m = &telemetry.metrics;
         for proxier in &mut proxiers {

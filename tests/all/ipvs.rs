@@ -266,7 +266,10 @@ fn mode_checks() {
     let f = foreign.clone();
     node_ipvs(&lab, move |ipvs| f.iter().for_each(|s| ipvs.add_service(s).unwrap()));
     let foreign_keys: std::collections::BTreeSet<ServiceKey> = foreign.iter().map(|s| s.key.clone()).collect();
-    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs", "--ipvs-exclude-cidrs=172.30.0.0/16"]);
+    let args = kpx_args(
+        &manifests,
+        &["--proxy-mode", "ipvs", "--ipvs-exclude-cidrs=172.30.0.0/16", "--vmodule=sync=4,kernel::ipvs=4"],
+    );
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
     for line in kpx.log().lines().filter(|l| l.contains("ERROR") || l.contains("WARN")) {
@@ -330,8 +333,11 @@ fn mode_checks() {
     }
     write_manifest(&manifests.join("udp.yaml"), &udp(&[be1]));
     assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(60)), "{}", kpx.log());
-    // A sync may have started before the last file was written: wait until
-    // the table shows all three changes (or a minute passes).
+    // A sync may have started before the last file was written, and one
+    // change may come a sync after another (the source's events can reach
+    // two syncs); within a sync IPVS is written Service by Service, so a
+    // read can land between two of them: wait until the table shows all
+    // four changes (or a minute passes).
     let gone_ip = lab.backends.iter().find(|b| b.name == held_by).unwrap().ip.clone();
     let t = std::time::Instant::now();
     let table = loop {
@@ -342,6 +348,10 @@ fn mode_checks() {
             && table.iter().any(|(s, d)| {
                 s.key.address.to_string() == "10.96.0.13"
                     && d.iter().any(|d| d.address.to_string() == gone_ip && d.weight == 0)
+            })
+            && table.iter().any(|(s, d)| {
+                s.key.address.to_string() == "10.96.0.10"
+                    && d.iter().all(|d| d.address.to_string() == be1 || d.weight == 0)
             });
         if applied || t.elapsed() > Duration::from_secs(60) {
             break table;
@@ -379,7 +389,8 @@ fn mode_checks() {
     assert!(weights.iter().any(|(a, w, _)| a == be1 && *w == 1), "{weights:?}");
     assert!(
         weights.iter().all(|(a, w, conns)| a == be1 || (*w == 0 && *conns > 0)),
-        "a leaving endpoint must be drained at weight 0 while it has connections, else removed: {weights:?}"
+        "a leaving endpoint must be drained at weight 0 while it has connections, else removed: {weights:?}\n{}",
+        kpx.log()
     );
     assert!(find("10.96.0.12", 80).is_none(), "the deleted Service's virtual server stayed");
     let addrs = lab.node.ip(&["-4", "addr", "show", "dev", "kube-ipvs0"]).unwrap();

@@ -371,10 +371,12 @@ fn reconcile_one(
     for d in reals {
         match dests.get(&(d.address, d.port)) {
             None => {
+                tracing::debug!(service = ?key, real = %d.address, port = d.port, weight = d.weight, "adding a real server");
                 ipvs.add_destination(key, d)?;
                 writes += 1;
             }
             Some(h) if h.weight != d.weight => {
+                tracing::debug!(service = ?key, real = %d.address, port = d.port, from = h.weight, to = d.weight, "setting a real server's weight");
                 ipvs.update_destination(key, d)?;
                 writes += 1;
             }
@@ -409,10 +411,12 @@ fn drain_service(ipvs: &mut Ipvs, key: &ServiceKey) -> Result<usize, super::Erro
 /// is in the table and not in the ruleset is draining.
 fn drain(ipvs: &mut Ipvs, key: &ServiceKey, d: &Destination, at_once: bool) -> Result<usize, super::Error> {
     if at_once || d.active + d.inactive == 0 {
+        tracing::debug!(service = ?key, real = %d.address, port = d.port, "removing a real server");
         ipvs.delete_destination(key, d)?;
         return Ok(1);
     }
     if d.weight != 0 {
+        tracing::debug!(service = ?key, real = %d.address, port = d.port, connections = d.active + d.inactive, "draining a real server at weight 0");
         ipvs.update_destination(key, &Destination::new(d.address, d.port, 0))?;
         return Ok(1);
     }
