@@ -186,6 +186,7 @@ fn iptables(r: ipt::Ruleset) -> Result<wipt::Ruleset> {
         rules,
         matches,
         delete_chains: r.delete_chains.into_iter().map(own_chain).collect(),
+        kept_hooks: r.kept_hooks.into_iter().map(hook).collect(),
     })
 }
 

@@ -52,6 +52,8 @@ const CASES: &[(&str, &str, &str)] = &[
     // nf_tables refuses a reachable loop in the transaction it applies
     // whole (no nftables case: "" skips it).
     ("hostile-jumploop", "the plugin's chains jump in a loop", ""),
+    // A hook kept by a ruleset that writes into it (nftables has no hooks).
+    ("hostile-keephooks", "in a hook the ruleset keeps", ""),
 ];
 
 /// The node's rules as the mode's tool prints them (no counters, no handles).

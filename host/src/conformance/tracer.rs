@@ -75,6 +75,8 @@ pub struct Host {
     /// The ports the scope counts, by key.
     ports: std::collections::BTreeMap<String, ServicePort>,
     iptables: crate::validate::iptables::Model,
+    /// What the last accepted iptables ruleset left in the host's chains.
+    written: Option<iptables::Previous>,
     nftables: crate::validate::nftables::Model,
 }
 
@@ -86,6 +88,7 @@ impl Host {
             scope: Scope::default(),
             ports: Default::default(),
             iptables: Default::default(),
+            written: None,
             nftables: Default::default(),
         };
         host.rescope(ports);
@@ -131,9 +134,11 @@ impl Host {
                     model: &self.iptables,
                     full,
                 };
+                let previous = self.written.take().filter(|_| !full);
                 let prepared =
-                    iptables::prepare(&ctx, &self.settings, rs, max_bytes, None).map_err(|e| e.to_string())?;
+                    iptables::prepare(&ctx, &self.settings, rs, max_bytes, previous).map_err(|e| e.to_string())?;
                 self.iptables.commit(prepared.checked);
+                self.written = Some(iptables::Previous { host_chains: prepared.host_chains, hooks: prepared.hooks });
                 self.scope.forget_removed();
             }
             Ruleset::Nftables(tx) => {

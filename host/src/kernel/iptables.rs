@@ -12,12 +12,10 @@ mod tests;
 use std::collections::BTreeSet;
 
 use kpx_rules::model::{IpFamily, Settings};
-use kpx_rules::ops::iptables::{
-    Hook, Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem,
-};
+use kpx_rules::ops::iptables::{Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem};
 
 use super::{Cause, Exec, Result, SyncError, Written};
-use crate::validate::iptables::{Checked, Context, Model, check};
+use crate::validate::iptables::{Checked, Context, HookRules, Model, check, hook_rules, with_kept_hooks};
 use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
 use render::{Dialect, HostChains, payload, rule_args};
@@ -36,23 +34,35 @@ pub struct Prepared {
     pub text: String,
     /// What the host's chains hold once `text` is written.
     pub host_chains: HostChains,
+    /// The plugin's rules in each hook once `text` is written.
+    pub hooks: HookRules,
+}
+
+/// What the last write left in the host's chains: edited in place by a
+/// partial sync, and the hook rules a partial render may keep.
+pub struct Previous {
+    pub host_chains: HostChains,
+    pub hooks: HookRules,
 }
 
 /// The host's checks of a ruleset and its rendering as one
 /// iptables-restore payload (within `max_bytes`, no line past
 /// [`MAX_LINE`]): everything a sync does before the kernel.
-/// `previous`: what the host's chains held after the last write, to edit
-/// them in place (a partial sync); None writes them whole.
+/// `previous`: what the last write left (a partial sync edits the host's
+/// chains in place and puts kept hooks' rules back); None writes them
+/// whole.
 pub fn prepare(
     ctx: &Context,
     settings: &Settings,
     ruleset: &Ruleset,
     max_bytes: usize,
-    previous: Option<&HostChains>,
+    previous: Option<Previous>,
 ) -> std::result::Result<Prepared, Rejected> {
-    let checked: Checked = check(ctx, ruleset)?;
+    let (host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
+    let ruleset = with_kept_hooks(ctx, ruleset, hooks)?;
+    let checked: Checked = check(ctx, &ruleset)?;
     let frame = frame::frame(settings);
-    let (text, host_chains) = payload(&frame, ruleset, &checked.stale, ctx.dialect, previous);
+    let (text, host_chains) = payload(&frame, &ruleset, &checked.stale, ctx.dialect, host_chains.as_ref());
     if text.len() > max_bytes {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
@@ -69,7 +79,7 @@ pub fn prepare(
             reason: format!("longer than {MAX_LINE} bytes"),
         });
     }
-    Ok(Prepared { checked, frame, text, host_chains })
+    Ok(Prepared { checked, frame, text, host_chains, hooks: hook_rules(ruleset) })
 }
 
 pub fn dialect(settings: &Settings) -> Dialect {
@@ -244,14 +254,15 @@ pub struct IptablesDataplane {
     kernel: IptablesKernel,
     model: Model,
     max_bytes: usize,
-    /// What the host's chains hold, as the last write left them; None
-    /// after a failed write (the next sync is full and writes them whole).
-    host_chains: Option<HostChains>,
+    /// What the host's chains hold, as the last write left them, and
+    /// the plugin's rules among them by hook; None after a failed write
+    /// or a refused ruleset (the next sync is full and writes them whole).
+    written: Option<Previous>,
 }
 
 impl IptablesDataplane {
     pub fn new(kernel: IptablesKernel) -> IptablesDataplane {
-        IptablesDataplane { kernel, model: Model::default(), max_bytes: super::DEFAULT_MAX_BYTES, host_chains: None }
+        IptablesDataplane { kernel, model: Model::default(), max_bytes: super::DEFAULT_MAX_BYTES, written: None }
     }
 
     /// The most bytes a sync may write (the plugin output cap).
@@ -300,25 +311,24 @@ impl IptablesDataplane {
         let ctx = Context { plugin, dialect: d, scope, model: &self.model, full };
         // A full sync writes the host's chains whole; a partial one edits
         // what the last write left.
-        let previous = if full { None } else { self.host_chains.as_ref() };
-        let Prepared { checked, frame, text, host_chains } =
+        // Taken: a refused ruleset or a failed write makes the next sync full.
+        let previous = self.written.take().filter(|_| !full);
+        let Prepared { checked, frame, text, host_chains, hooks } =
             prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
         let t = std::time::Instant::now();
         if full {
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }
-        self.host_chains = None;
         self.kernel.apply(&text)?;
         kernel += t.elapsed();
-        self.host_chains = Some(host_chains);
         self.model.commit(checked);
         // The host's chains hold the frame's rules and the plugin's hook
         // rules; own chains keep theirs.
         let mut counts = [0usize; 2];
-        let hooked = ruleset.rules.iter().filter(|r| Hook::of(r.table, &r.chain).is_some());
-        for r in frame.rules.iter().chain(frame.trailing.iter()).chain(hooked) {
+        for r in frame.rules.iter().chain(frame.trailing.iter()).chain(hooks.values().flatten()) {
             counts[usize::from(r.table == Table::Nat)] += 1;
         }
+        self.written = Some(Previous { host_chains, hooks });
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
         Ok(Written { bytes: text.len(), kernel, iptables_rules: Some(rules) })
     }

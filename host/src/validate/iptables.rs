@@ -192,6 +192,64 @@ impl Context<'_> {
 }
 
 /// Checks a ruleset; the first violation refuses it whole.
+/// The rules each hook holds after a write: what a partial render's
+/// `kept_hooks` keep.
+pub type HookRules = std::collections::BTreeMap<Hook, Vec<Rule>>;
+
+/// The hook rules of a ruleset the host writes (moved out of it when
+/// owned).
+pub fn hook_rules(rs: std::borrow::Cow<'_, Ruleset>) -> HookRules {
+    let mut out = HookRules::new();
+    let add = |rule: Rule| {
+        if let Some(hook) = Hook::of(rule.table, &rule.chain) {
+            out.entry(hook).or_default().push(rule);
+        }
+    };
+    match rs {
+        std::borrow::Cow::Owned(rs) => rs.rules.into_iter().for_each(add),
+        std::borrow::Cow::Borrowed(rs) => {
+            rs.rules.iter().filter(|r| Hook::of(r.table, &r.chain).is_some()).cloned().for_each(add)
+        }
+    }
+    out
+}
+
+/// `rs` with its kept hooks' rules put back from `last` (what the last
+/// write left in them, moved), appended (each hook is a chain of its
+/// own): the ruleset the host then checks whole and writes. Refused: a
+/// kept hook on a full sync, or with no last write to keep from, and a
+/// rule in a hook the ruleset keeps.
+pub fn with_kept_hooks<'r>(
+    ctx: &Context,
+    rs: &'r Ruleset,
+    last: Option<HookRules>,
+) -> Result<std::borrow::Cow<'r, Ruleset>, Rejected> {
+    let Some(&first) = rs.kept_hooks.first() else {
+        return Ok(std::borrow::Cow::Borrowed(rs));
+    };
+    let hook_item = |h: Hook| format!("{} {}", h.table().name(), h.chain());
+    let Some(mut last) = last.filter(|_| !ctx.full) else {
+        let why = if ctx.full { "a full sync keeps no hook" } else { "no earlier write to keep it from" };
+        return Err(ctx.reject("kept hook 1".into(), hook_item(first), why));
+    };
+    let kept: std::collections::BTreeSet<Hook> = rs.kept_hooks.iter().copied().collect();
+    if let Some((i, rule)) =
+        rs.rules.iter().enumerate().find(|(_, r)| Hook::of(r.table, &r.chain).is_some_and(|h| kept.contains(&h)))
+    {
+        return Err(ctx.reject(
+            format!("rule {}", i + 1),
+            rule_lines(rule, ctx.dialect).join(" / "),
+            "in a hook the ruleset keeps",
+        ));
+    }
+    let mut out = rs.clone();
+    for hook in kept {
+        out.rules.extend(last.remove(&hook).into_iter().flatten());
+    }
+    out.kept_hooks.clear();
+    Ok(std::borrow::Cow::Owned(out))
+}
+
 pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
     let mut declared: ChainMap<Facts> = ChainMap::default();

@@ -21,6 +21,7 @@
 //! | `affinity`  | fills a set the kernel updates, or updates a set that is no affinity set |
 //! | `jumploop`  | two own chains that jump to each other (iptables: nf_tables refuses a
 //! |             | reachable loop in the transaction it applies whole)                    |
+//! | `keephooks` | keeps every hook and still writes rules into them (iptables)           |
 //! | `empty`     | renders nothing at all: no Service is served (the host's checks confine, |
 //! |             | they do not require; a hot reload's coverage trace refuses it)         |
 //!
@@ -190,6 +191,9 @@ impl Hostile {
         if self.asks("affinity") {
             rs.declare(Table::Nat, "KUBE-SEP-AFF");
             rs.push(nat("KUBE-SEP-AFF").with(Match::RecentSet { name: "SSH".into() }));
+        }
+        if self.asks("keephooks") {
+            rs.kept_hooks = Hook::ALL.to_vec();
         }
         if self.asks("jumploop") {
             rs.declare(Table::Nat, "KUBE-SVC-LOOPA");

@@ -85,10 +85,10 @@ fn partial_render_writes_only_changed_chains_and_deletes_stale() {
     p.reset(Node::default(), Cluster::default(), vec![a, b]);
     let _ = ruleset(&mut p, true);
 
-    // Nothing changed: no own chain declared, but every service's hook rules.
+    // Nothing changed: nothing declared or written, every hook kept.
     let idle = ruleset(&mut p, false);
-    assert!(idle.chains.is_empty(), "{idle:?}");
-    assert_eq!(idle.rules.iter().filter(|x| Hook::of(x.table, &x.chain) == Some(Hook::NatServices)).count(), 2);
+    assert!(idle.chains.is_empty() && idle.rules.is_empty(), "{idle:?}");
+    assert_eq!(idle.kept_hooks, Hook::ALL);
 
     // b loses an endpoint: b's chains rewritten, its stale SEP deleted, a untouched.
     let b2 = svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80)]);
@@ -100,12 +100,85 @@ fn partial_render_writes_only_changed_chains_and_deletes_stale() {
     assert!(!declared(&r).contains(&a_chain.as_str()));
     assert!(declared(&r).contains(&b_chain.as_str()));
     assert_eq!(r.delete_chains, [(Table::Nat, stale)]);
+    assert_eq!(r.kept_hooks, Hook::ALL, "b's jump is as before");
 
-    // a removed: its chains deleted, its jump gone.
+    // a removed: its chains deleted, its jump gone, the hooks written whole.
     p.apply(vec![Change::Remove("ns/a".into())]);
     let r = ruleset(&mut p, false);
     assert!(r.delete_chains.contains(&(Table::Nat, a_chain.clone())));
     assert!(!r.rules.iter().any(|x| x.target == Target::Jump(a_chain.clone())));
+    assert!(r.kept_hooks.is_empty());
+    assert!(r.rules.iter().any(|x| x.target == Target::Jump(b_chain.clone())), "b's jump written again");
+}
+
+/// The rules in the host's hooks, by hook, in order.
+fn hook_rules(r: &Ruleset) -> BTreeMap<Hook, Vec<Rule>> {
+    let mut out = BTreeMap::<Hook, Vec<Rule>>::new();
+    for rule in &r.rules {
+        if let Some(h) = Hook::of(rule.table, &rule.chain) {
+            out.entry(h).or_default().push(rule.clone());
+        }
+    }
+    out
+}
+
+#[test]
+fn kept_hooks_hold_what_a_full_render_writes() {
+    // Each step's partial render, its kept hooks taken from what the
+    // last one left (as the host does), gives every hook the rules a
+    // fresh full render of the same state has.
+    let mut p = proxier();
+    let mut node_port = svc("ns", "np", "", "172.30.0.3", 80, vec![ep("10.1.0.4", 80)]);
+    node_port.node_port = 30080;
+    node_port.external_ips = vec!["192.168.1.10".parse().unwrap()];
+    let start = vec![
+        svc("ns", "a", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 80)]),
+        svc("ns", "b", "", "172.30.0.2", 80, vec![ep("10.1.0.2", 80)]),
+        node_port.clone(),
+    ];
+    p.reset(Node::default(), Cluster::default(), start.clone());
+    let mut held = hook_rules(&ruleset(&mut p, true));
+    let mut state: BTreeMap<String, ServicePort> = start.into_iter().map(|s| (s.key.clone(), s)).collect();
+    let mut gone_empty = node_port.clone();
+    gone_empty.endpoints.clear();
+    let steps: Vec<(Change, bool)> = vec![
+        // An endpoint more: every hook kept.
+        (Change::Upsert(svc("ns", "a", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 80), ep("10.1.0.5", 80)])), true),
+        // The last endpoint goes: the jump becomes a REJECT in filter.
+        (Change::Upsert(gone_empty), false),
+        // It comes back.
+        (Change::Upsert(node_port), false),
+        // A new Service, then one that leaves.
+        (Change::Upsert(svc("ns", "c", "", "172.30.0.4", 80, vec![ep("10.1.0.6", 80)])), false),
+        (Change::Remove("ns/b".into()), false),
+        // Another endpoint change after all that: kept again.
+        (Change::Upsert(svc("ns", "c", "", "172.30.0.4", 80, vec![ep("10.1.0.7", 80)])), true),
+    ];
+    for (i, (change, keeps)) in steps.into_iter().enumerate() {
+        match &change {
+            Change::Upsert(s) => {
+                state.insert(s.key.clone(), s.clone());
+            }
+            Change::Remove(k) => {
+                state.remove(k);
+            }
+            _ => {}
+        }
+        p.apply(vec![change]);
+        let r = ruleset(&mut p, false);
+        assert_eq!(!r.kept_hooks.is_empty(), keeps, "step {i}: {:?}", r.kept_hooks);
+        let mut now = hook_rules(&r);
+        for h in &r.kept_hooks {
+            assert!(!now.contains_key(h), "step {i}: rules in kept hook {h:?}");
+            if let Some(rules) = held.get(h) {
+                now.insert(*h, rules.clone());
+            }
+        }
+        let mut fresh = proxier();
+        fresh.reset(Node::default(), Cluster::default(), state.values().cloned().collect());
+        assert_eq!(now, hook_rules(&ruleset(&mut fresh, true)), "step {i}");
+        held = now;
+    }
 }
 
 #[test]

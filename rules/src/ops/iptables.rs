@@ -394,6 +394,8 @@ pub struct Ruleset {
     pub chains: Vec<(Table, String)>,
     pub rules: Vec<Rule>,
     pub delete_chains: Vec<(Table, String)>,
+    /// A partial render's hooks that keep the rules the last sync left.
+    pub kept_hooks: Vec<Hook>,
 }
 
 impl Ruleset {

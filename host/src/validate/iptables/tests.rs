@@ -329,3 +329,42 @@ fn a_partial_sync_cannot_delete_a_chain_a_kept_chain_jumps_to() {
     rs.push(Rule::hook(Hook::NatServices).with_all(web()).target(Target::Return));
     run(&rs, &model, &s, false).unwrap();
 }
+
+#[test]
+fn kept_hooks_are_put_back_and_checked_again() {
+    let s = scope();
+    let model = after_full_sync(&s);
+    let last = hook_rules(std::borrow::Cow::Owned(good()));
+    let ctx = |full| Context { plugin: "test", dialect: d4(), scope: &s, model: &model, full };
+    let keeps = Ruleset { kept_hooks: vec![Hook::NatServices, Hook::FilterServices], ..Ruleset::default() };
+    // Put back, and then checked as any rule.
+    let whole = with_kept_hooks(&ctx(false), &keeps, Some(last.clone())).unwrap();
+    assert!(whole.kept_hooks.is_empty());
+    check(&ctx(false), &whole).unwrap();
+    assert_eq!(hook_rules(whole), last);
+
+    let refusal = |full, rs: &Ruleset, last: Option<HookRules>| {
+        with_kept_hooks(&ctx(full), rs, last).map(|_| ()).unwrap_err().reason
+    };
+    assert!(refusal(true, &keeps, Some(last.clone())).contains("a full sync keeps no hook"));
+    assert!(refusal(false, &keeps, None).contains("no earlier write"));
+    let mut both = keeps.clone();
+    both.push(Rule::hook(Hook::FilterServices).with_all(web()).target(Target::Reject));
+    assert!(refusal(false, &both, Some(last.clone())).contains("in a hook the ruleset keeps"));
+
+    // The Service leaves: the kept rule still captures its address, and
+    // the check refuses it like a returned one.
+    let mut gone = s.clone();
+    gone.forget_removed();
+    let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80)
+        .with_cluster_endpoints(vec![Endpoint::ready("10.1.0.5".parse().unwrap(), 8080)]);
+    p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+    p.node_port = 30080;
+    p.health_check_node_port = 30000;
+    gone.count(IpFamily::V4, &p, false);
+    gone.forget_removed();
+    let ctx = Context { plugin: "test", dialect: d4(), scope: &gone, model: &model, full: false };
+    let whole = with_kept_hooks(&ctx, &keeps, Some(last)).unwrap();
+    let err = check(&ctx, &whole).unwrap_err();
+    assert!(err.item.contains("10.96.0.10"), "{err}");
+}

@@ -172,6 +172,7 @@ fn iptables(r: wipt::Ruleset) -> Result<ipt::Ruleset, String> {
         chains: r.chains.into_iter().map(own_chain).collect(),
         rules,
         delete_chains: r.delete_chains.into_iter().map(own_chain).collect(),
+        kept_hooks: r.kept_hooks.into_iter().map(hook).collect(),
     })
 }
 
