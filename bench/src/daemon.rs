@@ -105,6 +105,8 @@ pub struct DaemonRun {
     pub to_first_sync: Duration,
     /// The manifest source's first complete read (parsing included).
     pub read_ms: Option<f64>,
+    /// The first (full) pass's work after its writes ("sync pass done").
+    pub first_pass_after_ms: Option<f64>,
     pub first: Synced,
     /// Each change's latency (ms), in order.
     pub changes: Vec<f64>,
@@ -138,6 +140,7 @@ impl DaemonRun {
             "to_first_sync_ms": self.to_first_sync.as_secs_f64() * 1e3,
             "own_to_first_sync_ms": self.own_to_first_sync_ms(),
             "read_manifests_ms": self.read_ms,
+            "first_pass_after_ms": self.first_pass_after_ms,
             "first_sync": synced(&self.first),
             "changes": self.changes.len(),
             "change_latency_ms": {"p50": self.change_quantile(0.5), "p99": self.change_quantile(0.99), "max": self.change_quantile(1.0), "all": self.changes},
@@ -187,17 +190,21 @@ fn now_unix() -> f64 {
 struct Log {
     file: std::fs::File,
     partial: Vec<u8>,
+    /// Lines read and not yet handed out.
+    ready: std::collections::VecDeque<String>,
 }
 
 impl Log {
-    /// The lines completed since the last call (bytes, so that a read
+    /// The next completed line, if any (read as bytes, so that a read
     /// ending inside a character loses nothing).
-    fn lines(&mut self) -> Vec<String> {
-        let _ = self.file.read_to_end(&mut self.partial);
-        let Some(end) = self.partial.iter().rposition(|&b| b == b'\n') else { return Vec::new() };
-        let done: Vec<String> = String::from_utf8_lossy(&self.partial[..end]).lines().map(str::to_string).collect();
-        self.partial.drain(..=end);
-        done
+    fn next_line(&mut self) -> Option<String> {
+        if self.ready.is_empty() {
+            let _ = self.file.read_to_end(&mut self.partial);
+            let end = self.partial.iter().rposition(|&b| b == b'\n')?;
+            self.ready.extend(String::from_utf8_lossy(&self.partial[..end]).lines().map(str::to_string));
+            self.partial.drain(..=end);
+        }
+        self.ready.pop_front()
     }
 }
 
@@ -219,7 +226,7 @@ impl Daemon {
     ) -> Result<Synced> {
         let deadline = Instant::now() + within;
         loop {
-            for line in self.log.lines() {
+            while let Some(line) = self.log.next_line() {
                 seen(&line);
                 if let Some(s) = Synced::parse(&line).filter(&wanted) {
                     return Ok(s);
@@ -333,9 +340,18 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?)
         .spawn()?;
-    let mut daemon =
-        Daemon { child, log: Log { file: std::fs::File::open(&log_path)?, partial: Vec::new() }, path: log_path };
+    let mut daemon = Daemon {
+        child,
+        log: Log { file: std::fs::File::open(&log_path)?, partial: Vec::new(), ready: Default::default() },
+        path: log_path,
+    };
     let mut read_ms = None;
+    let mut first_pass_after_ms = None;
+    let mut pass_done = |line: &str| {
+        if first_pass_after_ms.is_none() && line.contains("sync pass done") && field(line, "full") == Some("true") {
+            first_pass_after_ms = field(line, "after_ms").and_then(|v| v.parse().ok());
+        }
+    };
     let first = daemon.wait(
         Duration::from_secs(900),
         |_| true,
@@ -366,7 +382,7 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
             }
         };
         let synced = daemon
-            .wait(Duration::from_secs(60), |s| !s.full && s.changes >= 1 && s.at >= t0, |_| {})
+            .wait(Duration::from_secs(60), |s| !s.full && s.changes >= 1 && s.at >= t0, &mut pass_done)
             .with_context(|| format!("change {c} (Service svc-{i})"))?;
         changes.push((synced.at - t0) * 1e3);
         change_syncs.push(synced);
@@ -375,7 +391,7 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
     let rss_mib = daemon.peak_rss_mib()?;
     drop(daemon);
     drop(server);
-    Ok(DaemonRun { source, to_first_sync, read_ms, first, changes, change_syncs, rss_mib })
+    Ok(DaemonRun { source, to_first_sync, read_ms, first_pass_after_ms, first, changes, change_syncs, rss_mib })
 }
 
 #[cfg(test)]

@@ -608,6 +608,7 @@ pub fn run(
         // A failed pass keeps its changes (with their earliest `previous`)
         // for the retry; the families that synced apply them again, which
         // changes nothing.
+        let written = Instant::now();
         // The rules kube-proxy owns on the node: iptables' and ip6tables'.
         if !iptables_rules.is_empty() {
             let (filter, nat) = iptables_rules.values().fold((0, 0), |(f, n), (a, b)| (f + a, n + b));
@@ -643,6 +644,16 @@ pub fn run(
         if let Some(p) = proxiers.first().and_then(Proxier::rules) {
             plugin_counts.update(p, telemetry);
         }
+        // The pass's work after the families' writes (health-check ports,
+        // local endpoint counts, dropping the pass's changes, a
+        // replacement's settling): a stage of its own.
+        tracing::info!(
+            ok,
+            full,
+            elapsed_ms = millis(start.elapsed()),
+            after_ms = millis(written.elapsed()),
+            "sync pass done"
+        );
         schedule.done(Instant::now(), ok, full);
     }
 }

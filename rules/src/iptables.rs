@@ -31,8 +31,8 @@ pub struct IptablesProxier {
     /// Large-cluster mode at the last render; a flip rewrites everything.
     large_cluster: Option<bool>,
     /// Each service port's chain-name hash (of its key and protocol), kept
-    /// while the port exists: partial renders rewrite every port's
-    /// KUBE-SERVICES rules and need not hash them again.
+    /// while the port exists: a render that writes every port's
+    /// KUBE-SERVICES rules need not hash them again.
     hashes: FxHashMap<String, (Protocol, String)>,
     /// `probabilities[n]` = `probability_one_in(n)`, grown as needed.
     probabilities: Vec<u32>,
@@ -60,6 +60,10 @@ impl IptablesProxier {
             most = most.max(s.endpoints.len());
         }
         let large_cluster = total > LARGE_CLUSTER_ENDPOINTS;
+        // A flip rewrites everything; on the host's partial sync, the
+        // chains no port owns any more are deleted by name (the host
+        // deletes undeclared chains only on its full syncs).
+        let flipped = !full && self.large_cluster.is_some_and(|was| was != large_cluster);
         let full = full || self.large_cluster != Some(large_cluster);
         self.large_cluster = Some(large_cluster);
         let changed = self.services.take_changed();
@@ -80,6 +84,7 @@ impl IptablesProxier {
             return out;
         }
         let mut out = Ruleset::default();
+        let before = if flipped { std::mem::take(&mut self.rendered) } else { BTreeMap::new() };
         if full {
             self.rendered.clear();
             self.hashes.retain(|key, _| self.services.contains(key));
@@ -105,6 +110,10 @@ impl IptablesProxier {
                     out.delete(Table::Nat, chain);
                 }
             }
+        }
+        let now: BTreeSet<&String> = self.rendered.values().flatten().collect();
+        for chain in before.values().flatten().filter(|c| !now.contains(c)) {
+            out.delete(Table::Nat, chain);
         }
         out
     }

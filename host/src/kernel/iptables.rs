@@ -59,8 +59,15 @@ pub fn prepare(
     previous: Option<Previous>,
 ) -> std::result::Result<Prepared, Rejected> {
     let (host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
+    let returned = ruleset.rules.len();
     let ruleset = with_kept_hooks(ctx, ruleset, hooks)?;
-    let checked: Checked = check(ctx, &ruleset)?;
+    // A kept rule is named as one, not by a number past the plugin's.
+    let checked: Checked = check(ctx, &ruleset).map_err(|mut e| {
+        if let Some(n) = e.at.strip_prefix("rule ").and_then(|n| n.parse::<usize>().ok()).filter(|n| *n > returned) {
+            e.at = format!("kept rule {} (from the last write)", n - returned);
+        }
+        e
+    })?;
     let frame = frame::frame(settings);
     let (text, host_chains) = payload(&frame, &ruleset, &checked.stale, ctx.dialect, host_chains.as_ref());
     if text.len() > max_bytes {

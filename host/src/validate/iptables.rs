@@ -15,7 +15,9 @@
 //!   interface names from a closed alphabet, at most one comment and 16
 //!   matches a rule, recent lists named after own chains;
 //! - a chain kept from an earlier sync must not DNAT to an endpoint that
-//!   has left the state.
+//!   has left the state;
+//! - a hook a partial render keeps gets the rules the last write left in
+//!   it back, and they are checked like the rest (`with_kept_hooks`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -191,7 +193,6 @@ impl Context<'_> {
     }
 }
 
-/// Checks a ruleset; the first violation refuses it whole.
 /// The rules each hook holds after a write: what a partial render's
 /// `kept_hooks` keep.
 pub type HookRules = std::collections::BTreeMap<Hook, Vec<Rule>>;
@@ -250,6 +251,7 @@ pub fn with_kept_hooks<'r>(
     Ok(std::borrow::Cow::Owned(out))
 }
 
+/// Checks a ruleset; the first violation refuses it whole.
 pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
     let mut declared: ChainMap<Facts> = ChainMap::default();

@@ -251,3 +251,25 @@ fn rules_are_built_in_iptables_save_order() {
     let r = ruleset(&mut p, true);
     assert!(r.rules.iter().all(|x| x.clone().canonical() == *x));
 }
+
+#[test]
+fn a_large_cluster_flip_on_a_partial_render_deletes_what_no_port_owns() {
+    // 1000 endpoints and a small Service; the small one leaves and an
+    // endpoint joins: past 1000, everything is rewritten without
+    // per-endpoint comments, and the departed Service's chains are
+    // deleted by name (the host's partial sync deletes nothing else).
+    let mut p = proxier();
+    let eps = |n: usize| (0..n).map(|i| ep(&format!("10.1.{}.{}", i / 256, i % 256), 80)).collect::<Vec<_>>();
+    let small = svc("ns", "small", "", "172.30.0.2", 80, vec![ep("10.2.0.1", 80)]);
+    p.reset(Node::default(), Cluster::default(), vec![svc("ns", "big", "", "172.30.0.9", 80, eps(999)), small]);
+    let _ = ruleset(&mut p, true);
+    p.apply(vec![Change::Remove("ns/small".into()), Change::Upsert(svc("ns", "big", "", "172.30.0.9", 80, eps(1001)))]);
+    let r = ruleset(&mut p, false);
+    let small_chains =
+        [service_chain("KUBE-SVC-", "ns/small", "tcp"), endpoint_chain("ns/small", "tcp", "10.2.0.1:80")];
+    for chain in &small_chains {
+        assert!(r.delete_chains.contains(&(Table::Nat, chain.clone())), "{chain} not deleted: {:?}", r.delete_chains);
+    }
+    assert!(r.kept_hooks.is_empty());
+    assert!(declared(&r).contains(&service_chain("KUBE-SVC-", "ns/big", "tcp").as_str()), "rewritten whole");
+}

@@ -364,7 +364,12 @@ fn kept_hooks_are_put_back_and_checked_again() {
     gone.count(IpFamily::V4, &p, false);
     gone.forget_removed();
     let ctx = Context { plugin: "test", dialect: d4(), scope: &gone, model: &model, full: false };
-    let whole = with_kept_hooks(&ctx, &keeps, Some(last)).unwrap();
+    let whole = with_kept_hooks(&ctx, &keeps, Some(last.clone())).unwrap();
     let err = check(&ctx, &whole).unwrap_err();
     assert!(err.item.contains("10.96.0.10"), "{err}");
+    // As a sync reports it: the kept rule by its place among the kept.
+    let settings = kpx_rules::model::Settings::new(IpFamily::V4, kpx_rules::model::ProxyMode::Iptables);
+    let previous = crate::kernel::iptables::Previous { host_chains: Default::default(), hooks: last };
+    let err = crate::kernel::iptables::prepare(&ctx, &settings, &keeps, 1 << 20, Some(previous)).err().unwrap();
+    assert_eq!(err.at, "kept rule 1 (from the last write)", "{err}");
 }
