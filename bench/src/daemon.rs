@@ -164,6 +164,14 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line[start..].split_whitespace().next()
 }
 
+/// A full pass's work after its writes, from kpx's "sync pass done" line.
+fn full_pass_after_ms(line: &str) -> Option<f64> {
+    if !line.contains("sync pass done") || field(line, "full") != Some("true") {
+        return None;
+    }
+    field(line, "after_ms")?.parse().ok()
+}
+
 /// `2026-11-24T15:58:58.318646Z` in seconds since the Unix epoch.
 fn unix_seconds(stamp: &str) -> Option<f64> {
     let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
@@ -348,8 +356,8 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
     let mut read_ms = None;
     let mut first_pass_after_ms = None;
     let mut pass_done = |line: &str| {
-        if first_pass_after_ms.is_none() && line.contains("sync pass done") && field(line, "full") == Some("true") {
-            first_pass_after_ms = field(line, "after_ms").and_then(|v| v.parse().ok());
+        if first_pass_after_ms.is_none() {
+            first_pass_after_ms = full_pass_after_ms(line);
         }
     };
     let first = daemon.wait(
@@ -413,5 +421,29 @@ mod tests {
         assert!(Synced::parse(&line.replace("IPv4", "IPv6")).is_none());
         assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0.0));
         assert_eq!(unix_seconds("2000-03-01T00:00:01.5Z"), Some(951_868_801.5));
+    }
+
+    #[test]
+    fn reads_the_pass_line_kpx_logs() {
+        // As host/src/sync.rs logs it (tracing's default format).
+        let line = "2026-11-24T20:05:01.123456Z  INFO kpx::sync: sync pass done ok=true full=true elapsed_ms=1162.56 after_ms=69.56";
+        assert_eq!(full_pass_after_ms(line), Some(69.56));
+        assert_eq!(full_pass_after_ms(&line.replace("full=true", "full=false")), None);
+        assert_eq!(full_pass_after_ms(&line.replace("sync pass done", "synced rules")), None);
+    }
+
+    #[test]
+    fn the_log_hands_out_every_complete_line_once_in_order() {
+        let path = std::env::temp_dir().join(format!("kpx-bench-log-{}", std::process::id()));
+        std::fs::write(&path, "one\ntwo\nthree\npart").unwrap();
+        let mut log = Log { file: std::fs::File::open(&path).unwrap(), partial: Vec::new(), ready: Default::default() };
+        assert_eq!(log.next_line().as_deref(), Some("one"));
+        // What is appended meanwhile comes after the lines already read.
+        std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&path).unwrap(), b"ial\nfive\n")
+            .unwrap();
+        let rest: Vec<String> = std::iter::from_fn(|| log.next_line()).collect();
+        assert_eq!(rest, ["two", "three", "partial", "five"]);
+        assert_eq!(log.next_line(), None);
+        std::fs::remove_file(&path).unwrap();
     }
 }

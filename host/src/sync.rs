@@ -605,9 +605,6 @@ pub fn run(
                 }
             }
         }
-        // A failed pass keeps its changes (with their earliest `previous`)
-        // for the retry; the families that synced apply them again, which
-        // changes nothing.
         let written = Instant::now();
         // The rules kube-proxy owns on the node: iptables' and ip6tables'.
         if !iptables_rules.is_empty() {
@@ -615,6 +612,9 @@ pub fn run(
             m.iptables_total.get_or_create(&TableLabel { table: "filter".into() }).set(filter as i64);
             m.iptables_total.get_or_create(&TableLabel { table: "nat".into() }).set(nat as i64);
         }
+        // A failed pass keeps its changes (with their earliest `previous`)
+        // for the retry; the families that synced apply them again, which
+        // changes nothing.
         if ok {
             // Health-check ports and local endpoints change only with the
             // state: the periodic syncs of an idle proxy skip the walk.
@@ -646,7 +646,9 @@ pub fn run(
         }
         // The pass's work after the families' writes (health-check ports,
         // local endpoint counts, dropping the pass's changes, a
-        // replacement's settling): a stage of its own.
+        // replacement's settling): a stage of its own. `full` is what the
+        // pass asked for; a family's "synced rules" line says what it ran
+        // (a family after a failure runs full on a partial pass).
         tracing::info!(
             ok,
             full,

@@ -144,8 +144,7 @@ fn keep_hooks(
         let hash = hash_of(hashes, key, svc);
         let at = out.rules.len();
         let chains = service::write(ctx, svc, hash, true, &mut out);
-        let mut now = out.rules[at..].iter().filter(|r| is_hooked(r));
-        if !now.by_ref().eq(before.iter()) {
+        if !out.rules[at..].iter().filter(|r| is_hooked(r)).eq(before.iter()) {
             return None;
         }
         owned.push((key, chains));
