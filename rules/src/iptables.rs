@@ -26,21 +26,65 @@ pub struct IptablesProxier {
     settings: Settings,
     node: Node,
     services: ServiceSet,
-    /// The nat chains each service owned at the last render.
-    rendered: BTreeMap<String, Vec<String>>,
     /// Large-cluster mode at the last render; a flip rewrites everything.
     large_cluster: Option<bool>,
-    /// Each service port's chain-name hash (of its key and protocol), kept
-    /// while the port exists: a render that writes every port's
-    /// KUBE-SERVICES rules need not hash them again.
-    hashes: FxHashMap<String, (Protocol, String)>,
     /// `probabilities[n]` = `probability_one_in(n)`, grown as needed.
     probabilities: Vec<u32>,
-    /// Each service port's rules in the host's hooks at the last render.
-    /// A partial render whose changed ports have the same ones keeps
-    /// every hook (`kept_hooks`): a one-endpoint change then sends its
-    /// own chains, not 10,000 KUBE-SERVICES rules.
+    ports: Remembered,
+}
+
+/// What the generator keeps of each service port between renders.
+#[derive(Debug, Default)]
+struct Remembered {
+    /// The nat chains each port owned at the last render.
+    chains: BTreeMap<String, Vec<String>>,
+    /// Each port's chain-name hash (of its key and protocol), kept while
+    /// the port exists: a render that writes every port's KUBE-SERVICES
+    /// rules need not hash them again.
+    hashes: FxHashMap<String, (Protocol, String)>,
+    /// Each port's rules in the host's hooks at the last render. A
+    /// partial render whose changed ports have the same ones keeps every
+    /// hook (`kept_hooks`): a one-endpoint change then sends its own
+    /// chains, not 10,000 KUBE-SERVICES rules.
     hooked: FxHashMap<String, Vec<Rule>>,
+}
+
+impl Remembered {
+    /// The chain-name hash of a port, kept while it keeps its protocol.
+    fn hash_of(&mut self, key: &str, svc: &ServicePort) -> &str {
+        match self.hashes.get(key) {
+            Some((proto, _)) if *proto == svc.protocol => &self.hashes[key].1,
+            _ => {
+                let hash = crate::hash::service_hash(key, svc.protocol.as_str());
+                &self.hashes.entry(key.to_string()).insert_entry((svc.protocol, hash)).into_mut().1
+            }
+        }
+    }
+
+    /// Records the nat chains a written port owns; on a partial render,
+    /// deletes those it no longer owns (on a full one the host deletes
+    /// every own chain not declared).
+    fn owns(&mut self, key: &str, chains: Vec<String>, full: bool, out: &mut Ruleset) {
+        let previous =
+            if chains.is_empty() { self.chains.remove(key) } else { self.chains.insert(key.to_string(), chains) };
+        if let Some(previous) = previous.filter(|_| !full) {
+            let current: BTreeSet<&String> = self.chains.get(key).into_iter().flatten().collect();
+            for chain in previous.iter().filter(|c| !current.contains(c)) {
+                out.delete(Table::Nat, chain);
+            }
+        }
+    }
+
+    /// Forgets a port that left; on a partial render its chains go.
+    fn forget(&mut self, key: &str, full: bool, out: &mut Ruleset) {
+        self.hashes.remove(key);
+        self.hooked.remove(key);
+        if let Some(previous) = self.chains.remove(key).filter(|_| !full) {
+            for chain in &previous {
+                out.delete(Table::Nat, chain);
+            }
+        }
+    }
 }
 
 impl IptablesProxier {
@@ -77,41 +121,31 @@ impl IptablesProxier {
             large_cluster,
             probabilities: &self.probabilities,
         };
-        if !full
-            && let Some(out) =
-                keep_hooks(&ctx, &self.services, &changed, &mut self.hashes, &mut self.hooked, &mut self.rendered)
-        {
+        if !full && let Some(out) = keep_hooks(&ctx, &self.services, &changed, &mut self.ports) {
             return out;
         }
         let mut out = Ruleset::default();
-        let before = if flipped { std::mem::take(&mut self.rendered) } else { BTreeMap::new() };
+        let before = if flipped { std::mem::take(&mut self.ports.chains) } else { BTreeMap::new() };
         if full {
-            self.rendered.clear();
-            self.hashes.retain(|key, _| self.services.contains(key));
-            self.hooked.clear();
+            self.ports.chains.clear();
+            self.ports.hashes.retain(|key, _| self.services.contains(key));
+            self.ports.hooked.clear();
         }
         for (key, svc) in self.services.iter() {
-            let hash = hash_of(&mut self.hashes, key, svc);
+            let hash = self.ports.hash_of(key, svc);
             let write = full || changed.contains(key);
             let at = out.rules.len();
             let chains = service::write(&ctx, svc, hash, write, &mut out);
             let hooked: Vec<Rule> = out.rules[at..].iter().filter(|r| is_hooked(r)).cloned().collect();
-            self.hooked.insert(key.clone(), hooked);
+            self.ports.hooked.insert(key.clone(), hooked);
             if write {
-                owns(&mut self.rendered, key, chains, full, &mut out);
+                self.ports.owns(key, chains, full, &mut out);
             }
         }
-        // Services that left: their chains go.
         for key in changed.iter().filter(|k| !self.services.contains(k)) {
-            self.hashes.remove(key);
-            self.hooked.remove(key);
-            if let Some(previous) = self.rendered.remove(key).filter(|_| !full) {
-                for chain in &previous {
-                    out.delete(Table::Nat, chain);
-                }
-            }
+            self.ports.forget(key, full, &mut out);
         }
-        let now: BTreeSet<&String> = self.rendered.values().flatten().collect();
+        let now: BTreeSet<&String> = self.ports.chains.values().flatten().collect();
         for chain in before.values().flatten().filter(|c| !now.contains(c)) {
             out.delete(Table::Nat, chain);
         }
@@ -127,23 +161,20 @@ fn keep_hooks(
     ctx: &service::Context,
     services: &ServiceSet,
     changed: &BTreeSet<String>,
-    hashes: &mut FxHashMap<String, (Protocol, String)>,
-    hooked: &mut FxHashMap<String, Vec<Rule>>,
-    rendered: &mut BTreeMap<String, Vec<String>>,
+    ports: &mut Remembered,
 ) -> Option<Ruleset> {
     let mut out = Ruleset::default();
     let mut owned = Vec::new();
     for key in changed {
-        let before = hooked.get(key).map_or(&[][..], Vec::as_slice);
         let Some(svc) = services.get(key) else {
-            if !before.is_empty() {
+            if ports.hooked.get(key).is_some_and(|h| !h.is_empty()) {
                 return None;
             }
             continue;
         };
-        let hash = hash_of(hashes, key, svc);
         let at = out.rules.len();
-        let chains = service::write(ctx, svc, hash, true, &mut out);
+        let chains = service::write(ctx, svc, ports.hash_of(key, svc), true, &mut out);
+        let before = ports.hooked.get(key).map_or(&[][..], Vec::as_slice);
         if !out.rules[at..].iter().filter(|r| is_hooked(r)).eq(before.iter()) {
             return None;
         }
@@ -151,50 +182,18 @@ fn keep_hooks(
     }
     out.rules.retain(|r| !is_hooked(r));
     for (key, chains) in owned {
-        owns(rendered, key, chains, false, &mut out);
+        ports.owns(key, chains, false, &mut out);
     }
-    // Ports that left with no hook rules (no view in this family) own no
-    // chains either; nothing else of theirs is kept.
+    // Ports that left had no hook rules (no view in this family).
     for key in changed.iter().filter(|k| !services.contains(k)) {
-        hashes.remove(key);
-        hooked.remove(key);
-        if let Some(previous) = rendered.remove(key) {
-            for chain in &previous {
-                out.delete(Table::Nat, chain);
-            }
-        }
+        ports.forget(key, false, &mut out);
     }
     out.kept_hooks = Hook::ALL.to_vec();
     Some(out)
 }
 
-/// The chain-name hash of a service port (its key and protocol), kept
-/// while the port keeps its protocol.
-fn hash_of<'h>(hashes: &'h mut FxHashMap<String, (Protocol, String)>, key: &str, svc: &ServicePort) -> &'h str {
-    match hashes.get(key) {
-        Some((proto, _)) if *proto == svc.protocol => &hashes[key].1,
-        _ => {
-            let hash = crate::hash::service_hash(key, svc.protocol.as_str());
-            &hashes.entry(key.to_string()).insert_entry((svc.protocol, hash)).into_mut().1
-        }
-    }
-}
-
 fn is_hooked(rule: &Rule) -> bool {
     Hook::of(rule.table, &rule.chain).is_some()
-}
-
-/// Records the nat chains a written service port owns; on a partial
-/// render, deletes those it no longer owns (on a full one the host
-/// deletes every own chain not declared).
-fn owns(rendered: &mut BTreeMap<String, Vec<String>>, key: &str, chains: Vec<String>, full: bool, out: &mut Ruleset) {
-    let previous = if chains.is_empty() { rendered.remove(key) } else { rendered.insert(key.to_string(), chains) };
-    if let Some(previous) = previous.filter(|_| !full) {
-        let current: BTreeSet<&String> = rendered.get(key).into_iter().flatten().collect();
-        for chain in previous.iter().filter(|c| !current.contains(c)) {
-            out.delete(Table::Nat, chain);
-        }
-    }
 }
 
 impl Backend for IptablesProxier {
@@ -203,11 +202,9 @@ impl Backend for IptablesProxier {
             settings,
             node: Node::default(),
             services: ServiceSet::default(),
-            rendered: BTreeMap::new(),
             large_cluster: None,
-            hashes: FxHashMap::default(),
             probabilities: Vec::new(),
-            hooked: FxHashMap::default(),
+            ports: Remembered::default(),
         }
     }
 

@@ -15,7 +15,7 @@ use kpx_rules::model::{IpFamily, Settings};
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem};
 
 use super::{Cause, Exec, Result, SyncError, Written};
-use crate::validate::iptables::{Checked, Context, HookRules, Model, check, hook_rules, with_kept_hooks};
+use crate::validate::iptables::{Checked, Context, HookRules, Model, check_with_kept, hook_rules, with_kept_hooks};
 use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
 use render::{Dialect, HostChains, payload, rule_args};
@@ -61,13 +61,7 @@ pub fn prepare(
     let (host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
     let returned = ruleset.rules.len();
     let ruleset = with_kept_hooks(ctx, ruleset, hooks)?;
-    // A kept rule is named as one, not by a number past the plugin's.
-    let checked: Checked = check(ctx, &ruleset).map_err(|mut e| {
-        if let Some(n) = e.at.strip_prefix("rule ").and_then(|n| n.parse::<usize>().ok()).filter(|n| *n > returned) {
-            e.at = format!("kept rule {} (from the last write)", n - returned);
-        }
-        e
-    })?;
+    let checked: Checked = check_with_kept(ctx, &ruleset, returned)?;
     let frame = frame::frame(settings);
     let (text, host_chains) = payload(&frame, &ruleset, &checked.stale, ctx.dialect, host_chains.as_ref());
     if text.len() > max_bytes {

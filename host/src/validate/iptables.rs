@@ -201,15 +201,21 @@ pub type HookRules = std::collections::BTreeMap<Hook, Vec<Rule>>;
 /// owned).
 pub fn hook_rules(rs: std::borrow::Cow<'_, Ruleset>) -> HookRules {
     let mut out = HookRules::new();
-    let add = |rule: Rule| {
-        if let Some(hook) = Hook::of(rule.table, &rule.chain) {
-            out.entry(hook).or_default().push(rule);
-        }
-    };
+    let mut add = |hook: Hook, rule: Rule| out.entry(hook).or_default().push(rule);
     match rs {
-        std::borrow::Cow::Owned(rs) => rs.rules.into_iter().for_each(add),
+        std::borrow::Cow::Owned(rs) => {
+            for rule in rs.rules {
+                if let Some(hook) = Hook::of(rule.table, &rule.chain) {
+                    add(hook, rule);
+                }
+            }
+        }
         std::borrow::Cow::Borrowed(rs) => {
-            rs.rules.iter().filter(|r| Hook::of(r.table, &r.chain).is_some()).cloned().for_each(add)
+            for rule in &rs.rules {
+                if let Some(hook) = Hook::of(rule.table, &rule.chain) {
+                    add(hook, rule.clone());
+                }
+            }
         }
     }
     out
@@ -253,6 +259,13 @@ pub fn with_kept_hooks<'r>(
 
 /// Checks a ruleset; the first violation refuses it whole.
 pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
+    check_with_kept(ctx, rs, rs.rules.len())
+}
+
+/// [`check`] of a ruleset whose rules after the first `returned` were put
+/// back from the last write ([`with_kept_hooks`]): a refusal names such a
+/// rule as kept, not by a number past the plugin's.
+pub fn check_with_kept(ctx: &Context, rs: &Ruleset, returned: usize) -> Result<Checked, Rejected> {
     let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
     let mut declared: ChainMap<Facts> = ChainMap::default();
     for (i, chain) in rs.chains.iter().enumerate() {
@@ -287,7 +300,12 @@ pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
     for (i, rule) in rs.rules.iter().enumerate() {
         let fail = |why: String| {
             let item = rule_lines(rule, ctx.dialect).join(" / ");
-            ctx.reject(format!("rule {}", i + 1), item, why)
+            let at = if i < returned {
+                format!("rule {}", i + 1)
+            } else {
+                format!("kept rule {} (from the last write)", i + 1 - returned)
+            };
+            ctx.reject(at, item, why)
         };
         let hook = Hook::of(rule.table, &rule.chain);
         if hook.is_none() && !declared.contains(rule.table, &rule.chain) {
