@@ -98,9 +98,11 @@ fn parse_args() -> Result<Args> {
                 sizes = Some(vec![(1000, 10)]);
                 latency = Some(vec![1000]);
             }
-            other => bail!(
-                "unknown argument {other:?} (--kpx, --json, --modes, --sizes 1000x10,..., --latency 1000,...|none, --changes N, --sources manifests,listwatch, --quick, --picks-only, --plugin-only)"
-            ),
+            "--help" | "-h" => {
+                println!("usage: kpx-bench {USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?} ({USAGE})"),
         }
     }
     for m in &args.modes {
@@ -119,6 +121,8 @@ fn parse_args() -> Result<Args> {
     args.latency.retain(|(m, _)| modes.contains(m));
     Ok(args)
 }
+
+const USAGE: &str = "[--kpx PATH] [--json PATH] [--modes iptables,nftables,userspace] [--sizes 1000x10,...] [--latency 1000,...|none] [--changes N] [--sources manifests,listwatch] [--quick] [--picks-only] [--plugin-only]";
 
 fn main() -> Result<()> {
     let args = parse_args()?;
