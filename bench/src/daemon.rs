@@ -32,6 +32,9 @@ const IDLE: Duration = Duration::from_millis(150);
 /// its work after the write (30k Services: about 250 ms) done, so that
 /// the first change, too, meets an idle proxy.
 const SETTLE: Duration = Duration::from_secs(2);
+/// The longest wait for a quiet machine (`quiet::settle`) before the
+/// daemon starts and before its first change.
+const QUIET_LIMIT: Duration = Duration::from_secs(30);
 
 /// Where kpx reads the cluster from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +117,10 @@ pub struct DaemonRun {
     pub change_syncs: Vec<Synced>,
     /// Peak RSS over the whole run (MiB).
     pub rss_mib: f64,
+    /// How long the machine took to be quiet before the daemon was
+    /// started, and after SETTLE before the first change.
+    pub quiet_before_start: Duration,
+    pub quiet_before_changes: Duration,
 }
 
 impl DaemonRun {
@@ -146,6 +153,7 @@ impl DaemonRun {
             "change_latency_ms": {"p50": self.change_quantile(0.5), "p99": self.change_quantile(0.99), "max": self.change_quantile(1.0), "all": self.changes},
             "change_sync_median_ms": {"elapsed": self.change_stage(|s| s.elapsed_ms), "host": self.change_stage(|s| s.host_ms), "plugin": self.change_stage(|s| s.plugin_ms), "check": self.change_stage(|s| s.check_ms), "kernel": self.change_stage(|s| s.kernel_ms)},
             "peak_rss_mib": self.rss_mib,
+            "quiet_wait_ms": {"before_start": self.quiet_before_start.as_secs_f64() * 1e3, "before_changes": self.quiet_before_changes.as_secs_f64() * 1e3},
         })
     }
 }
@@ -339,6 +347,9 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
         }
     };
     let log_path = run_dir.join("kpx.log");
+    // The namespace of the measurement before this one is still being
+    // freed by the kernel.
+    let quiet_before_start = crate::quiet::settle(QUIET_LIMIT)?;
     let started = now_unix();
     let child = Command::new("ip")
         .args(["netns", "exec", &ns.0])
@@ -371,6 +382,9 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
     )?;
     let to_first_sync = Duration::from_secs_f64((first.at - started).max(0.0));
     std::thread::sleep(SETTLE);
+    // An idle proxy (issue 13's terms): the first sync's work, kpx's and
+    // the kernel's deferred freeing, is over.
+    let quiet_before_changes = crate::quiet::settle(QUIET_LIMIT)?;
     let (mut changes, mut change_syncs) = (Vec::new(), Vec::new());
     for c in 0..args.changes {
         let (i, yaml) = change(c, services);
@@ -399,7 +413,18 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
     let rss_mib = daemon.peak_rss_mib()?;
     drop(daemon);
     drop(server);
-    Ok(DaemonRun { source, to_first_sync, read_ms, first_pass_after_ms, first, changes, change_syncs, rss_mib })
+    Ok(DaemonRun {
+        source,
+        to_first_sync,
+        read_ms,
+        first_pass_after_ms,
+        first,
+        changes,
+        change_syncs,
+        rss_mib,
+        quiet_before_start,
+        quiet_before_changes,
+    })
 }
 
 #[cfg(test)]

@@ -159,19 +159,6 @@ fn bulk(client: &Ns, to: SocketAddr) -> Result<Duration> {
     })?
 }
 
-/// The machine's busy time so far, all cores (user, nice, system, irq,
-/// softirq: not idle, I/O wait or steal), in the kernel's ticks (USER_HZ,
-/// 100 a second).
-fn busy_ticks() -> Result<u64> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let line = stat.lines().next().context("empty /proc/stat")?;
-    let fields: Vec<u64> = line.split_whitespace().skip(1).map(str::parse).collect::<Result<_, _>>()?;
-    if fields.len() < 8 {
-        bail!("/proc/stat's cpu line has {} fields", fields.len());
-    }
-    Ok(fields[0] + fields[1] + fields[2] + fields[5] + fields[6])
-}
-
 fn ping(to: SocketAddr) -> std::io::Result<Duration> {
     let t = Instant::now();
     let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
@@ -281,9 +268,9 @@ pub fn run(args: &Args) -> Result<Relay> {
     let (mut direct_ticks, mut relay_ticks) = (0u64, 0u64);
     for i in 0..BULK_RUNS {
         let transfer = |to: SocketAddr, runs: &mut Vec<f64>, ticks: &mut u64| -> Result<()> {
-            let before = busy_ticks()?;
+            let before = crate::quiet::busy_ticks()?;
             runs.push(mbps(bulk(&lab.client, to)?));
-            *ticks += busy_ticks()? - before;
+            *ticks += crate::quiet::busy_ticks()? - before;
             Ok(())
         };
         if i % 2 == 0 {
