@@ -145,9 +145,14 @@ impl IptablesProxier {
         for key in changed.iter().filter(|k| !self.services.contains(k)) {
             self.ports.forget(key, full, &mut out);
         }
-        let now: BTreeSet<&String> = self.ports.chains.values().flatten().collect();
-        for chain in before.values().flatten().filter(|c| !now.contains(c)) {
-            out.delete(Table::Nat, chain);
+        // Only a flip leaves chains behind (`before` is empty otherwise):
+        // the set of every chain is not built for nothing (120k names at
+        // 10k x 10, sorted).
+        if !before.is_empty() {
+            let now: BTreeSet<&String> = self.ports.chains.values().flatten().collect();
+            for chain in before.values().flatten().filter(|c| !now.contains(c)) {
+                out.delete(Table::Nat, chain);
+            }
         }
         out
     }
