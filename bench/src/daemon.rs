@@ -32,9 +32,6 @@ const IDLE: Duration = Duration::from_millis(150);
 /// its work after the write (30k Services: about 250 ms) done, so that
 /// the first change, too, meets an idle proxy.
 const SETTLE: Duration = Duration::from_secs(2);
-/// The longest wait for a quiet machine (`quiet::settle`) before the
-/// daemon starts and before its first change.
-const QUIET_LIMIT: Duration = Duration::from_secs(30);
 
 /// Where kpx reads the cluster from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,10 +114,8 @@ pub struct DaemonRun {
     pub change_syncs: Vec<Synced>,
     /// Peak RSS over the whole run (MiB).
     pub rss_mib: f64,
-    /// How long the machine took to be quiet before the daemon was
-    /// started, and after SETTLE before the first change.
-    pub quiet_before_start: Duration,
-    pub quiet_before_changes: Duration,
+    /// How the wait for a quiet machine before the daemon's start ended.
+    pub quiet_before_start: crate::quiet::Settled,
 }
 
 impl DaemonRun {
@@ -153,7 +148,7 @@ impl DaemonRun {
             "change_latency_ms": {"p50": self.change_quantile(0.5), "p99": self.change_quantile(0.99), "max": self.change_quantile(1.0), "all": self.changes},
             "change_sync_median_ms": {"elapsed": self.change_stage(|s| s.elapsed_ms), "host": self.change_stage(|s| s.host_ms), "plugin": self.change_stage(|s| s.plugin_ms), "check": self.change_stage(|s| s.check_ms), "kernel": self.change_stage(|s| s.kernel_ms)},
             "peak_rss_mib": self.rss_mib,
-            "quiet_wait_ms": {"before_start": self.quiet_before_start.as_secs_f64() * 1e3, "before_changes": self.quiet_before_changes.as_secs_f64() * 1e3},
+            "quiet_before_start": {"waited_ms": self.quiet_before_start.waited.as_secs_f64() * 1e3, "quiet": self.quiet_before_start.quiet},
         })
     }
 }
@@ -349,7 +344,7 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
     let log_path = run_dir.join("kpx.log");
     // The namespace of the measurement before this one is still being
     // freed by the kernel.
-    let quiet_before_start = crate::quiet::settle(QUIET_LIMIT)?;
+    let quiet_before_start = crate::quiet::settle(crate::quiet::LIMIT)?;
     let started = now_unix();
     let child = Command::new("ip")
         .args(["netns", "exec", &ns.0])
@@ -382,9 +377,6 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
     )?;
     let to_first_sync = Duration::from_secs_f64((first.at - started).max(0.0));
     std::thread::sleep(SETTLE);
-    // An idle proxy (issue 13's terms): the first sync's work, kpx's and
-    // the kernel's deferred freeing, is over.
-    let quiet_before_changes = crate::quiet::settle(QUIET_LIMIT)?;
     let (mut changes, mut change_syncs) = (Vec::new(), Vec::new());
     for c in 0..args.changes {
         let (i, yaml) = change(c, services);
@@ -423,7 +415,6 @@ pub fn run(args: &Args, mode: &str, services: usize, manifests: &str, dir: &Path
         change_syncs,
         rss_mib,
         quiet_before_start,
-        quiet_before_changes,
     })
 }
 

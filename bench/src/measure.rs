@@ -544,6 +544,10 @@ fn measure_size(args: &Args, mode: &str, services: usize, endpoints: usize, dir:
     // only up to UPSTREAM_MAX Services.
     let upstream = if proxy_mode == ProxyMode::Nftables && services <= UPSTREAM_MAX {
         eprintln!("   upstream's nftables shape, nft -f");
+        // As before the daemon: the last namespace freed first.
+        if let Err(e) = crate::quiet::settle(crate::quiet::LIMIT) {
+            eprintln!("   cannot read /proc/stat: {e:#}");
+        }
         crate::upstream::load(services, endpoints).map_err(|e| eprintln!("   upstream's shape failed: {e:#}")).ok()
     } else {
         None

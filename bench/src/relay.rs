@@ -28,9 +28,10 @@ const PING_PORT: u16 = 9001;
 /// Bytes per bulk transfer, and transfers per path: one pair (a direct
 /// transfer and one through the relay, the order alternating) after
 /// another, so that both sides of each pair's ratio see the same machine.
-/// A pair's ratio varies from 0.5 to 1.9 on this 2-vCPU VM (the direct
-/// path's own CPU per byte by a third from run to run): 21 pairs make the
-/// median steadier than the 11 of earlier runs.
+/// A single pair's ratio ranges 0.66-1.51 over the committed runs on
+/// this 2-vCPU VM (the direct path's own CPU per byte by a fifth from run
+/// to run): 21 pairs make the median steadier than the 11 of earlier
+/// runs.
 const BULK_BYTES: u64 = 512 << 20;
 const BULK_RUNS: usize = 21;
 const CONNECTIONS: usize = 2000;
@@ -270,7 +271,7 @@ pub fn run(args: &Args) -> Result<Relay> {
         let transfer = |to: SocketAddr, runs: &mut Vec<f64>, ticks: &mut u64| -> Result<()> {
             let before = crate::quiet::busy_ticks()?;
             runs.push(mbps(bulk(&lab.client, to)?));
-            *ticks += crate::quiet::busy_ticks()? - before;
+            *ticks += crate::quiet::busy_ticks()?.saturating_sub(before);
             Ok(())
         };
         if i % 2 == 0 {

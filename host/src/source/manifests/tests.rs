@@ -541,3 +541,46 @@ fn notes_that_ask_for_a_full_read_lose_nothing() {
     assert!(events.is_empty() && source.touched.is_empty(), "{events:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Aliases that expand to far more than the text holds: nested (9^9
+/// strings), flat (10^8 from 70 KB) and two levels wide (9 x 10^8 from
+/// 33 KB). Each is refused in bounded time, the document after them kept.
+#[test]
+fn alias_bombs_and_deep_nesting_are_refused_in_bounded_time_and_the_others_kept() {
+    let head = |name: &str| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\n");
+    let mut nested = head("nested") + "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+    for i in 1..9 {
+        let p = i - 1;
+        nested.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
+    }
+    let items = |what: &str, n: usize| vec![what; n].join(", ");
+    let flat = head("flat") + &format!("a: &a [{}]\nb: [{}]\n", items("x", 10_000), items("*a", 10_000));
+    let wide = head("wide")
+        + &format!("a: &a [{}]\nb: &b [{}]\nc: [{}]\n", items("x", 10_000), items("*a", 300), items("*b", 300));
+    let deep = head("deep") + &format!("spec: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let good =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: fine}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let text = format!("---\n{nested}---\n{flat}---\n{wide}---\n{deep}---\n{good}");
+    let started = std::time::Instant::now();
+    let (objects, errors) = parse_documents(&text);
+    // Each bomb runs the parser to its replay budget: 3.5-4.2 s apiece in
+    // a debug build here, a tenth of that in release.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "took {:?}", started.elapsed());
+    let names: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(names, ["Service default/fine"]);
+    let documents: Vec<usize> = errors.iter().map(|e| e.document).collect();
+    assert_eq!(documents, [1, 2, 3, 4], "{errors:?}");
+    assert!(errors.iter().all(|e| e.message.starts_with("not valid YAML")), "{errors:?}");
+}
+
+/// YAML's merge keys and duplicate keys, as kubectl reads them: a merge
+/// fills the mapping, a key given twice refuses the document.
+#[test]
+fn merge_keys_merge_and_duplicate_keys_refuse_the_document() {
+    let text = "---\ncommon: &common {namespace: shop}\napiVersion: v1\nkind: Service\nmetadata: {<<: *common, name: merged}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: twice, name: again}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n";
+    let (objects, errors) = parse_documents(text);
+    let names: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(names, ["Service shop/merged"]);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].document, 2);
+}
