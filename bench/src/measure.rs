@@ -795,14 +795,18 @@ fn upstream_table(sizes: &[SizeResult]) -> String {
 /// nothing else, `PLUGIN_ONLY_REPS` times each, interleaved so drift hits
 /// both sides alike. Split into the state crossing in (`reset`) and the
 /// render with its output crossing out, so a change to either side of
-/// the boundary shows where it went.
+/// the boundary shows where it went. Those runs are cold (a fresh
+/// instance, whose memory grows as it goes, against a native heap that
+/// kept what the last run freed); the warm runs are full renders of one
+/// instance and one native generator, reset once, as the daemon's full
+/// resyncs of an unchanged state find them.
 pub fn plugin_only(args: &Args) -> Result<()> {
     const PLUGIN_ONLY_REPS: usize = 21;
     let dir = PathBuf::from("target/bench");
     std::fs::create_dir_all(&dir)?;
     let dir = dir.canonicalize()?;
     println!(
-        "mode      services x eps |  wasm: reset  render   total | native: reset  render   total | wasm/native (medians of {PLUGIN_ONLY_REPS}, ms)"
+        "mode      services x eps |  wasm: reset  render   total | native: reset  render   total | wasm/native | warm: wasm  native  wasm/native (medians of {PLUGIN_ONLY_REPS}, ms)"
     );
     for (mode, services, endpoints) in &args.sizes {
         let text = cluster::manifests(*services, *endpoints, None);
@@ -851,15 +855,44 @@ pub fn plugin_only(args: &Args) -> Result<()> {
         };
         let (wr, wn, wt) = split(&wasm);
         let (nr, nn, nt) = split(&native);
+        // Warm: one instance and one native generator, reset once (not
+        // timed); the first render of each grows its memory and is not
+        // counted.
+        let mut instance = plugin.instantiate(&settings)?;
+        instance.reset(&node, &Cluster::default(), &ports)?;
+        let mut n = Native::new(proxy_mode, settings.clone());
+        n.backend().reset(node.clone(), Cluster::default(), ports.clone());
+        let (mut warm_wasm, mut warm_native) = (Vec::new(), Vec::new());
+        for run in 0..=PLUGIN_ONLY_REPS {
+            let t = Instant::now();
+            let ruleset = instance.render(true, objects_count)?;
+            let wasm_time = t.elapsed();
+            if first.as_ref() != Some(&ruleset) {
+                bail!("a warm WASM render differs from the first");
+            }
+            drop(ruleset);
+            let t = Instant::now();
+            let ruleset = n.backend().render(true).map_err(anyhow::Error::msg)?;
+            let native_time = t.elapsed();
+            drop(ruleset);
+            if run > 0 {
+                warm_wasm.push(wasm_time);
+                warm_native.push(native_time);
+            }
+        }
+        let (ww, wnat) = (med(warm_wasm), med(warm_native));
         println!(
-            "{mode:<9} {services:>6} x {endpoints:<6}| {:>11.1} {:>7.1} {:>7.1} | {:>13.1} {:>7.1} {:>7.1} | {:.2}x",
+            "{mode:<9} {services:>6} x {endpoints:<6}| {:>11.1} {:>7.1} {:>7.1} | {:>13.1} {:>7.1} {:>7.1} | {:>10.2}x | {:>10.1} {:>7.1} {:>11.2}x",
             ms(wr),
             ms(wn),
             ms(wt),
             ms(nr),
             ms(nn),
             ms(nt),
-            wt.as_secs_f64() / nt.as_secs_f64().max(1e-9)
+            wt.as_secs_f64() / nt.as_secs_f64().max(1e-9),
+            ms(ww),
+            ms(wnat),
+            ww.as_secs_f64() / wnat.as_secs_f64().max(1e-9)
         );
     }
     Ok(())
