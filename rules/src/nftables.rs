@@ -153,6 +153,17 @@ pub struct NftablesProxier {
     names: Names,
 }
 
+/// The endpoint maps to declare for the maps `in_use`: each one and the
+/// next size up. A new map needs a new rule in its select chain, and the
+/// kernel validates the whole table on a transaction that adds a NAT rule
+/// (3-4 ms at 10k Services x 10 here, against 0.1-0.2 ms for adding
+/// elements); with the next size already there, a Service gaining one
+/// endpoint (a rolling update's surge pod, a scale-up by one) only moves
+/// elements. A map with no elements costs a packet one lookup that misses.
+fn with_headroom(in_use: impl Iterator<Item = CountMap>) -> BTreeSet<CountMap> {
+    in_use.flat_map(|(purpose, proto, n)| [(purpose, proto, n), (purpose, proto, n + 1)]).collect()
+}
+
 impl NftablesProxier {
     fn full(&mut self) -> Transaction {
         self.contributed.clear();
@@ -175,7 +186,7 @@ impl NftablesProxier {
             }
             self.contributed.insert(key.clone(), c);
         }
-        self.counts = self.contributed.values().flat_map(|c| c.counts.iter().copied()).collect();
+        self.counts = with_headroom(self.contributed.values().flat_map(|c| c.counts.iter().copied()));
 
         let mut out = Transaction::default();
         out.ops.extend(layout::declarations());
@@ -257,7 +268,8 @@ impl NftablesProxier {
         // (a full render declares them all, a partial one what its changed
         // services add; maps are never dropped), so only the changed ones
         // can need new maps: no walk over every service.
-        let new_counts: Vec<CountMap> = changed_counts.difference(&self.counts).copied().collect();
+        let new_counts: Vec<CountMap> =
+            with_headroom(changed_counts.difference(&self.counts).copied()).difference(&self.counts).copied().collect();
         for &map in &new_counts {
             out.push(Op::AddSet(elements::count_map_declaration(map)));
         }

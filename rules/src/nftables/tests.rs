@@ -1,6 +1,8 @@
 use super::*;
 use crate::model::{Endpoint, LocalTraffic, Protocol, ProxyMode, TrafficPolicy};
-use crate::ops::nftables::{Data, Element, HostSet, SetDecl, SetRef, Value, VerdictKind, decode_elements, decode_keys};
+use crate::ops::nftables::{
+    Data, Element, HostSet, SetDecl, SetRef, Value, Verdict, VerdictKind, decode_elements, decode_keys,
+};
 
 fn ep(ip: &str) -> Endpoint {
     Endpoint::ready(ip.parse().unwrap(), 8080)
@@ -127,10 +129,61 @@ fn one_service_change_is_the_same_transaction_at_any_size() {
         .unzip();
     assert!(deleted_from.iter().all(|s| s == "internal-tcp-2"), "{ops:?}");
     assert_eq!(deleted.len(), 2);
-    assert!(declared_sets(&at_100).iter().any(|d| d.name == "internal-tcp-3"), "a new endpoint count brings its map");
+    // The full render declared the map one size up: growing by one adds
+    // elements only, no map and no rule (a new rule costs the kernel a
+    // validation of the whole table).
+    assert!(known.iter().any(|d| d.name == "internal-tcp-3"), "no headroom map: {known:?}");
+    assert!(declared_sets(&at_100).is_empty(), "{at_100:?}");
+    assert!(!at_100.ops.iter().any(|op| matches!(op, Op::AddRule(_))), "{at_100:?}");
     let slot2 = added(&at_100, &known, "internal-tcp-3");
     assert!(slot2.iter().any(|e| e.key[3] == Value::Integer(2) && e.data == Some(Data::Endpoint("10.9.9.9".parse().unwrap(), 8080))));
     assert!(at_100.ops.len() < 8, "{at_100:?}");
+}
+
+#[test]
+fn a_new_endpoint_count_brings_its_map_rule_and_the_next_size_up_once() {
+    let mut p = proxier();
+    p.reset(Node::default(), Cluster::default(), services(3));
+    let full = tx(&mut p, true);
+    let mut known = declared_sets(&full);
+    let names =
+        |d: &[SetDecl]| d.iter().map(|d| d.name.clone()).filter(|n| n.starts_with("internal-")).collect::<Vec<_>>();
+    assert_eq!(names(&known), ["internal-tcp-2", "internal-tcp-3"]);
+    let count_rules = |t: &Transaction| {
+        t.ops.iter().filter(|op| matches!(op, Op::AddRule(r) if r.chain == "select-internal" && matches!(r.verdict, Verdict::DnatMap { .. }))).count()
+    };
+    assert_eq!(count_rules(&full), 2);
+    // s0 jumps from 2 endpoints to 4: maps 4 and 5, with their rules.
+    let mut s = services(3).remove(0);
+    for i in 0..2 {
+        s.endpoints.push(ep(&format!("10.9.9.{i}")));
+        s.cluster_endpoints.push(2 + i);
+    }
+    p.apply(vec![Change::Upsert(s.clone())]);
+    let grown = tx(&mut p, false);
+    assert_eq!(names(&declared_sets(&grown)), ["internal-tcp-4", "internal-tcp-5"]);
+    assert_eq!(count_rules(&grown), 2);
+    known.extend(declared_sets(&grown));
+    assert_eq!(added(&grown, &known, "internal-tcp-4").len(), 4);
+    // s1 then grows to 4 as well, and s0 to 5: elements only.
+    let mut s1 = services(3).remove(1);
+    for i in 0..2 {
+        s1.endpoints.push(ep(&format!("10.8.9.{i}")));
+        s1.cluster_endpoints.push(2 + i);
+    }
+    s.endpoints.push(ep("10.9.9.7"));
+    s.cluster_endpoints.push(4);
+    p.apply(vec![Change::Upsert(s1), Change::Upsert(s)]);
+    let more = tx(&mut p, false);
+    assert!(declared_sets(&more).is_empty(), "{more:?}");
+    assert_eq!(count_rules(&more), 0);
+    assert_eq!(added(&more, &known, "internal-tcp-5").len(), 5);
+    // A full render keeps the maps in use and one size up only.
+    let again = tx(&mut p, true);
+    assert_eq!(
+        names(&declared_sets(&again)),
+        ["internal-tcp-2", "internal-tcp-3", "internal-tcp-4", "internal-tcp-5", "internal-tcp-6"]
+    );
 }
 
 #[test]
