@@ -10,6 +10,7 @@
 //! valid object still applies.
 
 mod parse;
+mod yaml;
 
 pub use parse::{ParseError, parse_documents};
 

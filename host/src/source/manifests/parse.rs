@@ -88,13 +88,13 @@ fn parse_run(docs: &[std::borrow::Cow<'_, str>], first: usize) -> (Vec<Object>, 
         if blank(doc) {
             continue;
         }
-        match serde_saphyr::from_str_with_options::<Value>(doc, yaml_options()) {
+        match super::yaml::parse(doc) {
             Ok(value) => collect(value, document, &mut objects, &mut errors),
             Err(e) => errors.push(ParseError {
                 document,
                 object: None,
                 object_ref: None,
-                message: format!("not valid YAML: {}", e.to_string().lines().next().unwrap_or("")),
+                message: format!("not valid YAML: {}", e.lines().next().unwrap_or("")),
             }),
         }
     }
@@ -138,21 +138,6 @@ fn split_documents(text: &str) -> Vec<std::borrow::Cow<'_, str>> {
     }
     docs.extend(pending.map(Into::into));
     docs
-}
-
-/// Limits for manifest files: the operator's own, so much larger than the
-/// parser's defaults (a `kind: List` dump of a cluster), with its guards
-/// against alias bombs kept.
-fn yaml_options() -> serde_saphyr::Options {
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_events = 200_000_000;
-    budget.max_nodes = 100_000_000;
-    budget.max_documents = 1_000_000;
-    budget.max_total_scalar_bytes = 1 << 30;
-    budget.max_reader_input_bytes = Some(1 << 30);
-    let mut options = serde_saphyr::Options::default();
-    options.budget = Some(budget);
-    options
 }
 
 fn blank(doc: &str) -> bool {
