@@ -177,13 +177,19 @@ fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mu
     };
     let result = match (api_version.as_str(), kind.as_str()) {
         (_, "List") => {
-            match value.get("items").and_then(|v| v.as_array()) {
-                Some(items) => {
-                    for item in items.clone() {
+            // Moved out, not copied: a List of Lists would copy its tree
+            // once per level.
+            let items = match value {
+                Value::Object(mut fields) => fields.remove("items"),
+                _ => None,
+            };
+            match items {
+                Some(Value::Array(items)) => {
+                    for item in items {
                         collect(item, document, objects, errors);
                     }
                 }
-                None => errors.push(ParseError {
+                _ => errors.push(ParseError {
                     document,
                     object: None,
                     object_ref: None,

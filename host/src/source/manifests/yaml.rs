@@ -3,64 +3,118 @@
 //! value, so the rules that matter for untrusted files are kpx's:
 //!
 //! - **Bounded expansion.** An alias replays its anchor's events, so a
-//!   small document can stand for billions of nodes. The visitor counts
-//!   every node and every string byte it builds and stops the document at
-//!   [`NODES_PER_BYTE`] and [`BYTES_PER_BYTE`] times the document's own
-//!   length (a document without aliases stays far below both): time and
-//!   memory stay proportional to the text read.
-//! - **Merge keys** (`<<: *anchor`, `<<: [*a, *b]`), as kubectl reads them:
-//!   the merged mappings fill in the keys the mapping does not give itself,
-//!   the earlier of several merged mappings first.
-//! - **Duplicate keys** refuse the document (YAML forbids them; a parser
-//!   that let the last one win would program a name the file's reader did
-//!   not see).
+//!   small document can stand for billions of nodes. The visitor charges
+//!   what it builds (a scalar 1, a sequence 2, a mapping 16: about its
+//!   memory in 40-byte units) and every string byte, and stops the
+//!   document at [`UNITS_PER_BYTE`] units and [`BYTES_PER_BYTE`] string
+//!   bytes per byte of its text, past a small [`FLOOR`] (a document without
+//!   aliases stays below both): time and memory stay proportional to the
+//!   text read, whatever the aliases.
+//! - **Bounded nesting before the parser runs.** libyaml's scanner walks
+//!   its stack of possible keys, one per open flow collection, for every
+//!   token: `{a: {a: …` nested n deep costs n² before any limit applies. A
+//!   document whose `[`/`{` nest deeper than [`MAX_FLOW_DEPTH`] (counted
+//!   on the raw text, quotes and all, so an over-count only ever refuses)
+//!   is refused unread; the parser's own limit (128 levels) does the rest.
+//! - **Merge keys** (`<<: *anchor`, `<<: [*a, *b]`) as kubectl reads them
+//!   (go-yaml): a merge sets the merged mapping's keys where it stands,
+//!   over keys before it; keys after it win; of several merged mappings
+//!   the earlier wins. A quoted `<<` key is a field to kubectl, not a
+//!   merge, and serde_norway does not say how a key was quoted, so a
+//!   document with one is refused.
+//! - **Duplicate keys** refuse the document (YAML forbids them, and
+//!   kubectl's strict decoding refuses them: a parser that let the last
+//!   one win would program a name the file's reader did not see).
+//! - **No NaN or infinity**: JSON has none, and kubectl refuses them.
 //!
 //! libyaml's parser is 2.5x serde-saphyr's speed here (a 10k Services x 10
 //! endpoints dump in about 300 ms against 640-800 ms on two threads).
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, EnumAccess, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-/// Nodes (scalars, sequences, mappings) a document may build per byte of
-/// its text, past [`FLOOR`].
-pub const NODES_PER_BYTE: usize = 4;
+/// Units (see the module's notes) a document may build per byte of its
+/// text, past [`FLOOR`].
+pub const UNITS_PER_BYTE: usize = 8;
 /// String bytes a document may build per byte of its text, past [`FLOOR`].
 pub const BYTES_PER_BYTE: usize = 4;
 /// What any document may build, however short.
-pub const FLOOR: usize = 64 * 1024;
-/// Nesting deeper than this refuses the document.
+pub const FLOOR: usize = 1024;
+/// Nesting deeper than this refuses the document (serde_norway's own
+/// limit, 128, usually comes first).
 pub const MAX_DEPTH: usize = 128;
+/// `[` and `{` open at once, counted on the raw text, past which a
+/// document is refused before it is parsed.
+pub const MAX_FLOW_DEPTH: usize = 256;
+
+const SCALAR: usize = 1;
+const SEQUENCE: usize = 2;
+const MAPPING: usize = 16;
 
 /// The value of `doc`, a single YAML document (null when it is empty), or
 /// why it is not one kpx reads.
 pub fn parse(doc: &str) -> Result<Value, String> {
+    check_text(doc)?;
     let budget = Budget {
-        nodes: Cell::new(FLOOR + NODES_PER_BYTE * doc.len()),
+        units: Cell::new(FLOOR + UNITS_PER_BYTE * doc.len()),
         bytes: Cell::new(FLOOR + BYTES_PER_BYTE * doc.len()),
     };
     let de = serde_norway::Deserializer::from_str(doc);
     ValueSeed { budget: &budget, depth: 0 }.deserialize(de).map_err(|e| e.to_string())
 }
 
+/// What is refused on the raw text: flow nesting past [`MAX_FLOW_DEPTH`],
+/// a quoted `<<` key.
+fn check_text(doc: &str) -> Result<(), String> {
+    let mut depth = 0usize;
+    for b in doc.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return Err(format!("flow collections ([ or {{) nested deeper than {MAX_FLOW_DEPTH} levels"));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    for quoted in ["\"<<\"", "'<<'"] {
+        for (at, _) in doc.match_indices(quoted) {
+            if doc[at + quoted.len()..].trim_start_matches([' ', '\t']).starts_with(':') {
+                return Err(format!(
+                    "a quoted {quoted} key: kubectl reads it as a field named <<, not as a merge; write it plain or not at all"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What is left to build.
 struct Budget {
-    nodes: Cell<usize>,
+    units: Cell<usize>,
     bytes: Cell<usize>,
 }
 
 impl Budget {
-    fn node<E: serde::de::Error>(&self) -> Result<(), E> {
-        let left = self.nodes.get();
-        if left == 0 {
+    fn charge<E: serde::de::Error>(&self, units: usize) -> Result<(), E> {
+        let left = self.units.get();
+        if units > left {
             return Err(E::custom(
                 "the document expands past its node budget (aliases repeating anchors): refused as an alias bomb",
             ));
         }
-        self.nodes.set(left - 1);
+        self.units.set(left - units);
         Ok(())
+    }
+
+    fn node<E: serde::de::Error>(&self) -> Result<(), E> {
+        self.charge(SCALAR)
     }
 
     fn string<E: serde::de::Error>(&self, s: &str) -> Result<(), E> {
@@ -117,8 +171,9 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
 
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
         self.budget.node()?;
-        // As serde_json's own value: no JSON number for NaN or infinities.
-        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom(format!("{v} is not a number JSON (or kubectl) has")))
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
@@ -145,7 +200,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        self.budget.node()?;
+        self.budget.charge(SEQUENCE)?;
         let inner = ValueSeed { budget: self.budget, depth: self.depth + 1 };
         let mut out = Vec::new();
         while let Some(v) = seq.next_element_seed(inner)? {
@@ -155,30 +210,36 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        self.budget.node()?;
+        self.budget.charge(MAPPING)?;
         let inner = ValueSeed { budget: self.budget, depth: self.depth + 1 };
         let mut out = Map::new();
-        let mut merged: Option<Vec<Map<String, Value>>> = None;
+        // Once a merge has set keys, the keys the mapping gives itself
+        // (before that, they are the keys of `out`): one given twice
+        // refuses it.
+        let mut own: Option<HashSet<String>> = None;
         while let Some(key) = map.next_key_seed(KeySeed { budget: self.budget })? {
             let value = map.next_value_seed(inner)?;
             if key == "<<" {
-                if merged.is_some() {
+                if own.is_some() {
                     return Err(A::Error::custom("duplicate merge key `<<`"));
                 }
-                merged = Some(merge_sources(value).map_err(A::Error::custom)?);
+                own = Some(out.keys().cloned().collect());
+                // go-yaml's order: the last merged mapping first, so the
+                // earlier ones overwrite it; all of them over what came
+                // before the merge key.
+                for source in merge_sources(value).map_err(A::Error::custom)?.into_iter().rev() {
+                    out.extend(source);
+                }
                 continue;
             }
-            if out.contains_key(&key) {
+            let twice = match &mut own {
+                None => out.contains_key(&key),
+                Some(own) => !own.insert(key.clone()),
+            };
+            if twice {
                 return Err(A::Error::custom(format!("duplicate key {key:?}")));
             }
             out.insert(key, value);
-        }
-        // The mapping's own keys first; then each merged mapping's others,
-        // the earlier mapping winning.
-        for source in merged.into_iter().flatten() {
-            for (k, v) in source {
-                out.entry(k).or_insert(v);
-            }
         }
         Ok(Value::Object(out))
     }
@@ -255,21 +316,38 @@ mod tests {
     fn values_merges_and_the_refusals() {
         let v = parse("a: 1\nb: [x, 2.5, true, ~]\nc: {d: \"e\"}\n").unwrap();
         assert_eq!(v, serde_json::json!({"a": 1, "b": ["x", 2.5, true, null], "c": {"d": "e"}}));
-        // Own keys win over merged ones, wherever the merge key stands;
-        // the earlier merged mapping wins over the later.
-        let v = parse("x: &x {a: 1, b: 1}\ny: &y {b: 2, c: 2}\nz: {a: 0, <<: [*x, *y]}\n").unwrap();
-        assert_eq!(v["z"], serde_json::json!({"a": 0, "b": 1, "c": 2}));
+        // As go-yaml: the merge sets its keys where it stands (over `a`
+        // before it, under `c` after it); the earlier merged mapping wins.
+        let v = parse("x: &x {a: 1, b: 1}\ny: &y {b: 2, c: 2, d: 2}\nz: {a: 0, <<: [*x, *y], c: 3}\n").unwrap();
+        assert_eq!(v["z"], serde_json::json!({"a": 1, "b": 1, "c": 3, "d": 2}));
+        assert!(parse("x: &x {a: 1}\nz: {\"<<\" : *x}\n").unwrap_err().contains("quoted"));
+        assert!(parse("x: &x {a: 1}\nz: {'<<': *x}\n").unwrap_err().contains("quoted"));
+        assert_eq!(parse("note: \"<<\"\n").unwrap()["note"], "<<");
+        assert!(parse("a: .nan\n").unwrap_err().contains("not a number"));
+        assert!(parse("a: -.inf\n").unwrap_err().contains("not a number"));
         assert!(parse("a: 1\na: 2\n").unwrap_err().contains("duplicate key \"a\""));
+        // Own keys stay single around a merge too.
+        assert!(parse("x: &x {a: 1}\nz: {a: 0, <<: *x, a: 2}\n").unwrap_err().contains("duplicate key \"a\""));
+        assert!(parse("x: &x {a: 1}\nz: {<<: *x, b: 0, b: 2}\n").unwrap_err().contains("duplicate key \"b\""));
+        assert!(parse("x: &x {a: 1}\nz: {<<: *x, <<: *x}\n").unwrap_err().contains("duplicate merge key"));
         assert!(parse("x: &x 1\nz: {<<: *x}\n").unwrap_err().contains("merge key"));
         assert!(parse("a: !custom 1\n").unwrap_err().contains("tagged"));
         assert!(parse(&format!("a: {}{}\n", "[".repeat(200), "]".repeat(200))).is_err());
+        // Past the flow depth the text is not parsed at all: `{a: ` nested
+        // 100k deep costs libyaml's scanner minutes, the check a moment.
+        let started = std::time::Instant::now();
+        let err = parse(&"{a: ".repeat(100_000)).unwrap_err();
+        assert!(err.contains("nested deeper than 256"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+        // Brackets that close do not add up.
+        assert!(parse(&format!("a: [{}]\n", vec!["[x]"; 1000].join(", "))).is_ok());
         assert_eq!(parse("").unwrap(), Value::Null);
         assert_eq!(parse("80: http\n").unwrap(), serde_json::json!({"80": "http"}));
     }
 
     #[test]
     fn expansion_stops_at_the_budget() {
-        // 10^7 nodes from a 43 KB document: past 4 x its length.
+        // 10^7 scalars from a 43 KB document: past 8 units per byte.
         let items = |what: &str, n: usize| vec![what; n].join(", ");
         let flat = format!("a: &a [{}]\nb: [{}]\n", items("x", 1_000), items("*a", 10_000));
         let err = parse(&flat).unwrap_err();
