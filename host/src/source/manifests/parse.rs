@@ -189,11 +189,13 @@ fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mu
                         collect(item, document, objects, errors);
                     }
                 }
-                _ => errors.push(ParseError {
+                // As kubectl: a List with no items is an empty one.
+                None | Some(Value::Null) => {}
+                Some(_) => errors.push(ParseError {
                     document,
                     object: None,
                     object_ref: None,
-                    message: "List without items".into(),
+                    message: "a List's items must be a sequence".into(),
                 }),
             }
             return;

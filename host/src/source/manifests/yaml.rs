@@ -10,18 +10,26 @@
 //!   bytes per byte of its text, past a small [`FLOOR`] (a document without
 //!   aliases stays below both): time and memory stay proportional to the
 //!   text read, whatever the aliases.
-//! - **Bounded nesting before the parser runs.** libyaml's scanner walks
+//! - **Nesting checked before the parser runs.** libyaml's scanner walks
 //!   its stack of possible keys, one per open flow collection, for every
-//!   token: `{a: {a: …` nested n deep costs n² before any limit applies. A
-//!   document whose `[`/`{` nest deeper than [`MAX_FLOW_DEPTH`] (counted
-//!   on the raw text, quotes and all, so an over-count only ever refuses)
-//!   is refused unread; the parser's own limit (128 levels) does the rest.
+//!   token, and serde_norway reads a whole document's events before its
+//!   depth limit (128) applies: `{a: {a: …` nested n deep costs n². A
+//!   document whose `[`/`{` nest deeper than [`MAX_FLOW_DEPTH`], counted
+//!   on the raw text, is refused unread. Known gap: the count does not
+//!   know quotes or comments, so closing brackets inside them (`{a: '}',
+//!   …`) lower it, and a crafted file can still cost the scanner
+//!   quadratic time (minutes of one core for about a megabyte). Whoever
+//!   can write the manifests already decides every Service kpx programs;
+//!   a lexer of YAML's flow context would close it.
 //! - **Merge keys** (`<<: *anchor`, `<<: [*a, *b]`) as kubectl reads them
 //!   (go-yaml): a merge sets the merged mapping's keys where it stands,
 //!   over keys before it; keys after it win; of several merged mappings
 //!   the earlier wins. A quoted `<<` key is a field to kubectl, not a
 //!   merge, and serde_norway does not say how a key was quoted, so a
-//!   document with one is refused.
+//!   document with `"<<":` or `'<<':` in its text is refused. Known gaps,
+//!   merged by kpx where kubectl reads a field named `<<`: an escaped
+//!   (`"\x3c<"`), tagged (`!!str <<`), explicit (`? "<<"`) or aliased key;
+//!   and `<<: *s` with `s` a sequence of mappings, which go-yaml refuses.
 //! - **Duplicate keys** refuse the document (YAML forbids them, and
 //!   kubectl's strict decoding refuses them: a parser that let the last
 //!   one win would program a name the file's reader did not see).
@@ -48,8 +56,9 @@ pub const FLOOR: usize = 1024;
 /// limit, 128, usually comes first).
 pub const MAX_DEPTH: usize = 128;
 /// `[` and `{` open at once, counted on the raw text, past which a
-/// document is refused before it is parsed.
-pub const MAX_FLOW_DEPTH: usize = 256;
+/// document is refused before it is parsed (serde_norway refuses deeper
+/// than 128 anyway, after scanning it all).
+pub const MAX_FLOW_DEPTH: usize = 128;
 
 const SCALAR: usize = 1;
 const SEQUENCE: usize = 2;
@@ -337,7 +346,7 @@ mod tests {
         // 100k deep costs libyaml's scanner minutes, the check a moment.
         let started = std::time::Instant::now();
         let err = parse(&"{a: ".repeat(100_000)).unwrap_err();
-        assert!(err.contains("nested deeper than 256"), "{err}");
+        assert!(err.contains("nested deeper than 128"), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
         // Brackets that close do not add up.
         assert!(parse(&format!("a: [{}]\n", vec!["[x]"; 1000].join(", "))).is_ok());
