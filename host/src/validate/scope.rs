@@ -30,8 +30,13 @@ impl<K: Hash + Eq + Clone> Counted<K> {
     }
 
     pub fn add(&mut self, k: K) {
-        *self.counts.entry(k.clone()).or_default() += 1;
-        self.removed.remove(&k);
+        // Most adds come with nothing removed (a full sync's, every
+        // endpoint of every port): no second hash for them. In a profile
+        // of a 10k x 10 first sync, that lookup was a third of counting.
+        if !self.removed.is_empty() {
+            self.removed.remove(&k);
+        }
+        *self.counts.entry(k).or_default() += 1;
     }
 
     /// Takes back one [`Counted::add`]; the key leaves with the last.
