@@ -35,8 +35,10 @@
 //!   one win would program a name the file's reader did not see).
 //! - **No NaN or infinity**: JSON has none, and kubectl refuses them.
 //!
-//! libyaml's parser is 2.5x serde-saphyr's speed here (a 10k Services x 10
-//! endpoints dump in about 300 ms against 640-800 ms on two threads).
+//! Nesting is bounded by serde_norway's own limit (128 levels, carried
+//! through alias jumps). With libyaml's parser the bench reads a 10k
+//! Services x 10 endpoints dump in 302-317 ms, against 888-922 ms with
+//! serde-saphyr (bench/results, 9bdad85 and 3ab30af).
 
 use std::cell::Cell;
 use std::collections::HashSet;
@@ -52,9 +54,6 @@ pub const UNITS_PER_BYTE: usize = 8;
 pub const BYTES_PER_BYTE: usize = 4;
 /// What any document may build, however short.
 pub const FLOOR: usize = 1024;
-/// Nesting deeper than this refuses the document (serde_norway's own
-/// limit, 128, usually comes first).
-pub const MAX_DEPTH: usize = 128;
 /// `[` and `{` open at once, counted on the raw text, past which a
 /// document is refused before it is parsed (serde_norway refuses deeper
 /// than 128 anyway, after scanning it all).
@@ -73,7 +72,7 @@ pub fn parse(doc: &str) -> Result<Value, String> {
         bytes: Cell::new(FLOOR + BYTES_PER_BYTE * doc.len()),
     };
     let de = serde_norway::Deserializer::from_str(doc);
-    ValueSeed { budget: &budget, depth: 0 }.deserialize(de).map_err(|e| e.to_string())
+    ValueSeed { budget: &budget }.deserialize(de).map_err(|e| e.to_string())
 }
 
 /// What is refused on the raw text: flow nesting past [`MAX_FLOW_DEPTH`],
@@ -142,16 +141,12 @@ impl Budget {
 #[derive(Clone, Copy)]
 struct ValueSeed<'a> {
     budget: &'a Budget,
-    depth: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
-        if self.depth > MAX_DEPTH {
-            return Err(D::Error::custom(format!("nested deeper than {MAX_DEPTH} levels")));
-        }
         de.deserialize_any(self)
     }
 }
@@ -210,7 +205,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         self.budget.charge(SEQUENCE)?;
-        let inner = ValueSeed { budget: self.budget, depth: self.depth + 1 };
+        let inner = self;
         let mut out = Vec::new();
         while let Some(v) = seq.next_element_seed(inner)? {
             out.push(v);
@@ -220,7 +215,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         self.budget.charge(MAPPING)?;
-        let inner = ValueSeed { budget: self.budget, depth: self.depth + 1 };
+        let inner = self;
         let mut out = Map::new();
         // Once a merge has set keys, the keys the mapping gives itself
         // (before that, they are the keys of `out`): one given twice
