@@ -14,6 +14,7 @@
 mod affinity;
 mod elements;
 mod layout;
+mod registry;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +30,7 @@ use crate::ops::nftables::{ElementWriter, Op, Transaction};
 use crate::service_set::ServiceSet;
 
 pub use affinity::hashed;
-pub use elements::{CountMap, Elem, ElemData, Purpose, Set, Text, Words, count_map};
+pub use elements::{CountMap, Elem, ElemData, EndpointWords, Purpose, Set, Text, Words, count_map};
 pub use layout::CHAINS;
 
 /// Set and chain names, shared: each name is allocated once.
@@ -49,42 +50,16 @@ impl Names {
 }
 
 use elements::Contribution;
+use registry::Registry;
 
-/// (set, key) → the services contributing it, sorted by key, with their
-/// data; the first one's element is in the kernel.
-type Registry = FxHashMap<(Set, Words), Contributors>;
-type Contributors = Vec<(Text, Option<ElemData>)>;
-
-/// Records `service` as a contributor of `e`; true when it is now the
-/// first one (the one whose element the kernel holds).
-fn contribute(registry: &mut Registry, e: &Elem, service: &Text) -> bool {
-    let list = registry.entry((e.set.clone(), e.key)).or_default();
-    let at = match list.binary_search_by(|(k, _)| k.cmp(service)) {
-        Ok(i) => {
-            list[i].1 = e.data.clone();
-            i
-        }
-        Err(i) => {
-            list.insert(i, (service.clone(), e.data.clone()));
-            i
-        }
-    };
-    at == 0
-}
-
-fn withdraw(registry: &mut Registry, e: &Elem, service: &Text) {
-    let id = (e.set.clone(), e.key);
-    if let Some(list) = registry.get_mut(&id) {
-        list.retain(|(k, _)| k != service);
-        if list.is_empty() {
-            registry.remove(&id);
-        }
-    }
-}
-
-/// The data in the kernel for (set, key): None if absent.
-fn effective(registry: &Registry, id: &(Set, Words)) -> Option<Option<ElemData>> {
-    registry.get(id).and_then(|l| l.first()).map(|(_, v)| v.clone())
+/// What the generator keeps of a service's last contribution: the slots
+/// of its elements in the registry (sorted, each once), the endpoint maps
+/// it needs and its own objects.
+#[derive(Debug, Default)]
+struct Kept {
+    slots: Vec<u32>,
+    counts: Box<[CountMap]>,
+    objects: affinity::Objects,
 }
 
 /// Element operations, one batch per set, the batches in set order.
@@ -141,8 +116,8 @@ pub struct NftablesProxier {
     settings: Settings,
     node: Node,
     services: ServiceSet,
-    /// Each service's contribution at the last render.
-    contributed: BTreeMap<String, Contribution>,
+    /// What each service contributed at the last render.
+    contributed: BTreeMap<String, Kept>,
     /// Which services contribute each element; the first contributor's
     /// element is the one in the kernel.
     registry: Registry,
@@ -151,6 +126,17 @@ pub struct NftablesProxier {
     /// Node facts changed: the next render is full.
     layout_changed: bool,
     names: Names,
+}
+
+impl Kept {
+    fn new(mut slots: Vec<u32>, c: Contribution) -> Kept {
+        // A service may name one element twice (an external IP listed
+        // twice): one slot, withdrawn once.
+        slots.sort_unstable();
+        slots.dedup();
+        slots.shrink_to_fit();
+        Kept { slots, counts: c.counts.into_iter().collect(), objects: c.objects }
+    }
 }
 
 /// The endpoint maps to declare for the maps `in_use`: each one and the
@@ -166,25 +152,30 @@ fn with_headroom(in_use: impl Iterator<Item = CountMap>) -> BTreeSet<CountMap> {
 
 impl NftablesProxier {
     fn full(&mut self) -> Transaction {
+        // Sized from the last render's elements (none at the start): the
+        // index and the slots grow by doubling otherwise.
+        let expected = self.registry.len();
         self.contributed.clear();
         self.registry.clear();
+        self.registry.reserve(expected);
         let ctx = elements::Context { settings: &self.settings, node: &self.node };
         // Every element once, from its first contributor, in service order:
         // services come in key order, so a service that is first for an
-        // element when it contributes it stays first.
+        // element when it contributes it stays first. One service's
+        // contribution at a time: the registry is what is kept.
         let mut adds = ElementOps::new(self.settings.family);
-        let contributions: Vec<(&String, Contribution)> =
-            self.services.iter().map(|(key, svc)| (key, elements::contribution(&ctx, svc, &self.names))).collect();
-        // Sized once: growing it rehashes every element again.
-        self.registry.reserve(contributions.iter().map(|(_, c)| c.elements.len()).sum());
-        for (key, c) in contributions {
+        for (key, svc) in self.services.iter() {
+            let c = elements::contribution(&ctx, svc, &self.names);
             let service: Text = Arc::from(key.as_str());
+            let mut slots = Vec::with_capacity(c.elements.len());
             for e in &c.elements {
-                if contribute(&mut self.registry, e, &service) {
+                let (slot, first) = self.registry.contribute(e, &service);
+                slots.push(slot);
+                if first {
                     adds.push(&e.set, &e.key, e.data.as_ref());
                 }
             }
-            self.contributed.insert(key.clone(), c);
+            self.contributed.insert(key.clone(), Kept::new(slots, c));
         }
         self.counts = with_headroom(self.contributed.values().flat_map(|c| c.counts.iter().copied()));
 
@@ -222,18 +213,19 @@ impl NftablesProxier {
             let old = self.contributed.remove(&key).unwrap_or_default();
             let new =
                 self.services.get(&key).map(|svc| elements::contribution(&ctx, svc, &self.names)).unwrap_or_default();
-            for e in old.elements.iter().chain(&new.elements) {
-                let id = (e.set.clone(), e.key);
-                if touched.insert(id.clone()) {
-                    before.insert(id.clone(), effective(&self.registry, &id));
+            let old_ids = old.slots.iter().filter_map(|&slot| self.registry.element(slot));
+            let new_ids = new.elements.iter().map(|e| (&e.set, &e.key));
+            for (set, words) in old_ids.chain(new_ids) {
+                let id = (set.clone(), *words);
+                if !touched.contains(&id) {
+                    before.insert(id.clone(), self.registry.effective(set, words));
+                    touched.insert(id);
                 }
             }
-            for e in &old.elements {
-                withdraw(&mut self.registry, e, &service);
+            for &slot in &old.slots {
+                self.registry.withdraw(slot, &service);
             }
-            for e in &new.elements {
-                contribute(&mut self.registry, e, &service);
-            }
+            let slots = new.elements.iter().map(|e| self.registry.contribute(e, &service).0).collect();
             if old.objects != new.objects {
                 flushes.extend(old.objects.flushes());
                 stale_objects.extend(old.objects.stale_against(&new.objects));
@@ -241,14 +233,14 @@ impl NftablesProxier {
             }
             if self.services.contains(&key) {
                 changed_counts.extend(new.counts.iter().copied());
-                self.contributed.insert(key, new);
+                self.contributed.insert(key, Kept::new(slots, new));
             }
         }
         let mut deletes = ElementOps::new(family);
         let mut adds = ElementOps::new(family);
         for id in touched {
             let old = before.remove(&id).flatten();
-            let new = effective(&self.registry, &id);
+            let new = self.registry.effective(&id.0, &id.1);
             if old == new {
                 continue;
             }
@@ -297,7 +289,7 @@ impl Backend for NftablesProxier {
             node: Node::default(),
             services: ServiceSet::default(),
             contributed: BTreeMap::new(),
-            registry: FxHashMap::default(),
+            registry: Registry::default(),
             counts: BTreeSet::new(),
             layout_changed: true,
             names: Names::default(),

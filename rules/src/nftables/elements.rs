@@ -54,24 +54,26 @@ impl Set {
     }
 }
 
-/// Up to 12 words: a key or data laid out as the contract's element words.
-/// Words past `len` are always zero, so equality and hashing need only the
-/// used ones (a whole-array compare is a byte loop in WebAssembly).
+/// Up to `N` words: a key (12, enough for an IPv6 firewall-allow key) or
+/// an endpoint (5: an IPv6 address and a port) laid out as the contract's
+/// element words. Words past `len` are always zero, so equality and
+/// hashing need only the used ones (a whole-array compare is a byte loop
+/// in WebAssembly).
 #[derive(Debug, Clone, Copy, PartialOrd, Ord)]
-pub struct Words {
+pub struct Words<const N: usize = 12> {
     len: u8,
-    w: [u32; 12],
+    w: [u32; N],
 }
 
-impl PartialEq for Words {
-    fn eq(&self, other: &Words) -> bool {
+impl<const N: usize> PartialEq for Words<N> {
+    fn eq(&self, other: &Words<N>) -> bool {
         self.len == other.len && self.as_slice().iter().zip(other.as_slice()).all(|(a, b)| a == b)
     }
 }
 
-impl Eq for Words {}
+impl<const N: usize> Eq for Words<N> {}
 
-impl std::hash::Hash for Words {
+impl<const N: usize> std::hash::Hash for Words<N> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         state.write_u8(self.len);
         for &w in self.as_slice() {
@@ -80,19 +82,19 @@ impl std::hash::Hash for Words {
     }
 }
 
-impl Words {
-    pub fn new() -> Words {
-        Words { len: 0, w: [0; 12] }
+impl<const N: usize> Words<N> {
+    pub fn new() -> Words<N> {
+        Words { len: 0, w: [0; N] }
     }
 
-    pub fn push(mut self, word: u32) -> Words {
+    pub fn push(mut self, word: u32) -> Words<N> {
         self.w[self.len as usize] = word;
         self.len += 1;
         self
     }
 
     /// The address's words, as [`crate::ops::nftables::push_address`] lays them out.
-    pub fn address(self, ip: IpAddr) -> Words {
+    pub fn address(self, ip: IpAddr) -> Words<N> {
         match ip {
             IpAddr::V4(v4) => self.push(u32::from(v4)),
             IpAddr::V6(v6) => {
@@ -107,16 +109,19 @@ impl Words {
     }
 }
 
-impl Default for Words {
+impl<const N: usize> Default for Words<N> {
     fn default() -> Self {
         Words::new()
     }
 }
 
+/// An endpoint's words: its address and port.
+pub type EndpointWords = Words<5>;
+
 /// An element's data.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ElemData {
-    Endpoint(Words),
+    Endpoint(EndpointWords),
     Verdict(VerdictKind, Option<Text>),
 }
 
