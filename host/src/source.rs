@@ -3,12 +3,14 @@
 
 pub mod api;
 pub mod manifests;
+pub mod slice;
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+pub use slice::Slice;
 
 /// The kinds of object kpx reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,7 +56,8 @@ impl std::fmt::Display for ObjectRef {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
     Service(Arc<Service>),
-    EndpointSlice(Arc<EndpointSlice>),
+    /// Kept in kpx's own compact form ([`Slice`]).
+    EndpointSlice(Arc<Slice>),
     Node(Arc<Node>),
     ServiceCidr(Arc<ServiceCIDR>),
 }

@@ -14,10 +14,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpx_rules::model::{self, IpFamily, Protocol};
 
-use crate::source::{Event, Kind, Object, ObjectRef};
+use crate::source::{Event, Kind, Object, ObjectRef, Slice};
 
 /// `namespace/name` of a Service.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -90,7 +89,7 @@ pub struct State {
     /// Services this proxy handles (others are never stored).
     services: BTreeMap<ServiceName, Arc<Service>>,
     /// EndpointSlices by owning Service, then by slice name.
-    slices: BTreeMap<ServiceName, BTreeMap<String, Arc<EndpointSlice>>>,
+    slices: BTreeMap<ServiceName, BTreeMap<String, Arc<Slice>>>,
     /// Which Service each stored slice (namespace, name) belongs to.
     slice_owner: BTreeMap<(String, String), ServiceName>,
     node: Option<Arc<Node>>,
@@ -332,12 +331,11 @@ impl State {
             if spec.external_traffic_policy.as_deref() != Some("Local") || !(1..=65535).contains(&port) {
                 continue;
             }
-            let mut local: BTreeSet<&str> = BTreeSet::new();
+            let mut local: BTreeSet<IpAddr> = BTreeSet::new();
             for slice in self.slices.get(name).into_iter().flat_map(|s| s.values()) {
                 for ep in &slice.endpoints {
-                    let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-                    if ready && ep.node_name.as_deref() == Some(self.node_name.as_str()) {
-                        local.extend(ep.addresses.first().map(String::as_str));
+                    if ep.ready.unwrap_or(true) && ep.node_name.as_deref() == Some(self.node_name.as_str()) {
+                        local.extend(ep.address);
                     }
                 }
             }

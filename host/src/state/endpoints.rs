@@ -7,13 +7,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ServicePort as K8sPort;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpx_rules::model::{Conditions, Endpoint, IpFamily};
 
 use super::topology::HintedEndpoint;
+use crate::source::Slice;
 
 pub fn for_port(
-    slices: Option<&BTreeMap<String, Arc<EndpointSlice>>>,
+    slices: Option<&BTreeMap<String, Arc<Slice>>>,
     family: IpFamily,
     port: &K8sPort,
     node_name: &str,
@@ -44,38 +44,27 @@ pub fn for_port(
             ),
         );
         for ep in &slice.endpoints {
-            let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
+            let Some(ip) = ep.address else {
                 continue;
             };
-            let cond = ep.conditions.as_ref();
             let is_local = ep.node_name.as_deref() == Some(node_name);
             let endpoint = Endpoint {
                 ip,
                 port: port_number as u16,
                 conditions: Conditions {
-                    ready: cond.and_then(|c| c.ready).unwrap_or(true),
-                    serving: cond.and_then(|c| c.serving).unwrap_or(true),
-                    terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+                    ready: ep.ready.unwrap_or(true),
+                    serving: ep.serving.unwrap_or(true),
+                    terminating: ep.terminating.unwrap_or(false),
                     is_local,
                 },
-                zone: ep.zone.clone(),
+                zone: ep.zone.as_deref().map(str::to_owned),
                 weight: weights.get(&ip).copied().unwrap_or(1),
             };
-            let hints = ep.hints.as_ref();
+            let hints = ep.hints.as_deref();
             let endpoint = HintedEndpoint {
                 endpoint,
-                zone_hints: hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .map(|z| z.name.clone())
-                    .collect(),
-                node_hints: hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .map(|n| n.name.clone())
-                    .collect(),
+                zone_hints: hints.map(|h| h.for_zones.clone()).unwrap_or_default(),
+                node_hints: hints.map(|h| h.for_nodes.clone()).unwrap_or_default(),
             };
             let key = (ip, port_number as u16);
             if is_local || !found.contains_key(&key) {

@@ -84,7 +84,10 @@ pub fn categorize(svc: &mut ServicePort, endpoints: Vec<HintedEndpoint>, node_na
     }
     svc.cluster_endpoints = cluster;
     svc.local_endpoints = local;
-    svc.endpoints = endpoints.into_iter().map(|e| e.endpoint).collect();
+    // Not `collect()`: collected in place, the Vec would keep the hinted
+    // endpoints' larger allocation for as long as the state holds the port.
+    svc.endpoints = Vec::with_capacity(endpoints.len());
+    svc.endpoints.extend(endpoints.into_iter().map(|e| e.endpoint));
 }
 
 #[cfg(test)]

@@ -1,13 +1,15 @@
 //! Objects as they arrive, cut to the fields kpx reads, so that tens of
 //! thousands of them cost what the proxy needs and no more (managed
 //! fields, owner references, Node images and conditions, endpoint target
-//! references, …). The manifest source keeps objects whole: they are
-//! written for kpx.
+//! references, …). The manifest source keeps objects whole (EndpointSlices
+//! aside, which every source keeps as a [`Slice`]): they are written for kpx.
 
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::source::Slice;
 
 /// Annotations kpx reads (the rest are dropped): its own, its extensions', and the
 /// EndpointSlice controller's change time (network programming latency).
@@ -51,17 +53,10 @@ pub fn service(s: Service) -> Service {
     Service { metadata: meta(s.metadata, true), spec, status }
 }
 
-pub fn endpoint_slice(s: EndpointSlice) -> EndpointSlice {
-    let endpoints = s
-        .endpoints
-        .into_iter()
-        .map(|mut e| {
-            e.target_ref = None;
-            e.deprecated_topology = None;
-            e
-        })
-        .collect();
-    EndpointSlice { metadata: meta(s.metadata, true), address_type: s.address_type, endpoints, ports: s.ports }
+/// The slice in kpx's compact form (its endpoints cut to what the proxy reads).
+pub fn endpoint_slice(mut s: EndpointSlice) -> Slice {
+    s.metadata = meta(s.metadata, true);
+    Slice::from(s)
 }
 
 pub fn node(n: Node) -> Node {
@@ -123,7 +118,8 @@ mod tests {
         .unwrap();
         let s = endpoint_slice(slice);
         assert!(s.metadata.owner_references.is_none());
-        assert!(s.endpoints[0].target_ref.is_none());
+        assert_eq!(s.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(s.endpoints[0].ready, Some(true));
         assert_eq!(s.endpoints[0].node_name.as_deref(), Some("n"));
         assert_eq!(s.endpoints[0].zone.as_deref(), Some("a"));
         assert_eq!(s.metadata.labels.unwrap()["kubernetes.io/service-name"], "web");

@@ -202,7 +202,7 @@ fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mu
         }
         ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Arc::new(o))),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Arc::new(o)))
+            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Arc::new(o.into())))
         }
         ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Arc::new(o))),
         ("networking.k8s.io/v1", "ServiceCIDR") => {
