@@ -19,7 +19,8 @@ mod registry;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-// FxHash: the registry is this generator's hottest structure, and SipHash
+// FxHash for the names and the per-set element batches (and the
+// registry's index): these are hashed per element, and SipHash
 // costs several times more in WebAssembly (its keys come from the host).
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
@@ -152,12 +153,13 @@ fn with_headroom(in_use: impl Iterator<Item = CountMap>) -> BTreeSet<CountMap> {
 
 impl NftablesProxier {
     fn full(&mut self) -> Transaction {
-        // Sized from the last render's elements (none at the start): the
-        // index and the slots grow by doubling otherwise.
-        let expected = self.registry.len();
+        // The index sized once, from a generous count of each service's
+        // elements (a clear keeps its capacity for the next full render):
+        // growing it rehashes every element again, which costs most in a
+        // fresh instance. The slots grow a chunk at a time.
         self.contributed.clear();
         self.registry.clear();
-        self.registry.reserve(expected);
+        self.registry.reserve(self.services.iter().map(|(_, svc)| elements::estimate(svc)).sum());
         let ctx = elements::Context { settings: &self.settings, node: &self.node };
         // Every element once, from its first contributor, in service order:
         // services come in key order, so a service that is first for an

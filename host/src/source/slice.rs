@@ -23,8 +23,8 @@ pub struct Slice {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SliceEndpoint {
-    /// The first address, if it is an IP address (an FQDN slice's are not,
-    /// and kube-proxy reads none of them).
+    /// The first address, if it is an IP address; None in an FQDN slice
+    /// (kube-proxy reads none of its addresses, even one spelled as an IP).
     pub address: Option<IpAddr>,
     pub ready: Option<bool>,
     pub serving: Option<bool>,
@@ -46,6 +46,7 @@ impl From<EndpointSlice> for Slice {
         // Not `collect()`: collected in place, the new Vec would keep the
         // old one's allocation, 350 bytes per endpoint, which is the point
         // of this type to give back.
+        let fqdn = s.address_type == "FQDN";
         let mut endpoints = Vec::with_capacity(s.endpoints.len());
         endpoints.extend(s.endpoints.into_iter().map(|e| {
             let conditions = e.conditions.unwrap_or_default();
@@ -53,8 +54,10 @@ impl From<EndpointSlice> for Slice {
                 for_zones: h.for_zones.into_iter().flatten().map(|z| z.name).collect(),
                 for_nodes: h.for_nodes.into_iter().flatten().map(|n| n.name).collect(),
             });
+            // `hints: {}` is no hints, as topology reads them.
+            let hints = hints.filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty());
             SliceEndpoint {
-                address: e.addresses.first().and_then(|a| a.parse().ok()),
+                address: if fqdn { None } else { e.addresses.first().and_then(|a| a.parse().ok()) },
                 ready: conditions.ready,
                 serving: conditions.serving,
                 terminating: conditions.terminating,
@@ -81,7 +84,7 @@ mod tests {
                 {"addresses": ["10.0.0.1", "10.0.0.9"], "conditions": {"ready": false, "terminating": true},
                  "nodeName": "n1", "zone": "a", "hints": {"forZones": [{"name": "a"}], "forNodes": [{"name": "n1"}]},
                  "targetRef": {"kind": "Pod", "name": "web-x", "namespace": "shop", "uid": "u"}, "hostname": "h"},
-                {"addresses": ["10.0.0.2"]},
+                {"addresses": ["10.0.0.2"], "hints": {}},
                 {"addresses": ["not-an-ip"]}
             ]
         }))
@@ -103,5 +106,10 @@ mod tests {
         );
         assert_eq!(s.endpoints[1], SliceEndpoint { address: Some("10.0.0.2".parse().unwrap()), ..Default::default() });
         assert_eq!(s.endpoints[2].address, None);
+        let fqdn: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "f"}, "addressType": "FQDN", "endpoints": [{"addresses": ["10.0.0.3"]}]
+        }))
+        .unwrap();
+        assert_eq!(Slice::from(fqdn).endpoints[0].address, None);
     }
 }

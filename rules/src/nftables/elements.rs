@@ -248,6 +248,16 @@ pub struct Contribution {
     pub objects: affinity::Objects,
 }
 
+/// At least as many elements as [`contribution`] makes for `svc` in
+/// nearly every case (each address and node port with a cluster and a
+/// local endpoint map, a hairpin element per endpoint): a size for the
+/// registry's index, not a bound anything relies on.
+pub fn estimate(svc: &ServicePort) -> usize {
+    let n = svc.endpoints.len();
+    let ips = 1 + svc.external_ips.len() + svc.load_balancer_ips.len() + usize::from(svc.node_port != 0);
+    2 + ips * (1 + 2 * n) + n
+}
+
 /// A goto to one of the table's fixed chains (interned: a few names).
 fn goto(names: &super::Names, chain: &str) -> Option<ElemData> {
     Some(ElemData::Verdict(VerdictKind::Goto, Some(names.get(chain))))

@@ -93,13 +93,14 @@ impl Registry {
         self.index.clear();
     }
 
-    /// Room in the index for `n` more elements without growing.
+    /// Room in the index for `n` elements in all without growing.
     pub fn reserve(&mut self, n: usize) {
         let entries = &self.entries;
         self.index.reserve(n, |&slot| Self::hash_slot(entries, slot));
     }
 
     /// How many elements are held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.index.len()
     }
