@@ -151,6 +151,9 @@ fn with_headroom(in_use: impl Iterator<Item = CountMap>) -> BTreeSet<CountMap> {
     in_use.flat_map(|(purpose, proto, n)| [(purpose, proto, n), (purpose, proto, n + 1)]).collect()
 }
 
+/// The most elements a full render sizes the registry's index for up front.
+const MAX_RESERVED_ELEMENTS: usize = 1 << 22;
+
 impl NftablesProxier {
     fn full(&mut self) -> Transaction {
         // The index sized once, from a generous count of each service's
@@ -159,7 +162,11 @@ impl NftablesProxier {
         // fresh instance. The slots grow a chunk at a time.
         self.contributed.clear();
         self.registry.clear();
-        self.registry.reserve(self.services.iter().map(|(_, svc)| elements::estimate(svc)).sum());
+        // Capped: past a few million elements the index may as well grow
+        // (and an estimate of a hostile Service's must not fail the
+        // reservation before any real work is done).
+        let estimate = self.services.iter().map(|(_, svc)| elements::estimate(svc)).fold(0, usize::saturating_add);
+        self.registry.reserve(estimate.min(MAX_RESERVED_ELEMENTS));
         let ctx = elements::Context { settings: &self.settings, node: &self.node };
         // Every element once, from its first contributor, in service order:
         // services come in key order, so a service that is first for an

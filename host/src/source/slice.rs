@@ -91,6 +91,8 @@ mod tests {
         .unwrap();
         let s = Slice::from(slice);
         assert_eq!(s.address_type, "IPv4");
+        // The point of this type: an endpoint in at most 64 bytes.
+        assert!(std::mem::size_of::<SliceEndpoint>() <= 64, "{}", std::mem::size_of::<SliceEndpoint>());
         assert_eq!(s.ports.as_ref().map(Vec::len), Some(1));
         assert_eq!(
             s.endpoints[0],

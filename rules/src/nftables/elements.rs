@@ -251,11 +251,14 @@ pub struct Contribution {
 /// At least as many elements as [`contribution`] makes for `svc` in
 /// nearly every case (each address and node port with a cluster and a
 /// local endpoint map, a hairpin element per endpoint): a size for the
-/// registry's index, not a bound anything relies on.
+/// registry's index, not a bound anything relies on. Saturating: a
+/// hostile Service's counts must not wrap (usize is 32 bits in the guest).
 pub fn estimate(svc: &ServicePort) -> usize {
     let n = svc.endpoints.len();
-    let ips = 1 + svc.external_ips.len() + svc.load_balancer_ips.len() + usize::from(svc.node_port != 0);
-    2 + ips * (1 + 2 * n) + n
+    let ips = [svc.external_ips.len(), svc.load_balancer_ips.len(), usize::from(svc.node_port != 0)]
+        .into_iter()
+        .fold(1usize, usize::saturating_add);
+    ips.saturating_mul(n.saturating_mul(2).saturating_add(1)).saturating_add(n).saturating_add(2)
 }
 
 /// A goto to one of the table's fixed chains (interned: a few names).

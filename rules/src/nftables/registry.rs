@@ -113,11 +113,10 @@ impl Registry {
         }
     }
 
-    fn find(&self, set: &Set, key: &Words) -> Option<u32> {
+    /// The slot holding (set, key), whose hash is `hash`.
+    fn find(&self, hash: u64, set: &Set, key: &Words) -> Option<u32> {
         let entries = &self.entries;
-        self.index
-            .find(hash_of(set, key), |&slot| entries.get(slot).is_some_and(|e| e.key == *key && e.set == *set))
-            .copied()
+        self.index.find(hash, |&slot| entries.get(slot).is_some_and(|e| e.key == *key && e.set == *set)).copied()
     }
 
     /// Records `service` as a contributor of `e` (replacing its data if it
@@ -125,10 +124,7 @@ impl Registry {
     /// is now the first contributor (the one whose element the kernel holds).
     pub fn contribute(&mut self, e: &Elem, service: &Text) -> (u32, bool) {
         let hash = hash_of(&e.set, &e.key);
-        let entries = &self.entries;
-        let found =
-            self.index.find(hash, |&slot| entries.get(slot).is_some_and(|x| x.key == e.key && x.set == e.set)).copied();
-        let Some(slot) = found else {
+        let Some(slot) = self.find(hash, &e.set, &e.key) else {
             let entry =
                 Entry { set: e.set.clone(), key: e.key, first: (service.clone(), e.data.clone()), rest: Vec::new() };
             let slot = match self.free.pop() {
@@ -196,7 +192,7 @@ impl Registry {
 
     /// The data in the kernel for (set, key): None if absent.
     pub fn effective(&self, set: &Set, key: &Words) -> Option<Option<ElemData>> {
-        let slot = self.find(set, key)?;
+        let slot = self.find(hash_of(set, key), set, key)?;
         self.entries.get(slot).map(|e| e.first.1.clone())
     }
 }
