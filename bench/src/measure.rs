@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::Parser as _;
 use kpx::kernel::iptables::{IptablesKernel, dialect, frame::frame as ipt_frame, render::payload};
-use kpx::kernel::nftables::{NftablesKernel, encode::add_table, frame::frame as nft_frame, messages};
+use kpx::kernel::nftables::{NftablesKernel, encode::add_table, frame::frame as nft_frame, messages, netlink::Batch};
 use kpx::kernel::{Exec, SystemExec};
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
@@ -227,14 +227,14 @@ impl Native {
 /// What the host writes for a ruleset, and the write itself.
 enum Written {
     Iptables(String),
-    Nftables(Vec<kpx::kernel::nftables::netlink::Message>),
+    Nftables(kpx::kernel::nftables::netlink::Batch),
 }
 
 impl Written {
     fn bytes(&self) -> usize {
         match self {
             Written::Iptables(t) => t.len(),
-            Written::Nftables(m) => m.iter().map(|m| m.attrs.buf.len() + 20).sum(),
+            Written::Nftables(m) => m.bytes(),
         }
     }
 }
@@ -313,15 +313,13 @@ fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: boo
                 SetRef::Own(n) => sets.get(n).cloned(),
             };
             let mark = settings.masquerade_mark();
-            let mut out = Vec::new();
+            let mut out = Batch::new();
             if full {
                 out.push(add_table());
-                out.extend(
-                    messages(settings.family, mark, &nft_frame(settings, &Cluster::default()), &decls, MAX_BYTES)
-                        .map_err(anyhow::Error::msg)?,
-                );
+                messages(&mut out, settings.family, mark, &nft_frame(settings, &Cluster::default()), &decls, MAX_BYTES)
+                    .map_err(anyhow::Error::msg)?;
             }
-            out.extend(messages(settings.family, mark, &tx.ops, &decls, MAX_BYTES).map_err(anyhow::Error::msg)?);
+            messages(&mut out, settings.family, mark, &tx.ops, &decls, MAX_BYTES).map_err(anyhow::Error::msg)?;
             Written::Nftables(out)
         }
     };
@@ -337,12 +335,12 @@ fn apply(ns: &Netns, written: Written) -> Result<Duration> {
             kernel.apply(&text)?;
             Ok(t.elapsed())
         }
-        Written::Nftables(msgs) => ns.ns().enter(move || -> Result<Duration> {
+        Written::Nftables(mut msgs) => ns.ns().enter(move || -> Result<Duration> {
             let mut kernel = NftablesKernel::new(IpFamily::V4);
             // The socket is opened outside the timing, as the daemon keeps it.
             kernel.objects()?;
             let t = Instant::now();
-            kernel.apply(&msgs)?;
+            kernel.apply(&mut msgs)?;
             Ok(t.elapsed())
         })?,
     }

@@ -12,7 +12,7 @@ use kpx::kernel::iptables::parse::{Line, normalize};
 use kpx::kernel::iptables::render::{Dialect, payload};
 use kpx::kernel::iptables::{IptablesKernel, dialect};
 use kpx::kernel::nftables::frame::frame as nft_frame;
-use kpx::kernel::nftables::{NftablesKernel, decode, encode, messages};
+use kpx::kernel::nftables::{NftablesKernel, decode, encode, messages, netlink::Batch};
 use kpx::kernel::{Exec, SystemExec};
 use kpx_netlab::{Lab, Ns};
 use kpx_rules::model::{Cidr, Cluster, IpFamily, Protocol, ProxyMode, Settings};
@@ -429,15 +429,15 @@ fn nftables_write_and_read(ns: &Ns, s: &Settings, tx: &nft::Transaction) -> Resu
     let decls = declarations(&ops);
     let (family, mark) = (s.family, s.masquerade_mark());
     let lookup = |r: &SetRef| decls.get(r.name()).cloned();
-    let mut batch = vec![encode::add_table()];
-    batch.extend(messages(family, mark, &ops, &lookup, usize::MAX)?);
+    let mut batch = Batch::from_iter([encode::add_table()]);
+    messages(&mut batch, family, mark, &ops, &lookup, usize::MAX)?;
     let name = ns.name.clone();
     let decls2 = decls.clone();
     let read = ns
         .enter(move || -> Result<ReadBack, String> {
             let mut k = NftablesKernel::new(family);
             let _ = k.delete_table();
-            k.apply(&batch).map_err(|e| e.to_string())?;
+            k.apply(&mut batch).map_err(|e| e.to_string())?;
             let objects = k.objects().map_err(|e| e.to_string())?.ok_or("no table after the write")?;
             let mut rules: BTreeMap<String, Vec<nft::Rule>> = BTreeMap::new();
             for (chain, rule) in k.rules(mark).map_err(|e| e.to_string())? {

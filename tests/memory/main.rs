@@ -13,6 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use kpx::kernel::nftables::messages;
+use kpx::kernel::nftables::netlink::Batch;
 use kpx::runtime::{Error, Limits, Runtime};
 use kpx::validate::Scope;
 use kpx::validate::nftables::{Context, Model, check};
@@ -132,9 +133,11 @@ fn checking_and_encoding_elements_takes_a_bounded_multiple_of_their_words() {
     let mut model = Model::default();
     let ((), committing) = peak_during(|| model.commit(checked));
     let decls = |_: &SetRef| Some(map.clone());
-    let (encoded, encoding) = peak_during(|| messages(IpFamily::V4, 0x4000, &tx.ops, &decls, usize::MAX));
-    let encoded = encoded.expect("encoded");
-    let netlink: usize = encoded.iter().map(|m| m.attrs.buf.len()).sum();
+    let (encoded, encoding) = peak_during(|| {
+        let mut batch = Batch::new();
+        messages(&mut batch, IpFamily::V4, 0x4000, &tx.ops, &decls, usize::MAX).map(|()| batch)
+    });
+    let netlink = encoded.expect("encoded").bytes();
     println!(
         "{N} elements, {words} bytes of words: check {checking} bytes, model {committing}, netlink {netlink} ({encoding} allocated)"
     );
@@ -182,7 +185,7 @@ fn the_netlink_batch_is_held_to_the_byte_budget() {
     }
     let ops = vec![Op::AddElements(w.finish())];
     let decls = |_: &SetRef| Some(map.clone());
-    let (result, peak) = peak_during(|| messages(IpFamily::V4, 0x4000, &ops, &decls, BUDGET));
+    let (result, peak) = peak_during(|| messages(&mut Batch::new(), IpFamily::V4, 0x4000, &ops, &decls, BUDGET));
     let err = result.expect_err("over the budget");
     println!("{N} goto elements: refused ({err}) with {peak} bytes allocated");
     assert!(err.contains("more than the limit"), "{err}");

@@ -12,7 +12,7 @@ use kpx_rules::ops::nftables::{BaseChain, ChainKind, NfHook};
 use super::layout::{Destination, Layout, Test};
 use crate::kernel::nftables::NftablesKernel;
 use crate::kernel::nftables::encode::{self, Condition, Object, TableRule, TableVerdict};
-use crate::kernel::nftables::netlink::Message;
+use crate::kernel::nftables::netlink::{Batch, Message};
 use crate::kernel::nftables::sys::{NFT_OBJECT_COUNTER, NFT_OBJECT_LIMIT};
 
 /// nftables' dstnat and filter priorities.
@@ -251,7 +251,7 @@ impl NftablesWriter {
         let (batch, written) = messages(&self.table, self.kernel.family(), layout, previous.as_ref());
         // A failed batch changed nothing: what was written stays (its
         // counters are still read).
-        self.kernel.apply(&batch)?;
+        self.kernel.apply(&mut batch.into_iter().collect())?;
         self.written = Some(written);
         Ok(true)
     }
@@ -275,7 +275,7 @@ impl NftablesWriter {
         if !self.kernel.has_table(&self.table)? {
             return Ok(false);
         }
-        self.kernel.apply(&[encode::delete_table_in(&self.table)])?;
+        self.kernel.apply(&mut Batch::from_iter([encode::delete_table_in(&self.table)]))?;
         Ok(true)
     }
 }

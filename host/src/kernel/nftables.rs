@@ -22,7 +22,7 @@ use crate::kernel::nla::{self, Writer};
 use crate::validate::nftables::{Checked, Context, Model, check};
 use crate::validate::{Rejected, Scope};
 use decode::{ChainInfo, SetInfo, SetShape};
-use netlink::{Message, Netlink};
+use netlink::{Batch, Message, Netlink};
 
 /// The kube-proxy table of one family over netlink.
 pub struct NftablesKernel {
@@ -66,9 +66,9 @@ impl NftablesKernel {
     }
 
     /// Applies messages as one atomic batch.
-    pub fn apply(&mut self, messages: &[Message]) -> Result<()> {
+    pub fn apply(&mut self, batch: &mut Batch) -> Result<()> {
         let family = self.proto();
-        let result = self.socket()?.transact(family, messages);
+        let result = self.socket()?.transact(family, batch);
         if let Err(netlink::Error::Socket(_)) = &result {
             // A broken socket is opened again at the next sync.
             self.netlink = None;
@@ -224,7 +224,7 @@ impl NftablesKernel {
         if self.objects()?.is_none() {
             return Ok(false);
         }
-        self.apply(&[encode::delete_table()])?;
+        self.apply(&mut Batch::from_iter([encode::delete_table()]))?;
         Ok(true)
     }
 }
@@ -243,12 +243,25 @@ pub(crate) fn prepare(
     settings: &Settings,
     tx: &Transaction,
     max_bytes: usize,
-) -> std::result::Result<(Checked, Vec<Message>), Rejected> {
+) -> std::result::Result<(Checked, Batch), Rejected> {
     let checked: Checked = check(ctx, tx)?;
-    let decls = set_declarations(&checked, ctx.model);
-    let ops = messages(settings.family, settings.masquerade_mark(), &tx.ops, &decls, max_bytes)
-        .map_err(|reason| encoding_refused(ctx.plugin, reason))?;
-    Ok((checked, ops))
+    let mut batch = Batch::new();
+    encode_ops(&mut batch, ctx, settings, tx, &checked, max_bytes)?;
+    Ok((checked, batch))
+}
+
+/// A checked transaction's operations, appended to `batch`.
+fn encode_ops(
+    batch: &mut Batch,
+    ctx: &Context,
+    settings: &Settings,
+    tx: &Transaction,
+    checked: &Checked,
+    max_bytes: usize,
+) -> std::result::Result<(), Rejected> {
+    let decls = set_declarations(checked, ctx.model);
+    messages(batch, settings.family, settings.masquerade_mark(), &tx.ops, &decls, max_bytes)
+        .map_err(|reason| encoding_refused(ctx.plugin, reason))
 }
 
 fn encoding_refused(plugin: &str, reason: String) -> Rejected {
@@ -265,24 +278,22 @@ fn set_declarations<'a>(checked: &Checked, model: &'a Model) -> impl Fn(&SetRef)
 }
 
 /// The messages of a transaction's operations (the frame's and the
-/// plugin's), elements read by the declarations known to this sync. They
-/// may not add up to more than `max_bytes`: a plugin's few words can name
-/// long chains, and the host's rendering is held to the plugin's output cap.
+/// plugin's), appended to `out`, elements read by the declarations known
+/// to this sync. They may not add up to more than `max_bytes`: a plugin's
+/// few words can name long chains, and the host's rendering is held to the
+/// plugin's output cap.
 pub fn messages(
+    out: &mut Batch,
     family: IpFamily,
     masquerade_mark: u32,
     ops: &[Op],
     decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
     max_bytes: usize,
-) -> std::result::Result<Vec<Message>, String> {
-    let mut out = Vec::with_capacity(ops.len());
+) -> std::result::Result<(), String> {
     let mut set_id = 0;
-    let mut bytes = 0usize;
-    let mut counted = 0;
-    let mut count = |out: &[Message]| -> std::result::Result<(), String> {
-        bytes += out[counted..].iter().map(|m| m.attrs.buf.len() + 20).sum::<usize>();
-        counted = out.len();
-        if bytes > max_bytes {
+    let start = out.bytes();
+    let count = |out: &Batch| -> std::result::Result<(), String> {
+        if out.bytes() - start > max_bytes {
             return Err(format!("the netlink messages would take more than the limit of {max_bytes} bytes"));
         }
         Ok(())
@@ -315,14 +326,14 @@ pub fn messages(
                         break;
                     }
                     out.extend(encode::elements(e.set.name(), decl.interval, &chunk, add));
-                    count(&out)?;
+                    count(out)?;
                 }
                 continue;
             }
         }
-        count(&out)?;
+        count(out)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Elements encoded between two checks of the byte budget.
@@ -391,10 +402,11 @@ impl NftablesDataplane {
     ) -> std::result::Result<Written, SyncError> {
         let family = settings.family;
         let ctx = Context { plugin, family, scope, model: &self.model, full };
-        let (checked, ops) = prepare(&ctx, settings, tx, self.max_bytes)?;
+        let checked = check(&ctx, tx)?;
         let mut kernel = std::time::Duration::ZERO;
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
-        let mut batch = Vec::new();
+        // One buffer, in the order sent: a full sync's frame first.
+        let mut batch = Batch::new();
         if full {
             let frame = frame::frame(settings, cluster);
             let t = std::time::Instant::now();
@@ -405,12 +417,12 @@ impl NftablesDataplane {
                 batch.extend(reconcile(family, &held, &frame, &checked).map_err(refuse)?);
             }
             let decls = set_declarations(&checked, &self.model);
-            batch.extend(messages(family, settings.masquerade_mark(), &frame, &decls, self.max_bytes).map_err(refuse)?);
+            messages(&mut batch, family, settings.masquerade_mark(), &frame, &decls, self.max_bytes).map_err(refuse)?;
         }
-        batch.extend(ops);
-        let bytes = batch.iter().map(|m| m.attrs.buf.len() + 20).sum();
+        encode_ops(&mut batch, &ctx, settings, tx, &checked, self.max_bytes)?;
+        let bytes = batch.bytes();
         let t = std::time::Instant::now();
-        self.kernel.apply(&batch)?;
+        self.kernel.apply(&mut batch)?;
         kernel += t.elapsed();
         self.model.commit(checked);
         Ok(Written { bytes, kernel, iptables_rules: None })
