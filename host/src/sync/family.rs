@@ -212,9 +212,15 @@ impl FamilyProxier {
         self.family
     }
 
-    /// Turns the state's changes into plugin changes, updating what was sent.
-    fn collect_changes(&mut self, state: &State, changes: &Changes) -> Vec<Change> {
+    /// Turns the state's changes into plugin changes, updating what was
+    /// sent, and how many port changes were left out: with no instance,
+    /// the next call is a reset that replays what was sent, so those are
+    /// only counted (at 10k Services a kept copy of every port was 13 MB
+    /// at the peak).
+    fn collect_changes(&mut self, state: &State, changes: &Changes) -> (Vec<Change>, usize) {
+        let keep = self.instance.is_some();
         let mut out = Vec::new();
+        let mut dropped = 0;
         // Plans from live load measure it afresh (once per sync, when needed).
         self.planner.expire_load();
         for name in changes.services.keys() {
@@ -223,7 +229,11 @@ impl FamilyProxier {
             for key in &old_keys {
                 if !ports.iter().any(|p| &p.key == key) && self.sent.remove(self.family, key) {
                     self.load_ports.remove(key);
-                    out.push(Change::Remove(key.clone()));
+                    if keep {
+                        out.push(Change::Remove(key.clone()));
+                    } else {
+                        dropped += 1;
+                    }
                 }
             }
             if !ports.is_empty() {
@@ -238,8 +248,13 @@ impl FamilyProxier {
                     self.load_ports.remove(&port.key);
                 }
                 if self.sent.ports.get(&port.key) != Some(&port) {
-                    self.sent.insert(self.family, port.clone());
-                    out.push(Change::Upsert(port));
+                    if keep {
+                        self.sent.insert(self.family, port.clone());
+                        out.push(Change::Upsert(port));
+                    } else {
+                        self.sent.insert(self.family, port);
+                        dropped += 1;
+                    }
                 }
             }
         }
@@ -259,7 +274,7 @@ impl FamilyProxier {
                 out.push(Change::Node(node));
             }
         }
-        out
+        (out, dropped)
     }
 
     /// Whether some sent port's scheduler plans from live load.
@@ -333,7 +348,9 @@ impl FamilyProxier {
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
         let t = std::time::Instant::now();
         let mut plugin_changes = std::mem::take(&mut self.replanned);
-        plugin_changes.extend(self.collect_changes(state, changes));
+        let (collected, dropped) = self.collect_changes(state, changes);
+        plugin_changes.extend(collected);
+        let n_changes = plugin_changes.len() + dropped;
         let full = full || self.need_full;
         let ipvs = self.config.mode == ProxyMode::Ipvs;
         // ipvs mode serves node ports on the node's addresses: read at
@@ -354,24 +371,26 @@ impl FamilyProxier {
         }
         self.refresh_settings();
         let host = t.elapsed();
-        let result = self.program(plugin_changes.len(), &plugin_changes, full).map(|r| Report { host, ..r });
+        let result = self.program(n_changes, plugin_changes, full).map(|r| Report { host, ..r });
         if result.is_err() {
             self.need_full = true;
         }
         result
     }
 
-    fn program(&mut self, n_changes: usize, changes: &[Change], full: bool) -> Result<Report, Error> {
+    fn program(&mut self, n_changes: usize, mut changes: Vec<Change>, full: bool) -> Result<Report, Error> {
         let mut full = full;
         let t = std::time::Instant::now();
         if self.instance.is_none() {
+            // The reset replays what was sent; the changes are in it.
+            changes = Vec::new();
             let mut instance = self.plugin.instantiate(&self.settings)?;
             let services: Vec<ServicePort> = self.sent.ports.values().cloned().collect();
             instance.reset(&self.node, &self.cluster, &services)?;
             self.instance = Some(instance);
             full = true;
         } else if !changes.is_empty() {
-            self.call(|i| i.apply(changes))?;
+            self.call(|i| i.apply(&changes))?;
         }
         let objects = self.sent.objects;
         let ruleset = self.call(|i| i.render(full, objects))?;
@@ -403,7 +422,7 @@ impl FamilyProxier {
         // sync; kube-proxy's rules above are written and stay healthy.
         let feed = feed(&self.settings, &self.node, &self.cluster, &self.sent);
         for e in &mut self.extensions {
-            if let Err(err) = e.sync(&feed, changes, full) {
+            if let Err(err) = e.sync(&feed, &changes, full) {
                 tracing::error!(extension = e.name(), family = %self.family, "extension failed, keeping its last good rules: {err}");
             }
         }
