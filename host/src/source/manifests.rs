@@ -16,6 +16,7 @@ pub use parse::{ParseError, parse_documents};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, SystemTime};
 
@@ -47,8 +48,22 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// One file as last read.
 #[derive(Debug)]
 struct FileState {
+    /// Its path, shared by the definitions it holds.
+    path: Arc<Path>,
     stamp: Stamp,
     objects: Vec<Object>,
+}
+
+/// What the source holds of one object: one entry per object, its
+/// reference held once (at 10k Services, two maps keyed by reference and a
+/// map of definitions per object took 16 MB).
+#[derive(Debug, Default)]
+struct Held {
+    /// Its definitions by file, in path order (and file order within one
+    /// file): the first is the one that counts.
+    defs: Vec<(Arc<Path>, Object)>,
+    /// What was last reported, until a delete is reported.
+    reported: Option<Object>,
 }
 
 /// The manifest source: current files, and the objects last reported.
@@ -56,13 +71,11 @@ struct FileState {
 pub struct ManifestSource {
     root: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
-    /// Each object's definitions by file, the first in path order (and in
-    /// file order within one file) being the one that counts.
-    defined: BTreeMap<ObjectRef, BTreeMap<PathBuf, Object>>,
+    /// Each object's definitions and what was reported of it.
+    objects: BTreeMap<ObjectRef, Held>,
     /// Files read or dropped since the last diff, with the objects they
     /// defined before: only their objects are compared again.
     touched: BTreeMap<PathBuf, Vec<ObjectRef>>,
-    reported: BTreeMap<ObjectRef, Object>,
     /// The last poll read every file it listed (or kept its last good
     /// objects): what was reported is the whole state.
     complete: bool,
@@ -75,9 +88,8 @@ impl ManifestSource {
         Ok(ManifestSource {
             root,
             files: BTreeMap::new(),
-            defined: BTreeMap::new(),
+            objects: BTreeMap::new(),
             touched: BTreeMap::new(),
-            reported: BTreeMap::new(),
             complete: false,
         })
     }
@@ -245,7 +257,7 @@ impl ManifestSource {
         for err in errors {
             tracing::error!(file = %path.display(), "rejected: {err}");
         }
-        self.files.insert(path, FileState { stamp, objects });
+        self.files.insert(path.clone(), FileState { path: path.into(), stamp, objects });
         true
     }
 
@@ -266,43 +278,44 @@ impl ManifestSource {
         let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
         for (path, before) in std::mem::take(&mut self.touched) {
             for r in before {
-                if let Some(defs) = self.defined.get_mut(&r) {
-                    defs.remove(&path);
-                    if defs.is_empty() {
-                        self.defined.remove(&r);
-                    }
+                if let Some(held) = self.objects.get_mut(&r) {
+                    held.defs.retain(|(p, _)| **p != *path);
                 }
                 affected.insert(r);
             }
             let Some(file) = self.files.get(&path) else { continue };
             for object in &file.objects {
                 let r = object.object_ref();
-                let defs = self.defined.entry(r.clone()).or_default();
-                if defs.contains_key(&path) {
-                    tracing::error!(file = %path.display(), object = %r, "rejected: already defined earlier in the same file");
-                } else {
-                    defs.insert(path.clone(), object.clone());
+                let held = match self.objects.get_mut(&r) {
+                    Some(held) => held,
+                    None => self.objects.entry(r.clone()).or_default(),
+                };
+                match held.defs.binary_search_by(|(p, _)| (**p).cmp(&*path)) {
+                    Ok(_) => {
+                        tracing::error!(file = %path.display(), object = %r, "rejected: already defined earlier in the same file")
+                    }
+                    Err(at) => held.defs.insert(at, (file.path.clone(), object.clone())),
                 }
                 affected.insert(r);
             }
         }
         let (mut deletes, mut applies) = (Vec::new(), Vec::new());
         for r in affected {
-            let Some(defs) = self.defined.get(&r) else {
-                if self.reported.remove(&r).is_some() {
-                    deletes.push(Event::Delete(r));
+            let Some(held) = self.objects.get_mut(&r) else { continue };
+            let Some((first, object)) = held.defs.first() else {
+                if held.reported.is_some() {
+                    deletes.push(Event::Delete(r.clone()));
                 }
+                self.objects.remove(&r);
                 continue;
             };
-            let mut defs = defs.iter();
-            let Some((first, object)) = defs.next() else { continue };
-            for (path, _) in defs {
+            for (path, _) in &held.defs[1..] {
                 tracing::error!(file = %path.display(), object = %r, "rejected: already defined in {}", first.display());
             }
             // Objects of unchanged files are the very copies reported.
-            let same = self.reported.get(&r).is_some_and(|old| old.same_copy(object) || old == object);
+            let same = held.reported.as_ref().is_some_and(|old| old.same_copy(object) || old == object);
             if !same {
-                self.reported.insert(r, object.clone());
+                held.reported = Some(object.clone());
                 applies.push(Event::Apply(object.clone()));
             }
         }
@@ -345,11 +358,12 @@ impl ManifestSource {
         tracing::info!(
             path = %self.root.display(),
             files = self.files.len(),
-            objects = self.reported.len(),
+            objects = self.objects.values().filter(|h| h.reported.is_some()).count(),
             elapsed_ms = began.elapsed().as_millis() as u64,
             "read the manifests"
         );
-        let initial: Vec<Event> = self.reported.values().cloned().map(Event::Apply).chain([Event::Synced]).collect();
+        let initial: Vec<Event> =
+            self.objects.values().filter_map(|h| h.reported.clone()).map(Event::Apply).chain([Event::Synced]).collect();
         if !send(&tx, initial) {
             return;
         }
