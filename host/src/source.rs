@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use slice::Slice;
 
@@ -75,16 +76,18 @@ impl Object {
     }
 
     pub fn object_ref(&self) -> ObjectRef {
-        let (kind, meta) = match self {
-            Object::Service(o) => (Kind::Service, &o.metadata),
-            Object::EndpointSlice(o) => (Kind::EndpointSlice, &o.metadata),
-            Object::Node(o) => (Kind::Node, &o.metadata),
-            Object::ServiceCidr(o) => (Kind::ServiceCidr, &o.metadata),
-        };
-        ObjectRef {
+        let of = |kind, meta: &ObjectMeta| ObjectRef {
             kind,
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
+        };
+        match self {
+            Object::Service(o) => of(Kind::Service, &o.metadata),
+            Object::EndpointSlice(o) => {
+                ObjectRef { kind: Kind::EndpointSlice, namespace: o.meta.namespace.clone(), name: o.meta.name.clone() }
+            }
+            Object::Node(o) => of(Kind::Node, &o.metadata),
+            Object::ServiceCidr(o) => of(Kind::ServiceCidr, &o.metadata),
         }
     }
 }

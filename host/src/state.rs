@@ -31,9 +31,8 @@ impl std::fmt::Display for ServiceName {
     }
 }
 
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub use crate::source::slice::{HEADLESS_LABEL, SERVICE_NAME_LABEL};
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Each port's endpoints (address, port), by service port key, with the
@@ -140,13 +139,11 @@ impl State {
                 true
             }
             Event::Apply(Object::EndpointSlice(slice)) => {
-                let ns = slice.metadata.namespace.clone().unwrap_or_default();
-                let slice_name = slice.metadata.name.clone().unwrap_or_default();
+                let ns = slice.meta.namespace.clone();
+                let slice_name = slice.meta.name.clone();
                 let mut changed = self.remove_slice(&ns, &slice_name);
-                let labels = slice.metadata.labels.as_ref();
-                let owner = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned().unwrap_or_default();
-                let headless = labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL));
-                if owner.is_empty() || headless {
+                let owner = slice.meta.service_name.clone().unwrap_or_default();
+                if owner.is_empty() || slice.meta.headless {
                     return changed;
                 }
                 let svc = ServiceName { namespace: ns.clone(), name: owner };

@@ -225,7 +225,7 @@ const MAX_TRIGGERS: usize = 10_000;
 /// An EndpointSlice's change time, if it carries one.
 fn trigger_time(event: &Event) -> Option<std::time::SystemTime> {
     let Event::Apply(Object::EndpointSlice(slice)) = event else { return None };
-    let text = slice.metadata.annotations.as_ref()?.get(crate::source::api::TRIGGER_TIME)?;
+    let text = slice.meta.annotations.as_ref()?.get(crate::source::api::TRIGGER_TIME)?;
     let time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time =
         serde_json::from_value(serde_json::Value::String(text.clone())).ok()?;
     Some(time.0.into())

@@ -5,16 +5,23 @@
 //! endpoints those were 35 MiB held for the life of the process, shared
 //! by the sources' caches and the state. An endpoint here is its first
 //! address parsed (the only one kube-proxy reads), its conditions, node,
-//! zone and hints.
+//! zone and hints; its metadata is what kube-proxy reads of it (k8s's
+//! `ObjectMeta` is about 250 bytes before its labels' map).
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+/// The label naming the Service a slice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The label upstream skips a headless Service's slices by.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Slice {
-    pub metadata: ObjectMeta,
+    pub meta: SliceMeta,
     /// IPv4, IPv6 or FQDN.
     pub address_type: String,
     pub ports: Option<Vec<EndpointPort>>,
@@ -41,6 +48,56 @@ pub struct Hints {
     pub for_nodes: Vec<String>,
 }
 
+/// What kpx reads of a slice's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SliceMeta {
+    pub name: String,
+    pub namespace: String,
+    pub resource_version: Option<String>,
+    /// Its `kubernetes.io/service-name` label.
+    pub service_name: Option<String>,
+    /// It has the `service.kubernetes.io/headless` label.
+    pub headless: bool,
+    /// The annotations kpx reads ([`kept_annotations`]); none when empty.
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+impl From<ObjectMeta> for SliceMeta {
+    fn from(m: ObjectMeta) -> SliceMeta {
+        let labels = m.labels.unwrap_or_default();
+        SliceMeta {
+            name: m.name.unwrap_or_default(),
+            namespace: m.namespace.unwrap_or_default(),
+            resource_version: m.resource_version,
+            service_name: labels.get(SERVICE_NAME_LABEL).cloned(),
+            headless: labels.contains_key(HEADLESS_LABEL),
+            annotations: kept_annotations(m.annotations),
+        }
+    }
+}
+
+/// kpx's own annotations (`kpx.dev/`, extensions' `ext.kpx.dev/`) and the
+/// endpoint controller's change time: the annotations kpx reads; none
+/// when there are none of them.
+pub fn kept_annotations(annotations: Option<BTreeMap<String, String>>) -> Option<BTreeMap<String, String>> {
+    annotations
+        .map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| {
+                    k.starts_with(ANNOTATION_PREFIX)
+                        || k.starts_with(crate::state::annotations::EXTENSION_PREFIX)
+                        || k == TRIGGER_TIME
+                })
+                .collect::<BTreeMap<_, _>>()
+        })
+        .filter(|a| !a.is_empty())
+}
+
+/// The prefix of kpx's own annotations.
+pub const ANNOTATION_PREFIX: &str = "kpx.dev/";
+/// The endpoint controller's change time on a slice.
+pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
 impl From<EndpointSlice> for Slice {
     fn from(s: EndpointSlice) -> Slice {
         // Not `collect()`: collected in place, the new Vec would keep the
@@ -66,7 +123,7 @@ impl From<EndpointSlice> for Slice {
                 hints: hints.map(Box::new),
             }
         }));
-        Slice { metadata: s.metadata, address_type: s.address_type, ports: s.ports, endpoints }
+        Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports, endpoints }
     }
 }
 

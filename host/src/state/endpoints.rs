@@ -36,12 +36,8 @@ pub fn for_port(
             continue;
         };
         let weights = super::annotations::weights(
-            slice.metadata.annotations.as_ref(),
-            &format!(
-                "{}/{}",
-                slice.metadata.namespace.as_deref().unwrap_or(""),
-                slice.metadata.name.as_deref().unwrap_or("")
-            ),
+            slice.meta.annotations.as_ref(),
+            &format!("{}/{}", slice.meta.namespace, slice.meta.name),
         );
         for ep in &slice.endpoints {
             let Some(ip) = ep.address else {

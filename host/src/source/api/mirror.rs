@@ -39,7 +39,11 @@ fn same(a: &Object, b: &Object) -> bool {
             same_meta(&a.metadata, &b.metadata) && a.spec == b.spec && a.status == b.status
         }
         (Object::EndpointSlice(a), Object::EndpointSlice(b)) => {
-            same_meta(&a.metadata, &b.metadata)
+            a.meta.name == b.meta.name
+                && a.meta.namespace == b.meta.namespace
+                && a.meta.service_name == b.meta.service_name
+                && a.meta.headless == b.meta.headless
+                && a.meta.annotations == b.meta.annotations
                 && a.address_type == b.address_type
                 && a.endpoints == b.endpoints
                 && a.ports == b.ports

@@ -11,24 +11,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::source::Slice;
 
-/// Annotations kpx reads (the rest are dropped): its own, its extensions', and the
-/// EndpointSlice controller's change time (network programming latency).
-const ANNOTATION_PREFIX: &str = "kpx.dev/";
-pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// The EndpointSlice controller's change time (network programming
+/// latency); the annotations kept are [`crate::source::slice::kept_annotations`].
+pub use crate::source::slice::TRIGGER_TIME;
 
 fn meta(m: ObjectMeta, keep_labels: bool) -> ObjectMeta {
-    let annotations = m
-        .annotations
-        .map(|a| {
-            a.into_iter()
-                .filter(|(k, _)| {
-                    k.starts_with(ANNOTATION_PREFIX)
-                        || k.starts_with(crate::state::annotations::EXTENSION_PREFIX)
-                        || k == TRIGGER_TIME
-                })
-                .collect::<std::collections::BTreeMap<_, _>>()
-        })
-        .filter(|a| !a.is_empty());
+    let annotations = crate::source::slice::kept_annotations(m.annotations);
     ObjectMeta {
         name: m.name,
         namespace: m.namespace,
@@ -54,8 +42,7 @@ pub fn service(s: Service) -> Service {
 }
 
 /// The slice in kpx's compact form (its endpoints cut to what the proxy reads).
-pub fn endpoint_slice(mut s: EndpointSlice) -> Slice {
-    s.metadata = meta(s.metadata, true);
+pub fn endpoint_slice(s: EndpointSlice) -> Slice {
     Slice::from(s)
 }
 
@@ -117,12 +104,13 @@ mod tests {
         }))
         .unwrap();
         let s = endpoint_slice(slice);
-        assert!(s.metadata.owner_references.is_none());
+        // Its metadata is what kpx reads: owner references are not in it.
+        assert_eq!((s.meta.name.as_str(), s.meta.namespace.as_str(), s.meta.headless), ("s", "ns", false));
         assert_eq!(s.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));
         assert_eq!(s.endpoints[0].ready, Some(true));
         assert_eq!(s.endpoints[0].node_name.as_deref(), Some("n"));
         assert_eq!(s.endpoints[0].zone.as_deref(), Some("a"));
-        assert_eq!(s.metadata.labels.unwrap()["kubernetes.io/service-name"], "web");
+        assert_eq!(s.meta.service_name.as_deref(), Some("web"));
 
         let svc: Service = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Service",
