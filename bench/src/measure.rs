@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::Parser as _;
 use kpx::kernel::iptables::{IptablesKernel, dialect, frame::frame as ipt_frame, render::payload};
-use kpx::kernel::nftables::{NftablesKernel, encode::add_table, frame::frame as nft_frame, messages, netlink::Batch};
+use kpx::kernel::nftables::{
+    NftablesKernel, encode::add_table, frame::frame as nft_frame, messages, netlink::Batch, sizing,
+};
 use kpx::kernel::{Exec, SystemExec};
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
@@ -288,6 +290,9 @@ struct Models {
     /// iptables: what the host's chains hold after the last write (a
     /// partial sync edits them, as the daemon does).
     host_chains: Option<kpx::kernel::iptables::render::HostChains>,
+    /// nftables: each set's elements and the sized sets' sizes.
+    counts: std::collections::HashMap<String, u64>,
+    sizes: std::collections::HashMap<String, u32>,
 }
 
 /// The host's rendering of a ruleset, with its frame on a full sync.
@@ -313,13 +318,29 @@ fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: boo
                 SetRef::Own(n) => sets.get(n).cloned(),
             };
             let mark = settings.masquerade_mark();
+            // Sets sized as the daemon sizes them (a partial sync here
+            // only adds to sets a full one declared).
+            let frame = if full { nft_frame(settings, &Cluster::default()) } else { Vec::new() };
+            if full {
+                models.counts.clear();
+            }
+            sizing::count(&mut models.counts, settings.family, &frame, &decls);
+            sizing::count(&mut models.counts, settings.family, &tx.ops, &decls);
+            if full {
+                let declared = frame.iter().chain(&tx.ops).filter_map(|op| match op {
+                    kpx_rules::ops::nftables::Op::AddSet(d) => Some(d),
+                    _ => None,
+                });
+                models.sizes = sizing::full_sizes(declared, &models.counts);
+            }
             let mut out = Batch::new();
             if full {
                 out.push(add_table());
-                messages(&mut out, settings.family, mark, &nft_frame(settings, &Cluster::default()), &decls, MAX_BYTES)
+                messages(&mut out, settings.family, mark, &frame, &decls, &models.sizes, MAX_BYTES)
                     .map_err(anyhow::Error::msg)?;
             }
-            messages(&mut out, settings.family, mark, &tx.ops, &decls, MAX_BYTES).map_err(anyhow::Error::msg)?;
+            messages(&mut out, settings.family, mark, &tx.ops, &decls, &models.sizes, MAX_BYTES)
+                .map_err(anyhow::Error::msg)?;
             Written::Nftables(out)
         }
     };

@@ -86,6 +86,10 @@ pub enum SyncError {
     /// The plugin returned rules for another mode: nothing written; full resync.
     #[error("plugin {plugin} returned {got} rules in {want} mode")]
     WrongMode { plugin: String, got: &'static str, want: &'static str },
+    /// A partial sync would fill a set past its size: nothing written; the
+    /// caller writes a full sync instead.
+    #[error(transparent)]
+    Overfull(#[from] nftables::sizing::Overfull),
 }
 
 impl From<nftables::netlink::Error> for SyncError {

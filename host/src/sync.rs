@@ -342,6 +342,8 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
         family::Error::Sync { source: SyncError::Rejected(_) | SyncError::WrongMode { .. }, .. } => {
             m.plugin_refusals.get_or_create(&plugin).inc();
         }
+        // Written as a full sync by the proxier; not a failure.
+        family::Error::Sync { source: SyncError::Overfull(_), .. } => {}
     };
 }
 

@@ -430,7 +430,7 @@ fn nftables_write_and_read(ns: &Ns, s: &Settings, tx: &nft::Transaction) -> Resu
     let (family, mark) = (s.family, s.masquerade_mark());
     let lookup = |r: &SetRef| decls.get(r.name()).cloned();
     let mut batch = Batch::from_iter([encode::add_table()]);
-    messages(&mut batch, family, mark, &ops, &lookup, usize::MAX)?;
+    messages(&mut batch, family, mark, &ops, &lookup, &Default::default(), usize::MAX)?;
     let name = ns.name.clone();
     let decls2 = decls.clone();
     let read = ns
@@ -499,7 +499,7 @@ fn nftables_roundtrip(ns: &Ns, s: &Settings, tx: &nft::Transaction) -> Result<us
         v.sort();
     }
     for (name, decl) in &decls {
-        let want = decode::shape_of(s.family, decl)?;
+        let want = decode::shape_of(s.family, decl, None)?;
         if back.sets.get(name) != Some(&want) {
             return Err(format!("set {name}: want {want:?}, kernel has {:?}", back.sets.get(name)));
         }

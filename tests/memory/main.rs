@@ -135,7 +135,7 @@ fn checking_and_encoding_elements_takes_a_bounded_multiple_of_their_words() {
     let decls = |_: &SetRef| Some(map.clone());
     let (encoded, encoding) = peak_during(|| {
         let mut batch = Batch::new();
-        messages(&mut batch, IpFamily::V4, 0x4000, &tx.ops, &decls, usize::MAX).map(|()| batch)
+        messages(&mut batch, IpFamily::V4, 0x4000, &tx.ops, &decls, &Default::default(), usize::MAX).map(|()| batch)
     });
     let netlink = encoded.expect("encoded").bytes();
     println!(
@@ -185,7 +185,8 @@ fn the_netlink_batch_is_held_to_the_byte_budget() {
     }
     let ops = vec![Op::AddElements(w.finish())];
     let decls = |_: &SetRef| Some(map.clone());
-    let (result, peak) = peak_during(|| messages(&mut Batch::new(), IpFamily::V4, 0x4000, &ops, &decls, BUDGET));
+    let (result, peak) =
+        peak_during(|| messages(&mut Batch::new(), IpFamily::V4, 0x4000, &ops, &decls, &Default::default(), BUDGET));
     let err = result.expect_err("over the budget");
     println!("{N} goto elements: refused ({err}) with {peak} bytes allocated");
     assert!(err.contains("more than the limit"), "{err}");

@@ -9,7 +9,7 @@ pub mod decode;
 pub mod encode;
 pub mod frame;
 pub mod netlink;
-
+pub mod sizing;
 pub mod sys;
 
 use std::collections::{BTreeMap, HashMap};
@@ -246,7 +246,7 @@ pub(crate) fn prepare(
 ) -> std::result::Result<(Checked, Batch), Rejected> {
     let checked: Checked = check(ctx, tx)?;
     let mut batch = Batch::new();
-    encode_ops(&mut batch, ctx, settings, tx, &checked, max_bytes)?;
+    encode_ops(&mut batch, ctx, settings, tx, &checked, max_bytes, &HashMap::new())?;
     Ok((checked, batch))
 }
 
@@ -258,9 +258,10 @@ fn encode_ops(
     tx: &Transaction,
     checked: &Checked,
     max_bytes: usize,
+    sizes: &HashMap<String, u32>,
 ) -> std::result::Result<(), Rejected> {
     let decls = set_declarations(checked, ctx.model);
-    messages(batch, settings.family, settings.masquerade_mark(), &tx.ops, &decls, max_bytes)
+    messages(batch, settings.family, settings.masquerade_mark(), &tx.ops, &decls, sizes, max_bytes)
         .map_err(|reason| encoding_refused(ctx.plugin, reason))
 }
 
@@ -279,15 +280,16 @@ fn set_declarations<'a>(checked: &Checked, model: &'a Model) -> impl Fn(&SetRef)
 
 /// The messages of a transaction's operations (the frame's and the
 /// plugin's), appended to `out`, elements read by the declarations known
-/// to this sync. They may not add up to more than `max_bytes`: a plugin's
-/// few words can name long chains, and the host's rendering is held to the
-/// plugin's output cap.
+/// to this sync, sets declared with their `sizes` ([`sizing`]). They may
+/// not add up to more than `max_bytes`: a plugin's few words can name long
+/// chains, and the host's rendering is held to the plugin's output cap.
 pub fn messages(
     out: &mut Batch,
     family: IpFamily,
     masquerade_mark: u32,
     ops: &[Op],
     decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
+    sizes: &HashMap<String, u32>,
     max_bytes: usize,
 ) -> std::result::Result<(), String> {
     let mut set_id = 0;
@@ -306,7 +308,7 @@ pub fn messages(
             Op::DeleteChain(c) => out.push(encode::delete_chain(c)),
             Op::AddSet(d) => {
                 set_id += 1;
-                out.push(encode::add_set(family, d, set_id));
+                out.push(encode::add_set(family, d, set_id, sizes.get(&d.name).copied()));
             }
             Op::FlushSet(s) => out.push(encode::flush_set(s)),
             Op::DeleteSet(s) => out.push(encode::delete_set(s)),
@@ -358,11 +360,21 @@ pub struct NftablesDataplane {
     kernel: NftablesKernel,
     model: Model,
     max_bytes: usize,
+    /// The sized sets' sizes in the kernel ([`sizing`]).
+    sizes: HashMap<String, u32>,
+    /// Every set's elements in the kernel.
+    counts: HashMap<String, u64>,
 }
 
 impl NftablesDataplane {
     pub fn new(kernel: NftablesKernel) -> NftablesDataplane {
-        NftablesDataplane { kernel, model: Model::default(), max_bytes: super::DEFAULT_MAX_BYTES }
+        NftablesDataplane {
+            kernel,
+            model: Model::default(),
+            max_bytes: super::DEFAULT_MAX_BYTES,
+            sizes: HashMap::new(),
+            counts: HashMap::new(),
+        }
     }
 
     /// The most netlink bytes a sync may write (the plugin output cap).
@@ -405,25 +417,46 @@ impl NftablesDataplane {
         let checked = check(&ctx, tx)?;
         let mut kernel = std::time::Duration::ZERO;
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
+        let frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
+        // Each set's elements after this sync (a full one refills every
+        // set), and the sizes that leaves room for.
+        let (counts, sizes) = {
+            let decls = set_declarations(&checked, &self.model);
+            let mut counts = if full { HashMap::new() } else { self.counts.clone() };
+            sizing::count(&mut counts, family, &frame, &decls);
+            sizing::count(&mut counts, family, &tx.ops, &decls);
+            let sizes = if full {
+                let declared = frame.iter().chain(&tx.ops).filter_map(|op| match op {
+                    Op::AddSet(d) => Some(d),
+                    _ => None,
+                });
+                sizing::full_sizes(declared, &counts)
+            } else {
+                sizing::partial_sizes(&self.sizes, &tx.ops, &counts)?
+            };
+            (counts, sizes)
+        };
         // One buffer, in the order sent: a full sync's frame first.
         let mut batch = Batch::new();
         if full {
-            let frame = frame::frame(settings, cluster);
             let t = std::time::Instant::now();
             let held = self.kernel.objects()?;
             kernel += t.elapsed();
             batch.push(encode::add_table());
             if let Some(held) = held {
-                batch.extend(reconcile(family, &held, &frame, &checked).map_err(refuse)?);
+                batch.extend(reconcile(family, &held, &frame, &checked, &sizes).map_err(refuse)?);
             }
             let decls = set_declarations(&checked, &self.model);
-            messages(&mut batch, family, settings.masquerade_mark(), &frame, &decls, self.max_bytes).map_err(refuse)?;
+            messages(&mut batch, family, settings.masquerade_mark(), &frame, &decls, &sizes, self.max_bytes)
+                .map_err(refuse)?;
         }
-        encode_ops(&mut batch, &ctx, settings, tx, &checked, self.max_bytes)?;
+        encode_ops(&mut batch, &ctx, settings, tx, &checked, self.max_bytes, &sizes)?;
         let bytes = batch.bytes();
         let t = std::time::Instant::now();
         self.kernel.apply(&mut batch)?;
         kernel += t.elapsed();
+        self.counts = counts;
+        self.sizes = sizes;
         self.model.commit(checked);
         Ok(Written { bytes, kernel, iptables_rules: None })
     }
@@ -437,6 +470,7 @@ fn reconcile(
     kernel: &TableObjects,
     frame: &[Op],
     checked: &Checked,
+    sizes: &HashMap<String, u32>,
 ) -> std::result::Result<Vec<Message>, String> {
     let mut base: BTreeMap<&str, &BaseChain> = BTreeMap::new();
     let mut chains: Vec<&str> = Vec::new();
@@ -448,14 +482,14 @@ fn reconcile(
             }
             Op::AddChain(c) => chains.push(c),
             Op::AddSet(d) => {
-                sets.insert(&d.name, decode::shape_of(family, d)?);
+                sets.insert(&d.name, decode::shape_of(family, d, sizes.get(&d.name).copied())?);
             }
             _ => {}
         }
     }
     let own_sets: Vec<(String, SetShape)> = checked
         .sets()
-        .map(|d| Ok((d.name.clone(), decode::shape_of(family, d)?)))
+        .map(|d| Ok((d.name.clone(), decode::shape_of(family, d, sizes.get(&d.name).copied())?)))
         .collect::<std::result::Result<_, String>>()?;
     for (name, shape) in &own_sets {
         sets.insert(name, shape.clone());
@@ -513,7 +547,7 @@ mod tests {
                 sets: Vec::new(),
             };
             let t = std::time::Instant::now();
-            let out = reconcile(IpFamily::V4, &kernel, &frame, &checked).expect("reconciled");
+            let out = reconcile(IpFamily::V4, &kernel, &frame, &checked, &HashMap::new()).expect("reconciled");
             let took = t.elapsed();
             assert_eq!(out.len(), 1, "every chain is kept: only the rules are flushed");
             took
@@ -525,5 +559,38 @@ mod tests {
         let ratio = large.as_secs_f64() / small.as_secs_f64().max(1e-6);
         eprintln!("reconcile: 10000 chains {small:?}, 40000 chains {large:?} (x{ratio:.1})");
         assert!(ratio < 9.0, "4x the chains took x{ratio:.1} the time");
+    }
+
+    /// A set the kernel holds at the size this sync wants is emptied and
+    /// kept; one at another size is deleted (and declared again).
+    #[test]
+    fn a_full_sync_keeps_a_set_of_its_size_and_replaces_one_of_another() {
+        use kpx_rules::ops::nftables::{DataType, KeyType};
+        let settings = Settings::new(IpFamily::V4, kpx_rules::model::ProxyMode::Nftables);
+        let frame = frame::frame(&settings, &Cluster::default());
+        let m = SetDecl {
+            name: "m".into(),
+            key: vec![KeyType::Integer],
+            data: Some(DataType::Endpoint),
+            interval: false,
+            timeout_seconds: None,
+            comment: None,
+        };
+        let tx = Transaction { ops: vec![Op::AddSet(m.clone())] };
+        let (scope, model) = (Scope::default(), Model::default());
+        let ctx = Context { plugin: "t", family: IpFamily::V4, scope: &scope, model: &model, full: true };
+        let checked = check(&ctx, &tx).expect("accepted");
+        let held = |size| TableObjects {
+            chains: Vec::new(),
+            sets: vec![SetInfo { name: "m".into(), shape: decode::shape_of(IpFamily::V4, &m, size).unwrap() }],
+        };
+        let whats = |kernel: &TableObjects, want: u32| -> Vec<String> {
+            let sizes = HashMap::from([("m".to_string(), want)]);
+            reconcile(IpFamily::V4, kernel, &frame, &checked, &sizes).unwrap().into_iter().map(|m| m.what).collect()
+        };
+        assert!(whats(&held(Some(2048)), 2048).contains(&"flush set m".to_string()));
+        let replaced = whats(&held(Some(1024)), 2048);
+        assert!(replaced.iter().any(|w| w.starts_with("delete") && w.ends_with(" m")), "{replaced:?}");
+        assert!(whats(&held(None), 2048).iter().any(|w| w.starts_with("delete") && w.ends_with(" m")));
     }
 }

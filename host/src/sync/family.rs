@@ -10,7 +10,7 @@ use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, 
 
 use crate::config::Config;
 use crate::kernel::iptables::frame::localhost_nodeports;
-use crate::kernel::{Dataplane, StateView, SyncError, interfaces, sysctl::Sysctl};
+use crate::kernel::{Dataplane, StateView, SyncError, Written, interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin, SchedulerPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
@@ -394,27 +394,27 @@ impl FamilyProxier {
         }
         let objects = self.sent.objects;
         let ruleset = self.call(|i| i.render(full, objects))?;
-        let plugin = t.elapsed();
+        let mut plugin = t.elapsed();
         if full {
             self.ensure_sysctls();
         }
         let t = std::time::Instant::now();
-        let written = self
-            .dataplane
-            .sync(
-                self.plugin.name(),
-                &self.settings,
-                StateView {
-                    cluster: &self.cluster,
-                    scope: &self.sent.scope,
-                    ports: &self.sent.ports,
-                    local_addresses: &self.local_addresses,
-                },
-                &ruleset,
-                full,
-            )
-            .map_err(|source| Error::Sync { family: self.family, source })?;
-        let dataplane = t.elapsed();
+        let mut written = self.write(&ruleset, full);
+        let mut dataplane = t.elapsed();
+        if let Err(SyncError::Overfull(why)) = &written {
+            // A set outgrew the size of its last full sync: the state is
+            // written in full, its sets sized for it.
+            tracing::info!(family = %self.family, "{why}");
+            full = true;
+            let t = std::time::Instant::now();
+            let ruleset = self.call(|i| i.render(true, objects))?;
+            plugin += t.elapsed();
+            self.ensure_sysctls();
+            let t = std::time::Instant::now();
+            written = self.write(&ruleset, true);
+            dataplane += t.elapsed();
+        }
+        let written = written.map_err(|source| Error::Sync { family: self.family, source })?;
         self.sent.scope.forget_removed();
         let t = std::time::Instant::now();
         // An extension's failure is its own: logged and counted, its last
@@ -438,6 +438,22 @@ impl FamilyProxier {
             extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
         })
+    }
+
+    /// Checks and writes a ruleset on the state sent.
+    fn write(&mut self, ruleset: &Ruleset, full: bool) -> Result<Written, SyncError> {
+        self.dataplane.sync(
+            self.plugin.name(),
+            &self.settings,
+            StateView {
+                cluster: &self.cluster,
+                scope: &self.sent.scope,
+                ports: &self.sent.ports,
+                local_addresses: &self.local_addresses,
+            },
+            ruleset,
+            full,
+        )
     }
 
     /// Tries a replacement backend component on the state this family

@@ -43,6 +43,8 @@ pub struct SetShape {
     pub data_type: Option<u32>,
     pub data_len: Option<u32>,
     pub timeout_ms: Option<u64>,
+    /// Its declared size (its most elements), if any.
+    pub size: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,13 +89,17 @@ pub fn set(payload: &[u8]) -> Result<SetInfo> {
             data_len: opt(NFTA_SET_DATA_LEN)?
                 .filter(|_| opt(NFTA_SET_DATA_TYPE).ok().flatten().is_some_and(|t| t != NFT_DATA_VERDICT)),
             timeout_ms: find(&a, NFTA_SET_TIMEOUT).map(|x| x.u64_be()).transpose()?,
+            size: match find(&a, NFTA_SET_DESC) {
+                Some(desc) => find(&desc.nested()?, NFTA_SET_DESC_SIZE).map(|s| s.u32_be()).transpose()?,
+                None => None,
+            },
         },
     })
 }
 
-/// The shape a declaration gets in the kernel.
-pub fn shape_of(family: IpFamily, d: &SetDecl) -> Result<SetShape> {
-    let msg = super::encode::add_set(family, d, 1);
+/// The shape a declaration gets in the kernel with `size`.
+pub fn shape_of(family: IpFamily, d: &SetDecl, size: Option<u32>) -> Result<SetShape> {
+    let msg = super::encode::add_set(family, d, 1, size);
     let info = set(&msg.attrs.buf)?;
     Ok(info.shape)
 }

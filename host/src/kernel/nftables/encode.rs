@@ -200,8 +200,9 @@ fn concat_type(ids: impl IntoIterator<Item = u32>) -> u32 {
     ids.into_iter().fold(0, |acc, id| (acc << TYPE_BITS) | id)
 }
 
-/// `id` names the set within its batch (the kernel requires one).
-pub fn add_set(family: IpFamily, d: &SetDecl, id: u32) -> Message {
+/// `id` names the set within its batch (the kernel requires one); `size`
+/// is its table's size and its most elements ([`super::sizing`]).
+pub fn add_set(family: IpFamily, d: &SetDecl, id: u32, size: Option<u32>) -> Message {
     let mut w = Writer::new();
     table_attr(&mut w, NFTA_SET_TABLE);
     w.str(NFTA_SET_NAME, &d.name);
@@ -235,15 +236,20 @@ pub fn add_set(family: IpFamily, d: &SetDecl, id: u32) -> Message {
     if let Some(t) = d.timeout_seconds {
         w.u64_be(NFTA_SET_TIMEOUT, u64::from(t) * 1000);
     }
-    if d.interval {
+    if d.interval || size.is_some() {
         w.nested(NFTA_SET_DESC, |w| {
-            w.nested(NFTA_SET_DESC_CONCAT, |w| {
-                for (_, len) in &fields {
-                    w.nested(NFTA_LIST_ELEM, |w| {
-                        w.u32_be(NFTA_SET_FIELD_LEN, *len as u32);
-                    });
-                }
-            });
+            if let Some(size) = size {
+                w.u32_be(NFTA_SET_DESC_SIZE, size);
+            }
+            if d.interval {
+                w.nested(NFTA_SET_DESC_CONCAT, |w| {
+                    for (_, len) in &fields {
+                        w.nested(NFTA_LIST_ELEM, |w| {
+                            w.u32_be(NFTA_SET_FIELD_LEN, *len as u32);
+                        });
+                    }
+                });
+            }
         });
     }
     let mut userdata = Vec::new();

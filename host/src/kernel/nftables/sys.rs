@@ -73,6 +73,7 @@ pub const NFTA_SET_DESC: u16 = 9;
 pub const NFTA_SET_ID: u16 = 10;
 pub const NFTA_SET_TIMEOUT: u16 = 11;
 pub const NFTA_SET_USERDATA: u16 = 13;
+pub const NFTA_SET_DESC_SIZE: u16 = 1;
 pub const NFTA_SET_DESC_CONCAT: u16 = 2;
 pub const NFTA_SET_FIELD_LEN: u16 = 1;
 
