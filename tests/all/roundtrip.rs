@@ -500,7 +500,7 @@ fn nftables_roundtrip(ns: &Ns, s: &Settings, tx: &nft::Transaction) -> Result<us
     }
     for (name, decl) in &decls {
         let want = decode::shape_of(s.family, decl, None)?;
-        if back.sets.get(name) != Some(&want) {
+        if !back.sets.get(name).is_some_and(|held| want.held_as(held)) {
             return Err(format!("set {name}: want {want:?}, kernel has {:?}", back.sets.get(name)));
         }
     }

@@ -47,6 +47,16 @@ pub struct SetShape {
     pub size: Option<u32>,
 }
 
+impl SetShape {
+    /// Whether a set the kernel holds has this shape: its size counts only
+    /// when this one declares a size (the kernel gives sets updated from
+    /// the packet path a default of its own).
+    pub fn held_as(&self, kernel: &SetShape) -> bool {
+        let size = self.size.is_none() || self.size == kernel.size;
+        size && SetShape { size: None, ..self.clone() } == SetShape { size: None, ..kernel.clone() }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetInfo {
     pub name: String,

@@ -3,7 +3,7 @@
 //! back. Errors are the kernel's own errno, with its extended-ack message
 //! and the operation that failed.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use netlink_packet_core::{ErrorBuffer, NetlinkBuffer};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
@@ -56,14 +56,16 @@ pub struct Message {
     pub what: String,
 }
 
-/// A transaction's messages in wire form, in one buffer, each written as
-/// it is pushed (a full sync at 10k Services is 9 MB: held once, not as
-/// messages and again as the batch). Sequence numbers, the family and the
-/// last message's ack are set when it is sent.
+/// A transaction's messages in wire form, each written as it is pushed
+/// (a full sync at 10k Services is 9 MB: held once, not as messages and
+/// again as the batch), in parts that one send takes together: a batch
+/// appended to another keeps its buffer. The batch's begin and end,
+/// sequence numbers, the family and the last message's ack are set when
+/// it is sent.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    /// The batch's begin, then the messages (not its end).
-    buf: Vec<u8>,
+    /// The messages, in order, in one or more buffers.
+    parts: Vec<Vec<u8>>,
     /// What each message does, for error messages.
     whats: Vec<String>,
 }
@@ -76,20 +78,27 @@ impl Default for Batch {
 
 impl Batch {
     pub fn new() -> Batch {
-        let mut buf = Vec::new();
-        push_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, 0, 0, &[]);
-        Batch { buf, whats: Vec::new() }
+        Batch { parts: vec![Vec::new()], whats: Vec::new() }
     }
 
     pub fn push(&mut self, m: Message) {
+        let buf = self.parts.last_mut().expect("a batch has a part");
         // Grown by a quarter, not doubled: its size is the sync's.
         let need = HEADER + NFGENMSG + m.attrs.buf.len();
-        if self.buf.capacity() - self.buf.len() < need {
-            self.buf.reserve_exact(need.max(self.buf.len() / 4));
+        if buf.capacity() - buf.len() < need {
+            buf.reserve_exact(need.max(buf.len() / 4));
         }
         let msg_type = (NFNL_SUBSYS_NFTABLES << 8) | m.msg_type;
-        push_message(&mut self.buf, msg_type, NLM_F_REQUEST | m.flags, 0, 0, 0, &m.attrs.buf);
+        push_message(buf, msg_type, NLM_F_REQUEST | m.flags, 0, 0, 0, &m.attrs.buf);
         self.whats.push(m.what);
+    }
+
+    /// `other`'s messages after these, its buffer kept as it is.
+    pub fn append(&mut self, other: Batch) {
+        self.parts.extend(other.parts);
+        self.whats.extend(other.whats);
+        // Pushes go to a part of their own, after the appended one.
+        self.parts.push(Vec::new());
     }
 
     /// The number of messages.
@@ -101,9 +110,10 @@ impl Batch {
         self.whats.is_empty()
     }
 
-    /// The messages' bytes (headers included, the batch's own left out).
+    /// The messages' bytes (headers included, the batch's begin and end
+    /// left out).
     pub fn bytes(&self) -> usize {
-        self.buf.len() - (HEADER + NFGENMSG)
+        self.parts.iter().map(Vec::len).sum()
     }
 
     /// What each message does, in order.
@@ -188,18 +198,15 @@ impl Netlink {
         }
         let begin = self.next_seq();
         let first = self.seq.wrapping_add(1);
-        // The batch is numbered in place: its begin, each message (the
-        // last one acked) and its end, appended for the send.
+        // The batch is numbered in place, each message (the last one
+        // acked), between a begin and an end of its own.
         let count = batch.whats.len();
-        let mut at = 0;
         let mut index = 0;
-        while at < batch.buf.len() {
-            let len = u32::from_ne_bytes(batch.buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-            let header = &mut batch.buf[at..at + HEADER + NFGENMSG];
-            if at == 0 {
-                header[8..12].copy_from_slice(&begin.to_ne_bytes());
-                header[18..20].copy_from_slice(&subsystem.to_be_bytes());
-            } else {
+        for part in &mut batch.parts {
+            let mut at = 0;
+            while at < part.len() {
+                let len = u32::from_ne_bytes(part[at..at + 4].try_into().expect("4 bytes")) as usize;
+                let header = &mut part[at..at + HEADER + NFGENMSG];
                 let seq = self.next_seq();
                 header[8..12].copy_from_slice(&seq.to_ne_bytes());
                 header[16] = family;
@@ -208,16 +215,19 @@ impl Netlink {
                     let flags = u16::from_ne_bytes([header[6], header[7]]) | NLM_F_ACK;
                     header[6..8].copy_from_slice(&flags.to_ne_bytes());
                 }
+                at += len;
             }
-            at += len;
         }
         let last = self.seq;
         let end = self.next_seq();
-        let body = batch.buf.len();
-        push_message(&mut batch.buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, subsystem, &[]);
-        let sent = self.send(&batch.buf);
-        batch.buf.truncate(body);
-        sent?;
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        push_message(&mut head, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, begin, 0, subsystem, &[]);
+        push_message(&mut tail, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, subsystem, &[]);
+        let parts: Vec<&[u8]> = std::iter::once(head.as_slice())
+            .chain(batch.parts.iter().map(Vec::as_slice).filter(|p| !p.is_empty()))
+            .chain(std::iter::once(tail.as_slice()))
+            .collect();
+        self.send(&parts)?;
         let messages = &batch.whats;
         // The kernel answers every failed message, then acks the last one;
         // a batch it refuses as a whole (unknown subsystem, stale
@@ -250,12 +260,22 @@ impl Netlink {
         }
     }
 
-    /// One whole batch in one send (the kernel reads a batch from one).
-    fn send(&mut self, buf: &[u8]) -> Result<(), Error> {
-        self.ensure_sndbuf(buf.len())?;
-        let sent = self.socket.send(buf, 0).map_err(|e| Error::Socket(format!("send: {e}")))?;
-        if sent != buf.len() {
-            return Err(Error::Socket(format!("sent {sent} of {} bytes", buf.len())));
+    /// One whole batch in one send (the kernel reads a batch from one
+    /// message), its parts gathered by the kernel.
+    fn send(&mut self, parts: &[&[u8]]) -> Result<(), Error> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.ensure_sndbuf(len)?;
+        let iov: Vec<std::io::IoSlice> = parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+        let sent = nix::sys::socket::sendmsg::<()>(
+            self.socket.as_raw_fd(),
+            &iov,
+            &[],
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| Error::Socket(format!("send: {e}")))?;
+        if sent != len {
+            return Err(Error::Socket(format!("sent {sent} of {len} bytes")));
         }
         Ok(())
     }
