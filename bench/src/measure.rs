@@ -291,7 +291,7 @@ struct Models {
     /// partial sync edits them, as the daemon does).
     host_chains: Option<kpx::kernel::iptables::render::HostChains>,
     /// nftables: each set's elements and the sized sets' sizes.
-    counts: std::collections::HashMap<String, u64>,
+    counts: sizing::Counts,
     sizes: std::collections::HashMap<String, u32>,
 }
 
@@ -322,16 +322,17 @@ fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: boo
             // only adds to sets a full one declared).
             let frame = if full { nft_frame(settings, &Cluster::default()) } else { Vec::new() };
             if full {
-                models.counts.clear();
+                models.counts = sizing::Counts::default();
             }
-            sizing::count(&mut models.counts, settings.family, &frame, &decls);
-            sizing::count(&mut models.counts, settings.family, &tx.ops, &decls);
+            models.counts.begin();
+            models.counts.apply(settings.family, &frame, &decls);
+            models.counts.apply(settings.family, &tx.ops, &decls);
             if full {
                 let declared = frame.iter().chain(&tx.ops).filter_map(|op| match op {
                     kpx_rules::ops::nftables::Op::AddSet(d) => Some(d),
                     _ => None,
                 });
-                models.sizes = sizing::full_sizes(declared, &models.counts);
+                models.sizes = sizing::full_sizes(declared, &models.counts, &Default::default());
             }
             let mut out = Batch::new();
             if full {

@@ -58,6 +58,19 @@ fn nftables_traffic_trace_and_cleanup() {
         .unwrap();
     assert!(explained.contains("verdict: REJECT"), "{explained}");
 
+    // A Service of 5,000 endpoints: the hairpin set (an element per
+    // endpoint address) is sized at the next full sync (the ServiceCIDR's,
+    // below) for twice its elements.
+    let ips = |from: usize, n: usize| -> Vec<String> {
+        (from..from + n).map(|i| format!("10.245.{}.{}", i / 250, 1 + i % 250)).collect()
+    };
+    let big = ips(0, 5000);
+    let big: Vec<&str> = big.iter().map(String::as_str).collect();
+    write_manifest(
+        &manifests.join("big.yaml"),
+        &format!("{}---\n{}", service("big", "10.96.0.12"), slice("big", &big)),
+    );
+
     // A ServiceCIDR that arrives while kpx runs reaches the kernel (its
     // unallocated addresses are dropped), and its removal lifts the drop.
     let cidr = manifests.join("service-cidr.yaml");
@@ -81,26 +94,26 @@ fn nftables_traffic_trace_and_cleanup() {
     std::fs::remove_file(&cidr).unwrap();
     assert!(until(false), "the ServiceCIDR's drop stayed after it was deleted:\n{}", kpx.log());
 
-    // A Service of 1,500 endpoints arrives: the hairpin set (one element
-    // per endpoint address) outgrows the size its last full sync gave it
-    // (1,024 for a few elements), so the change is written as a full sync
-    // that sizes it again, and nothing fails on the way.
-    let many: Vec<String> = (0..1500).map(|i| format!("10.245.{}.{}", i / 250, 1 + i % 250)).collect();
-    let many: Vec<&str> = many.iter().map(String::as_str).collect();
-    write_manifest(
-        &manifests.join("big.yaml"),
-        &format!("{}---\n{}", service("big", "10.96.0.12"), slice("big", &many)),
-    );
-    assert!(kpx.wait_for_log("past its size", 1, Duration::from_secs(10)), "no resize:\n{}", kpx.log());
+    // 6,000 more endpoints: hairpin would outgrow its size within the
+    // partial sync, so the change is written as a full sync that sizes it
+    // again, and nothing fails on the way.
     let hairpin = || lab.node.exec(&["nft", "list", "set", "ip", "kube-proxy", "hairpin"]).unwrap();
     let size = |text: &str| text.lines().find_map(|l| l.trim().strip_prefix("size ")?.parse::<u32>().ok());
+    assert_eq!(size(&hairpin()), Some(10_004), "hairpin sized at the ServiceCIDR's full syncs");
+    let more = ips(5000, 6000);
+    let more: Vec<&str> = more.iter().map(String::as_str).collect();
+    write_manifest(
+        &manifests.join("more.yaml"),
+        &format!("{}---\n{}", service("more", "10.96.0.13"), slice("more", &more)),
+    );
+    assert!(kpx.wait_for_log("past its size", 1, Duration::from_secs(10)), "no resize:\n{}", kpx.log());
     let t0 = Instant::now();
-    while size(&hairpin()).is_none_or(|n| n < 3000) && t0.elapsed() < Duration::from_secs(5) {
+    while size(&hairpin()).is_none_or(|n| n < 22_000) && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let hairpin = hairpin();
-    assert!(size(&hairpin).is_some_and(|n| n >= 3000), "hairpin is not sized for 1,502 elements: {:?}", size(&hairpin));
-    assert!(hairpin.contains("10.245.5.250"), "the last endpoint is not in hairpin");
+    let held = hairpin();
+    assert_eq!(size(&held), Some(22_004), "hairpin sized again for 11,002 elements");
+    assert!(held.contains("10.245.43.250"), "the last endpoint is not in hairpin");
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
     assert!(request(&lab, Proto::Tcp, WEB).server().is_some());
 

@@ -13,6 +13,7 @@ pub mod sizing;
 pub mod sys;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kpx_rules::model::{Cluster, IpFamily, Settings};
 use kpx_rules::ops::nftables::{BaseChain, Element, Op, Rule, SetDecl, SetRef, TABLE, Transaction, each_element};
@@ -292,27 +293,55 @@ pub fn messages(
     sizes: &HashMap<String, u32>,
     max_bytes: usize,
 ) -> std::result::Result<(), String> {
+    messages_until(out, family, masquerade_mark, ops, decls, sizes, max_bytes, None)
+}
+
+/// [`messages`], stopped (with an error) once `cancel` is set: an encoder
+/// running beside the checks ends when they refuse the transaction.
+#[allow(clippy::too_many_arguments)]
+fn messages_until(
+    out: &mut Batch,
+    family: IpFamily,
+    masquerade_mark: u32,
+    ops: &[Op],
+    decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
+    sizes: &HashMap<String, u32>,
+    max_bytes: usize,
+    cancel: Option<&AtomicBool>,
+) -> std::result::Result<(), String> {
     let mut set_id = 0;
     let start = out.bytes();
     let count = |out: &Batch| -> std::result::Result<(), String> {
         if out.bytes() - start > max_bytes {
             return Err(format!("the netlink messages would take more than the limit of {max_bytes} bytes"));
         }
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err("cancelled".into());
+        }
+        Ok(())
+    };
+    // Only what the checks accepted has bounded names and rules; an
+    // attribute the writer could not hold refuses the transaction.
+    let put = |out: &mut Batch, m: Message| -> std::result::Result<(), String> {
+        if m.attrs.oversized {
+            return Err(format!("{}: an attribute over netlink's 64 KiB", m.what));
+        }
+        out.push(m);
         Ok(())
     };
     for op in ops {
         match op {
-            Op::AddBaseChain(b) => out.push(encode::add_base_chain(b)),
-            Op::AddChain(c) => out.push(encode::add_chain(c)),
-            Op::FlushChain(c) => out.push(encode::flush_chain(c)),
-            Op::DeleteChain(c) => out.push(encode::delete_chain(c)),
+            Op::AddBaseChain(b) => put(out, encode::add_base_chain(b))?,
+            Op::AddChain(c) => put(out, encode::add_chain(c))?,
+            Op::FlushChain(c) => put(out, encode::flush_chain(c))?,
+            Op::DeleteChain(c) => put(out, encode::delete_chain(c))?,
             Op::AddSet(d) => {
                 set_id += 1;
-                out.push(encode::add_set(family, d, set_id, sizes.get(&d.name).copied()));
+                put(out, encode::add_set(family, d, set_id, sizes.get(&d.name).copied()))?;
             }
-            Op::FlushSet(s) => out.push(encode::flush_set(s)),
-            Op::DeleteSet(s) => out.push(encode::delete_set(s)),
-            Op::AddRule(r) => out.push(encode::add_rule(family, masquerade_mark, r)?),
+            Op::FlushSet(s) => put(out, encode::flush_set(s))?,
+            Op::DeleteSet(s) => put(out, encode::delete_set(s))?,
+            Op::AddRule(r) => put(out, encode::add_rule(family, masquerade_mark, r)?)?,
             Op::AddElements(e) | Op::DeleteElements(e) => {
                 let decl = decls(&e.set).ok_or_else(|| format!("set {} is not declared", e.set.name()))?;
                 let add = matches!(op, Op::AddElements(_));
@@ -327,7 +356,9 @@ pub fn messages(
                     if chunk.is_empty() {
                         break;
                     }
-                    out.extend(encode::elements(e.set.name(), decl.interval, &chunk, add));
+                    for m in encode::elements(e.set.name(), decl.interval, &chunk, add) {
+                        put(out, m)?;
+                    }
                     count(out)?;
                 }
                 continue;
@@ -378,7 +409,7 @@ pub struct NftablesDataplane {
     /// The sized sets' sizes in the kernel ([`sizing`]).
     sizes: HashMap<String, u32>,
     /// Every set's elements in the kernel.
-    counts: HashMap<String, u64>,
+    counts: sizing::Counts,
 }
 
 impl NftablesDataplane {
@@ -388,7 +419,7 @@ impl NftablesDataplane {
             model: Model::default(),
             max_bytes: super::DEFAULT_MAX_BYTES,
             sizes: HashMap::new(),
-            counts: HashMap::new(),
+            counts: sizing::Counts::default(),
         }
     }
 
@@ -447,55 +478,73 @@ impl NftablesDataplane {
             SetRef::Host(h) => Some(h.declaration()),
             SetRef::Own(n) => own.get(n.as_str()).map(|d| (*d).clone()).or_else(|| model.set(n).cloned()),
         };
+        // A full sync reads what the table holds first: its sets' sizes
+        // are kept where they still fit, and it is emptied below.
+        let held = if full {
+            let t = std::time::Instant::now();
+            let held = self.kernel.objects()?;
+            kernel += t.elapsed();
+            held
+        } else {
+            None
+        };
         // Each set's elements after this sync (a full one refills every
-        // set), and the sizes that leaves room for.
-        let mut counts = if full { HashMap::new() } else { self.counts.clone() };
-        sizing::count(&mut counts, family, &frame, &decls);
-        sizing::count(&mut counts, family, &tx.ops, &decls);
+        // set) and at its fullest, and the sizes that leaves room for.
+        let mut counts = if full { sizing::Counts::default() } else { self.counts.clone() };
+        counts.begin();
+        counts.apply(family, &frame, &decls);
+        counts.apply(family, &tx.ops, &decls);
         let sizes = if full {
             let declared = frame.iter().chain(&tx.ops).filter_map(|op| match op {
                 Op::AddSet(d) => Some(d),
                 _ => None,
             });
-            sizing::full_sizes(declared, &counts)
+            let previous: HashMap<String, u32> =
+                held.iter().flat_map(|h| &h.sets).filter_map(|s| Some((s.name.clone(), s.shape.size?))).collect();
+            Ok(sizing::full_sizes(declared, &counts, &previous))
         } else {
-            sizing::partial_sizes(&self.sizes, &tx.ops, &counts)?
+            sizing::partial_sizes(&self.sizes, &tx.ops, &counts)
         };
         // The body: a full sync's table and frame, then the operations.
         let (mark, max_bytes) = (settings.masquerade_mark(), self.max_bytes);
-        let encode = || -> std::result::Result<Batch, String> {
+        let no_sizes = HashMap::new();
+        let sized = sizes.as_ref().unwrap_or(&no_sizes);
+        let encode = |cancel: Option<&AtomicBool>| -> std::result::Result<Batch, String> {
             let mut body = Batch::new();
             if full {
                 body.push(encode::add_table());
-                messages(&mut body, family, mark, &frame, &decls, &sizes, max_bytes)?;
+                messages_until(&mut body, family, mark, &frame, &decls, sized, max_bytes, cancel)?;
             }
-            messages(&mut body, family, mark, &tx.ops, &decls, &sizes, max_bytes)?;
+            messages_until(&mut body, family, mark, &tx.ops, &decls, sized, max_bytes, cancel)?;
             Ok(body)
         };
         // A large transaction is checked and encoded at once, on two
         // threads: neither waits on the other, and at 10k Services each
-        // takes about a tenth of a second.
+        // takes about a tenth of a second. Checks that refuse it stop the
+        // encoder; a small one is encoded only once checked.
         let (checked, body) = if element_words(tx) >= PARALLEL_WORDS {
+            let cancel = AtomicBool::new(false);
             std::thread::scope(|s| {
-                let encoder = s.spawn(encode);
+                let encoder = s.spawn(|| encode(Some(&cancel)));
                 let checked = check(&ctx, tx);
+                if checked.is_err() {
+                    cancel.store(true, Ordering::Relaxed);
+                }
                 (checked, encoder.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             })
         } else {
-            (check(&ctx, tx), encode())
+            let checked = check(&ctx, tx)?;
+            (Ok(checked), encode(None))
         };
         let checked = checked?;
+        // A set past its size is for a full sync, once the checks passed.
+        let sizes = sizes?;
         let body = body.map_err(refuse)?;
         // A full sync first empties the table it finds (before the table's
         // own message: a table there is the table re-declared).
         let mut batch = Batch::new();
-        if full {
-            let t = std::time::Instant::now();
-            let held = self.kernel.objects()?;
-            kernel += t.elapsed();
-            if let Some(held) = held {
-                batch.extend(reconcile(family, &held, &frame, &checked, &sizes).map_err(refuse)?);
-            }
+        if let Some(held) = held {
+            batch.extend(reconcile(family, &held, &frame, &checked, &sizes).map_err(refuse)?);
         }
         batch.append(body);
         let bytes = batch.bytes();

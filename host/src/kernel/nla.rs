@@ -12,6 +12,10 @@ pub const NLA_TYPE_MASK: u16 = 0x3fff;
 #[derive(Debug, Default, Clone)]
 pub struct Writer {
     pub buf: Vec<u8>,
+    /// An attribute did not fit netlink's 16-bit length: the attributes
+    /// are not to be sent (the writer does not panic on what a plugin's
+    /// unchecked output can make of it).
+    pub oversized: bool,
 }
 
 fn pad(buf: &mut Vec<u8>) {
@@ -22,11 +26,14 @@ fn pad(buf: &mut Vec<u8>) {
 
 impl Writer {
     pub fn new() -> Writer {
-        Writer { buf: Vec::new() }
+        Writer { buf: Vec::new(), oversized: false }
     }
 
     pub fn bytes(&mut self, kind: u16, value: &[u8]) -> &mut Self {
-        let len = u16::try_from(4 + value.len()).expect("attribute under 64 KiB");
+        let Ok(len) = u16::try_from(4 + value.len()) else {
+            self.oversized = true;
+            return self;
+        };
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
         self.buf.extend_from_slice(value);
@@ -64,10 +71,14 @@ impl Writer {
     pub fn nested(&mut self, kind: u16, f: impl FnOnce(&mut Writer)) -> &mut Self {
         let start = self.buf.len();
         self.buf.extend_from_slice(&[0, 0, 0, 0]);
-        let mut inner = Writer { buf: std::mem::take(&mut self.buf) };
+        let mut inner = Writer { buf: std::mem::take(&mut self.buf), oversized: self.oversized };
         f(&mut inner);
         self.buf = inner.buf;
-        let len = u16::try_from(self.buf.len() - start).expect("nested attribute under 64 KiB");
+        self.oversized = inner.oversized;
+        let Ok(len) = u16::try_from(self.buf.len() - start) else {
+            self.oversized = true;
+            return self;
+        };
         self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
         self.buf[start + 2..start + 4].copy_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
         self
@@ -129,6 +140,24 @@ pub fn need<'a>(attrs: &[Attr<'a>], kind: u16, what: &str) -> Result<Attr<'a>, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An attribute past netlink's 16-bit length marks the writer instead
+    /// of panicking (a plugin's unchecked output reaches the encoder).
+    #[test]
+    fn an_attribute_over_64_kib_marks_the_writer() {
+        let mut w = Writer::new();
+        w.str(1, "ok");
+        assert!(!w.oversized);
+        w.bytes(2, &vec![0; 70_000]);
+        assert!(w.oversized);
+        let mut n = Writer::new();
+        n.nested(3, |w| {
+            for _ in 0..20 {
+                w.bytes(1, &[0; 4000]);
+            }
+        });
+        assert!(n.oversized, "a nested attribute of 80 KB");
+    }
 
     #[test]
     fn nested_attributes_round_trip() {

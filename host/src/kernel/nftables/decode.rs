@@ -48,11 +48,11 @@ pub struct SetShape {
 }
 
 impl SetShape {
-    /// Whether a set the kernel holds has this shape: its size counts only
-    /// when this one declares a size (the kernel gives sets updated from
-    /// the packet path a default of its own).
+    /// Whether a set the kernel holds has this shape, its size included,
+    /// but for a set with timeouts declared without one (the kernel gives
+    /// sets updated from the packet path a default of its own).
     pub fn held_as(&self, kernel: &SetShape) -> bool {
-        let size = self.size.is_none() || self.size == kernel.size;
+        let size = self.size == kernel.size || (self.size.is_none() && self.timeout_ms.is_some());
         size && SetShape { size: None, ..self.clone() } == SetShape { size: None, ..kernel.clone() }
     }
 }

@@ -211,10 +211,11 @@ impl Netlink {
                 header[8..12].copy_from_slice(&seq.to_ne_bytes());
                 header[16] = family;
                 index += 1;
-                if index == count {
-                    let flags = u16::from_ne_bytes([header[6], header[7]]) | NLM_F_ACK;
-                    header[6..8].copy_from_slice(&flags.to_ne_bytes());
-                }
+                // Only the last is acked (one sent before, and grown
+                // since, loses its old last's ack).
+                let flags = u16::from_ne_bytes([header[6], header[7]]) & !NLM_F_ACK;
+                let flags = if index == count { flags | NLM_F_ACK } else { flags };
+                header[6..8].copy_from_slice(&flags.to_ne_bytes());
                 at += len;
             }
         }
