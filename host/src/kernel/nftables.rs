@@ -247,35 +247,31 @@ pub(crate) fn prepare(
 ) -> std::result::Result<(Checked, Batch), Rejected> {
     let checked: Checked = check(ctx, tx)?;
     let mut batch = Batch::new();
-    encode_ops(&mut batch, ctx, settings, tx, &checked, max_bytes, &HashMap::new())?;
+    let decls = set_declarations(tx, ctx.model);
+    messages(&mut batch, settings.family, settings.masquerade_mark(), &tx.ops, &decls, &HashMap::new(), max_bytes)
+        .map_err(|reason| encoding_refused(ctx.plugin, reason))?;
     Ok((checked, batch))
-}
-
-/// A checked transaction's operations, appended to `batch`.
-fn encode_ops(
-    batch: &mut Batch,
-    ctx: &Context,
-    settings: &Settings,
-    tx: &Transaction,
-    checked: &Checked,
-    max_bytes: usize,
-    sizes: &HashMap<String, u32>,
-) -> std::result::Result<(), Rejected> {
-    let decls = set_declarations(checked, ctx.model);
-    messages(batch, settings.family, settings.masquerade_mark(), &tx.ops, &decls, sizes, max_bytes)
-        .map_err(|reason| encoding_refused(ctx.plugin, reason))
 }
 
 fn encoding_refused(plugin: &str, reason: String) -> Rejected {
     Rejected { plugin: plugin.to_string(), at: "encoding".into(), item: String::new(), reason }
 }
 
-/// A set's declaration: the host's own, the transaction's, or an earlier sync's.
-fn set_declarations<'a>(checked: &Checked, model: &'a Model) -> impl Fn(&SetRef) -> Option<SetDecl> + 'a {
-    let own: HashMap<String, SetDecl> = checked.sets().map(|d| (d.name.clone(), d.clone())).collect();
+/// A set's declaration: the host's own, the transaction's, or an earlier
+/// sync's. The transaction's are read as it declares them: what the checks
+/// accept, and nothing encoded with them is sent before they have.
+fn set_declarations<'a>(tx: &'a Transaction, model: &'a Model) -> impl Fn(&SetRef) -> Option<SetDecl> + Sync + 'a {
+    let own: HashMap<&str, &SetDecl> = tx
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddSet(d) => Some((d.name.as_str(), d)),
+            _ => None,
+        })
+        .collect();
     move |s: &SetRef| match s {
         SetRef::Host(h) => Some(h.declaration()),
-        SetRef::Own(n) => own.get(n).cloned().or_else(|| model.set(n).cloned()),
+        SetRef::Own(n) => own.get(n.as_str()).map(|d| (*d).clone()).or_else(|| model.set(n).cloned()),
     }
 }
 
@@ -463,21 +459,7 @@ impl NftablesDataplane {
         let mut kernel = std::time::Duration::ZERO;
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
         let frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
-        // The sets as the transaction declares them: what the checks
-        // accept, and nothing is sent before they have.
-        let own: HashMap<&str, &SetDecl> = tx
-            .ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::AddSet(d) => Some((d.name.as_str(), d)),
-                _ => None,
-            })
-            .collect();
-        let model = &self.model;
-        let decls = |s: &SetRef| match s {
-            SetRef::Host(h) => Some(h.declaration()),
-            SetRef::Own(n) => own.get(n.as_str()).map(|d| (*d).clone()).or_else(|| model.set(n).cloned()),
-        };
+        let decls = set_declarations(tx, &self.model);
         // A full sync reads what the table holds first: its sets' sizes
         // are kept where they still fit, and it is emptied below.
         let held = if full {
@@ -549,6 +531,7 @@ impl NftablesDataplane {
         batch.append(body);
         let bytes = batch.bytes();
         let t = std::time::Instant::now();
+        drop(decls);
         self.kernel.apply(&mut batch)?;
         kernel += t.elapsed();
         self.counts = counts;
