@@ -4,7 +4,10 @@
 //! namespaces with the real daemon: bulk TCP throughput, per-connection
 //! latency (p50/p99) and the connection rate, each through the relay and
 //! straight to the endpoint over the same node (kernel forwarding), in one
-//! run.
+//! run. The endpoint is on the node (its EndpointSlice names it); bulk
+//! throughput is also measured through a second Service whose slice names
+//! no node, so the relay treats the same endpoint as another node's (its
+//! connection keeps the node's default congestion control).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -23,11 +26,15 @@ use serde_json::json;
 use crate::Args;
 
 const SERVICE: &str = "10.96.0.10";
+/// The same endpoint, its slice naming no node.
+const ELSEWHERE: &str = "10.96.0.11";
 const BULK_PORT: u16 = 9000;
 const PING_PORT: u16 = 9001;
-/// Bytes per bulk transfer, and transfers per path: one pair (a direct
-/// transfer and one through the relay, the order alternating) after
-/// another, so that both sides of each pair's ratio see the same machine.
+/// Bytes per bulk transfer, and transfers per path: one round (a direct
+/// transfer, one through the relay and one through the relay as if the
+/// endpoint were elsewhere, the order rotating) after another, so that
+/// both sides of each pair's ratio (a path's transfer against the same
+/// round's direct one) see the same machine.
 /// A single pair's ratio ranges 0.66-1.51 over the committed runs on
 /// this 2-vCPU VM (the direct path's own CPU per byte by a fifth from run
 /// to run): 21 pairs make the median steadier than the 11 of earlier
@@ -52,13 +59,19 @@ pub struct Relay {
     pub relay_mbps: f64,
     /// Each pair's relay / direct, sorted.
     pub pair_ratios: Vec<f64>,
-    /// Every transfer's MB/s, in the order run: direct, through the relay.
+    /// The same through the Service whose slice names no node.
+    pub elsewhere_pair_ratios: Vec<f64>,
+    /// Every transfer's MB/s, in the order run: direct, through the
+    /// relay, through the relay to the endpoint as if elsewhere.
     pub direct_runs: Vec<f64>,
     pub relay_runs: Vec<f64>,
+    pub elsewhere_runs: Vec<f64>,
     /// The machine's busy CPU time per GiB moved (all cores, every
-    /// process and the kernel), ms: direct, through the relay.
+    /// process and the kernel), ms: direct, through the relay, as if
+    /// elsewhere.
     pub direct_cpu_ms_per_gib: f64,
     pub relay_cpu_ms_per_gib: f64,
+    pub elsewhere_cpu_ms_per_gib: f64,
     /// Per-connection time (connect, one byte each way, close), µs.
     pub direct_p50: f64,
     pub direct_p99: f64,
@@ -240,11 +253,16 @@ pub fn run(args: &Args) -> Result<Relay> {
     let manifests = dir.join("manifests");
     let _ = std::fs::remove_dir_all(&manifests);
     std::fs::create_dir_all(&manifests)?;
+    // The endpoint's namespace hangs off the node's: a pod on this node
+    // (kpx runs with --hostname-override node).
+    let service = |name: &str, ip: &str, node: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: bulk, port: {BULK_PORT}}}\n  - {{name: ping, port: {PING_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: bulk, port: {BULK_PORT}}}\n- {{name: ping, port: {PING_PORT}}}\nendpoints:\n- addresses: [{backend}]\n{node}"
+        )
+    };
     std::fs::write(
         manifests.join("bench.yaml"),
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: bench}}\nspec:\n  clusterIP: {SERVICE}\n  ports:\n  - {{name: bulk, port: {BULK_PORT}}}\n  - {{name: ping, port: {PING_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: bench-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: bench}}\naddressType: IPv4\nports:\n- {{name: bulk, port: {BULK_PORT}}}\n- {{name: ping, port: {PING_PORT}}}\nendpoints:\n- addresses: [{backend}]\n"
-        ),
+        format!("{}---\n{}", service("bench", SERVICE, "  nodeName: node\n"), service("elsewhere", ELSEWHERE, "")),
     )?;
     let cache = dir.join("plugin-cache");
     let kpx_args = [
@@ -262,32 +280,32 @@ pub fn run(args: &Args) -> Result<Relay> {
         bail!("kpx did not sync:\n{}", kpx.log());
     }
     let at = |ip: &str, port: u16| -> SocketAddr { SocketAddr::new(ip.parse().unwrap(), port) };
-    let (direct_bulk, relay_bulk) = (at(&backend, BULK_PORT), at(SERVICE, BULK_PORT));
     let (direct_ping, relay_ping) = (at(&backend, PING_PORT), at(SERVICE, PING_PORT));
     let mbps = |d: Duration| BULK_BYTES as f64 / d.as_secs_f64() / 1e6;
-    let (mut direct, mut relay) = (Vec::new(), Vec::new());
-    let (mut direct_ticks, mut relay_ticks) = (0u64, 0u64);
+    // Direct, through the relay, through the relay as if elsewhere: each
+    // round runs the three once, its order rotated round by round.
+    let paths = [at(&backend, BULK_PORT), at(SERVICE, BULK_PORT), at(ELSEWHERE, BULK_PORT)];
+    let mut runs: [Vec<f64>; 3] = Default::default();
+    let mut ticks = [0u64; 3];
     for i in 0..BULK_RUNS {
-        let transfer = |to: SocketAddr, runs: &mut Vec<f64>, ticks: &mut u64| -> Result<()> {
+        for k in 0..3 {
+            let path = (i + k) % 3;
             let before = crate::quiet::busy_ticks()?;
-            runs.push(mbps(bulk(&lab.client, to)?));
-            *ticks += crate::quiet::busy_ticks()?.saturating_sub(before);
-            Ok(())
-        };
-        if i % 2 == 0 {
-            transfer(direct_bulk, &mut direct, &mut direct_ticks)?;
-            transfer(relay_bulk, &mut relay, &mut relay_ticks)?;
-        } else {
-            transfer(relay_bulk, &mut relay, &mut relay_ticks)?;
-            transfer(direct_bulk, &mut direct, &mut direct_ticks)?;
+            runs[path].push(mbps(bulk(&lab.client, paths[path])?));
+            ticks[path] += crate::quiet::busy_ticks()?.saturating_sub(before);
         }
     }
     // CPU time per GiB moved, every process and the kernel's (ticks of
     // 10 ms).
     let gib = (BULK_RUNS as u64 * BULK_BYTES) as f64 / f64::from(1u32 << 30);
     let per_gib = |ticks: u64| ticks as f64 * 10.0 / gib;
-    let mut pair_ratios: Vec<f64> = relay.iter().zip(&direct).map(|(r, d)| r / d).collect();
-    pair_ratios.sort_by(f64::total_cmp);
+    let [direct, relay, elsewhere] = runs;
+    let ratios = |through: &[f64]| {
+        let mut v: Vec<f64> = through.iter().zip(&direct).map(|(r, d)| r / d).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let (pair_ratios, elsewhere_pair_ratios) = (ratios(&relay), ratios(&elsewhere));
     let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let direct_times = connections(&lab.client, direct_ping)?;
     let relay_times = connections(&lab.client, relay_ping)?;
@@ -302,10 +320,13 @@ pub fn run(args: &Args) -> Result<Relay> {
         direct_mbps: best(&direct),
         relay_mbps: best(&relay),
         pair_ratios,
-        direct_cpu_ms_per_gib: per_gib(direct_ticks),
-        relay_cpu_ms_per_gib: per_gib(relay_ticks),
+        elsewhere_pair_ratios,
+        direct_cpu_ms_per_gib: per_gib(ticks[0]),
+        relay_cpu_ms_per_gib: per_gib(ticks[1]),
+        elsewhere_cpu_ms_per_gib: per_gib(ticks[2]),
         direct_runs: direct,
         relay_runs: relay,
+        elsewhere_runs: elsewhere,
         direct_p50: percentile(&direct_times, 0.5),
         direct_p99: percentile(&direct_times, 0.99),
         relay_p50: percentile(&relay_times, 0.5),
@@ -319,6 +340,10 @@ impl Relay {
     /// The median of the pairs' relay / direct (0 without traffic runs).
     fn pair_median(&self) -> f64 {
         if self.pair_ratios.is_empty() { 0.0 } else { median(self.pair_ratios.clone()) }
+    }
+
+    fn elsewhere_median(&self) -> f64 {
+        if self.elsewhere_pair_ratios.is_empty() { 0.0 } else { median(self.elsewhere_pair_ratios.clone()) }
     }
 
     pub fn table(&self) -> String {
@@ -337,10 +362,18 @@ impl Relay {
             100.0 * self.relay_mbps / self.direct_mbps
         ));
         out.push_str(&format!(
-            "  busy CPU per GiB moved (all cores, kernel included): direct {:.0} ms, relay {:.0} ms = {:.2}x\n",
+            "  the same endpoint through a Service whose slice names no node (the node's congestion control): median of the pairs {:.1}% (pairs {:.1}-{:.1}%)\n",
+            100.0 * self.elsewhere_median(),
+            100.0 * self.elsewhere_pair_ratios.first().copied().unwrap_or(0.0),
+            100.0 * self.elsewhere_pair_ratios.last().copied().unwrap_or(0.0),
+        ));
+        out.push_str(&format!(
+            "  busy CPU per GiB moved (all cores, kernel included): direct {:.0} ms, relay {:.0} ms = {:.2}x, as if elsewhere {:.0} ms = {:.2}x\n",
             self.direct_cpu_ms_per_gib,
             self.relay_cpu_ms_per_gib,
-            self.relay_cpu_ms_per_gib / self.direct_cpu_ms_per_gib
+            self.relay_cpu_ms_per_gib / self.direct_cpu_ms_per_gib,
+            self.elsewhere_cpu_ms_per_gib,
+            self.elsewhere_cpu_ms_per_gib / self.direct_cpu_ms_per_gib
         ));
         out.push_str(&format!(
             "  per connection ({CONNECTIONS}, connect + 1 byte each way): direct p50 {:.0} µs p99 {:.0} µs; relay p50 {:.0} µs p99 {:.0} µs; added p50 {:.0} µs p99 {:.0} µs\n",
@@ -363,8 +396,9 @@ impl Relay {
             "pick_us": self.picks.iter().map(|p| json!({"scheduler": p.scheduler, "candidates": p.candidates, "us": p.micros})).collect::<Vec<_>>(),
             "bulk_mbps": {"direct": self.direct_mbps, "relay": self.relay_mbps, "ratio": self.relay_mbps / self.direct_mbps},
             "bulk_pair_ratios": {"median": self.pair_median(), "sorted": self.pair_ratios},
-            "bulk_cpu_ms_per_gib": {"direct": self.direct_cpu_ms_per_gib, "relay": self.relay_cpu_ms_per_gib},
-            "bulk_runs_mbps": {"direct": self.direct_runs, "relay": self.relay_runs},
+            "bulk_elsewhere_pair_ratios": {"median": self.elsewhere_median(), "sorted": self.elsewhere_pair_ratios},
+            "bulk_cpu_ms_per_gib": {"direct": self.direct_cpu_ms_per_gib, "relay": self.relay_cpu_ms_per_gib, "elsewhere": self.elsewhere_cpu_ms_per_gib},
+            "bulk_runs_mbps": {"direct": self.direct_runs, "relay": self.relay_runs, "elsewhere": self.elsewhere_runs},
             "connection_us": {"direct_p50": self.direct_p50, "direct_p99": self.direct_p99, "relay_p50": self.relay_p50, "relay_p99": self.relay_p99},
             "connections_per_s": {"direct": self.direct_rate, "relay": self.relay_rate},
         })

@@ -469,3 +469,52 @@ fn userspace_serves_pods_behind_address_less_interfaces() {
     let seen: std::collections::BTreeSet<String> = (0..4).map(|_| answer(req.tcp(&pod)).0).collect();
     assert!(seen.iter().all(|s| s.starts_with("be")), "the pod reached the Service: {seen:?}\n{}", kpx.log());
 }
+
+/// A Service on port 9090 with one endpoint, on the node or not.
+fn write_one(manifests: &std::path::Path, name: &str, ip: &str, endpoint: &str, on_node: bool) {
+    let node = if on_node { "  nodeName: node\n" } else { "" };
+    let text = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: test}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: tcp, port: 9090, protocol: TCP}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: tcp, port: 9090, protocol: TCP}}\nendpoints:\n- addresses: [{endpoint}]\n{node}"
+    );
+    write_manifest(&manifests.join(format!("{name}.yaml")), &text);
+}
+
+/// The congestion control `ss` shows for the node's connection to `to`.
+fn congestion_to(lab: &NodeLab, to: &str) -> String {
+    let out = lab.node.exec(&["ss", "-Htin", "state", "established", "dst", to]).expect("ss");
+    let known = ["cubic", "reno", "bbr", "bbr2", "bbr3", "dctcp", "htcp", "vegas", "westwood", "bic"];
+    out.split_whitespace()
+        .find(|w| known.contains(w))
+        .unwrap_or_else(|| panic!("no congestion control to {to} in:\n{out}"))
+        .to_string()
+}
+
+#[test]
+fn the_relays_hop_to_an_endpoint_on_the_node_is_not_paced_others_keep_the_default() {
+    let Some(lab) = lab_or_skip(2, "the_relays_hop_to_an_endpoint_on_the_node_is_not_paced_others_keep_the_default")
+    else {
+        return;
+    };
+    // The node's default: BBR (a pacing control) where the kernel has it.
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+    let default = if available.split_whitespace().any(|c| c == "bbr") { "bbr" } else { "reno" };
+    lab.node.exec(&["sysctl", "-qw", &format!("net.ipv4.tcp_congestion_control={default}")]).expect("sysctl");
+    let _servers = HoldServers::start(&lab);
+    let (near, far) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
+    let kpx = start(&lab, "userspace-local-hop", &[], |m| {
+        write_one(m, "near", "10.96.0.50", &near, true);
+        write_one(m, "far", "10.96.0.51", &far, false);
+    });
+    let (near_name, _near_stream) = hold(&lab, "10.96.0.50:9090");
+    let (far_name, _far_stream) = hold(&lab, "10.96.0.51:9090");
+    assert_eq!((near_name.as_str(), far_name.as_str()), ("be1", "be2"), "{}", kpx.log());
+    let (on_node, elsewhere) =
+        (congestion_to(&lab, &format!("{near}:9090")), congestion_to(&lab, &format!("{far}:9090")));
+    assert_eq!(elsewhere, default, "the hop to another node's endpoint keeps the node's default");
+    let expected = if available.split_whitespace().any(|c| c == "cubic") { "cubic" } else { "reno" };
+    assert_eq!(on_node, expected, "the hop to an endpoint on the node: {}", kpx.log());
+    if on_node == default {
+        eprintln!("the kernel offers no control besides {default}: the two hops cannot differ here");
+    }
+    eprintln!("relay hops: on the node {on_node}, elsewhere {elsewhere} (the node's default)");
+}

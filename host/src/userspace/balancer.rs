@@ -206,6 +206,8 @@ struct Inner {
     cluster: Candidates,
     /// Connections and sessions open per endpoint.
     active: HashMap<SocketAddr, u32>,
+    /// The endpoints on this node (`nodeName`), whichever side, sorted.
+    on_node: Vec<SocketAddr>,
     /// ClientIP affinity's timeout, if on.
     affinity: Option<Duration>,
     sticky: HashMap<IpAddr, (SocketAddr, Instant)>,
@@ -267,6 +269,7 @@ impl Balancer {
             external: Candidates::default(),
             cluster: Candidates::default(),
             active: HashMap::new(),
+            on_node: Vec::new(),
             affinity: None,
             sticky: HashMap::new(),
             warned: None,
@@ -316,6 +319,9 @@ impl Balancer {
         }
         inner.external = external;
         inner.cluster = cluster;
+        inner.on_node =
+            port.endpoints.iter().filter(|e| e.conditions.is_local).map(|e| SocketAddr::new(e.ip, e.port)).collect();
+        inner.on_node.sort_unstable();
         inner.affinity =
             (port.affinity_timeout_seconds > 0).then(|| Duration::from_secs(u64::from(port.affinity_timeout_seconds)));
         let Inner { sticky, internal, external, cluster, affinity, .. } = &mut *inner;
@@ -448,6 +454,11 @@ impl Balancer {
         Some(endpoint)
     }
 
+    /// Whether `endpoint` is on this node (its `nodeName` is this node's).
+    fn on_this_node(&self, endpoint: SocketAddr) -> bool {
+        self.inner.lock().expect("balancer").on_node.binary_search(&endpoint).is_ok()
+    }
+
     fn release(&self, endpoint: SocketAddr) {
         let mut inner = self.inner.lock().expect("balancer");
         if let Some(n) = inner.active.get_mut(&endpoint) {
@@ -472,6 +483,10 @@ impl Chooser for SideChooser {
 
     fn release(&self, endpoint: SocketAddr) {
         self.balancer.release(endpoint);
+    }
+
+    fn on_this_node(&self, endpoint: SocketAddr) -> bool {
+        self.balancer.on_this_node(endpoint)
     }
 }
 

@@ -40,6 +40,36 @@ pub trait Chooser: Send + Sync {
     /// A connection (or UDP session) `choose` placed on `endpoint` is over
     /// (its dial failed, or it ended): the live counts drop it.
     fn release(&self, _endpoint: SocketAddr) {}
+
+    /// Whether `endpoint` runs on this node: the relay's hop to it never
+    /// leaves the host (see [`LOCAL_HOP_CONGESTION`]).
+    fn on_this_node(&self, _endpoint: SocketAddr) -> bool {
+        false
+    }
+}
+
+/// The congestion control of the relay's connection to an endpoint on
+/// this node, the first the kernel has: a hop between namespaces of one
+/// host has no network queue to probe or pace for. A pacing control
+/// (BBR, a common node default) would pace it anyway, a kernel timer per
+/// burst on a path whose only limit is the CPU (docs/ARCHITECTURE.md,
+/// "userspace mode", has the bench's figures with and without).
+/// Connections to other nodes' endpoints keep the node's default.
+pub const LOCAL_HOP_CONGESTION: [&str; 2] = ["cubic", "reno"];
+
+/// A socket to connect to `endpoint`: on this node, with the first of
+/// [`LOCAL_HOP_CONGESTION`] the kernel takes (else the node's default).
+fn socket_for(endpoint: SocketAddr, on_this_node: bool) -> io::Result<tokio::net::TcpSocket> {
+    let socket = if endpoint.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    if on_this_node {
+        let sock = socket2::SockRef::from(&socket);
+        for name in LOCAL_HOP_CONGESTION {
+            if sock.set_tcp_congestion(name.as_bytes()).is_ok() {
+                break;
+            }
+        }
+    }
+    Ok(socket)
 }
 
 /// Releases a placed connection's endpoint when dropped, however the
@@ -76,7 +106,8 @@ pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStrea
             }
             break;
         };
-        match tokio::time::timeout(*timeout, TcpStream::connect(endpoint)).await {
+        let connect = async { socket_for(endpoint, chooser.on_this_node(endpoint))?.connect(endpoint).await };
+        match tokio::time::timeout(*timeout, connect).await {
             Ok(Ok(stream)) => return Ok((stream, endpoint)),
             Ok(Err(e)) => failures.push((endpoint, e.to_string())),
             Err(_) => failures.push((endpoint, format!("no answer within {} ms", timeout.as_millis()))),
