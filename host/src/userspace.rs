@@ -40,11 +40,19 @@ pub struct Relays {
     pub limit: Arc<tokio::sync::Semaphore>,
     /// A UDP session idle this long ends (`--udp-timeout`).
     pub udp_timeout: Duration,
+    /// The congestion control of connections to endpoints on this node
+    /// ([`tcp::local_hop_congestion`]).
+    pub local_hop: &'static str,
 }
 
 impl Relays {
     pub fn new(runtime: tokio::runtime::Handle, udp_timeout: Duration) -> Relays {
-        Relays { runtime, limit: Arc::new(tokio::sync::Semaphore::new(MAX_RELAYS)), udp_timeout }
+        Relays {
+            runtime,
+            limit: Arc::new(tokio::sync::Semaphore::new(MAX_RELAYS)),
+            udp_timeout,
+            local_hop: tcp::local_hop_congestion_here(),
+        }
     }
 }
 

@@ -153,7 +153,7 @@ fn serve(
         }
         _ => {
             let listener = tokio::net::TcpListener::from_std(s.into()).map_err(io)?;
-            runtime.spawn(super::tcp::serve(listener, chooser, limit))
+            runtime.spawn(super::tcp::serve(listener, chooser, limit, relays.local_hop))
         }
     };
     Ok(Listener { port, task: task.abort_handle() })

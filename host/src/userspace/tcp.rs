@@ -42,32 +42,39 @@ pub trait Chooser: Send + Sync {
     fn release(&self, _endpoint: SocketAddr) {}
 
     /// Whether `endpoint` runs on this node: the relay's hop to it never
-    /// leaves the host (see [`LOCAL_HOP_CONGESTION`]).
+    /// leaves the host (see [`local_hop_congestion`]).
     fn on_this_node(&self, _endpoint: SocketAddr) -> bool {
         false
     }
 }
 
-/// The congestion control of the relay's connection to an endpoint on
-/// this node, the first the kernel has: a hop between namespaces of one
-/// host has no network queue to probe or pace for. A pacing control
-/// (BBR, a common node default) would pace it anyway, a kernel timer per
-/// burst on a path whose only limit is the CPU (docs/ARCHITECTURE.md,
-/// "userspace mode", has the bench's figures with and without).
-/// Connections to other nodes' endpoints keep the node's default.
-pub const LOCAL_HOP_CONGESTION: [&str; 2] = ["cubic", "reno"];
+/// The congestion control of the relay's connections to endpoints on
+/// this node, given the kernel's `tcp_available_congestion_control`:
+/// cubic where listed, else reno (built into every kernel). Only listed
+/// ones are asked for, so no connection makes the kernel look for a
+/// module. A hop between namespaces of one host has no network queue to
+/// probe or pace for; a pacing control (BBR, a common node default)
+/// would pace it anyway, a kernel timer per burst on a path whose only
+/// limit is the CPU (docs/ARCHITECTURE.md, "userspace mode", has the
+/// bench's figures with and without). Connections to other nodes'
+/// endpoints keep the node's default.
+pub fn local_hop_congestion(available: &str) -> &'static str {
+    if available.split_whitespace().any(|c| c == "cubic") { "cubic" } else { "reno" }
+}
 
-/// A socket to connect to `endpoint`: on this node, with the first of
-/// [`LOCAL_HOP_CONGESTION`] the kernel takes (else the node's default).
-fn socket_for(endpoint: SocketAddr, on_this_node: bool) -> io::Result<tokio::net::TcpSocket> {
+/// What [`local_hop_congestion`] says for this kernel.
+pub fn local_hop_congestion_here() -> &'static str {
+    local_hop_congestion(
+        &std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default(),
+    )
+}
+
+/// A socket to connect to `endpoint`; on this node, with `local_hop`'s
+/// congestion control (if the kernel refuses it, the node's default).
+fn socket_for(endpoint: SocketAddr, local_hop: Option<&str>) -> io::Result<tokio::net::TcpSocket> {
     let socket = if endpoint.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-    if on_this_node {
-        let sock = socket2::SockRef::from(&socket);
-        for name in LOCAL_HOP_CONGESTION {
-            if sock.set_tcp_congestion(name.as_bytes()).is_ok() {
-                break;
-            }
-        }
+    if let Some(name) = local_hop {
+        let _ = socket2::SockRef::from(&socket).set_tcp_congestion(name.as_bytes());
     }
     Ok(socket)
 }
@@ -95,8 +102,13 @@ pub enum Error {
 }
 
 /// Dials an endpoint for `client`: the chooser's pick for each attempt,
-/// within that attempt's timeout.
-pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStream, SocketAddr), Error> {
+/// within that attempt's timeout; to an endpoint on this node, with the
+/// `local_hop` congestion control ([`local_hop_congestion`]).
+pub async fn dial(
+    chooser: &dyn Chooser,
+    client: SocketAddr,
+    local_hop: &str,
+) -> Result<(TcpStream, SocketAddr), Error> {
     let mut failures: Vec<(SocketAddr, String)> = Vec::new();
     for (attempt, timeout) in DIAL_TIMEOUTS.iter().enumerate() {
         let failed: Vec<SocketAddr> = failures.iter().map(|(a, _)| *a).collect();
@@ -106,7 +118,9 @@ pub async fn dial(chooser: &dyn Chooser, client: SocketAddr) -> Result<(TcpStrea
             }
             break;
         };
-        let connect = async { socket_for(endpoint, chooser.on_this_node(endpoint))?.connect(endpoint).await };
+        let connect = async {
+            socket_for(endpoint, chooser.on_this_node(endpoint).then_some(local_hop))?.connect(endpoint).await
+        };
         match tokio::time::timeout(*timeout, connect).await {
             Ok(Ok(stream)) => return Ok((stream, endpoint)),
             Ok(Err(e)) => failures.push((endpoint, e.to_string())),
@@ -192,7 +206,12 @@ async fn splice_one_way(
 /// at once (the client sees its connection end without data). A failed
 /// accept (out of file descriptors, say) is logged and retried after a
 /// pause, as upstream does: the port stays served.
-pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>, limit: Arc<tokio::sync::Semaphore>) {
+pub async fn serve(
+    listener: TcpListener,
+    chooser: Arc<dyn Chooser>,
+    limit: Arc<tokio::sync::Semaphore>,
+    local_hop: &'static str,
+) {
     loop {
         let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -212,7 +231,7 @@ pub async fn serve(listener: TcpListener, chooser: Arc<dyn Chooser>, limit: Arc<
         let chooser = Arc::clone(&chooser);
         tokio::spawn(async move {
             let _permit = permit;
-            match dial(chooser.as_ref(), peer).await {
+            match dial(chooser.as_ref(), peer, local_hop).await {
                 Ok((endpoint, to)) => {
                     let _placed = Placed { chooser: Arc::clone(&chooser), endpoint: to };
                     let _ = relay(client, endpoint, pipe).await;
@@ -259,7 +278,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
-        tokio::spawn(serve(listener, chooser, Arc::new(tokio::sync::Semaphore::new(crate::userspace::MAX_RELAYS))));
+        let limit = Arc::new(tokio::sync::Semaphore::new(crate::userspace::MAX_RELAYS));
+        tokio::spawn(serve(listener, chooser, limit, "reno"));
         addr
     }
 
@@ -305,15 +325,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_local_hop_gets_cubic_where_listed_else_reno() {
+        assert_eq!(local_hop_congestion("reno bbr cubic"), "cubic");
+        assert_eq!(local_hop_congestion("reno bbr"), "reno");
+        assert_eq!(local_hop_congestion("reno bbr cubicx"), "reno");
+        assert_eq!(local_hop_congestion(""), "reno");
+    }
+
     #[tokio::test]
     async fn dials_give_up_with_every_failure_named() {
         let (a, b) = (closed().await, closed().await);
         let chooser = RoundRobin::new(vec![a, b]);
         let client: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-        let err = dial(&chooser, client).await.unwrap_err();
+        let err = dial(&chooser, client, "reno").await.unwrap_err();
         let text = err.to_string();
         assert!(text.contains(&a.to_string()) && text.contains(&b.to_string()), "{text}");
         let none = RoundRobin::new(Vec::new());
-        assert!(matches!(dial(&none, client).await, Err(Error::NoEndpoint { .. })));
+        assert!(matches!(dial(&none, client, "reno").await, Err(Error::NoEndpoint { .. })));
     }
 }
