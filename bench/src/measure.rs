@@ -659,7 +659,10 @@ pub fn provenance() -> (String, String, String) {
         output("nft", &["--version"]),
         output("iptables", &["--version"]),
     );
-    let dirty = if output("git", &["status", "--porcelain"]).is_empty() { "" } else { "-dirty" };
+    // Results written by earlier runs of the same build do not make the
+    // tree dirty.
+    let dirty =
+        if output("git", &["status", "--porcelain", "--", ".", ":!bench/results"]).is_empty() { "" } else { "-dirty" };
     (
         machine,
         format!("{}{dirty}", output("git", &["rev-parse", "--short", "HEAD"])),

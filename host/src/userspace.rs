@@ -47,12 +47,9 @@ pub struct Relays {
 
 impl Relays {
     pub fn new(runtime: tokio::runtime::Handle, udp_timeout: Duration) -> Relays {
-        Relays {
-            runtime,
-            limit: Arc::new(tokio::sync::Semaphore::new(MAX_RELAYS)),
-            udp_timeout,
-            local_hop: tcp::local_hop_congestion_here(),
-        }
+        let local_hop = tcp::local_hop_congestion_here();
+        tracing::info!("userspace: connections to endpoints on this node use the {local_hop} congestion control");
+        Relays { runtime, limit: Arc::new(tokio::sync::Semaphore::new(MAX_RELAYS)), udp_timeout, local_hop }
     }
 }
 

@@ -498,7 +498,9 @@ fn the_relays_hop_to_an_endpoint_on_the_node_is_not_paced_others_keep_the_defaul
     // The node's default: BBR (a pacing control) where the kernel has it.
     let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
     let default = if available.split_whitespace().any(|c| c == "bbr") { "bbr" } else { "reno" };
-    lab.node.exec(&["sysctl", "-qw", &format!("net.ipv4.tcp_congestion_control={default}")]).expect("sysctl");
+    lab.node
+        .exec(&["sh", "-c", &format!("echo {default} > /proc/sys/net/ipv4/tcp_congestion_control")])
+        .expect("set the node's default");
     let _servers = HoldServers::start(&lab);
     let (near, far) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
     let kpx = start(&lab, "userspace-local-hop", &[], |m| {
@@ -514,7 +516,9 @@ fn the_relays_hop_to_an_endpoint_on_the_node_is_not_paced_others_keep_the_defaul
     let expected = if available.split_whitespace().any(|c| c == "cubic") { "cubic" } else { "reno" };
     assert_eq!(on_node, expected, "the hop to an endpoint on the node: {}", kpx.log());
     if on_node == default {
-        eprintln!("the kernel offers no control besides {default}: the two hops cannot differ here");
+        eprintln!(
+            "SKIPPED the difference: the kernel offers no control besides {default}, the two hops cannot differ here"
+        );
     }
     eprintln!("relay hops: on the node {on_node}, elsewhere {elsewhere} (the node's default)");
 }

@@ -580,6 +580,26 @@ mod tests {
     }
 
     #[test]
+    fn endpoints_on_this_node_are_known_through_updates() {
+        let mut p = port(&["10.1.0.1", "10.1.0.2"]);
+        p.endpoints[1].conditions.is_local = true;
+        let b = Balancer::new(&p, picker());
+        assert!(!b.on_this_node(ep("10.1.0.1")));
+        assert!(b.on_this_node(ep("10.1.0.2")));
+        // Another port of the same address is another endpoint.
+        assert!(!b.on_this_node(SocketAddr::new("10.1.0.2".parse().unwrap(), 8081)));
+        p.endpoints[1].conditions.is_local = false;
+        p.endpoints[0].conditions.is_local = true;
+        b.update(&p);
+        assert!(b.on_this_node(ep("10.1.0.1")));
+        assert!(!b.on_this_node(ep("10.1.0.2")));
+        // Known whichever side uses it, or none.
+        p.cluster_endpoints = vec![1];
+        b.update(&p);
+        assert!(b.on_this_node(ep("10.1.0.1")));
+    }
+
+    #[test]
     fn an_unknown_scheduler_falls_back_to_round_robin() {
         let mut p = port(&["10.1.0.1", "10.1.0.2"]);
         p.scheduler = Some(SchedulerChoice { name: "nope".into(), parameters: Vec::new() });

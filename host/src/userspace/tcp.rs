@@ -56,7 +56,10 @@ pub trait Chooser: Send + Sync {
 /// probe or pace for; a pacing control (BBR, a common node default)
 /// would pace it anyway, a kernel timer per burst on a path whose only
 /// limit is the CPU (docs/ARCHITECTURE.md, "userspace mode", has the
-/// bench's figures with and without). Connections to other nodes'
+/// bench's figures with and without). Only bytes toward the endpoint are
+/// sent on that connection: the replies' hop back to the client is the
+/// accepted connection, which keeps the node's default (whether the
+/// client is on this node is not known). Connections to other nodes'
 /// endpoints keep the node's default.
 pub fn local_hop_congestion(available: &str) -> &'static str {
     if available.split_whitespace().any(|c| c == "cubic") { "cubic" } else { "reno" }
@@ -70,11 +73,16 @@ pub fn local_hop_congestion_here() -> &'static str {
 }
 
 /// A socket to connect to `endpoint`; on this node, with `local_hop`'s
-/// congestion control (if the kernel refuses it, the node's default).
+/// congestion control, else reno (a kpx without CAP_NET_ADMIN may only
+/// pick those in `tcp_allowed_congestion_control`, where reno always is),
+/// else the node's default.
 fn socket_for(endpoint: SocketAddr, local_hop: Option<&str>) -> io::Result<tokio::net::TcpSocket> {
     let socket = if endpoint.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     if let Some(name) = local_hop {
-        let _ = socket2::SockRef::from(&socket).set_tcp_congestion(name.as_bytes());
+        let sock = socket2::SockRef::from(&socket);
+        if sock.set_tcp_congestion(name.as_bytes()).is_err() {
+            let _ = sock.set_tcp_congestion(b"reno");
+        }
     }
     Ok(socket)
 }
