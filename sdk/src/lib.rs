@@ -33,6 +33,7 @@
 //! | 0.1.x   | 0.2.0 (development) | kpx 0.1.x built from the same tree |
 
 mod convert;
+mod mem;
 
 use std::cell::RefCell;
 
