@@ -140,7 +140,7 @@ impl Backend for IpvsProxier {
         if self.settings.mode != ProxyMode::Ipvs {
             return Err(format!("the ipvs backend cannot render {} rules", self.settings.mode));
         }
-        self.services.take_changed();
+        self.services.clear_changed();
         let mut services = Vec::new();
         for svc in self.services.values() {
             self.virtual_servers(svc, &mut services);

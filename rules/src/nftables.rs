@@ -329,7 +329,7 @@ impl Backend for NftablesProxier {
     fn render(&mut self, full: bool) -> Result<AnyRuleset, String> {
         let tx = if full || self.layout_changed {
             self.layout_changed = false;
-            self.services.take_changed();
+            self.services.clear_changed();
             self.full()
         } else {
             self.partial()
