@@ -19,6 +19,7 @@
 mod mirror;
 mod rate;
 mod strip;
+mod wire;
 
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -26,7 +27,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::{WatchStreamExt, watcher as watch};
@@ -167,8 +167,8 @@ fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futur
         watch_kind(Api::<Service>::all(client.clone()), services.clone(), Kind::Service, |o| {
             Object::Service(Arc::new(strip::service(o)))
         }),
-        watch_kind(Api::<EndpointSlice>::all(client.clone()), services, Kind::EndpointSlice, |o| {
-            Object::EndpointSlice(Arc::new(strip::endpoint_slice(o)))
+        watch_kind(Api::<wire::WireSlice>::all(client.clone()), services, Kind::EndpointSlice, |o| {
+            Object::EndpointSlice(Arc::new(o.into()))
         }),
         watch_kind(Api::<Node>::all(client.clone()), node, Kind::Node, |o| Object::Node(Arc::new(strip::node(o)))),
         watch_kind(Api::<ServiceCIDR>::all(client.clone()), base, Kind::ServiceCidr, |o| {

@@ -5,11 +5,8 @@
 //! aside, which every source keeps as a [`Slice`]): they are written for kpx.
 
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-use crate::source::Slice;
 
 /// The EndpointSlice controller's change time (network programming
 /// latency); the annotations kept are [`crate::source::slice::kept_annotations`].
@@ -41,11 +38,6 @@ pub fn service(s: Service) -> Service {
     Service { metadata: meta(s.metadata, true), spec, status }
 }
 
-/// The slice in kpx's compact form (its endpoints cut to what the proxy reads).
-pub fn endpoint_slice(s: EndpointSlice) -> Slice {
-    Slice::from(s)
-}
-
 pub fn node(n: Node) -> Node {
     let spec = n.spec.map(|s| NodeSpec {
         pod_cidr: s.pod_cidr,
@@ -63,7 +55,10 @@ pub fn service_cidr(c: ServiceCIDR) -> ServiceCIDR {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+
     use super::*;
+    use crate::source::Slice;
 
     #[test]
     fn node_keeps_what_the_proxy_reads() {
@@ -103,7 +98,7 @@ mod tests {
             "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
         }))
         .unwrap();
-        let s = endpoint_slice(slice);
+        let s = Slice::from(slice);
         // Its metadata is what kpx reads: owner references are not in it.
         assert_eq!((s.meta.name.as_str(), s.meta.namespace.as_str(), s.meta.headless), ("s", "ns", false));
         assert_eq!(s.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));

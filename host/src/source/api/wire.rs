@@ -1,0 +1,253 @@
+//! The EndpointSlice as the API source reads it off the wire: deserialized
+//! straight into what kpx keeps of it ([`Slice`]'s endpoints), never into
+//! k8s-openapi's `EndpointSlice`. A list of 10k slices x 10 endpoints was
+//! held whole as k8s-openapi objects while it was converted (an `Endpoint`
+//! is about 350 bytes before its strings, each address a `String`, the
+//! target reference's seven optional strings, `managedFields` in the
+//! metadata); each endpoint here is its first address parsed, its
+//! conditions, node, zone and hints. Fields kpx does not read are skipped
+//! by the deserializer, not stored.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+use crate::source::slice::{Hints, Slice, SliceEndpoint};
+
+/// An EndpointSlice as listed or watched.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireSlice {
+    #[serde(default, deserialize_with = "read_meta")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    address_type: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    endpoints: Vec<WireEndpoint>,
+    #[serde(default)]
+    ports: Option<Vec<EndpointPort>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireEndpoint {
+    /// The first address, parsed (None if it is not an IP address).
+    #[serde(default, deserialize_with = "first_address")]
+    addresses: Option<IpAddr>,
+    #[serde(default)]
+    conditions: Option<EndpointConditions>,
+    #[serde(default)]
+    node_name: Option<Box<str>>,
+    #[serde(default)]
+    zone: Option<Box<str>>,
+    #[serde(default)]
+    hints: Option<Box<EndpointHints>>,
+}
+
+/// What kpx reads of an object's metadata (and the watcher: the resource
+/// version); `managedFields`, owner references and the rest are skipped.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+fn read_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = Option::<WireMeta>::deserialize(d)?;
+    Ok(m.map(|m| ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        // The two labels kpx reads of a slice.
+        labels: m.labels.map(|l| {
+            l.into_iter()
+                .filter(|(k, _)| {
+                    k == crate::source::slice::SERVICE_NAME_LABEL || k == crate::source::slice::HEADLESS_LABEL
+                })
+                .collect()
+        }),
+        annotations: crate::source::slice::kept_annotations(m.annotations),
+        ..Default::default()
+    })
+    .unwrap_or_default())
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// The first element of a list of addresses, parsed; the others are read
+/// past (kube-proxy reads only the first).
+fn first_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
+    struct First;
+    impl<'de> serde::de::Visitor<'de> for First {
+        type Value = Option<IpAddr>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of addresses")
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(First)
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let first = seq.next_element::<Cow<'de, str>>()?.and_then(|a| a.parse().ok());
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(first)
+        }
+    }
+    d.deserialize_option(First)
+}
+
+impl From<WireSlice> for Slice {
+    fn from(s: WireSlice) -> Slice {
+        // An FQDN slice's addresses are names, even one spelled as an IP.
+        let fqdn = s.address_type == "FQDN";
+        let mut endpoints = Vec::with_capacity(s.endpoints.len());
+        endpoints.extend(s.endpoints.into_iter().map(|e| {
+            let conditions = e.conditions.unwrap_or_default();
+            let hints = e.hints.map(|h| Hints {
+                for_zones: h.for_zones.into_iter().flatten().map(|z| z.name).collect(),
+                for_nodes: h.for_nodes.into_iter().flatten().map(|n| n.name).collect(),
+            });
+            // `hints: {}` is no hints, as topology reads them.
+            let hints = hints.filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty());
+            SliceEndpoint {
+                address: if fqdn { None } else { e.addresses },
+                ready: conditions.ready,
+                serving: conditions.serving,
+                terminating: conditions.terminating,
+                node_name: e.node_name,
+                zone: e.zone,
+                hints: hints.map(Box::new),
+            }
+        }));
+        Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports, endpoints }
+    }
+}
+
+impl kube::Resource for WireSlice {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("EndpointSlice")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("discovery.k8s.io")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("endpointslices")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+    use super::*;
+
+    /// The same JSON through k8s-openapi and [`Slice::from`], and through
+    /// the wire type: the same slice.
+    fn both(json: serde_json::Value) -> (Slice, Slice) {
+        let k8s: EndpointSlice = serde_json::from_value(json.clone()).unwrap();
+        let wire: WireSlice = serde_json::from_value(json).unwrap();
+        (Slice::from(k8s), Slice::from(wire))
+    }
+
+    #[test]
+    fn reads_what_the_k8s_types_read_and_skips_the_rest() {
+        let (k8s, wire) = both(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "s", "namespace": "ns", "resourceVersion": "42",
+                         "labels": {"kubernetes.io/service-name": "web", "service.kubernetes.io/headless": ""},
+                         "annotations": {"kpx.dev/weights": "10.0.0.1=3", "other": "x",
+                                         "endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
+                         "managedFields": [{"manager": "kube-controller-manager", "fieldsV1": {"f:endpoints": {}}}],
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "u"}]},
+            "endpoints": [
+                {"addresses": ["10.0.0.1", "10.0.0.9"], "conditions": {"ready": true, "serving": true, "terminating": false},
+                 "nodeName": "n", "zone": "a", "hostname": "h", "deprecatedTopology": {"k": "v"},
+                 "hints": {"forZones": [{"name": "a"}], "forNodes": [{"name": "n"}]},
+                 "targetRef": {"kind": "Pod", "name": "p", "namespace": "ns", "uid": "x", "resourceVersion": "1"}},
+                {"addresses": ["not-an-ip"], "conditions": {}},
+                {"addresses": ["10.0.0.3"], "hints": {}},
+                {"addresses": []},
+                {"addresses": ["10.0.0.4"], "conditions": {"ready": false, "terminating": true}, "zone": null}
+            ],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}, {"port": 53, "protocol": "UDP", "appProtocol": "dns"}]
+        }));
+        assert_eq!(wire, k8s);
+        assert_eq!(wire.meta.resource_version.as_deref(), Some("42"));
+        assert!(wire.meta.headless);
+        assert_eq!(wire.meta.annotations.as_ref().map(BTreeMap::len), Some(2));
+        assert_eq!(wire.endpoints.len(), 5);
+        assert_eq!(wire.endpoints[1].address, None);
+        assert!(wire.endpoints[0].hints.is_some() && wire.endpoints[2].hints.is_none());
+    }
+
+    #[test]
+    fn an_fqdn_slice_has_no_addresses_and_nulls_are_absent_fields() {
+        let (k8s, wire) = both(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "FQDN",
+            "metadata": {"name": "f", "namespace": "ns", "labels": null, "annotations": null},
+            "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": null}],
+            "ports": null
+        }));
+        assert_eq!(wire, k8s);
+        assert_eq!(wire.endpoints[0].address, None);
+        let (k8s, wire) = both(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv6",
+            "metadata": {"name": "six", "namespace": "ns"},
+            "endpoints": null
+        }));
+        assert_eq!(wire, k8s);
+        assert!(wire.endpoints.is_empty());
+    }
+
+    #[test]
+    fn missing_fields_read_as_k8s_reads_them_and_wrong_types_are_refused() {
+        let (k8s, wire) = both(serde_json::json!({"metadata": {"name": "x"}}));
+        assert_eq!(wire, k8s);
+        for bad in [
+            serde_json::json!({"addressType": "IPv4", "endpoints": 5}),
+            serde_json::json!({"addressType": "IPv4", "endpoints": [{"addresses": "10.0.0.1"}]}),
+            serde_json::json!({"addressType": "IPv4", "endpoints": [{"addresses": [7]}]}),
+            serde_json::json!({"addressType": 4}),
+        ] {
+            assert!(serde_json::from_value::<EndpointSlice>(bad.clone()).is_err(), "k8s: {bad}");
+            assert!(serde_json::from_value::<WireSlice>(bad.clone()).is_err(), "wire: {bad}");
+        }
+    }
+}
