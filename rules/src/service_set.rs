@@ -8,7 +8,8 @@ use crate::model::ServicePort;
 #[derive(Debug, Default)]
 pub struct ServiceSet {
     ports: BTreeMap<String, ServicePort>,
-    /// Keys upserted or removed since the last [`ServiceSet::take_changed`].
+    /// Keys upserted or removed since the last [`ServiceSet::take_changed`]
+    /// or [`ServiceSet::clear_changed`].
     changed: BTreeSet<String>,
     /// Every key of `ports` counts as changed too (after a reset, or
     /// [`ServiceSet::mark_all_changed`]), without a copy of each key until

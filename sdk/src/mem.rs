@@ -10,20 +10,23 @@
 //! words, read little-endian (so the lowest differing byte is the
 //! first). It returns what C's `memcmp` returns: the difference of the
 //! first differing bytes as unsigned values, or 0.
+//!
+//! The symbols are the SDK's: a plugin that also links C code with its
+//! own strong `memcmp`, or two incompatible versions of the SDK, fails to
+//! link with a duplicate symbol.
 
 /// C's `memcmp` over two equally long slices.
 #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 pub fn compare(a: &[u8], b: &[u8]) -> i32 {
     debug_assert_eq!(a.len(), b.len());
     let (mut words_a, mut words_b) = (a.chunks_exact(8), b.chunks_exact(8));
-    let mut at = 0;
     for (x, y) in words_a.by_ref().zip(words_b.by_ref()) {
         let (x, y) = (u64::from_le_bytes(x.try_into().unwrap()), u64::from_le_bytes(y.try_into().unwrap()));
         if x != y {
-            let i = at + ((x ^ y).trailing_zeros() / 8) as usize;
-            return i32::from(a[i]) - i32::from(b[i]);
+            // The lowest differing byte, taken from the words themselves.
+            let shift = (x ^ y).trailing_zeros() & !7;
+            return i32::from((x >> shift) as u8) - i32::from((y >> shift) as u8);
         }
-        at += 8;
     }
     for (x, y) in words_a.remainder().iter().zip(words_b.remainder()) {
         if x != y {
@@ -35,8 +38,8 @@ pub fn compare(a: &[u8], b: &[u8]) -> i32 {
 
 /// # Safety
 ///
-/// `a` and `b` must be valid for reads of `n` bytes, as C's `memcmp`
-/// requires.
+/// `a` and `b` must be valid for reads of `n` initialized bytes, `n` at
+/// most `isize::MAX`, as C's `memcmp` requires.
 #[cfg(target_arch = "wasm32")]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The label naming the Service a slice belongs to.
@@ -106,24 +106,47 @@ impl From<EndpointSlice> for Slice {
         let fqdn = s.address_type == "FQDN";
         let mut endpoints = Vec::with_capacity(s.endpoints.len());
         endpoints.extend(s.endpoints.into_iter().map(|e| {
-            let conditions = e.conditions.unwrap_or_default();
-            let hints = e.hints.map(|h| Hints {
-                for_zones: h.for_zones.into_iter().flatten().map(|z| z.name).collect(),
-                for_nodes: h.for_nodes.into_iter().flatten().map(|n| n.name).collect(),
-            });
-            // `hints: {}` is no hints, as topology reads them.
-            let hints = hints.filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty());
-            SliceEndpoint {
-                address: if fqdn { None } else { e.addresses.first().and_then(|a| a.parse().ok()) },
-                ready: conditions.ready,
-                serving: conditions.serving,
-                terminating: conditions.terminating,
-                node_name: e.node_name.map(String::into_boxed_str),
-                zone: e.zone.map(String::into_boxed_str),
-                hints: hints.map(Box::new),
-            }
+            SliceEndpoint::new(
+                fqdn,
+                e.addresses.first().and_then(|a| a.parse().ok()),
+                e.conditions,
+                e.node_name.map(String::into_boxed_str),
+                e.zone.map(String::into_boxed_str),
+                e.hints,
+            )
         }));
         Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports, endpoints }
+    }
+}
+
+impl SliceEndpoint {
+    /// An endpoint of a slice (`fqdn`: its addresses are names, even one
+    /// spelled as an IP, so it has none) from the fields kube-proxy reads:
+    /// its first address parsed, conditions, node, zone and hints.
+    pub fn new(
+        fqdn: bool,
+        first_address: Option<IpAddr>,
+        conditions: Option<EndpointConditions>,
+        node_name: Option<Box<str>>,
+        zone: Option<Box<str>>,
+        hints: Option<EndpointHints>,
+    ) -> SliceEndpoint {
+        let conditions = conditions.unwrap_or_default();
+        let hints = hints.map(|h| Hints {
+            for_zones: h.for_zones.into_iter().flatten().map(|z| z.name).collect(),
+            for_nodes: h.for_nodes.into_iter().flatten().map(|n| n.name).collect(),
+        });
+        // `hints: {}` is no hints, as topology reads them.
+        let hints = hints.filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty());
+        SliceEndpoint {
+            address: if fqdn { None } else { first_address },
+            ready: conditions.ready,
+            serving: conditions.serving,
+            terminating: conditions.terminating,
+            node_name,
+            zone,
+            hints: hints.map(Box::new),
+        }
     }
 }
 

@@ -7,6 +7,12 @@
 //! metadata); each endpoint here is its first address parsed, its
 //! conditions, node, zone and hints. Fields kpx does not read are skipped
 //! by the deserializer, not stored.
+//!
+//! Where it reads otherwise than k8s-openapi (which an API server, writing
+//! JSON from Go structs, never makes matter): `apiVersion` and `kind` are
+//! not checked (the watch asked for EndpointSlices), addresses after the
+//! first and skipped fields are not type-checked, and a key given twice in
+//! one object is refused (k8s-openapi keeps the last).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -16,7 +22,7 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, Endpoin
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::source::slice::{Hints, Slice, SliceEndpoint};
+use crate::source::slice::{Slice, SliceEndpoint};
 
 /// An EndpointSlice as listed or watched.
 #[derive(Debug, Clone, Deserialize)]
@@ -24,9 +30,9 @@ use crate::source::slice::{Hints, Slice, SliceEndpoint};
 pub struct WireSlice {
     #[serde(default, deserialize_with = "read_meta")]
     metadata: ObjectMeta,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     address_type: String,
-    #[serde(default, deserialize_with = "null_as_empty")]
+    #[serde(default, deserialize_with = "null_as_default")]
     endpoints: Vec<WireEndpoint>,
     #[serde(default)]
     ports: Option<Vec<EndpointPort>>,
@@ -80,8 +86,9 @@ fn read_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
     .unwrap_or_default())
 }
 
-fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+/// A null as an absent field (k8s-openapi reads these fields as options).
+fn null_as_default<'de, D: serde::Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// The first element of a list of addresses, parsed; the others are read
@@ -108,7 +115,7 @@ fn first_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr
         }
 
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let first = seq.next_element::<Cow<'de, str>>()?.and_then(|a| a.parse().ok());
+            let first = seq.next_element::<Address>()?.and_then(|a| a.0);
             while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
             Ok(first)
         }
@@ -116,29 +123,37 @@ fn first_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr
     d.deserialize_option(First)
 }
 
+/// One address, parsed where it is read (no string is kept); None if it is
+/// not an IP address.
+struct Address(Option<IpAddr>);
+
+impl<'de> Deserialize<'de> for Address {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Address, D::Error> {
+        struct Parse;
+        impl serde::de::Visitor<'_> for Parse {
+            type Value = Address;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an address")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, a: &str) -> Result<Address, E> {
+                Ok(Address(a.parse().ok()))
+            }
+        }
+        d.deserialize_str(Parse)
+    }
+}
+
 impl From<WireSlice> for Slice {
     fn from(s: WireSlice) -> Slice {
-        // An FQDN slice's addresses are names, even one spelled as an IP.
         let fqdn = s.address_type == "FQDN";
         let mut endpoints = Vec::with_capacity(s.endpoints.len());
-        endpoints.extend(s.endpoints.into_iter().map(|e| {
-            let conditions = e.conditions.unwrap_or_default();
-            let hints = e.hints.map(|h| Hints {
-                for_zones: h.for_zones.into_iter().flatten().map(|z| z.name).collect(),
-                for_nodes: h.for_nodes.into_iter().flatten().map(|n| n.name).collect(),
-            });
-            // `hints: {}` is no hints, as topology reads them.
-            let hints = hints.filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty());
-            SliceEndpoint {
-                address: if fqdn { None } else { e.addresses },
-                ready: conditions.ready,
-                serving: conditions.serving,
-                terminating: conditions.terminating,
-                node_name: e.node_name,
-                zone: e.zone,
-                hints: hints.map(Box::new),
-            }
-        }));
+        endpoints.extend(
+            s.endpoints
+                .into_iter()
+                .map(|e| SliceEndpoint::new(fqdn, e.addresses, e.conditions, e.node_name, e.zone, e.hints.map(|h| *h))),
+        );
         Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports, endpoints }
     }
 }
@@ -178,11 +193,13 @@ mod tests {
 
     use super::*;
 
-    /// The same JSON through k8s-openapi and [`Slice::from`], and through
-    /// the wire type: the same slice.
+    /// The same JSON text through k8s-openapi and [`Slice::from`], and
+    /// through the wire type, both read from text as kube's client reads
+    /// a response: the same slice.
     fn both(json: serde_json::Value) -> (Slice, Slice) {
-        let k8s: EndpointSlice = serde_json::from_value(json.clone()).unwrap();
-        let wire: WireSlice = serde_json::from_value(json).unwrap();
+        let text = json.to_string();
+        let k8s: EndpointSlice = serde_json::from_str(&text).unwrap();
+        let wire: WireSlice = serde_json::from_str(&text).unwrap();
         (Slice::from(k8s), Slice::from(wire))
     }
 
@@ -240,14 +257,34 @@ mod tests {
     fn missing_fields_read_as_k8s_reads_them_and_wrong_types_are_refused() {
         let (k8s, wire) = both(serde_json::json!({"metadata": {"name": "x"}}));
         assert_eq!(wire, k8s);
+        let (k8s, wire) = both(serde_json::json!({"metadata": {"name": "x"}, "addressType": null,
+                                                  "endpoints": [{"addresses": ["10.0.0.1"]}]}));
+        assert_eq!(wire, k8s);
+        // An escaped address is read as the same address.
+        let text = r#"{"addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.\u0031"]}]}"#;
+        let wire = Slice::from(serde_json::from_str::<WireSlice>(text).unwrap());
+        assert_eq!(wire.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));
         for bad in [
             serde_json::json!({"addressType": "IPv4", "endpoints": 5}),
             serde_json::json!({"addressType": "IPv4", "endpoints": [{"addresses": "10.0.0.1"}]}),
             serde_json::json!({"addressType": "IPv4", "endpoints": [{"addresses": [7]}]}),
             serde_json::json!({"addressType": 4}),
         ] {
-            assert!(serde_json::from_value::<EndpointSlice>(bad.clone()).is_err(), "k8s: {bad}");
-            assert!(serde_json::from_value::<WireSlice>(bad.clone()).is_err(), "wire: {bad}");
+            assert!(serde_json::from_str::<EndpointSlice>(&bad.to_string()).is_err(), "k8s: {bad}");
+            assert!(serde_json::from_str::<WireSlice>(&bad.to_string()).is_err(), "wire: {bad}");
         }
+    }
+
+    #[test]
+    fn where_it_reads_otherwise_than_k8s() {
+        // Addresses past the first are not read.
+        let text = r#"{"addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1", 7]}]}"#;
+        assert!(serde_json::from_str::<EndpointSlice>(text).is_err());
+        let wire = Slice::from(serde_json::from_str::<WireSlice>(text).unwrap());
+        assert_eq!(wire.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));
+        // A key given twice: k8s-openapi keeps the last, the wire type refuses.
+        let text = r#"{"addressType": "IPv4", "addressType": "IPv6", "endpoints": []}"#;
+        assert_eq!(serde_json::from_str::<EndpointSlice>(text).unwrap().address_type, "IPv6");
+        assert!(serde_json::from_str::<WireSlice>(text).is_err());
     }
 }
