@@ -223,11 +223,11 @@ impl NftablesProxier {
             let new =
                 self.services.get(&key).map(|svc| elements::contribution(&ctx, svc, &self.names)).unwrap_or_default();
             let old_ids = old.slots.iter().filter_map(|&slot| self.registry.element(slot));
-            let new_ids = new.elements.iter().map(|e| (&e.set, &e.key));
+            let new_ids = new.elements.iter().map(|e| (&e.set, e.key));
             for (set, words) in old_ids.chain(new_ids) {
-                let id = (set.clone(), *words);
+                let id = (set.clone(), words);
                 if !touched.contains(&id) {
-                    before.insert(id.clone(), self.registry.effective(set, words));
+                    before.insert(id.clone(), self.registry.effective(set, &words));
                     touched.insert(id);
                 }
             }

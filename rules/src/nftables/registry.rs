@@ -20,10 +20,44 @@ use super::elements::{Elem, ElemData, Set, Text, Words};
 /// One contributor: a service key and the data it wants for the element.
 type Contributor = (Text, Option<ElemData>);
 
+/// A key as an entry holds it: inline up to six words (every IPv4 key,
+/// IPv6 service keys), boxed past that (IPv6 firewall keys). An inline
+/// twelve-word key was half of an entry (52 of 108 bytes in WebAssembly).
+#[derive(Debug)]
+enum Key {
+    Short(Words<6>),
+    Long(Box<Words>),
+}
+
+impl Key {
+    fn new(key: &Words) -> Key {
+        let words = key.as_slice();
+        if words.len() <= 6 {
+            Key::Short(words.iter().fold(Words::new(), |k, &w| k.push(w)))
+        } else {
+            Key::Long(Box::new(*key))
+        }
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Key::Short(k) => k.as_slice(),
+            Key::Long(k) => k.as_slice(),
+        }
+    }
+
+    fn words(&self) -> Words {
+        match self {
+            Key::Short(k) => k.as_slice().iter().fold(Words::new(), |w, &x| w.push(x)),
+            Key::Long(k) => **k,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     set: Set,
-    key: Words,
+    key: Key,
     /// The contributor whose data the kernel holds (the smallest key).
     first: Contributor,
     /// The others, sorted by service key.
@@ -79,7 +113,7 @@ pub struct Registry {
     index: HashTable<u32>,
 }
 
-fn hash_of(set: &Set, key: &Words) -> u64 {
+fn hash_of(set: &Set, key: &[u32]) -> u64 {
     let mut h = FxBuildHasher.build_hasher();
     set.hash(&mut h);
     key.hash(&mut h);
@@ -107,7 +141,7 @@ impl Registry {
 
     fn hash_slot(entries: &Slots, slot: u32) -> u64 {
         match entries.get(slot) {
-            Some(e) => hash_of(&e.set, &e.key),
+            Some(e) => hash_of(&e.set, e.key.as_slice()),
             // The index holds only occupied slots.
             None => 0,
         }
@@ -116,17 +150,23 @@ impl Registry {
     /// The slot holding (set, key), whose hash is `hash`.
     fn find(&self, hash: u64, set: &Set, key: &Words) -> Option<u32> {
         let entries = &self.entries;
-        self.index.find(hash, |&slot| entries.get(slot).is_some_and(|e| e.key == *key && e.set == *set)).copied()
+        self.index
+            .find(hash, |&slot| entries.get(slot).is_some_and(|e| e.key.as_slice() == key.as_slice() && e.set == *set))
+            .copied()
     }
 
     /// Records `service` as a contributor of `e` (replacing its data if it
     /// already is one). Returns the element's slot, and whether `service`
     /// is now the first contributor (the one whose element the kernel holds).
     pub fn contribute(&mut self, e: &Elem, service: &Text) -> (u32, bool) {
-        let hash = hash_of(&e.set, &e.key);
+        let hash = hash_of(&e.set, e.key.as_slice());
         let Some(slot) = self.find(hash, &e.set, &e.key) else {
-            let entry =
-                Entry { set: e.set.clone(), key: e.key, first: (service.clone(), e.data.clone()), rest: Vec::new() };
+            let entry = Entry {
+                set: e.set.clone(),
+                key: Key::new(&e.key),
+                first: (service.clone(), e.data.clone()),
+                rest: Vec::new(),
+            };
             let slot = match self.free.pop() {
                 Some(slot) => {
                     *self.entries.get_mut(slot).expect("a freed slot exists") = Some(entry);
@@ -171,7 +211,7 @@ impl Registry {
         };
         if entry.first.0 == *service {
             if entry.rest.is_empty() {
-                let hash = hash_of(&entry.set, &entry.key);
+                let hash = hash_of(&entry.set, entry.key.as_slice());
                 if let Ok(found) = self.index.find_entry(hash, |&s| s == slot) {
                     found.remove();
                 }
@@ -186,13 +226,13 @@ impl Registry {
     }
 
     /// The element in `slot`, if the slot is occupied.
-    pub fn element(&self, slot: u32) -> Option<(&Set, &Words)> {
-        self.entries.get(slot).map(|e| (&e.set, &e.key))
+    pub fn element(&self, slot: u32) -> Option<(&Set, Words)> {
+        self.entries.get(slot).map(|e| (&e.set, e.key.words()))
     }
 
     /// The data in the kernel for (set, key): None if absent.
     pub fn effective(&self, set: &Set, key: &Words) -> Option<Option<ElemData>> {
-        let slot = self.find(hash_of(set, key), set, key)?;
+        let slot = self.find(hash_of(set, key.as_slice()), set, key)?;
         self.entries.get(slot).map(|e| e.first.1.clone())
     }
 }
@@ -243,13 +283,34 @@ mod tests {
     }
 
     #[test]
+    fn long_and_short_keys_are_told_apart() {
+        let mut r = Registry::default();
+        let s: Text = Arc::from("ns/s");
+        let set = Set::Host(HostSet::ServiceIps);
+        let key = |n: u32| (0..n).fold(Words::new(), |k, w| k.push(w + 1));
+        // Keys of 1 to 12 words, each a prefix of the next: all distinct.
+        let slots: Vec<u32> =
+            (1..=12).map(|n| r.contribute(&Elem { set: set.clone(), key: key(n), data: None }, &s).0).collect();
+        assert_eq!(r.len(), 12);
+        for (n, &slot) in (1..=12).zip(&slots) {
+            assert_eq!(r.element(slot), Some((&set, key(n))));
+            assert_eq!(r.effective(&set, &key(n)), Some(None));
+        }
+        // The same long key again is the same element.
+        assert_eq!(r.contribute(&Elem { set: set.clone(), key: key(12), data: None }, &s).0, slots[11]);
+        r.withdraw(slots[11], &s);
+        assert_eq!(r.effective(&set, &key(12)), None);
+        assert_eq!(r.effective(&set, &key(11)), Some(None));
+    }
+
+    #[test]
     fn elements_survive_the_index_growing() {
         let mut r = Registry::default();
         let s: Text = Arc::from("ns/s");
         let slots: Vec<u32> = (0..5000).map(|p| r.contribute(&elem(p, VerdictKind::Drop), &s).0).collect();
         for (p, &slot) in slots.iter().enumerate() {
             let e = elem(p as u32, VerdictKind::Drop);
-            assert_eq!(r.element(slot), Some((&e.set, &e.key)));
+            assert_eq!(r.element(slot), Some((&e.set, e.key)));
             assert_eq!(r.effective(&e.set, &e.key), Some(e.data.clone()));
         }
         for &slot in slots.iter().step_by(2) {
