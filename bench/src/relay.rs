@@ -86,6 +86,11 @@ pub struct Relay {
     pub congestion: (String, String),
 }
 
+/// The median of `ratios`, 0 when there are none (a run without traffic).
+fn median_or_zero(ratios: &[f64]) -> f64 {
+    if ratios.is_empty() { 0.0 } else { median(ratios.to_vec()) }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -348,11 +353,11 @@ pub fn run(args: &Args) -> Result<Relay> {
 impl Relay {
     /// The median of the pairs' relay / direct (0 without traffic runs).
     fn pair_median(&self) -> f64 {
-        if self.pair_ratios.is_empty() { 0.0 } else { median(self.pair_ratios.clone()) }
+        median_or_zero(&self.pair_ratios)
     }
 
     fn elsewhere_median(&self) -> f64 {
-        if self.elsewhere_pair_ratios.is_empty() { 0.0 } else { median(self.elsewhere_pair_ratios.clone()) }
+        median_or_zero(&self.elsewhere_pair_ratios)
     }
 
     pub fn table(&self) -> String {
