@@ -85,11 +85,11 @@ fn tracks_changes_and_deletions() {
 }
 
 #[test]
-fn changes_carry_each_ports_previous_and_current_endpoints() {
+fn changes_carry_each_ports_previous_endpoints_and_the_state_the_current_ones() {
     let mut state = state_from(YAML);
     let initial = state.take_changes();
     assert!(initial.services[&name("shop", "web")].previous.is_empty(), "nothing was programmed before the list");
-    assert_eq!(initial.services[&name("shop", "web")].current["shop/web:http"].1.len(), 2, "its first endpoints");
+    assert_eq!(state.endpoints_map(&name("shop", "web"))["shop/web:http"].1.len(), 2, "its first endpoints");
     let ep = |ip: &str| (ip.parse::<std::net::IpAddr>().unwrap(), 8080u16);
     state.apply(Event::Delete(ObjectRef { kind: Kind::EndpointSlice, namespace: "shop".into(), name: "a".into() }));
     // A second change in the same batch keeps the first `previous`.
@@ -99,17 +99,16 @@ fn changes_carry_each_ports_previous_and_current_endpoints() {
     let http = &web.previous["shop/web:http"];
     assert_eq!(http.0, Protocol::Tcp);
     assert_eq!(http.1, [ep("10.1.0.2"), ep("10.1.0.9")].into_iter().collect());
-    assert!(web.current["shop/web:http"].1.is_empty());
+    assert!(state.endpoints_map(&name("shop", "web"))["shop/web:http"].1.is_empty());
     assert_eq!(web.previous["shop/web:dns"].0, Protocol::Udp);
-    // Merging a later batch keeps the earliest previous and the latest current.
+    // Merging a later batch keeps the earliest previous.
     let mut merged = changes.clone();
     let mut later = Changes::default();
-    later
-        .services
-        .insert(name("shop", "web"), ServiceChange { previous: EndpointsMap::new(), current: web.previous.clone() });
+    later.services.insert(name("shop", "web"), ServiceChange { previous: EndpointsMap::new() });
+    later.services.insert(name("shop", "new"), ServiceChange { previous: web.previous.clone() });
     merged.merge(later);
     assert_eq!(merged.services[&name("shop", "web")].previous, web.previous);
-    assert_eq!(merged.services[&name("shop", "web")].current, web.previous);
+    assert_eq!(merged.services[&name("shop", "new")].previous, web.previous);
 }
 
 #[test]
