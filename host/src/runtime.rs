@@ -461,11 +461,19 @@ pub struct BackendInstance {
 }
 
 impl BackendInstance {
-    /// Replaces the plugin's whole state.
-    pub fn reset(&mut self, node: &Node, cluster: &Cluster, services: &[ServicePort]) -> Result<()> {
+    /// Replaces the plugin's whole state. The ports are borrowed: the
+    /// first sync's state is not copied on the host's side before it
+    /// crosses.
+    pub fn reset<'a>(
+        &mut self,
+        node: &Node,
+        cluster: &Cluster,
+        services: impl IntoIterator<Item = &'a ServicePort>,
+    ) -> Result<()> {
+        let services: Vec<&ServicePort> = services.into_iter().collect();
         let s = &mut self.sandbox;
-        s.refuel(objects(services));
-        let result = self.bindings.reset(&mut s.store, node, cluster, services);
+        s.refuel(services.iter().map(|p| p.size()).sum());
+        let result = self.bindings.reset(&mut s.store, node, cluster, &services);
         s.check("reset", result)
     }
 

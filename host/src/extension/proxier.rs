@@ -217,8 +217,7 @@ impl ExtensionProxier {
         // A full sync replays the state: the changes of a sync that failed
         // before this extension ran are in it.
         if full {
-            let services: Vec<ServicePort> = ports.values().cloned().collect();
-            self.call(|i| i.reset(node, cluster, &services))?;
+            self.call(|i| i.reset(node, cluster, ports.values()))?;
         } else if !changes.is_empty() {
             self.call(|i| i.apply(changes))?;
         }
@@ -259,8 +258,7 @@ impl ExtensionProxier {
         let Feed { settings, node, cluster, ports, objects } = *feed;
         let c = &self.configured;
         let mut instance = plugin.instantiate(&c.name, settings, &c.parameters)?;
-        let services: Vec<ServicePort> = ports.values().cloned().collect();
-        instance.reset(node, cluster, &services)?;
+        instance.reset(node, cluster, ports.values())?;
         let ruleset = instance.render(objects)?;
         crate::validate::extension::check(plugin.name(), self.family, &ruleset, ports)
             .map_err(|e| Error::Sync { family: self.family, source: e.into() })?;

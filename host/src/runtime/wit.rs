@@ -48,7 +48,7 @@ impl Backend {
         store: &mut Store<PluginState>,
         node: &Node,
         cluster: &Cluster,
-        services: &[ServicePort],
+        services: &[&ServicePort],
     ) -> wasmtime::Result<()> {
         match self {
             Backend::V0_2_0(i) => i.reset(store, node, cluster, services),

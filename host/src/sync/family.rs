@@ -385,8 +385,7 @@ impl FamilyProxier {
             // The reset replays what was sent; the changes are in it.
             changes = Vec::new();
             let mut instance = self.plugin.instantiate(&self.settings)?;
-            let services: Vec<ServicePort> = self.sent.ports.values().cloned().collect();
-            instance.reset(&self.node, &self.cluster, &services)?;
+            instance.reset(&self.node, &self.cluster, self.sent.ports.values())?;
             self.instance = Some(instance);
             full = true;
         } else if !changes.is_empty() {
@@ -540,8 +539,7 @@ impl FamilyProxier {
     /// host accepts.
     fn rehearse(&self, plugin: &BackendPlugin, sent: &Sent) -> Result<(BackendInstance, Ruleset), Error> {
         let mut instance = plugin.instantiate(&self.settings)?;
-        let services: Vec<ServicePort> = sent.ports.values().cloned().collect();
-        instance.reset(&self.node, &self.cluster, &services)?;
+        instance.reset(&self.node, &self.cluster, sent.ports.values())?;
         let ruleset = instance.render(true, sent.objects)?;
         let view = StateView {
             cluster: &self.cluster,

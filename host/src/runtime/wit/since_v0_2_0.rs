@@ -217,9 +217,9 @@ impl Instance {
         store: &mut Store<PluginState>,
         node: &Node,
         cluster: &Cluster,
-        services: &[ServicePort],
+        services: &[&ServicePort],
     ) -> wasmtime::Result<()> {
-        let services: Vec<_> = services.iter().map(wit_convert::to_wit_service_port).collect();
+        let services: Vec<_> = services.iter().map(|p| wit_convert::to_wit_service_port(p)).collect();
         let (node, cluster) = (wit_convert::to_wit_node(node), wit_convert::to_wit_cluster(cluster));
         self.bindings.kpx_proxier_backend().proxier().call_reset(store, self.resource, &node, &cluster, &services)
     }
@@ -297,7 +297,7 @@ impl ExtensionInstance {
         prefix: &str,
         node: &Node,
         cluster: &Cluster,
-        services: &[ServicePort],
+        services: &[&ServicePort],
     ) -> wasmtime::Result<()> {
         let services: Vec<_> = services.iter().map(|s| extension_port(s, prefix)).collect();
         let (node, cluster) = (wit_convert::to_wit_node(node), wit_convert::to_wit_cluster(cluster));
