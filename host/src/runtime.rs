@@ -472,7 +472,7 @@ impl BackendInstance {
     ) -> Result<()> {
         let services: Vec<&ServicePort> = services.into_iter().collect();
         let s = &mut self.sandbox;
-        s.refuel(services.iter().map(|p| p.size()).sum());
+        s.refuel(objects(services.iter().copied()));
         let result = self.bindings.reset(&mut s.store, node, cluster, &services);
         s.check("reset", result)
     }
@@ -507,8 +507,8 @@ fn is_output_limit(e: &wasmtime::Error) -> bool {
 }
 
 /// Service ports plus endpoints: the size that scales a call's fuel.
-pub fn objects(services: &[ServicePort]) -> usize {
-    services.iter().map(ServicePort::size).sum()
+pub fn objects<'a>(services: impl IntoIterator<Item = &'a ServicePort>) -> usize {
+    services.into_iter().map(ServicePort::size).sum()
 }
 
 /// The size of a batch of changes, as [`objects`] counts a state.

@@ -45,8 +45,8 @@ pub type EndpointsMap = BTreeMap<String, (Protocol, BTreeSet<(IpAddr, u16)>)>;
 /// [`State::endpoints_map`] in the same sync pass). Empty for a Service
 /// that had no endpoints before the batch (nothing of it can be stale),
 /// which is every Service of the initial list. The endpoints after the
-/// batch are not copied here: at the initial list that copy was every
-/// endpoint of every Service (8.6 MB at the peak of a 10k x 10 start).
+/// batch are not copied here (at the initial list that copy would be
+/// every endpoint of every Service).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ServiceChange {
     /// When the first change of the batch arrived.

@@ -6,7 +6,7 @@ use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
 use kpx_rules::ops::extension::Ruleset;
 
 use super::wit::since_v0_2_0::{self as v0_2_0};
-use super::{PluginBase, PluginStats, Result, Sandbox};
+use super::{PluginBase, PluginStats, Result, Sandbox, objects};
 
 /// The longest extension name: `KUBE-X-<NAME>-` plus a 10-character
 /// hash fits iptables' 28-byte chain names.
@@ -68,7 +68,8 @@ pub struct ExtensionInstance {
 }
 
 impl ExtensionInstance {
-    /// Replaces the extension's whole state.
+    /// Replaces the extension's whole state; the ports are borrowed, as
+    /// [`super::BackendInstance::reset`]'s.
     pub fn reset<'a>(
         &mut self,
         node: &Node,
@@ -77,7 +78,7 @@ impl ExtensionInstance {
     ) -> Result<()> {
         let services: Vec<&ServicePort> = services.into_iter().collect();
         let s = &mut self.sandbox;
-        s.refuel(services.iter().map(|p| p.size()).sum());
+        s.refuel(objects(services.iter().copied()));
         let result = self.bindings.reset(&mut s.store, &self.prefix, node, cluster, &services);
         s.check("reset", result)
     }

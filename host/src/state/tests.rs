@@ -85,7 +85,7 @@ fn tracks_changes_and_deletions() {
 }
 
 #[test]
-fn changes_carry_each_ports_previous_endpoints_and_the_state_the_current_ones() {
+fn changes_keep_the_endpoints_before_the_batch_and_the_state_has_the_ones_after() {
     let mut state = state_from(YAML);
     let initial = state.take_changes();
     assert!(initial.services[&name("shop", "web")].previous.is_empty(), "nothing was programmed before the list");
@@ -105,10 +105,12 @@ fn changes_carry_each_ports_previous_endpoints_and_the_state_the_current_ones() 
     let mut merged = changes.clone();
     let mut later = Changes::default();
     later.services.insert(name("shop", "web"), ServiceChange { previous: EndpointsMap::new() });
-    later.services.insert(name("shop", "new"), ServiceChange { previous: web.previous.clone() });
+    let new_previous: EndpointsMap =
+        [("shop/new:dns".to_string(), (Protocol::Udp, [ep("10.1.0.7")].into_iter().collect()))].into_iter().collect();
+    later.services.insert(name("shop", "new"), ServiceChange { previous: new_previous.clone() });
     merged.merge(later);
     assert_eq!(merged.services[&name("shop", "web")].previous, web.previous);
-    assert_eq!(merged.services[&name("shop", "new")].previous, web.previous);
+    assert_eq!(merged.services[&name("shop", "new")].previous, new_previous);
 }
 
 #[test]
