@@ -408,6 +408,14 @@ impl Sandbox {
         self.refuel_with(fuel, self.limits.max_output_bytes);
     }
 
+    /// Fuels a reset for the whole state `services`, returned as the
+    /// borrowed list the bindings take (the state is not copied).
+    fn refuel_for_reset<'a>(&mut self, services: impl IntoIterator<Item = &'a ServicePort>) -> Vec<&'a ServicePort> {
+        let services: Vec<&ServicePort> = services.into_iter().collect();
+        self.refuel(objects(services.iter().copied()));
+        services
+    }
+
     /// Sets the next call's fuel and the most it may hand the host.
     fn refuel_with(&mut self, fuel: u64, max_output_bytes: u64) {
         // Fuel is enabled on the engine, so this cannot fail.
@@ -470,9 +478,8 @@ impl BackendInstance {
         cluster: &Cluster,
         services: impl IntoIterator<Item = &'a ServicePort>,
     ) -> Result<()> {
-        let services: Vec<&ServicePort> = services.into_iter().collect();
         let s = &mut self.sandbox;
-        s.refuel(objects(services.iter().copied()));
+        let services = s.refuel_for_reset(services);
         let result = self.bindings.reset(&mut s.store, node, cluster, &services);
         s.check("reset", result)
     }

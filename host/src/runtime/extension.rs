@@ -6,7 +6,7 @@ use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
 use kpx_rules::ops::extension::Ruleset;
 
 use super::wit::since_v0_2_0::{self as v0_2_0};
-use super::{PluginBase, PluginStats, Result, Sandbox, objects};
+use super::{PluginBase, PluginStats, Result, Sandbox};
 
 /// The longest extension name: `KUBE-X-<NAME>-` plus a 10-character
 /// hash fits iptables' 28-byte chain names.
@@ -76,9 +76,8 @@ impl ExtensionInstance {
         cluster: &Cluster,
         services: impl IntoIterator<Item = &'a ServicePort>,
     ) -> Result<()> {
-        let services: Vec<&ServicePort> = services.into_iter().collect();
         let s = &mut self.sandbox;
-        s.refuel(objects(services.iter().copied()));
+        let services = s.refuel_for_reset(services);
         let result = self.bindings.reset(&mut s.store, &self.prefix, node, cluster, &services);
         s.check("reset", result)
     }

@@ -107,6 +107,11 @@ impl<const N: usize> Words<N> {
     pub fn as_slice(&self) -> &[u32] {
         &self.w[..self.len as usize]
     }
+
+    /// These words (at most `N`).
+    pub fn from_slice(words: &[u32]) -> Words<N> {
+        words.iter().fold(Words::new(), |k, &w| k.push(w))
+    }
 }
 
 impl<const N: usize> Default for Words<N> {

@@ -32,11 +32,7 @@ enum Key {
 impl Key {
     fn new(key: &Words) -> Key {
         let words = key.as_slice();
-        if words.len() <= 6 {
-            Key::Short(words.iter().fold(Words::new(), |k, &w| k.push(w)))
-        } else {
-            Key::Long(Box::new(*key))
-        }
+        if words.len() <= 6 { Key::Short(Words::from_slice(words)) } else { Key::Long(Box::new(*key)) }
     }
 
     fn as_slice(&self) -> &[u32] {
@@ -48,7 +44,7 @@ impl Key {
 
     fn words(&self) -> Words {
         match self {
-            Key::Short(k) => k.as_slice().iter().fold(Words::new(), |w, &x| w.push(x)),
+            Key::Short(k) => Words::from_slice(k.as_slice()),
             Key::Long(k) => **k,
         }
     }
