@@ -118,7 +118,7 @@ pub struct StateView<'a> {
     /// The destinations and endpoints a plugin's rules may name.
     pub scope: &'a crate::validate::Scope,
     /// The service ports the plugin holds, by key (ipvs mode's ipsets).
-    pub ports: &'a std::collections::BTreeMap<String, kpx_rules::model::ServicePort>,
+    pub ports: &'a crate::state::PortMap,
     /// ipvs mode: the node's own addresses (kube-ipvs0's and link-local
     /// ones left out), read once per sync; never bound to kube-ipvs0.
     pub local_addresses: &'a [std::net::IpAddr],

@@ -393,7 +393,7 @@ fn every_extension_object_is_accepted_by_the_kernel() {
         port.external_ips = vec![ip("192.0.2.10", "2001:db8::10")];
         port.load_balancer_ips = vec![ip("198.51.100.10", "2001:db8:1::10")];
         port.node_port = 30080;
-        let ports = std::collections::BTreeMap::from([(port.key.clone(), port)]);
+        let ports = std::collections::BTreeMap::from([(port.key.clone(), Box::new(port))]);
         let source = SourceMatch {
             negate: true,
             cidr: Cidr { addr: ip("10.1.0.0", "fd00:1::"), prefix_len: if v4 { 16 } else { 64 } },
@@ -522,7 +522,7 @@ fn a_full_write_repairs_flushed_extension_chains() {
     let mut port = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
     port.cluster_ip = Some("10.96.0.10".parse().unwrap());
     port.load_balancer_ips = vec!["198.51.100.10".parse().unwrap()];
-    let ports = std::collections::BTreeMap::from([(port.key.clone(), port)]);
+    let ports = std::collections::BTreeMap::from([(port.key.clone(), Box::new(port))]);
     let rule = |attachment| Rule {
         attachment,
         service: "ns/web".into(),

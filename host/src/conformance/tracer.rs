@@ -73,7 +73,7 @@ pub struct Host {
     /// What the component's rules may refer to.
     pub scope: Scope,
     /// The ports the scope counts, by key.
-    ports: std::collections::BTreeMap<String, ServicePort>,
+    ports: crate::state::PortMap,
     iptables: crate::validate::iptables::Model,
     /// What the last accepted iptables ruleset left in the host's chains.
     written: Option<iptables::Previous>,
@@ -101,8 +101,7 @@ impl Host {
     /// checks of the next partial render (rules kept for departed objects).
     pub fn rescope(&mut self, ports: &[ServicePort]) {
         let family = self.settings.family;
-        let now: std::collections::BTreeMap<String, ServicePort> =
-            ports.iter().map(|p| (p.key.clone(), p.clone())).collect();
+        let now: crate::state::PortMap = ports.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect();
         for (key, old) in &self.ports {
             if now.get(key) != Some(old) {
                 self.scope.count(family, old, false);
@@ -219,7 +218,7 @@ pub fn flows(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode, param
                 Ok(None) => {
                     // IPVS: each port's cluster IP has a virtual server with
                     // its endpoints (the kernel's own scheduling is not traced).
-                    let ports = rendered.ports.iter().map(|p| (p.key.clone(), p.clone())).collect();
+                    let ports = rendered.ports.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect();
                     let required = crate::sync::coverage::required(family, &ports);
                     let outcome = crate::sync::coverage::covered(
                         &rendered.settings,

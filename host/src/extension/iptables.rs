@@ -399,11 +399,11 @@ mod tests {
     use kpx_rules::model::{Protocol, ProxyMode, ServicePort, Settings};
     use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
 
-    fn ports() -> BTreeMap<String, ServicePort> {
+    fn ports() -> crate::state::PortMap {
         let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
         p.cluster_ip = Some("10.96.0.10".parse().unwrap());
         p.node_port = 30080;
-        BTreeMap::from([(p.key.clone(), p)])
+        BTreeMap::from([(p.key.clone(), Box::new(p))])
     }
 
     fn layout(rate: u32) -> Layout {

@@ -203,7 +203,7 @@ pub fn build(
     extension: &str,
     settings: &Settings,
     ruleset: &Ruleset,
-    ports: &BTreeMap<String, ServicePort>,
+    ports: &crate::state::PortMap,
     skipped: &crate::validate::extension::Skipped,
 ) -> Layout {
     let mut out = Layout::default();
@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn every_destination_leads_to_one_port_chain_per_attachment() {
-        let ports = BTreeMap::from([("ns/web:http".to_string(), port())]);
+        let ports = BTreeMap::from([("ns/web:http".to_string(), Box::new(port()))]);
         let rules = vec![
             rule(Attachment::BeforeDispatch, Some("all"), None),
             rule(Attachment::BeforeDispatch, Some("dropped"), Some(5)),
@@ -341,7 +341,7 @@ mod tests {
 
     #[test]
     fn names_change_with_what_they_hold() {
-        let ports = BTreeMap::from([("ns/web:http".to_string(), port())]);
+        let ports = BTreeMap::from([("ns/web:http".to_string(), Box::new(port()))]);
         let a = build(
             "x",
             &Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables),
@@ -372,7 +372,8 @@ mod tests {
     fn another_services_address_on_the_node_ports_number_returns_first() {
         let mut other = ServicePort::new("ns", "other", "", Protocol::Tcp, 30080);
         other.external_ips = vec!["192.168.100.1".parse().unwrap()];
-        let ports = BTreeMap::from([("ns/web:http".to_string(), port()), ("ns/other".to_string(), other)]);
+        let ports =
+            BTreeMap::from([("ns/web:http".to_string(), Box::new(port())), ("ns/other".to_string(), Box::new(other))]);
         let settings = Settings::new(kpx_rules::model::IpFamily::V4, kpx_rules::model::ProxyMode::Nftables);
         let rules =
             vec![rule(Attachment::BeforeDispatch, Some("all"), None), rule(Attachment::Service, Some("n"), None)];

@@ -290,7 +290,7 @@ mod tests {
     fn layout(counter: &str) -> Layout {
         let mut p = ServicePort::new("ns", "web", "", kpx_rules::model::Protocol::Tcp, 80);
         p.cluster_ip = Some("10.96.0.10".parse().unwrap());
-        let ports = BTreeMap::from([(p.key.clone(), p)]);
+        let ports = BTreeMap::from([(p.key.clone(), Box::new(p))]);
         let rule = Rule {
             attachment: Attachment::BeforeDispatch,
             service: "ns/web".into(),

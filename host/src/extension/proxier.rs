@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, Settings};
 
 use kpx_rules::ops::extension::Ruleset;
 
@@ -31,7 +31,7 @@ pub struct Feed<'a> {
     pub settings: &'a Settings,
     pub node: &'a Node,
     pub cluster: &'a Cluster,
-    pub ports: &'a BTreeMap<String, ServicePort>,
+    pub ports: &'a crate::state::PortMap,
     /// Service ports plus endpoints (what scales a call's fuel).
     pub objects: usize,
 }
@@ -217,7 +217,7 @@ impl ExtensionProxier {
         // A full sync replays the state: the changes of a sync that failed
         // before this extension ran are in it.
         if full {
-            self.call(|i| i.reset(node, cluster, ports.values()))?;
+            self.call(|i| i.reset(node, cluster, ports.values().map(|p| &**p)))?;
         } else if !changes.is_empty() {
             self.call(|i| i.apply(changes))?;
         }
@@ -258,7 +258,7 @@ impl ExtensionProxier {
         let Feed { settings, node, cluster, ports, objects } = *feed;
         let c = &self.configured;
         let mut instance = plugin.instantiate(&c.name, settings, &c.parameters)?;
-        instance.reset(node, cluster, ports.values())?;
+        instance.reset(node, cluster, ports.values().map(|p| &**p))?;
         let ruleset = instance.render(objects)?;
         crate::validate::extension::check(plugin.name(), self.family, &ruleset, ports)
             .map_err(|e| Error::Sync { family: self.family, source: e.into() })?;

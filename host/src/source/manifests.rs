@@ -21,6 +21,7 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, SystemTime};
 
 use super::{Event, Object, ObjectRef};
+use smallvec::SmallVec;
 
 /// How often the files are checked without inotify, and while the first
 /// complete read is awaited.
@@ -60,8 +61,10 @@ struct FileState {
 #[derive(Debug, Default)]
 struct Held {
     /// Its definitions by file, in path order (and file order within one
-    /// file): the first is the one that counts.
-    defs: Vec<(Arc<Path>, Object)>,
+    /// file): the first is the one that counts. Nearly every object has
+    /// one, held inline (a `Vec` was one more allocation per object, 2.6 MB
+    /// at 10k Services in a heaptrack profile).
+    defs: SmallVec<[(Arc<Path>, Object); 1]>,
     /// What was last reported, until a delete is reported.
     reported: Option<Object>,
 }

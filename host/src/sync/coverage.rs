@@ -5,17 +5,17 @@
 //! each port's cluster IP must end at one of the port's endpoints wherever
 //! the running component's rules send it to one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kpx_rules::model::{Cluster, IpFamily, ServicePort, Settings};
+use kpx_rules::model::{Cluster, IpFamily, Settings};
 use kpx_rules::ops::Ruleset;
 use kpx_rules::trace::{self, Ending, Packet};
 
 use crate::kernel::{iptables, nftables};
 
 /// The ports whose cluster IP has endpoints for its traffic.
-pub fn required(family: IpFamily, ports: &BTreeMap<String, ServicePort>) -> BTreeSet<String> {
+pub fn required(family: IpFamily, ports: &crate::state::PortMap) -> BTreeSet<String> {
     ports.values().filter(|p| p.view(family).is_some_and(|v| v.has_internal())).map(|p| p.key.clone()).collect()
 }
 
@@ -25,7 +25,7 @@ pub fn covered(
     settings: &Settings,
     cluster: &Cluster,
     local_addresses: &[IpAddr],
-    ports: &BTreeMap<String, ServicePort>,
+    ports: &crate::state::PortMap,
     keys: &BTreeSet<String>,
     ruleset: &Ruleset,
 ) -> Result<BTreeSet<String>, String> {

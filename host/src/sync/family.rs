@@ -241,13 +241,13 @@ impl FamilyProxier {
             }
             for mut port in ports {
                 let key = port.key.clone();
-                self.planner.plan(&mut port, self.sent.ports.get(&key));
+                self.planner.plan(&mut port, self.sent.get(&key));
                 if self.planner.uses_load(&port) {
                     self.load_ports.insert(port.key.clone());
                 } else {
                     self.load_ports.remove(&port.key);
                 }
-                if self.sent.ports.get(&port.key) != Some(&port) {
+                if self.sent.get(&port.key) != Some(&port) {
                     if keep {
                         self.sent.insert(self.family, port.clone());
                         out.push(Change::Upsert(port));
@@ -291,7 +291,7 @@ impl FamilyProxier {
         self.planner.expire_load();
         let mut changed = 0;
         for key in self.load_ports.clone() {
-            let Some(sent) = self.sent.ports.get(&key) else { continue };
+            let Some(sent) = self.sent.get(&key) else { continue };
             let mut port = sent.clone();
             self.planner.plan(&mut port, Some(sent));
             if &port != sent {
@@ -385,7 +385,7 @@ impl FamilyProxier {
             // The reset replays what was sent; the changes are in it.
             changes = Vec::new();
             let mut instance = self.plugin.instantiate(&self.settings)?;
-            instance.reset(&self.node, &self.cluster, self.sent.ports.values())?;
+            instance.reset(&self.node, &self.cluster, self.sent.values())?;
             self.instance = Some(instance);
             full = true;
         } else if !changes.is_empty() {
@@ -506,7 +506,7 @@ impl FamilyProxier {
     pub fn try_scheduler(&self, index: usize, plugin: Arc<SchedulerPlugin>, names: &[String]) -> Result<Trial, Error> {
         let mut planner = self.planner.replaced(index, plugin.clone());
         let mut sent = Sent::default();
-        for port in self.sent.ports.values() {
+        for port in self.sent.values() {
             let mut port = port.clone();
             if port.scheduler.as_ref().is_some_and(|s| names.contains(&s.name)) {
                 planner.plan(&mut port, None);
@@ -532,14 +532,14 @@ impl FamilyProxier {
 
     /// (service port, scheduler name) of every port that names one.
     pub fn scheduler_users(&self) -> Vec<(String, String)> {
-        crate::userspace::scheduler_users(self.sent.ports.values())
+        crate::userspace::scheduler_users(self.sent.values())
     }
 
     /// A fresh instance of `plugin` holding `sent`, whose full render the
     /// host accepts.
     fn rehearse(&self, plugin: &BackendPlugin, sent: &Sent) -> Result<(BackendInstance, Ruleset), Error> {
         let mut instance = plugin.instantiate(&self.settings)?;
-        instance.reset(&self.node, &self.cluster, sent.ports.values())?;
+        instance.reset(&self.node, &self.cluster, sent.values())?;
         let ruleset = instance.render(true, sent.objects)?;
         let view = StateView {
             cluster: &self.cluster,
@@ -560,7 +560,7 @@ impl FamilyProxier {
         self.instance = Some(trial.instance);
         let mut old_planned = None;
         if let Some((mut planner, sent)) = trial.planned {
-            let load_ports = sent.ports.values().filter(|p| planner.uses_load(p)).map(|p| p.key.clone()).collect();
+            let load_ports = sent.values().filter(|p| planner.uses_load(p)).map(|p| p.key.clone()).collect();
             old_planned = Some(PlannedBefore {
                 load_ports: std::mem::replace(&mut self.load_ports, load_ports),
                 planner: std::mem::replace(&mut self.planner, planner),
@@ -634,7 +634,7 @@ pub struct Trial {
 /// from them, kept up to date port by port rather than recomputed each sync.
 #[derive(Default)]
 struct Sent {
-    ports: BTreeMap<String, ServicePort>,
+    ports: crate::state::PortMap,
     /// The state's destinations and endpoints: what the plugin's rules may
     /// refer to.
     scope: Scope,
@@ -643,9 +643,17 @@ struct Sent {
 }
 
 impl Sent {
+    fn get(&self, key: &str) -> Option<&ServicePort> {
+        self.ports.get(key).map(|p| &**p)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &ServicePort> {
+        self.ports.values().map(|p| &**p)
+    }
+
     fn insert(&mut self, family: IpFamily, port: ServicePort) {
         self.count(family, &port, true);
-        if let Some(old) = self.ports.insert(port.key.clone(), port) {
+        if let Some(old) = self.ports.insert(port.key.clone(), Box::new(port)) {
             self.count(family, &old, false);
         }
     }

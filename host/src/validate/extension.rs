@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kpx_rules::model::{IpFamily, ServicePort};
+use kpx_rules::model::IpFamily;
 use kpx_rules::ops::extension::{Action, Attachment, MAX_COUNTER_NAME, Rate, Rule, Ruleset, valid_counter_name};
 
 use super::{Rejected, shorten_debug};
@@ -48,7 +48,7 @@ pub fn check(
     plugin: &str,
     family: IpFamily,
     ruleset: &Ruleset,
-    ports: &BTreeMap<String, ServicePort>,
+    ports: &crate::state::PortMap,
 ) -> Result<Skipped, Rejected> {
     let refuse = |i: usize, rule: &Rule, reason: String| Rejected {
         plugin: plugin.to_string(),
@@ -133,12 +133,12 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kpx_rules::model::{Cidr, Protocol};
+    use kpx_rules::model::{Cidr, Protocol, ServicePort};
     use kpx_rules::ops::extension::SourceMatch;
 
-    fn ports() -> BTreeMap<String, ServicePort> {
+    fn ports() -> crate::state::PortMap {
         let p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
-        BTreeMap::from([(p.key.clone(), p)])
+        BTreeMap::from([(p.key.clone(), Box::new(p))])
     }
 
     fn rule() -> Rule {
@@ -201,10 +201,10 @@ mod tests {
         assert!(refusal(counters).contains("65 counters"));
         // Past the extension's totals: the ports that would pass them are
         // left out, the earlier ones stand.
-        let ports: BTreeMap<String, ServicePort> = (0..=MAX_OBJECTS)
+        let ports: crate::state::PortMap = (0..=MAX_OBJECTS)
             .map(|i| {
                 let p = ServicePort::new("ns", &format!("web{i:05}"), "", Protocol::Tcp, 80);
-                (p.key.clone(), p)
+                (p.key.clone(), Box::new(p))
             })
             .collect();
         let limited: Vec<Rule> = ports

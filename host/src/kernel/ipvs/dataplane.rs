@@ -232,8 +232,11 @@ impl IpvsDataplane {
             NodePortAddresses::Only(cidrs) => cidrs.iter().filter(|c| c.is_host()).map(|c| c.addr).collect(),
             NodePortAddresses::All => Vec::new(),
         };
-        let mut sets =
-            Sets::desired(self.family, ports, &NodeFacts { node_addresses: &node_addresses, bound: &wanted });
+        let mut sets = Sets::desired(
+            self.family,
+            ports.map(|p| &**p),
+            &NodeFacts { node_addresses: &node_addresses, bound: &wanted },
+        );
         for (address, protocol, port) in &work.slotted {
             sets.add(super::sets::Kind::Slotted, super::sets::Entry::IpPort(*address, *protocol, *port));
         }
