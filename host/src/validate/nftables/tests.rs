@@ -303,3 +303,50 @@ fn a_refused_huge_operation_is_named_in_a_few_hundred_bytes() {
     let err = run(&with(Op::AddElements(w.finish())), &Model::default(), &scope(), true).unwrap_err();
     assert!(err.item.len() <= 410 && err.to_string().contains("not a cluster IP"), "{err}");
 }
+
+#[test]
+fn distinct_facts_pack_to_distinct_words_and_counts_add_up() {
+    let ips: Vec<IpAddr> =
+        ["0.0.0.0", "10.0.0.1", "10.0.0.2", "255.255.255.255"].iter().map(|s| s.parse().unwrap()).collect();
+    let protocols = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+    let ports = [0u16, 1, 80, 65535];
+    let mut refs = Vec::new();
+    for &ip in &ips {
+        refs.push(Ref::ClusterIp(ip));
+        refs.push(Ref::EndpointIp(ip));
+        for &port in &ports {
+            refs.push(Ref::Endpoint((ip, port)));
+            for &p in &protocols {
+                refs.push(Ref::Destination((ip, p, port)));
+            }
+        }
+    }
+    for &port in &ports {
+        for &p in &protocols {
+            refs.push(Ref::NodePort((p, port)));
+        }
+    }
+    let packed: std::collections::HashSet<[u32; 2]> = refs.iter().map(|r| RefCounts::pack(r).unwrap()).collect();
+    assert_eq!(packed.len(), refs.len());
+    let v6: IpAddr = "fd00::1".parse().unwrap();
+    assert_eq!(RefCounts::pack(&Ref::Endpoint((v6, 80))), None);
+
+    // Counts: an overlay's deltas merge into the model's, and a fact whose
+    // count comes to 0 is dropped, in both families.
+    let mut model = RefCounts::default();
+    let mut overlay = RefCounts::default();
+    for r in [Ref::Endpoint((ips[1], 80)), Ref::Endpoint((v6, 80))] {
+        overlay.add(r, 2, false);
+    }
+    model.merge(overlay);
+    assert_eq!((model.get(&Ref::Endpoint((ips[1], 80))), model.get(&Ref::Endpoint((v6, 80)))), (2, 2));
+    let mut overlay = RefCounts::default();
+    for r in [Ref::Endpoint((ips[1], 80)), Ref::Endpoint((v6, 80))] {
+        overlay.add(r, -1, false);
+        overlay.add(r, -1, false);
+    }
+    overlay.add(Ref::ClusterIp(ips[2]), 1, false);
+    model.merge(overlay);
+    assert_eq!((model.v4.len(), model.other.len()), (1, 0));
+    assert_eq!(model.get(&Ref::ClusterIp(ips[2])), 1);
+}
