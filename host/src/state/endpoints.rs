@@ -4,16 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ServicePort as K8sPort;
 use kpx_rules::model::{Conditions, Endpoint, IpFamily};
 
 use super::topology::HintedEndpoint;
-use crate::source::Slice;
 
 pub fn for_port(
-    slices: Option<&BTreeMap<String, Arc<Slice>>>,
+    slices: Option<&super::SliceSet>,
     family: IpFamily,
     port: &K8sPort,
     node_name: &str,
