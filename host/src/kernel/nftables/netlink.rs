@@ -62,6 +62,9 @@ pub struct Message {
 /// appended to another keeps its buffer. The batch's begin and end,
 /// sequence numbers, the family and the last message's ack are set when
 /// it is sent.
+/// The smallest part a batch adds when its last one is full.
+const PART: usize = 1 << 20;
+
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// The messages, in order, in one or more buffers.
@@ -82,12 +85,21 @@ impl Batch {
     }
 
     pub fn push(&mut self, m: Message) {
-        let buf = self.parts.last_mut().expect("a batch has a part");
-        // Grown by a quarter, not doubled: its size is the sync's.
+        // A full part is not grown (a reallocation holds the old buffer
+        // and the new one at once, and copies): the next message starts a
+        // part of its own, an eighth of the batch so far or 1 MiB, so that
+        // a batch of 256 MiB is about 50 parts, far below the kernel's
+        // 1024 per send.
         let need = HEADER + NFGENMSG + m.attrs.buf.len();
-        if buf.capacity() - buf.len() < need {
-            buf.reserve_exact(need.max(buf.len() / 4));
+        let last = self.parts.last().expect("a batch has a part");
+        if last.capacity() - last.len() < need {
+            let size = need.max(PART).max(self.bytes() / 8);
+            if last.is_empty() {
+                self.parts.pop();
+            }
+            self.parts.push(Vec::with_capacity(size));
         }
+        let buf = self.parts.last_mut().expect("a batch has a part");
         let msg_type = (NFNL_SUBSYS_NFTABLES << 8) | m.msg_type;
         push_message(buf, msg_type, NLM_F_REQUEST | m.flags, 0, 0, 0, &m.attrs.buf);
         self.whats.push(m.what);
@@ -452,6 +464,52 @@ mod tests {
         assert!(!after_refusal.contains(&"kpx-t".to_string()), "{after_refusal:?}");
         assert_eq!((first, again), (Ok(()), Ok(())));
         assert!(tables.contains(&"kpx-t".to_string()), "{tables:?}");
+    }
+
+    /// A batch of several parts (more than 1 MiB of messages) is sent whole,
+    /// numbered across its parts: every message applies, and a refused one
+    /// in a later part is named.
+    #[test]
+    fn a_batch_of_several_parts_applies_whole() {
+        use super::super::encode::{add_chain_in, add_table_in};
+        let mut lab = match kpx_netlab::Lab::new() {
+            Ok(lab) => lab,
+            Err(kpx_netlab::Error::Unavailable(why)) => return eprintln!("skipped: {why}"),
+            Err(e) => panic!("{e}"),
+        };
+        let ns = lab.add("nlp").unwrap();
+        let name = |i: usize| format!("c{i:05}-{}", "x".repeat(180));
+        let chains = 8000;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = ns.enter(move || {
+            std::thread::spawn(move || {
+                let mut nl = Netlink::open().unwrap();
+                let mut bad = Batch::from_iter([add_table_in("kpx-t", "t")]);
+                for i in 0..chains {
+                    bad.push(add_chain_in("kpx-t", &name(i)));
+                }
+                bad.push(add_chain_in("kpx-nope", "late"));
+                let bad_parts = bad.parts.iter().filter(|p| !p.is_empty()).count();
+                let refused = nl.transact(NFPROTO_IPV4, &mut bad);
+                let mut good = Batch::from_iter([add_table_in("kpx-t", "t")]);
+                for i in 0..chains {
+                    good.push(add_chain_in("kpx-t", &name(i)));
+                }
+                let (parts, bytes) = (good.parts.iter().filter(|p| !p.is_empty()).count(), good.bytes());
+                let applied = nl.transact(NFPROTO_IPV4, &mut good);
+                let dumped = nl.dump(NFT_MSG_GETCHAIN, NFPROTO_IPV4, &Writer::new()).unwrap();
+                let _ = tx.send((bad_parts, refused, parts, bytes, applied, dumped.len()));
+            });
+        });
+        let (bad_parts, refused, parts, bytes, applied, dumped) =
+            rx.recv_timeout(std::time::Duration::from_secs(30)).expect("answered within 30 s");
+        assert!(bad_parts > 1 && parts > 1 && bytes > PART, "{bad_parts} and {parts} parts, {bytes} bytes");
+        match refused {
+            Err(Error::Refused { op, errno, .. }) => assert_eq!((op.as_str(), errno), ("add chain late", ENOENT)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(applied, Ok(()));
+        assert_eq!(dumped, chains);
     }
 
     #[test]
