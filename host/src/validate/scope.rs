@@ -14,22 +14,110 @@ use std::net::IpAddr;
 
 use kpx_rules::model::{IpFamily, Protocol, ServicePort};
 
+/// A fact as it is counted: an IPv4 one (or one with no address) packed
+/// into two words, so that a counted set costs 12 bytes an entry, not 24
+/// (at 30k Services x 10, each of the two endpoint sets was 13 MB of the
+/// host's heap in a heaptrack profile). Distinct facts of one type pack
+/// to distinct words, and `unpack` gives the fact back.
+pub trait Fact: Hash + Eq + Clone {
+    fn pack(&self) -> Option<[u32; 2]>;
+    fn unpack(w: [u32; 2]) -> Self;
+}
+
+fn protocol_word(p: Protocol) -> u32 {
+    match p {
+        Protocol::Tcp => 1,
+        Protocol::Udp => 2,
+        Protocol::Sctp => 3,
+    }
+}
+
+fn protocol_of(w: u32) -> Protocol {
+    match w {
+        1 => Protocol::Tcp,
+        2 => Protocol::Udp,
+        _ => Protocol::Sctp,
+    }
+}
+
+fn v4(ip: &IpAddr) -> Option<u32> {
+    match ip {
+        IpAddr::V4(a) => Some(u32::from(*a)),
+        IpAddr::V6(_) => None,
+    }
+}
+
+fn ip_of(w: u32) -> IpAddr {
+    IpAddr::V4(std::net::Ipv4Addr::from(w))
+}
+
+impl Fact for IpAddr {
+    fn pack(&self) -> Option<[u32; 2]> {
+        Some([v4(self)?, 0])
+    }
+    fn unpack(w: [u32; 2]) -> IpAddr {
+        ip_of(w[0])
+    }
+}
+
+impl Fact for u16 {
+    fn pack(&self) -> Option<[u32; 2]> {
+        Some([u32::from(*self), 0])
+    }
+    fn unpack(w: [u32; 2]) -> u16 {
+        w[0] as u16
+    }
+}
+
+impl Fact for (Protocol, u16) {
+    fn pack(&self) -> Option<[u32; 2]> {
+        Some([protocol_word(self.0), u32::from(self.1)])
+    }
+    fn unpack(w: [u32; 2]) -> (Protocol, u16) {
+        (protocol_of(w[0]), w[1] as u16)
+    }
+}
+
+impl Fact for (IpAddr, u16) {
+    fn pack(&self) -> Option<[u32; 2]> {
+        Some([v4(&self.0)?, u32::from(self.1)])
+    }
+    fn unpack(w: [u32; 2]) -> (IpAddr, u16) {
+        (ip_of(w[0]), w[1] as u16)
+    }
+}
+
+impl Fact for (IpAddr, Protocol, u16) {
+    fn pack(&self) -> Option<[u32; 2]> {
+        Some([v4(&self.0)?, protocol_word(self.1) << 16 | u32::from(self.2)])
+    }
+    fn unpack(w: [u32; 2]) -> (IpAddr, Protocol, u16) {
+        (ip_of(w[0]), protocol_of(w[1] >> 16), w[1] as u16)
+    }
+}
+
 /// A multiset that remembers what left it.
 #[derive(Debug, Clone)]
 pub struct Counted<K> {
-    counts: HashMap<K, u32>,
+    /// Facts that pack, by their words.
+    packed: HashMap<[u32; 2], u32>,
+    /// The others (IPv6).
+    other: HashMap<K, u32>,
     removed: HashSet<K>,
 }
 
 impl<K> Default for Counted<K> {
     fn default() -> Self {
-        Counted { counts: HashMap::new(), removed: HashSet::new() }
+        Counted { packed: HashMap::new(), other: HashMap::new(), removed: HashSet::new() }
     }
 }
 
-impl<K: Hash + Eq + Clone> Counted<K> {
+impl<K: Fact> Counted<K> {
     pub fn contains(&self, k: &K) -> bool {
-        self.counts.contains_key(k)
+        match k.pack() {
+            Some(w) => self.packed.contains_key(&w),
+            None => self.other.contains_key(k),
+        }
     }
 
     pub fn add(&mut self, k: K) {
@@ -39,31 +127,45 @@ impl<K: Hash + Eq + Clone> Counted<K> {
         if !self.removed.is_empty() {
             self.removed.remove(&k);
         }
-        *self.counts.entry(k).or_default() += 1;
+        match k.pack() {
+            Some(w) => *self.packed.entry(w).or_default() += 1,
+            None => *self.other.entry(k).or_default() += 1,
+        }
     }
 
     /// Takes back one [`Counted::add`]; the key leaves with the last.
     pub fn remove(&mut self, k: &K) {
-        if let Some(n) = self.counts.get_mut(k) {
-            *n -= 1;
-            if *n == 0 {
-                self.counts.remove(k);
-                self.removed.insert(k.clone());
-            }
+        let gone = match k.pack() {
+            Some(w) => Self::take_one(&mut self.packed, &w),
+            None => Self::take_one(&mut self.other, k),
+        };
+        if gone {
+            self.removed.insert(k.clone());
         }
     }
 
+    /// One count less; whether that was the last.
+    fn take_one<Q: Hash + Eq>(counts: &mut HashMap<Q, u32>, k: &Q) -> bool {
+        let Some(n) = counts.get_mut(k) else { return false };
+        *n -= 1;
+        if *n > 0 {
+            return false;
+        }
+        counts.remove(k);
+        true
+    }
+
     pub fn len(&self) -> usize {
-        self.counts.len()
+        self.packed.len() + self.other.len()
     }
 
     /// Every key present.
-    pub fn iter(&self) -> impl Iterator<Item = &K> {
-        self.counts.keys()
+    pub fn iter(&self) -> impl Iterator<Item = K> + '_ {
+        self.packed.keys().map(|w| K::unpack(*w)).chain(self.other.keys().cloned())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+        self.packed.is_empty() && self.other.is_empty()
     }
 
     /// Keys that left since the last [`Counted::forget_removed`].
@@ -178,5 +280,47 @@ mod tests {
         assert!(s.endpoints.is_empty() && s.destinations.is_empty() && s.node_ports.is_empty());
         s.forget_removed();
         assert_eq!(s.endpoints.removed().count(), 0);
+    }
+
+    #[test]
+    fn facts_pack_to_distinct_words_and_come_back() {
+        let ips: Vec<IpAddr> = ["0.0.0.0", "10.0.0.1", "255.255.255.255"].iter().map(|s| s.parse().unwrap()).collect();
+        let protocols = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+        let ports = [0u16, 1, 80, 65535];
+        fn round_trip<K: Fact + std::fmt::Debug>(facts: &[K]) {
+            let words: HashSet<[u32; 2]> = facts.iter().map(|f| f.pack().unwrap()).collect();
+            assert_eq!(words.len(), facts.len(), "{facts:?}");
+            for f in facts {
+                assert_eq!(&K::unpack(f.pack().unwrap()), f);
+            }
+        }
+        round_trip(&ips);
+        round_trip(&ports);
+        let np: Vec<(Protocol, u16)> = protocols.iter().flat_map(|&p| ports.iter().map(move |&n| (p, n))).collect();
+        round_trip(&np);
+        let eps: Vec<(IpAddr, u16)> = ips.iter().flat_map(|&ip| ports.iter().map(move |&n| (ip, n))).collect();
+        round_trip(&eps);
+        let ds: Vec<Destination> = eps.iter().flat_map(|&(ip, n)| protocols.iter().map(move |&p| (ip, p, n))).collect();
+        round_trip(&ds);
+
+        // IPv6 facts are counted as they are, beside the packed ones.
+        let mut c: Counted<EndpointAddr> = Counted::default();
+        let (v4, v6): (EndpointAddr, EndpointAddr) =
+            (("10.0.0.1".parse().unwrap(), 80), ("fd00::1".parse().unwrap(), 80));
+        for e in [v4, v6, v6] {
+            c.add(e);
+        }
+        assert_eq!((c.len(), c.packed.len(), c.other.len()), (2, 1, 1));
+        let mut all: Vec<EndpointAddr> = c.iter().collect();
+        all.sort();
+        assert_eq!(all, vec![v4, v6]);
+        c.remove(&v6);
+        assert!(c.contains(&v6) && c.removed().count() == 0);
+        c.remove(&v6);
+        c.remove(&v4);
+        assert!(c.is_empty());
+        let mut gone: Vec<&EndpointAddr> = c.removed().collect();
+        gone.sort();
+        assert_eq!(gone, vec![&v4, &v6]);
     }
 }
