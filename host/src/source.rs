@@ -3,14 +3,16 @@
 
 pub mod api;
 pub mod manifests;
+pub mod service;
 pub mod slice;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+pub use service::Service;
 pub use slice::Slice;
 
 /// The kinds of object kpx reads.
@@ -56,6 +58,7 @@ impl std::fmt::Display for ObjectRef {
 /// same copy, which at tens of thousands of objects is most of kpx's memory.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
+    /// Kept in kpx's own compact form ([`Service`]).
     Service(Arc<Service>),
     /// Kept in kpx's own compact form ([`Slice`]).
     EndpointSlice(Arc<Slice>),
@@ -82,7 +85,11 @@ impl Object {
             name: meta.name.clone().unwrap_or_default(),
         };
         match self {
-            Object::Service(o) => of(Kind::Service, &o.metadata),
+            Object::Service(o) => ObjectRef {
+                kind: Kind::Service,
+                namespace: o.metadata.namespace.clone().unwrap_or_default(),
+                name: o.metadata.name.clone().unwrap_or_default(),
+            },
             Object::EndpointSlice(o) => {
                 ObjectRef { kind: Kind::EndpointSlice, namespace: o.meta.namespace.clone(), name: o.meta.name.clone() }
             }

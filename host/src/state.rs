@@ -13,10 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use kpx_rules::model::{self, IpFamily, Protocol};
 
-use crate::source::{Event, Kind, Object, ObjectRef, Slice};
+use crate::source::{Event, Kind, Object, ObjectRef, Service, Slice};
 use smallvec::SmallVec;
 
 /// `namespace/name` of a Service.
@@ -351,7 +351,7 @@ impl State {
         for (name, svc) in &self.services {
             let Some(spec) = &svc.spec else { continue };
             let port = spec.health_check_node_port.unwrap_or(0);
-            if spec.external_traffic_policy.as_deref() != Some("Local") || !(1..=65535).contains(&port) {
+            if spec.external_traffic_policy != model::TrafficPolicy::Local || !(1..=65535).contains(&port) {
                 continue;
             }
             let mut local: BTreeSet<IpAddr> = BTreeSet::new();
@@ -373,7 +373,7 @@ impl State {
     }
 }
 
-fn service_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ServiceName {
+fn service_name(meta: &crate::source::service::ServiceMeta) -> ServiceName {
     ServiceName { namespace: meta.namespace.clone().unwrap_or_default(), name: meta.name.clone().unwrap_or_default() }
 }
 

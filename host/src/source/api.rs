@@ -165,7 +165,7 @@ fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futur
     let node = base.clone().fields(&format!("metadata.name={node_name}"));
     futures::stream::select_all([
         watch_kind(Api::<Service>::all(client.clone()), services.clone(), Kind::Service, |o| {
-            Object::Service(Arc::new(strip::service(o)))
+            Object::Service(Arc::new(o.into()))
         }),
         watch_kind(Api::<wire::WireSlice>::all(client.clone()), services, Kind::EndpointSlice, |o| {
             Object::EndpointSlice(Arc::new(o.into()))

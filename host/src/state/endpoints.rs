@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::ServicePort as K8sPort;
+use crate::source::service::ServicePort as K8sPort;
 use kpx_rules::model::{Conditions, Endpoint, IpFamily};
 
 use super::topology::HintedEndpoint;

@@ -2,25 +2,25 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Node, Service, ServicePort as K8sPort};
-use kpx_rules::model::{self, Cidr, IpFamily, Protocol, TrafficPolicy};
+use k8s_openapi::api::core::v1::Node;
+use kpx_rules::model::{self, Cidr, IpFamily, Protocol};
 
 use super::topology::HintedEndpoint;
-
-use super::SERVICE_PROXY_NAME_LABEL;
+use crate::source::Service;
+use crate::source::service::{ServicePort as K8sPort, ServiceType};
 
 /// Upstream's `ShouldSkipService` plus the service-proxy-name label: kpx
 /// has no proxy name, so any Service that names one belongs to another proxy.
 pub fn should_skip(svc: &Service) -> bool {
     let Some(spec) = &svc.spec else { return true };
-    if spec.type_.as_deref() == Some("ExternalName") {
+    if spec.type_ == Some(ServiceType::ExternalName) {
         return true;
     }
     let ip = spec.cluster_ip.as_deref().unwrap_or("");
     if ip.is_empty() || ip == "None" {
         return true;
     }
-    svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+    svc.metadata.other_proxy
 }
 
 fn parse_protocol(p: Option<&str>) -> Protocol {
@@ -29,10 +29,6 @@ fn parse_protocol(p: Option<&str>) -> Protocol {
         Some("SCTP") => Protocol::Sctp,
         _ => Protocol::Tcp,
     }
-}
-
-fn policy(p: Option<&str>) -> TrafficPolicy {
-    if p == Some("Local") { TrafficPolicy::Local } else { TrafficPolicy::Cluster }
 }
 
 fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<IpAddr> {
@@ -59,10 +55,9 @@ pub fn service_ports(
     };
     let namespace = svc.metadata.namespace.clone().unwrap_or_default();
     let name = svc.metadata.name.clone().unwrap_or_default();
-    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let is_lb = spec.type_ == Some(ServiceType::LoadBalancer);
     let lb_ips: Vec<IpAddr> = if is_lb {
-        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
-        let programmed = ingress.into_iter().flatten().filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
+        let programmed = svc.ingress.iter().filter(|i| i.ip_mode.as_deref() != Some("Proxy"));
         ips_of(family, programmed.filter_map(|i| i.ip.clone()))
     } else {
         Vec::new()
@@ -74,10 +69,8 @@ pub fn service_ports(
         .filter_map(|r| r.trim().parse::<Cidr>().ok())
         .filter(|c| c.family() == family)
         .collect();
-    let affinity = if spec.session_affinity.as_deref() == Some("ClientIP") {
-        let configured =
-            spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
-        configured.map(|t| t.max(1) as u32).unwrap_or(10800)
+    let affinity = if spec.client_ip_affinity {
+        spec.affinity_timeout_seconds.map(|t| t.max(1) as u32).unwrap_or(10800)
     } else {
         0
     };
@@ -102,8 +95,8 @@ pub fn service_ports(
                 external_ips: ips_of(family, spec.external_ips.iter().flatten()),
                 load_balancer_ips: lb_ips.clone(),
                 load_balancer_source_ranges: source_ranges.clone(),
-                external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
-                internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
+                external_traffic_policy: spec.external_traffic_policy,
+                internal_traffic_policy: spec.internal_traffic_policy,
                 health_check_node_port: spec.health_check_node_port.unwrap_or(0) as u16,
                 affinity_timeout_seconds: affinity,
                 scheduler: scheduler.clone(),

@@ -36,7 +36,13 @@ fn same_meta(a: &ObjectMeta, b: &ObjectMeta) -> bool {
 fn same(a: &Object, b: &Object) -> bool {
     match (a, b) {
         (Object::Service(a), Object::Service(b)) => {
-            same_meta(&a.metadata, &b.metadata) && a.spec == b.spec && a.status == b.status
+            let (m, n) = (&a.metadata, &b.metadata);
+            m.name == n.name
+                && m.namespace == n.namespace
+                && m.other_proxy == n.other_proxy
+                && m.annotations == n.annotations
+                && a.spec == b.spec
+                && a.ingress == b.ingress
         }
         (Object::EndpointSlice(a), Object::EndpointSlice(b)) => {
             a.meta.name == b.meta.name
@@ -132,6 +138,7 @@ mod tests {
     use std::sync::Arc;
 
     use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
 
@@ -141,7 +148,7 @@ mod tests {
     }
 
     fn svc_port(name: &str, rv: &str, port: i32) -> Object {
-        Object::Service(Arc::new(Service {
+        Object::Service(Arc::new(crate::source::Service::from(Service {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
@@ -153,7 +160,7 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
-        }))
+        })))
     }
 
     fn resource_version(o: &Object) -> String {

@@ -2,9 +2,10 @@
 //! thousands of them cost what the proxy needs and no more (managed
 //! fields, owner references, Node images and conditions, endpoint target
 //! references, …). The manifest source keeps objects whole (EndpointSlices
-//! aside, which every source keeps as a [`Slice`]): they are written for kpx.
+//! and Services aside, which every source keeps as a [`Slice`] and a
+//! [`crate::source::Service`]): they are written for kpx.
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -23,19 +24,6 @@ fn meta(m: ObjectMeta, keep_labels: bool) -> ObjectMeta {
         deletion_timestamp: m.deletion_timestamp,
         ..Default::default()
     }
-}
-
-pub fn service(s: Service) -> Service {
-    let spec = s.spec.map(|mut spec| {
-        // The pod selector is the endpoint controller's business.
-        spec.selector = None;
-        spec
-    });
-    let status = s.status.map(|mut st| {
-        st.conditions = None;
-        st
-    });
-    Service { metadata: meta(s.metadata, true), spec, status }
 }
 
 pub fn node(n: Node) -> Node {
@@ -107,16 +95,16 @@ mod tests {
         assert_eq!(s.endpoints[0].zone.as_deref(), Some("a"));
         assert_eq!(s.meta.service_name.as_deref(), Some("web"));
 
-        let svc: Service = serde_json::from_value(serde_json::json!({
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "web", "namespace": "ns", "annotations": {"kpx.dev/scheduler": "maglev", "kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
             "spec": {"clusterIP": "10.96.0.1", "selector": {"app": "web"}, "ports": [{"port": 80}]}
         }))
         .unwrap();
-        let svc = service(svc);
+        // Services are kept as kpx's own type (source::service).
+        let svc = crate::source::Service::from(svc);
         assert_eq!(svc.metadata.annotations.unwrap().len(), 1);
         let spec = svc.spec.unwrap();
-        assert!(spec.selector.is_none());
         assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.1"));
     }
 }

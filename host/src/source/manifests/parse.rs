@@ -200,7 +200,9 @@ fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mu
             }
             return;
         }
-        ("v1", "Service") => typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Arc::new(o))),
+        ("v1", "Service") => {
+            typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Arc::new(o.into())))
+        }
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Arc::new(o.into())))
         }
