@@ -26,7 +26,7 @@ use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::{WatchStreamExt, watcher as watch};
@@ -164,7 +164,7 @@ fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futur
     let services = base.clone().labels(SERVICE_SELECTOR);
     let node = base.clone().fields(&format!("metadata.name={node_name}"));
     futures::stream::select_all([
-        watch_kind(Api::<Service>::all(client.clone()), services.clone(), Kind::Service, |o| {
+        watch_kind(Api::<wire::WireService>::all(client.clone()), services.clone(), Kind::Service, |o| {
             Object::Service(Arc::new(o.into()))
         }),
         watch_kind(Api::<wire::WireSlice>::all(client.clone()), services, Kind::EndpointSlice, |o| {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1 as k8s;
 use kpx_rules::model::TrafficPolicy;
+use serde::Deserialize;
 
 use crate::state::SERVICE_PROXY_NAME_LABEL;
 
@@ -66,36 +67,68 @@ pub struct ServiceSpec {
 }
 
 /// What kpx reads of one of `spec.ports`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ServicePort {
     pub name: Option<String>,
     pub protocol: Option<String>,
+    /// 0 when absent, as k8s-openapi reads it.
+    #[serde(default)]
     pub port: i32,
     pub node_port: Option<i32>,
 }
 
 /// What kpx reads of one of `status.loadBalancer.ingress`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Ingress {
     pub ip: Option<String>,
     pub ip_mode: Option<String>,
+}
+
+/// What kpx reads of a spec, as written (k8s's names and strings): the
+/// API source reads it straight off the wire, the manifest source makes
+/// it from k8s-openapi's (whose checks it runs), and both then parse it
+/// into a [`ServiceSpec`] the same way.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireSpec {
+    #[serde(rename = "type")]
+    type_: Option<String>,
+    #[serde(rename = "clusterIP")]
+    cluster_ip: Option<String>,
+    #[serde(rename = "clusterIPs")]
+    cluster_ips: Option<Vec<String>>,
+    ports: Option<Vec<ServicePort>>,
+    #[serde(rename = "externalIPs")]
+    external_ips: Option<Vec<String>>,
+    load_balancer_source_ranges: Option<Vec<String>>,
+    external_traffic_policy: Option<String>,
+    internal_traffic_policy: Option<String>,
+    health_check_node_port: Option<i32>,
+    session_affinity: Option<String>,
+    session_affinity_config: Option<AffinityConfig>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AffinityConfig {
+    #[serde(rename = "clientIP")]
+    client_ip: Option<ClientIpConfig>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIpConfig {
+    timeout_seconds: Option<i32>,
 }
 
 fn policy(p: Option<&str>) -> TrafficPolicy {
     if p == Some("Local") { TrafficPolicy::Local } else { TrafficPolicy::Cluster }
 }
 
-impl From<k8s::Service> for Service {
-    fn from(s: k8s::Service) -> Service {
-        let m = s.metadata;
-        let metadata = ServiceMeta {
-            name: m.name,
-            namespace: m.namespace,
-            resource_version: m.resource_version,
-            other_proxy: m.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)),
-            annotations: super::slice::kept_annotations(m.annotations),
-        };
-        let spec = s.spec.map(|spec| ServiceSpec {
+impl From<WireSpec> for ServiceSpec {
+    fn from(spec: WireSpec) -> ServiceSpec {
+        ServiceSpec {
             type_: spec.type_.as_deref().map(|t| match t {
                 "ClusterIP" => ServiceType::ClusterIp,
                 "NodePort" => ServiceType::NodePort,
@@ -105,12 +138,7 @@ impl From<k8s::Service> for Service {
             }),
             cluster_ip: spec.cluster_ip,
             cluster_ips: spec.cluster_ips,
-            ports: spec.ports.map(|ports| {
-                ports
-                    .into_iter()
-                    .map(|p| ServicePort { name: p.name, protocol: p.protocol, port: p.port, node_port: p.node_port })
-                    .collect()
-            }),
+            ports: spec.ports,
             external_ips: spec.external_ips,
             load_balancer_source_ranges: spec.load_balancer_source_ranges,
             external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
@@ -121,7 +149,50 @@ impl From<k8s::Service> for Service {
                 .session_affinity_config
                 .and_then(|c| c.client_ip)
                 .and_then(|c| c.timeout_seconds),
-        });
+        }
+    }
+}
+
+impl From<k8s::ServiceSpec> for WireSpec {
+    fn from(spec: k8s::ServiceSpec) -> WireSpec {
+        WireSpec {
+            type_: spec.type_,
+            cluster_ip: spec.cluster_ip,
+            cluster_ips: spec.cluster_ips,
+            ports: spec.ports.map(|ports| {
+                ports
+                    .into_iter()
+                    .map(|p| ServicePort { name: p.name, protocol: p.protocol, port: p.port, node_port: p.node_port })
+                    .collect()
+            }),
+            external_ips: spec.external_ips,
+            load_balancer_source_ranges: spec.load_balancer_source_ranges,
+            external_traffic_policy: spec.external_traffic_policy,
+            internal_traffic_policy: spec.internal_traffic_policy,
+            health_check_node_port: spec.health_check_node_port,
+            session_affinity: spec.session_affinity,
+            session_affinity_config: spec.session_affinity_config.map(|c| AffinityConfig {
+                client_ip: c.client_ip.map(|ip| ClientIpConfig { timeout_seconds: ip.timeout_seconds }),
+            }),
+        }
+    }
+}
+
+impl ServiceMeta {
+    /// What kpx reads of an object's metadata.
+    pub fn new(m: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ServiceMeta {
+        ServiceMeta {
+            name: m.name,
+            namespace: m.namespace,
+            resource_version: m.resource_version,
+            other_proxy: m.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)),
+            annotations: super::slice::kept_annotations(m.annotations),
+        }
+    }
+}
+
+impl From<k8s::Service> for Service {
+    fn from(s: k8s::Service) -> Service {
         let ingress = s
             .status
             .and_then(|st| st.load_balancer)
@@ -130,7 +201,11 @@ impl From<k8s::Service> for Service {
             .into_iter()
             .map(|i| Ingress { ip: i.ip, ip_mode: i.ip_mode })
             .collect();
-        Service { metadata, spec, ingress }
+        Service {
+            metadata: ServiceMeta::new(s.metadata),
+            spec: s.spec.map(|spec| WireSpec::from(spec).into()),
+            ingress,
+        }
     }
 }
 

@@ -256,3 +256,52 @@ fn no_endpoints_reject_and_local_policy_drop() {
     let shortcut = added(&full, &[], "nodeport-shortcut-tcp-1");
     assert_eq!(shortcut[0].data, Some(Data::Endpoint("10.1.0.4".parse().unwrap(), 8080)));
 }
+
+/// The index is sized from the estimate: at least each Service's elements
+/// (so it does not grow during a full render), and not far past them (an
+/// estimate of twice the count doubled the index at 30k Services).
+#[test]
+fn the_estimate_covers_each_kind_of_service_closely() {
+    let settings = Settings::new(IpFamily::V4, ProxyMode::Nftables);
+    let node = Node { addresses: vec!["192.168.0.10".parse().unwrap()], ..Default::default() };
+    let ctx = elements::Context { settings: &settings, node: &node };
+    let names = Names::default();
+    let eps = |n: usize, local: usize| -> Vec<Endpoint> {
+        (0..n)
+            .map(|i| {
+                let mut e = ep(&format!("10.1.{}.{}", i / 200, i % 200 + 1));
+                e.conditions.is_local = i < local;
+                e
+            })
+            .collect()
+    };
+    let cluster = svc("cluster", "172.30.0.1", eps(10, 0));
+    let mut node_port = svc("np", "172.30.0.2", eps(10, 0));
+    node_port.node_port = 30080;
+    let mut lb = svc("lb", "172.30.0.3", eps(10, 0));
+    lb.node_port = 30081;
+    lb.load_balancer_ips = vec!["198.51.100.1".parse().unwrap()];
+    lb.external_ips = vec!["192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap()];
+    let mut firewalled = lb.clone();
+    firewalled.name = "fw".into();
+    firewalled.load_balancer_source_ranges = vec!["10.0.0.0/8".parse().unwrap(), "192.168.0.0/16".parse().unwrap()];
+    let mut local = svc("local", "172.30.0.4", eps(10, 4));
+    local.node_port = 30082;
+    local.load_balancer_ips = vec!["198.51.100.2".parse().unwrap()];
+    local.external_traffic_policy = TrafficPolicy::Local;
+    local.internal_traffic_policy = TrafficPolicy::Local;
+    let mut no_local = local.clone();
+    no_local.name = "no-local".into();
+    local.local_endpoints = vec![0, 1, 2, 3];
+    let empty = svc("empty", "172.30.0.5", vec![]);
+    let big = svc("big", "172.30.0.6", eps(1000, 0));
+    for s in [cluster, node_port, lb, firewalled, local, no_local, empty, big] {
+        let made = elements::contribution(&ctx, &s, &names).elements.len();
+        let estimate = elements::estimate(&s);
+        assert!(
+            made <= estimate && estimate <= made + made / 4 + 4,
+            "{}: {made} elements, estimate {estimate}",
+            s.name
+        );
+    }
+}

@@ -22,6 +22,7 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, Endpoin
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
+use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec};
 use crate::source::slice::{Slice, SliceEndpoint};
 
 /// An EndpointSlice as listed or watched.
@@ -54,6 +55,66 @@ struct WireEndpoint {
     hints: Option<Box<EndpointHints>>,
 }
 
+/// A Service as listed or watched: what kpx reads of its spec and status
+/// ([`Service`]), never k8s-openapi's `Service` (about 840 bytes before its
+/// strings, a list of 30k of them held whole while it was converted).
+#[derive(Debug, Clone, Deserialize)]
+pub struct WireService {
+    #[serde(default, deserialize_with = "read_meta")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<WireSpec>,
+    #[serde(default)]
+    status: Option<WireServiceStatus>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireServiceStatus {
+    load_balancer: Option<WireLoadBalancer>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct WireLoadBalancer {
+    ingress: Option<Vec<Ingress>>,
+}
+
+impl From<WireService> for Service {
+    fn from(s: WireService) -> Service {
+        let ingress = s.status.and_then(|st| st.load_balancer).and_then(|lb| lb.ingress).unwrap_or_default();
+        Service { metadata: ServiceMeta::new(s.metadata), spec: s.spec.map(Into::into), ingress }
+    }
+}
+
+impl kube::Resource for WireService {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Service")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("services")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// What kpx reads of an object's metadata (and the watcher: the resource
 /// version); `managedFields`, owner references and the rest are skipped.
 #[derive(Deserialize)]
@@ -76,7 +137,9 @@ fn read_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
         labels: m.labels.map(|l| {
             l.into_iter()
                 .filter(|(k, _)| {
-                    k == crate::source::slice::SERVICE_NAME_LABEL || k == crate::source::slice::HEADLESS_LABEL
+                    k == crate::source::slice::SERVICE_NAME_LABEL
+                        || k == crate::source::slice::HEADLESS_LABEL
+                        || k == crate::state::SERVICE_PROXY_NAME_LABEL
                 })
                 .collect()
         }),
@@ -201,6 +264,56 @@ mod tests {
         let k8s: EndpointSlice = serde_json::from_str(&text).unwrap();
         let wire: WireSlice = serde_json::from_str(&text).unwrap();
         (Slice::from(k8s), Slice::from(wire))
+    }
+
+    /// The same Service text through k8s-openapi and through the wire type.
+    fn both_services(json: serde_json::Value) -> (Service, Service) {
+        let text = json.to_string();
+        let k8s: k8s_openapi::api::core::v1::Service = serde_json::from_str(&text).unwrap();
+        let wire: WireService = serde_json::from_str(&text).unwrap();
+        (Service::from(k8s), Service::from(wire))
+    }
+
+    #[test]
+    fn a_service_reads_as_through_the_k8s_types() {
+        let (k8s, wire) = both_services(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "ns", "resourceVersion": "7",
+                         "labels": {"service.kubernetes.io/service-proxy-name": "x", "app": "web"},
+                         "annotations": {"kpx.dev/scheduler": "lc", "other": "y"},
+                         "managedFields": [{"manager": "m"}]},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.1", "clusterIPs": ["10.96.0.1", "fd00::1"],
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30080,
+                                "appProtocol": "http"},
+                               {"name": "dns", "protocol": "UDP", "port": 53}],
+                     "externalIPs": ["192.0.2.1"], "loadBalancerSourceRanges": ["10.0.0.0/8"],
+                     "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Cluster", "healthCheckNodePort": 31000,
+                     "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}},
+                     "selector": {"app": "web"}, "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1", "ipMode": "VIP", "hostname": "h"}]},
+                       "conditions": []}
+        }));
+        assert_eq!(wire, k8s);
+        assert!(wire.metadata.other_proxy);
+        assert_eq!(wire.ingress.len(), 1);
+        assert_eq!(wire.spec.as_ref().unwrap().ports.as_ref().unwrap().len(), 2);
+        let (k8s, wire) = both_services(serde_json::json!({
+            "metadata": {"name": "bare", "labels": null},
+            "spec": {"ports": null, "clusterIP": null, "sessionAffinityConfig": null},
+            "status": {"loadBalancer": {}}
+        }));
+        assert_eq!(wire, k8s);
+        let (k8s, wire) = both_services(serde_json::json!({"metadata": {"name": "nospec"}}));
+        assert_eq!((wire.spec.as_ref(), &wire), (None, &k8s));
+        // A port without its number reads as 0 through both (the API
+        // server never sends one; the manifest source refuses it); a number
+        // that is not one is refused by both.
+        let (k8s, wire) =
+            both_services(serde_json::json!({"metadata": {"name": "x"}, "spec": {"ports": [{"name": "a"}]}}));
+        assert_eq!((wire.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, &wire), (0, &k8s));
+        let text = serde_json::json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": "80"}]}}).to_string();
+        assert!(serde_json::from_str::<k8s_openapi::api::core::v1::Service>(&text).is_err());
+        assert!(serde_json::from_str::<WireService>(&text).is_err());
     }
 
     #[test]
