@@ -229,6 +229,11 @@ pub async fn run(client: Client, node_name: String, tx: Sender<Event>) {
             if !mirrors.iter().any(|m| m.kind() == Kind::Node && m.holds_any()) {
                 tracing::warn!(node = %node_name, "no Node object of this name: node addresses, pod CIDRs and zone are unknown (is --hostname-override right?)");
             }
+            // The lists' responses and objects are freed in this thread's
+            // malloc arena, which the sync thread does not allocate from:
+            // given back before the first sync builds its ruleset (at 30k
+            // Services x 10, the daemon's peak 425 -> 398 MiB).
+            kpx_heap::release_free_memory();
             if tx.send(Event::Synced).is_err() {
                 return;
             }
