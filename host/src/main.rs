@@ -61,6 +61,9 @@ fn writer(flags: &Flags) -> anyhow::Result<BoxMakeWriter> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before any thread starts: large blocks mapped on their own, given
+    // back when freed (kpx_heap's doc has the figures).
+    kpx_heap::keep_large_blocks_mapped();
     let cli = match Cli::from_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(CliError::Clap(e)) => e.exit(),
