@@ -122,6 +122,14 @@ pub struct ClientIpConfig {
     timeout_seconds: Option<i32>,
 }
 
+/// A list read off the wire at its length: serde grows a list of unknown
+/// length from room for four (a slice's one port kept room for four, 9.6
+/// MB at 30k slices in a heaptrack profile, and a Service's 7.7 MB).
+pub(crate) fn exact<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
+}
+
 fn policy(p: Option<&str>) -> TrafficPolicy {
     if p == Some("Local") { TrafficPolicy::Local } else { TrafficPolicy::Cluster }
 }
@@ -137,10 +145,10 @@ impl From<WireSpec> for ServiceSpec {
                 _ => ServiceType::Other,
             }),
             cluster_ip: spec.cluster_ip,
-            cluster_ips: spec.cluster_ips,
-            ports: spec.ports,
-            external_ips: spec.external_ips,
-            load_balancer_source_ranges: spec.load_balancer_source_ranges,
+            cluster_ips: spec.cluster_ips.map(exact),
+            ports: spec.ports.map(exact),
+            external_ips: spec.external_ips.map(exact),
+            load_balancer_source_ranges: spec.load_balancer_source_ranges.map(exact),
             external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
             internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
             health_check_node_port: spec.health_check_node_port,

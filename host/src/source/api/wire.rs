@@ -22,7 +22,7 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, Endpoin
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec};
+use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec, exact};
 use crate::source::slice::{Slice, SliceEndpoint};
 
 /// An EndpointSlice as listed or watched.
@@ -217,7 +217,7 @@ impl From<WireSlice> for Slice {
                 .into_iter()
                 .map(|e| SliceEndpoint::new(fqdn, e.addresses, e.conditions, e.node_name, e.zone, e.hints.map(|h| *h))),
         );
-        Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports, endpoints }
+        Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports.map(exact), endpoints }
     }
 }
 
