@@ -36,14 +36,14 @@ pub use crate::source::slice::{HEADLESS_LABEL, SERVICE_NAME_LABEL};
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
-/// Each port's endpoints (address, port), by service port key, with the
-/// port's protocol: upstream's EndpointsMap.
 /// Service ports by key, as a family's proxier sent them to its plugin.
 /// Boxed: a port is 456 bytes, and a B-tree filled in key order leaves
 /// its nodes about half full (7.6 MB of nodes at 10k ports inline,
 /// against about 4.9 MB boxed, in heaptrack profiles).
 pub type PortMap = BTreeMap<String, Box<model::ServicePort>>;
 
+/// Each port's endpoints (address, port), by service port key, with the
+/// port's protocol: upstream's EndpointsMap.
 pub type EndpointsMap = BTreeMap<String, (Protocol, BTreeSet<(IpAddr, u16)>)>;
 
 /// One Service's endpoints before a batch of changes, as upstream's

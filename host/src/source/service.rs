@@ -72,8 +72,8 @@ pub struct ServiceSpec {
 pub struct ServicePort {
     pub name: Option<String>,
     pub protocol: Option<String>,
-    /// 0 when absent, as k8s-openapi reads it.
-    #[serde(default)]
+    /// 0 when absent or null, as k8s-openapi reads it.
+    #[serde(default, deserialize_with = "null_as_default")]
     pub port: i32,
     pub node_port: Option<i32>,
 }
@@ -120,6 +120,13 @@ pub struct AffinityConfig {
 #[serde(rename_all = "camelCase")]
 pub struct ClientIpConfig {
     timeout_seconds: Option<i32>,
+}
+
+/// A null as an absent field (k8s-openapi reads these fields as options).
+pub(crate) fn null_as_default<'de, D: serde::Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// A list read off the wire at its length: serde grows a list of unknown

@@ -56,21 +56,23 @@ pub struct Message {
     pub what: String,
 }
 
+/// The smallest part a batch adds when its last one is full.
+const PART: usize = 1 << 20;
+
 /// A transaction's messages in wire form, each written as it is pushed
 /// (a full sync at 10k Services is 9 MB: held once, not as messages and
 /// again as the batch), in parts that one send takes together: a batch
 /// appended to another keeps its buffer. The batch's begin and end,
 /// sequence numbers, the family and the last message's ack are set when
 /// it is sent.
-/// The smallest part a batch adds when its last one is full.
-const PART: usize = 1 << 20;
-
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// The messages, in order, in one or more buffers.
     parts: Vec<Vec<u8>>,
     /// What each message does, for error messages.
     whats: Vec<String>,
+    /// The parts' bytes.
+    len: usize,
 }
 
 impl Default for Batch {
@@ -81,7 +83,7 @@ impl Default for Batch {
 
 impl Batch {
     pub fn new() -> Batch {
-        Batch { parts: vec![Vec::new()], whats: Vec::new() }
+        Batch { parts: vec![Vec::new()], whats: Vec::new(), len: 0 }
     }
 
     pub fn push(&mut self, m: Message) {
@@ -100,6 +102,7 @@ impl Batch {
             self.parts.push(Vec::with_capacity(size));
         }
         let buf = self.parts.last_mut().expect("a batch has a part");
+        self.len += need;
         let msg_type = (NFNL_SUBSYS_NFTABLES << 8) | m.msg_type;
         push_message(buf, msg_type, NLM_F_REQUEST | m.flags, 0, 0, 0, &m.attrs.buf);
         self.whats.push(m.what);
@@ -107,6 +110,7 @@ impl Batch {
 
     /// `other`'s messages after these, its buffer kept as it is.
     pub fn append(&mut self, other: Batch) {
+        self.len += other.len;
         self.parts.extend(other.parts);
         self.whats.extend(other.whats);
         // Pushes go to a part of their own, after the appended one.
@@ -125,7 +129,7 @@ impl Batch {
     /// The messages' bytes (headers included, the batch's begin and end
     /// left out).
     pub fn bytes(&self) -> usize {
-        self.parts.iter().map(Vec::len).sum()
+        self.len
     }
 
     /// What each message does, in order.

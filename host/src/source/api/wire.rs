@@ -22,7 +22,7 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, Endpoin
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec, exact};
+use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec, exact, null_as_default};
 use crate::source::slice::{Slice, SliceEndpoint};
 
 /// An EndpointSlice as listed or watched.
@@ -147,11 +147,6 @@ fn read_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
         ..Default::default()
     })
     .unwrap_or_default())
-}
-
-/// A null as an absent field (k8s-openapi reads these fields as options).
-fn null_as_default<'de, D: serde::Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// The first element of a list of addresses, parsed; the others are read
@@ -305,12 +300,13 @@ mod tests {
         assert_eq!(wire, k8s);
         let (k8s, wire) = both_services(serde_json::json!({"metadata": {"name": "nospec"}}));
         assert_eq!((wire.spec.as_ref(), &wire), (None, &k8s));
-        // A port without its number reads as 0 through both (the API
-        // server never sends one; the manifest source refuses it); a number
-        // that is not one is refused by both.
-        let (k8s, wire) =
-            both_services(serde_json::json!({"metadata": {"name": "x"}, "spec": {"ports": [{"name": "a"}]}}));
-        assert_eq!((wire.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, &wire), (0, &k8s));
+        // A port without its number, or with a null one, reads as 0
+        // through both (the API server never sends one; the manifest
+        // source refuses it); a number that is not one is refused by both.
+        for port in [serde_json::json!({"name": "a"}), serde_json::json!({"name": "a", "port": null})] {
+            let (k8s, wire) = both_services(serde_json::json!({"metadata": {"name": "x"}, "spec": {"ports": [port]}}));
+            assert_eq!((wire.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, &wire), (0, &k8s));
+        }
         let text = serde_json::json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": "80"}]}}).to_string();
         assert!(serde_json::from_str::<k8s_openapi::api::core::v1::Service>(&text).is_err());
         assert!(serde_json::from_str::<WireService>(&text).is_err());

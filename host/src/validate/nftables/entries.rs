@@ -149,7 +149,10 @@ impl Entries {
                 m.insert(k, w);
                 return;
             }
-            let general = m.drain().map(|(k, w)| (Key::from(k.words()), unpack(w))).collect();
+            // With the room reserved for the compact map (an IPv6 map's
+            // first element: its whole list was reserved for).
+            let mut general = HashMap::with_capacity_and_hasher(m.capacity(), Default::default());
+            general.extend(m.drain().map(|(k, w)| (Key::from(k.words()), unpack(w))));
             self.0 = Store::General(general);
         }
         if let Store::General(m) = &mut self.0 {
