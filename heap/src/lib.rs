@@ -64,17 +64,19 @@ mod tests {
     /// The tests read the process's resident set: one at a time.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
     /// Memory freed on another thread's arena comes back: the process's
     /// resident set falls after the trim.
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn freed_memory_on_another_thread_is_released() {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        fn rss_kib() -> u64 {
-            let status = std::fs::read_to_string("/proc/self/status").unwrap();
-            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-            line.split_whitespace().nth(1).unwrap().parse().unwrap()
-        }
         // Many small allocations (below the mmap threshold, so they live
         // in the thread's arena), touched, then freed but one in 64 (so
         // the arena's top cannot simply shrink).
@@ -98,11 +100,6 @@ mod tests {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn large_blocks_freed_leave_the_resident_set() {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        fn rss_kib() -> u64 {
-            let status = std::fs::read_to_string("/proc/self/status").unwrap();
-            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-            line.split_whitespace().nth(1).unwrap().parse().unwrap()
-        }
         assert!(super::keep_large_blocks_mapped());
         // A 16 MiB block freed: glibc would now serve blocks up to that
         // size from an arena.
