@@ -42,6 +42,16 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// against about 4.9 MB boxed, in heaptrack profiles).
 pub type PortMap = BTreeMap<String, Box<model::ServicePort>>;
 
+/// A [`PortMap`] of copies of `ports`.
+pub fn port_map(ports: &[model::ServicePort]) -> PortMap {
+    ports.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect()
+}
+
+/// The ports of a [`PortMap`], in key order.
+pub fn ports_in(map: &PortMap) -> impl Iterator<Item = &model::ServicePort> {
+    map.values().map(|p| &**p)
+}
+
 /// Each port's endpoints (address, port), by service port key, with the
 /// port's protocol: upstream's EndpointsMap.
 pub type EndpointsMap = BTreeMap<String, (Protocol, BTreeSet<(IpAddr, u16)>)>;

@@ -115,7 +115,7 @@ fn accept(
     rules: &Ruleset,
     ports: &[ServicePort],
 ) -> Result<layout::Layout, String> {
-    let by_key = ports.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect();
+    let by_key = crate::state::port_map(ports);
     let skipped =
         crate::validate::extension::check(plugin.name(), settings.family, rules, &by_key).map_err(|e| e.to_string())?;
     if let Some((port, why)) = skipped.iter().next() {
@@ -197,7 +197,7 @@ fn incremental(
     if after != fresh.render(objects(rest)).map_err(fail)? {
         return Err(format!("after removing {}, other rules than a reset renders", first.key));
     }
-    let by_key = rest.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect();
+    let by_key = crate::state::port_map(rest);
     crate::validate::extension::check(plugin.name(), settings.family, &after, &by_key)
         .map(|_| ())
         .map_err(|e| format!("after removing {}: {e}", first.key))

@@ -101,7 +101,7 @@ impl Host {
     /// checks of the next partial render (rules kept for departed objects).
     pub fn rescope(&mut self, ports: &[ServicePort]) {
         let family = self.settings.family;
-        let now: crate::state::PortMap = ports.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect();
+        let now = crate::state::port_map(ports);
         for (key, old) in &self.ports {
             if now.get(key) != Some(old) {
                 self.scope.count(family, old, false);
@@ -218,7 +218,7 @@ pub fn flows(report: &mut Report, plugin: &BackendPlugin, mode: ProxyMode, param
                 Ok(None) => {
                     // IPVS: each port's cluster IP has a virtual server with
                     // its endpoints (the kernel's own scheduling is not traced).
-                    let ports = rendered.ports.iter().map(|p| (p.key.clone(), Box::new(p.clone()))).collect();
+                    let ports = crate::state::port_map(&rendered.ports);
                     let required = crate::sync::coverage::required(family, &ports);
                     let outcome = crate::sync::coverage::covered(
                         &rendered.settings,

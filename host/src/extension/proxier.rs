@@ -217,7 +217,7 @@ impl ExtensionProxier {
         // A full sync replays the state: the changes of a sync that failed
         // before this extension ran are in it.
         if full {
-            self.call(|i| i.reset(node, cluster, ports.values().map(|p| &**p)))?;
+            self.call(|i| i.reset(node, cluster, crate::state::ports_in(ports)))?;
         } else if !changes.is_empty() {
             self.call(|i| i.apply(changes))?;
         }
@@ -258,7 +258,7 @@ impl ExtensionProxier {
         let Feed { settings, node, cluster, ports, objects } = *feed;
         let c = &self.configured;
         let mut instance = plugin.instantiate(&c.name, settings, &c.parameters)?;
-        instance.reset(node, cluster, ports.values().map(|p| &**p))?;
+        instance.reset(node, cluster, crate::state::ports_in(ports))?;
         let ruleset = instance.render(objects)?;
         crate::validate::extension::check(plugin.name(), self.family, &ruleset, ports)
             .map_err(|e| Error::Sync { family: self.family, source: e.into() })?;

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1 as k8s;
 use kpx_rules::model::TrafficPolicy;
 use serde::Deserialize;
 
+use super::{exact, null_as_default};
 use crate::state::SERVICE_PROXY_NAME_LABEL;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -120,21 +121,6 @@ pub struct AffinityConfig {
 #[serde(rename_all = "camelCase")]
 pub struct ClientIpConfig {
     timeout_seconds: Option<i32>,
-}
-
-/// A null as an absent field (k8s-openapi reads these fields as options).
-pub(crate) fn null_as_default<'de, D: serde::Deserializer<'de>, T: Deserialize<'de> + Default>(
-    d: D,
-) -> Result<T, D::Error> {
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
-/// A list read off the wire at its length: serde grows a list of unknown
-/// length from room for four (a slice's one port kept room for four, 9.6
-/// MB at 30k slices in a heaptrack profile, and a Service's 7.7 MB).
-pub(crate) fn exact<T>(mut v: Vec<T>) -> Vec<T> {
-    v.shrink_to_fit();
-    v
 }
 
 fn policy(p: Option<&str>) -> TrafficPolicy {

@@ -648,7 +648,7 @@ impl Sent {
     }
 
     fn values(&self) -> impl Iterator<Item = &ServicePort> {
-        self.ports.values().map(|p| &**p)
+        crate::state::ports_in(&self.ports)
     }
 
     fn insert(&mut self, family: IpFamily, port: ServicePort) {

@@ -31,6 +31,7 @@ use kpx_rules::ops::nftables::{
     Statement, Transaction, Value, Verdict, VerdictKind, each_element,
 };
 
+use super::scope::Fact;
 use super::{Destination, EndpointAddr, Rejected, Scope, shorten, shorten_debug};
 use crate::kernel::nftables::encode::key_registers;
 use crate::kernel::nftables::frame::is_host_name;
@@ -76,26 +77,19 @@ struct RefCounts {
 }
 
 impl RefCounts {
-    /// The words of an IPv4 fact: the address (0 for a node port), then
-    /// the variant in the top byte, the protocol in the next and the port
-    /// in the low half. Distinct facts have distinct words.
+    /// The words of an IPv4 fact: the scope's packing of the fact
+    /// ([`Fact`], which uses at most the low 18 bits of the second word)
+    /// with the variant in the second word's top byte. Distinct facts have
+    /// distinct words.
     fn pack(r: &Ref) -> Option<[u32; 2]> {
-        let v4 = |ip: &IpAddr| match ip {
-            IpAddr::V4(a) => Some(u32::from(*a)),
-            IpAddr::V6(_) => None,
+        let (variant, [a, b]) = match r {
+            Ref::Destination(d) => (1, d.pack()?),
+            Ref::NodePort(n) => (2, n.pack()?),
+            Ref::ClusterIp(ip) => (3, ip.pack()?),
+            Ref::EndpointIp(ip) => (4, ip.pack()?),
+            Ref::Endpoint(e) => (5, e.pack()?),
         };
-        let proto = |p: &Protocol| match p {
-            Protocol::Tcp => 1u32,
-            Protocol::Udp => 2,
-            Protocol::Sctp => 3,
-        };
-        Some(match r {
-            Ref::Destination((ip, p, port)) => [v4(ip)?, 1 << 24 | proto(p) << 16 | u32::from(*port)],
-            Ref::NodePort((p, port)) => [0, 2 << 24 | proto(p) << 16 | u32::from(*port)],
-            Ref::ClusterIp(ip) => [v4(ip)?, 3 << 24],
-            Ref::EndpointIp(ip) => [v4(ip)?, 4 << 24],
-            Ref::Endpoint((ip, port)) => [v4(ip)?, 5 << 24 | u32::from(*port)],
-        })
+        Some([a, variant << 24 | b])
     }
 
     fn get(&self, r: &Ref) -> i64 {

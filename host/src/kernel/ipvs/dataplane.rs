@@ -157,7 +157,7 @@ impl IpvsDataplane {
         full: bool,
     ) -> Result<Written, SyncError> {
         let crate::kernel::StateView { scope, ports, local_addresses, .. } = state;
-        let ports = ports.values();
+        let ports = crate::state::ports_in(ports);
         self.check(plugin, settings, ruleset, scope)?;
         // The rest is the kernel's: IPVS, ipset, iptables and rtnetlink
         // reads and writes, the host's bookkeeping between them small.
@@ -232,11 +232,8 @@ impl IpvsDataplane {
             NodePortAddresses::Only(cidrs) => cidrs.iter().filter(|c| c.is_host()).map(|c| c.addr).collect(),
             NodePortAddresses::All => Vec::new(),
         };
-        let mut sets = Sets::desired(
-            self.family,
-            ports.map(|p| &**p),
-            &NodeFacts { node_addresses: &node_addresses, bound: &wanted },
-        );
+        let mut sets =
+            Sets::desired(self.family, ports, &NodeFacts { node_addresses: &node_addresses, bound: &wanted });
         for (address, protocol, port) in &work.slotted {
             sets.add(super::sets::Kind::Slotted, super::sets::Entry::IpPort(*address, *protocol, *port));
         }

@@ -22,8 +22,9 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, Endpoin
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec, exact, null_as_default};
+use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec};
 use crate::source::slice::{Slice, SliceEndpoint};
+use crate::source::{exact, null_as_default};
 
 /// An EndpointSlice as listed or watched.
 #[derive(Debug, Clone, Deserialize)]

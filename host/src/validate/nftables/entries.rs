@@ -10,9 +10,9 @@
 //! IPv6 key or endpoint).
 
 use foldhash::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
 
 use super::EndpointAddr;
+use crate::validate::scope::Fact;
 
 /// A key's canonical words (decoding refuses every other spelling of a
 /// value), inline up to four words.
@@ -79,21 +79,22 @@ impl ShortKey {
     }
 }
 
-/// Bit 16 of an endpoint's second word: an endpoint is there.
+/// Bit 16 of an endpoint's second word (past the port): an endpoint is
+/// there.
 const PRESENT: u32 = 1 << 16;
 
-/// An IPv4 endpoint (or none) in two words: the address, then the port
-/// with [`PRESENT`] set. None for an IPv6 endpoint.
+/// An IPv4 endpoint (or none) in two words: the scope's packing of the
+/// endpoint (the address, then the port) with [`PRESENT`] set. None for
+/// an IPv6 endpoint.
 fn pack(e: Option<EndpointAddr>) -> Option<[u32; 2]> {
     match e {
         None => Some([0, 0]),
-        Some((IpAddr::V4(ip), port)) => Some([u32::from(ip), PRESENT | u32::from(port)]),
-        Some((IpAddr::V6(_), _)) => None,
+        Some(e) => e.pack().map(|[a, b]| [a, PRESENT | b]),
     }
 }
 
 fn unpack(w: [u32; 2]) -> Option<EndpointAddr> {
-    (w[1] & PRESENT != 0).then(|| (IpAddr::V4(Ipv4Addr::from(w[0])), w[1] as u16))
+    (w[1] & PRESENT != 0).then(|| EndpointAddr::unpack([w[0], w[1] & !PRESENT]))
 }
 
 #[derive(Debug, Clone)]
