@@ -128,7 +128,51 @@ where
         Kind::ServiceCidr => events.backoff(Patient { next: Patient::FIRST }).boxed(),
         _ => events.default_backoff().boxed(),
     };
-    events.map(move |r| (kind, r.map(|e| convert(e, wrap)))).boxed()
+    let mut listing = Listing::default();
+    events.flat_map(move |r| futures::stream::iter(listing.on(kind, r, wrap))).boxed()
+}
+
+/// A list's objects, held as read until the list is whole. kube's watcher
+/// hands a list out object by object; converted one at a time, each
+/// object's kept form would be allocated into the holes its predecessors'
+/// wire forms left, scattered among the wire objects still waiting, and
+/// the API thread's malloc arena could give few pages back once the list
+/// is gone (28 MB of 85 free but resident at 30k Services x 10). Converted
+/// once the list is whole, from copies, what is kept is allocated in one
+/// run, and the list read off the wire is freed whole.
+struct Listing<K> {
+    objects: Vec<K>,
+}
+
+impl<K> Default for Listing<K> {
+    fn default() -> Self {
+        Listing { objects: Vec::new() }
+    }
+}
+
+impl<K: Clone> Listing<K> {
+    fn on(&mut self, kind: Kind, r: Result<WatchEvent<K>, watcher::Error>, wrap: fn(K) -> Object) -> Vec<Item> {
+        match r {
+            Ok(WatchEvent::Init) => {
+                self.objects.clear();
+                vec![(kind, Ok(WatchEvent::Init))]
+            }
+            Ok(WatchEvent::InitApply(o)) => {
+                self.objects.push(o);
+                Vec::new()
+            }
+            Ok(WatchEvent::InitDone) => {
+                let listed = std::mem::take(&mut self.objects);
+                let mut out = Vec::with_capacity(listed.len() + 1);
+                // Copies, while the whole list is still held: see above.
+                out.extend(listed.iter().map(|o| (kind, Ok(WatchEvent::InitApply(wrap(o.clone()))))));
+                drop(listed);
+                out.push((kind, Ok(WatchEvent::InitDone)));
+                out
+            }
+            other => vec![(kind, other.map(|e| convert(e, wrap)))],
+        }
+    }
 }
 
 fn convert<K>(e: WatchEvent<K>, wrap: fn(K) -> Object) -> WatchEvent<Object> {
@@ -238,5 +282,48 @@ pub async fn run(client: Client, node_name: String, tx: Sender<Event>) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str) -> Node {
+        Node { metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() }
+    }
+
+    fn names(out: &[Item]) -> Vec<String> {
+        out.iter()
+            .map(|(_, e)| match e {
+                Ok(WatchEvent::Init) => "init".to_string(),
+                Ok(WatchEvent::InitApply(o)) => format!("apply {}", o.object_ref().name),
+                Ok(WatchEvent::InitDone) => "done".to_string(),
+                Ok(WatchEvent::Apply(o)) => format!("watched {}", o.object_ref().name),
+                Ok(WatchEvent::Delete(o)) => format!("deleted {}", o.object_ref().name),
+                Err(e) => format!("error {e}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_list_is_handed_on_whole_once_it_is_complete() {
+        let wrap: fn(Node) -> Object = |n| Object::Node(Arc::new(n));
+        let mut listing = Listing::default();
+        let mut on = |e| names(&listing.on(Kind::Node, Ok(e), wrap));
+        assert_eq!(on(WatchEvent::Init), ["init"]);
+        assert!(on(WatchEvent::InitApply(node("a"))).is_empty());
+        assert!(on(WatchEvent::InitApply(node("b"))).is_empty());
+        assert_eq!(on(WatchEvent::InitDone), ["apply a", "apply b", "done"]);
+        // Watch events pass straight through.
+        assert_eq!(on(WatchEvent::Apply(node("c"))), ["watched c"]);
+        assert_eq!(on(WatchEvent::Delete(node("a"))), ["deleted a"]);
+        // A list cut short and begun again: only the new list counts.
+        assert_eq!(on(WatchEvent::Init), ["init"]);
+        assert!(on(WatchEvent::InitApply(node("x"))).is_empty());
+        assert_eq!(on(WatchEvent::Init), ["init"]);
+        assert!(on(WatchEvent::InitApply(node("y"))).is_empty());
+        assert_eq!(on(WatchEvent::InitDone), ["apply y", "done"]);
+        assert_eq!(on(WatchEvent::InitDone), ["done"]);
     }
 }
