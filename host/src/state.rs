@@ -367,7 +367,7 @@ impl State {
             let mut local: BTreeSet<IpAddr> = BTreeSet::new();
             for slice in self.slices.get(name).into_iter().flat_map(|s| s.values()) {
                 for ep in &slice.endpoints {
-                    if ep.ready.unwrap_or(true) && ep.node_name.as_deref() == Some(self.node_name.as_str()) {
+                    if ep.ready().unwrap_or(true) && ep.node_name() == Some(self.node_name.as_str()) {
                         local.extend(ep.address);
                     }
                 }

@@ -41,20 +41,20 @@ pub fn for_port(
             let Some(ip) = ep.address else {
                 continue;
             };
-            let is_local = ep.node_name.as_deref() == Some(node_name);
+            let is_local = ep.node_name() == Some(node_name);
             let endpoint = Endpoint {
                 ip,
                 port: port_number as u16,
                 conditions: Conditions {
-                    ready: ep.ready.unwrap_or(true),
-                    serving: ep.serving.unwrap_or(true),
-                    terminating: ep.terminating.unwrap_or(false),
+                    ready: ep.ready().unwrap_or(true),
+                    serving: ep.serving().unwrap_or(true),
+                    terminating: ep.terminating().unwrap_or(false),
                     is_local,
                 },
-                zone: ep.zone.as_deref().map(str::to_owned),
+                zone: ep.zone().map(Box::from),
                 weight: weights.get(&ip).copied().unwrap_or(1),
             };
-            let hints = ep.hints.as_deref();
+            let hints = ep.hints();
             let endpoint = HintedEndpoint {
                 endpoint,
                 zone_hints: hints.map(|h| h.for_zones.clone()).unwrap_or_default(),

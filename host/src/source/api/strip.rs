@@ -90,9 +90,9 @@ mod tests {
         // Its metadata is what kpx reads: owner references are not in it.
         assert_eq!((s.meta.name.as_str(), s.meta.namespace.as_str(), s.meta.headless), ("s", "ns", false));
         assert_eq!(s.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));
-        assert_eq!(s.endpoints[0].ready, Some(true));
-        assert_eq!(s.endpoints[0].node_name.as_deref(), Some("n"));
-        assert_eq!(s.endpoints[0].zone.as_deref(), Some("a"));
+        assert_eq!(s.endpoints[0].ready(), Some(true));
+        assert_eq!(s.endpoints[0].node_name(), Some("n"));
+        assert_eq!(s.endpoints[0].zone(), Some("a"));
         assert_eq!(s.meta.service_name.as_deref(), Some("web"));
 
         let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({

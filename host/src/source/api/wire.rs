@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec};
-use crate::source::slice::{Slice, SliceEndpoint};
+use crate::source::slice::{Placements, Slice, SliceEndpoint};
 use crate::source::{exact, null_as_default};
 
 /// An EndpointSlice as listed or watched.
@@ -207,12 +207,12 @@ impl<'de> Deserialize<'de> for Address {
 impl From<WireSlice> for Slice {
     fn from(s: WireSlice) -> Slice {
         let fqdn = s.address_type == "FQDN";
+        let mut placements = Placements::default();
         let mut endpoints = Vec::with_capacity(s.endpoints.len());
-        endpoints.extend(
-            s.endpoints
-                .into_iter()
-                .map(|e| SliceEndpoint::new(fqdn, e.addresses, e.conditions, e.node_name, e.zone, e.hints.map(|h| *h))),
-        );
+        endpoints.extend(s.endpoints.into_iter().map(|e| {
+            let placement = placements.of(e.node_name, e.zone, e.hints.map(|h| *h));
+            SliceEndpoint::new(fqdn, e.addresses, e.conditions, placement)
+        }));
         Slice { meta: s.metadata.into(), address_type: s.address_type, ports: s.ports.map(exact), endpoints }
     }
 }
@@ -341,7 +341,7 @@ mod tests {
         assert_eq!(wire.meta.annotations.as_ref().map(BTreeMap::len), Some(2));
         assert_eq!(wire.endpoints.len(), 5);
         assert_eq!(wire.endpoints[1].address, None);
-        assert!(wire.endpoints[0].hints.is_some() && wire.endpoints[2].hints.is_none());
+        assert!(wire.endpoints[0].hints().is_some() && wire.endpoints[2].hints().is_none());
     }
 
     #[test]
