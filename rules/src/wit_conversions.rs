@@ -102,10 +102,10 @@ macro_rules! wit_conversions {
                     out.conditions.push(c);
                     let zone = match &ep.zone {
                         None => 0,
-                        Some(z) => match out.zones.iter().position(|known| known == z) {
+                        Some(z) => match out.zones.iter().position(|known| **known == **z) {
                             Some(i) => i as u16 + 1,
                             None => {
-                                out.zones.push(z.clone());
+                                out.zones.push(z.to_string());
                                 out.zones.len() as u16
                             }
                         },
@@ -130,7 +130,7 @@ macro_rules! wit_conversions {
                         let c = eps.conditions.get(i).copied().unwrap_or(wit::EndpointConditions::empty());
                         let zone = match eps.zone_index.get(i).copied().unwrap_or(0) {
                             0 => None,
-                            z => eps.zones.get(usize::from(z) - 1).cloned(),
+                            z => eps.zones.get(usize::from(z) - 1).map(|z| z.as_str().into()),
                         };
                         Some(model::Endpoint {
                             ip,
