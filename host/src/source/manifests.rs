@@ -277,29 +277,37 @@ impl ManifestSource {
     }
 
     fn diff(&mut self) -> Vec<Event> {
-        // The objects the touched files defined before and define now.
+        let touched = std::mem::take(&mut self.touched);
+        // The objects the touched files defined before and define now,
+        // collected before the index below allocates its keys: this set is
+        // freed at the end, and at the first read (every object) its keys
+        // among the index's would leave a freed hole in every page.
         let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
-        for (path, before) in std::mem::take(&mut self.touched) {
+        for (path, before) in &touched {
+            affected.extend(before.iter().cloned());
+            let Some(file) = self.files.get(path) else { continue };
+            affected.extend(file.objects.iter().map(Object::object_ref));
+        }
+        for (path, before) in touched {
             for r in before {
                 if let Some(held) = self.objects.get_mut(&r) {
                     held.defs.retain(|(p, _)| **p != *path);
                 }
-                affected.insert(r);
             }
             let Some(file) = self.files.get(&path) else { continue };
             for object in &file.objects {
                 let r = object.object_ref();
                 let held = match self.objects.get_mut(&r) {
                     Some(held) => held,
-                    None => self.objects.entry(r.clone()).or_default(),
+                    None => self.objects.entry(r).or_default(),
                 };
                 match held.defs.binary_search_by(|(p, _)| (**p).cmp(&*path)) {
                     Ok(_) => {
+                        let r = object.object_ref();
                         tracing::error!(file = %path.display(), object = %r, "rejected: already defined earlier in the same file")
                     }
                     Err(at) => held.defs.insert(at, (file.path.clone(), object.clone())),
                 }
-                affected.insert(r);
             }
         }
         let (mut deletes, mut applies) = (Vec::new(), Vec::new());
@@ -367,6 +375,11 @@ impl ManifestSource {
         );
         let initial: Vec<Event> =
             self.objects.values().filter_map(|h| h.reported.clone()).map(Event::Apply).chain([Event::Synced]).collect();
+        // The first read's text, parse trees and diff are freed in this
+        // thread's and the parsers' malloc arenas, which the sync thread
+        // does not allocate from: given back before the first sync builds
+        // its ruleset.
+        kpx_heap::release_free_memory();
         if !send(&tx, initial) {
             return;
         }
