@@ -35,6 +35,7 @@ use kube::{Api, Client};
 pub use mirror::Mirror;
 pub use strip::TRIGGER_TIME;
 
+use super::slice::Placements;
 use super::{Event, Kind, Object};
 use crate::config::ApiConfig;
 
@@ -117,7 +118,7 @@ fn watch_kind<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
-    wrap: fn(K) -> Object,
+    wrap: fn(K, &mut Placements) -> Object,
 ) -> futures::stream::BoxStream<'static, Item>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
@@ -151,7 +152,12 @@ impl<K> Default for Listing<K> {
 }
 
 impl<K: Clone> Listing<K> {
-    fn on(&mut self, kind: Kind, r: Result<WatchEvent<K>, watcher::Error>, wrap: fn(K) -> Object) -> Vec<Item> {
+    fn on(
+        &mut self,
+        kind: Kind,
+        r: Result<WatchEvent<K>, watcher::Error>,
+        wrap: fn(K, &mut Placements) -> Object,
+    ) -> Vec<Item> {
         match r {
             Ok(WatchEvent::Init) => {
                 self.objects.clear();
@@ -165,7 +171,9 @@ impl<K: Clone> Listing<K> {
                 let listed = std::mem::take(&mut self.objects);
                 let mut out = Vec::with_capacity(listed.len() + 1);
                 // Copies, while the whole list is still held: see above.
-                out.extend(listed.iter().map(|o| (kind, Ok(WatchEvent::InitApply(wrap(o.clone()))))));
+                // The list's slices share their endpoints' placements.
+                let mut placements = Placements::default();
+                out.extend(listed.iter().map(|o| (kind, Ok(WatchEvent::InitApply(wrap(o.clone(), &mut placements))))));
                 drop(listed);
                 out.push((kind, Ok(WatchEvent::InitDone)));
                 out
@@ -175,7 +183,9 @@ impl<K: Clone> Listing<K> {
     }
 }
 
-fn convert<K>(e: WatchEvent<K>, wrap: fn(K) -> Object) -> WatchEvent<Object> {
+/// One watched object's event (a list's objects go through [`Listing`]).
+fn convert<K>(e: WatchEvent<K>, wrap: fn(K, &mut Placements) -> Object) -> WatchEvent<Object> {
+    let wrap = |o| wrap(o, &mut Placements::default());
     match e {
         WatchEvent::Apply(o) => WatchEvent::Apply(wrap(o)),
         WatchEvent::Delete(o) => WatchEvent::Delete(wrap(o)),
@@ -208,14 +218,14 @@ fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futur
     let services = base.clone().labels(SERVICE_SELECTOR);
     let node = base.clone().fields(&format!("metadata.name={node_name}"));
     futures::stream::select_all([
-        watch_kind(Api::<wire::WireService>::all(client.clone()), services.clone(), Kind::Service, |o| {
+        watch_kind(Api::<wire::WireService>::all(client.clone()), services.clone(), Kind::Service, |o, _| {
             Object::Service(Arc::new(o.into()))
         }),
-        watch_kind(Api::<wire::WireSlice>::all(client.clone()), services, Kind::EndpointSlice, |o| {
-            Object::EndpointSlice(Arc::new(o.into()))
+        watch_kind(Api::<wire::WireSlice>::all(client.clone()), services, Kind::EndpointSlice, |o, placements| {
+            Object::EndpointSlice(Arc::new(o.into_slice(placements)))
         }),
-        watch_kind(Api::<Node>::all(client.clone()), node, Kind::Node, |o| Object::Node(Arc::new(strip::node(o)))),
-        watch_kind(Api::<ServiceCIDR>::all(client.clone()), base, Kind::ServiceCidr, |o| {
+        watch_kind(Api::<Node>::all(client.clone()), node, Kind::Node, |o, _| Object::Node(Arc::new(strip::node(o)))),
+        watch_kind(Api::<ServiceCIDR>::all(client.clone()), base, Kind::ServiceCidr, |o, _| {
             Object::ServiceCidr(Arc::new(strip::service_cidr(o)))
         }),
     ])
@@ -308,7 +318,7 @@ mod tests {
 
     #[test]
     fn a_list_is_handed_on_whole_once_it_is_complete() {
-        let wrap: fn(Node) -> Object = |n| Object::Node(Arc::new(n));
+        let wrap: fn(Node, &mut Placements) -> Object = |n, _| Object::Node(Arc::new(n));
         let mut listing = Listing::default();
         let mut on = |e| names(&listing.on(Kind::Node, Ok(e), wrap));
         assert_eq!(on(WatchEvent::Init), ["init"]);

@@ -8,7 +8,7 @@
 //! zone and hints; its metadata is what kube-proxy reads of it (k8s's
 //! `ObjectMeta` is about 250 bytes before its labels' map).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -71,16 +71,17 @@ impl Conditions {
     }
 }
 
-/// Where an endpoint runs, as its slice says.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Where an endpoint runs, as its slice says: 40 bytes, shared by every
+/// endpoint of a list (or of a file) that runs there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Placement {
     pub node_name: Option<Box<str>>,
     pub zone: Option<Box<str>>,
     /// Topology hints; None when the endpoint has none (most have none).
-    pub hints: Option<Hints>,
+    pub hints: Option<Box<Hints>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Hints {
     pub for_zones: Vec<String>,
     pub for_nodes: Vec<String>,
@@ -138,11 +139,17 @@ pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time
 
 impl From<EndpointSlice> for Slice {
     fn from(s: EndpointSlice) -> Slice {
+        Slice::new(s, &mut Placements::default())
+    }
+}
+
+impl Slice {
+    /// The slice, its endpoints' placements shared through `placements`.
+    pub fn new(s: EndpointSlice, placements: &mut Placements) -> Slice {
         // Not `collect()`: collected in place, the new Vec would keep the
         // old one's allocation, 350 bytes per endpoint, which is the point
         // of this type to give back.
         let fqdn = s.address_type == "FQDN";
-        let mut placements = Placements::default();
         let mut endpoints = Vec::with_capacity(s.endpoints.len());
         endpoints.extend(s.endpoints.into_iter().map(|e| {
             SliceEndpoint::new(
@@ -194,22 +201,21 @@ impl SliceEndpoint {
     }
 
     pub fn hints(&self) -> Option<&Hints> {
-        self.placement.as_ref().and_then(|p| p.hints.as_ref())
+        self.placement.as_ref().and_then(|p| p.hints.as_deref())
     }
 }
 
-/// The placements of one slice's endpoints, each distinct one allocated
-/// once: a slice's endpoints run on a few nodes, in fewer zones.
+/// The placements read so far, each distinct one allocated once. The
+/// manifest source keeps one for each run of documents it parses, the API
+/// source one for each list; a watched slice has its own. A cluster's
+/// endpoints run on its nodes, in fewer zones: at 1,000 nodes a list of
+/// any size holds about 1,000 placements.
 #[derive(Default)]
 pub struct Placements {
-    seen: Vec<Arc<Placement>>,
+    seen: HashMap<Placement, Arc<Placement>>,
 }
 
 impl Placements {
-    /// Distinct placements looked up, at most; a slice with more (of at
-    /// most 1,000 endpoints) allocates the rest each on its own.
-    const LOOKED_UP: usize = 64;
-
     /// The shared placement of these fields; None when all are unset
     /// (and `hints: {}` is no hints, as topology reads them).
     pub fn of(
@@ -227,15 +233,13 @@ impl Placements {
         if node_name.is_none() && zone.is_none() && hints.is_none() {
             return None;
         }
-        let placement = Placement { node_name, zone, hints };
-        if let Some(seen) = self.seen.iter().find(|p| ***p == placement) {
+        let placement = Placement { node_name, zone, hints: hints.map(Box::new) };
+        if let Some(seen) = self.seen.get(&placement) {
             return Some(seen.clone());
         }
-        let placement = Arc::new(placement);
-        if self.seen.len() < Self::LOOKED_UP {
-            self.seen.push(placement.clone());
-        }
-        Some(placement)
+        let shared = Arc::new(placement.clone());
+        self.seen.insert(placement, shared.clone());
+        Some(shared)
     }
 }
 
@@ -312,5 +316,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn slices_read_together_share_placements() {
+        let slice = |name: &str, node: &str| -> EndpointSlice {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name}, "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": node, "zone": "a", "hints": {}}]
+            }))
+            .unwrap()
+        };
+        let mut placements = Placements::default();
+        let a = Slice::new(slice("a", "n1"), &mut placements);
+        let b = Slice::new(slice("b", "n1"), &mut placements);
+        let c = Slice::new(slice("c", "n2"), &mut placements);
+        let placement = |s: &Slice| s.endpoints[0].placement.clone().unwrap();
+        assert!(Arc::ptr_eq(&placement(&a), &placement(&b)));
+        assert!(!Arc::ptr_eq(&placement(&a), &placement(&c)));
+        // `hints: {}` is none.
+        assert_eq!(a.endpoints[0].hints(), None);
+        // Read apart, equal slices are still equal.
+        assert_eq!(a, Slice::from(slice("a", "n1")));
+        assert!(std::mem::size_of::<Placement>() <= 40, "{}", std::mem::size_of::<Placement>());
     }
 }

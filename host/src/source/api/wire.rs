@@ -206,8 +206,15 @@ impl<'de> Deserialize<'de> for Address {
 
 impl From<WireSlice> for Slice {
     fn from(s: WireSlice) -> Slice {
+        s.into_slice(&mut Placements::default())
+    }
+}
+
+impl WireSlice {
+    /// The slice, its endpoints' placements shared through `placements`.
+    pub fn into_slice(self, placements: &mut Placements) -> Slice {
+        let s = self;
         let fqdn = s.address_type == "FQDN";
-        let mut placements = Placements::default();
         let mut endpoints = Vec::with_capacity(s.endpoints.len());
         endpoints.extend(s.endpoints.into_iter().map(|e| {
             let placement = placements.of(e.node_name, e.zone, e.hints.map(|h| *h));

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
+use crate::source::slice::{Placements, Slice};
 use crate::source::{Kind, Object, ObjectRef};
 
 /// Why one document was left out.
@@ -83,13 +84,14 @@ pub(super) const PARALLEL_DOCUMENTS: usize = 512;
 fn parse_run(docs: &[std::borrow::Cow<'_, str>], first: usize) -> (Vec<Object>, Vec<ParseError>) {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
+    let mut placements = Placements::default();
     for (i, doc) in docs.iter().enumerate() {
         let document = first + i;
         if blank(doc) {
             continue;
         }
         match super::yaml::parse(doc) {
-            Ok(value) => collect(value, document, &mut objects, &mut errors),
+            Ok(value) => collect(value, document, &mut objects, &mut errors, &mut placements),
             Err(e) => errors.push(ParseError {
                 document,
                 object: None,
@@ -144,7 +146,13 @@ fn blank(doc: &str) -> bool {
     doc.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
 }
 
-fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mut Vec<ParseError>) {
+fn collect(
+    value: Value,
+    document: usize,
+    objects: &mut Vec<Object>,
+    errors: &mut Vec<ParseError>,
+    placements: &mut Placements,
+) {
     if value.is_null() {
         return;
     }
@@ -186,7 +194,7 @@ fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mu
             match items {
                 Some(Value::Array(items)) => {
                     for item in items {
-                        collect(item, document, objects, errors);
+                        collect(item, document, objects, errors, placements);
                     }
                 }
                 // As kubectl: a List with no items is an empty one.
@@ -203,9 +211,9 @@ fn collect(value: Value, document: usize, objects: &mut Vec<Object>, errors: &mu
         ("v1", "Service") => {
             typed::<Service>(value).and_then(check_service).map(|o| Object::Service(Arc::new(o.into())))
         }
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<EndpointSlice>(value).and_then(check_slice).map(|o| Object::EndpointSlice(Arc::new(o.into())))
-        }
+        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<EndpointSlice>(value)
+            .and_then(check_slice)
+            .map(|o| Object::EndpointSlice(Arc::new(Slice::new(o, placements)))),
         ("v1", "Node") => typed::<Node>(value).and_then(check_node).map(|o| Object::Node(Arc::new(o))),
         ("networking.k8s.io/v1", "ServiceCIDR") => {
             typed::<ServiceCIDR>(value).and_then(check_service_cidr).map(|o| Object::ServiceCidr(Arc::new(o)))
