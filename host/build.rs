@@ -20,6 +20,7 @@ const BUILT_IN: &[(&str, &str)] = &[
 /// disk with --backend-plugin, --scheduler-plugin or --extension).
 const TEST_ONLY: &[&str] = &[
     "kpx-plugin-hostile",
+    "kpx-plugin-nftables-v0-2",
     "kpx-plugin-first",
     "kpx-plugin-wasi-probe",
     "kpx-plugin-hot-v1",

@@ -15,5 +15,6 @@ pub mod nftables;
 pub mod ops;
 pub mod plan;
 pub mod service_set;
+pub mod table;
 pub mod trace;
 mod wit_conversions;

@@ -30,7 +30,7 @@
 //!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|
-//! | 0.1.x   | 0.2.0 (development) | kpx 0.1.x built from the same tree |
+//! | 0.1.x   | backends 0.3.0 ([`export_backend!`]) or 0.2.0 ([`export_backend_v0_2!`]); schedulers and extensions 0.2.0 | kpx 0.1.x built from the same tree: 0.2.0 and 0.3.0 |
 
 mod convert;
 mod mem;
@@ -44,20 +44,30 @@ pub use kpx_rules::model::{
 pub use kpx_rules::ops;
 pub use kpx_rules::plan::{HashField, Plan, SlotTable};
 
-/// The contract version this SDK builds plugins against.
+/// The contract version of the scheduler and extension worlds this SDK
+/// builds plugins against, and of [`export_backend_v0_2!`].
 pub const CONTRACT_VERSION: &str = "0.2.0";
 
-/// The custom section content: [`CONTRACT_VERSION`] as bytes.
+/// The contract version [`export_backend!`] builds backends against.
+pub const BACKEND_CONTRACT_VERSION: &str = "0.3.0";
+
+/// A version's custom section content: its bytes.
 #[doc(hidden)]
-pub const fn contract_version_bytes() -> [u8; CONTRACT_VERSION.len()] {
-    let src = CONTRACT_VERSION.as_bytes();
-    let mut out = [0u8; CONTRACT_VERSION.len()];
+pub const fn version_bytes<const N: usize>(version: &str) -> [u8; N] {
+    let src = version.as_bytes();
+    let mut out = [0u8; N];
     let mut i = 0;
-    while i < src.len() {
+    while i < src.len() && i < N {
         out[i] = src[i];
         i += 1;
     }
     out
+}
+
+/// The custom section content: [`CONTRACT_VERSION`] as bytes.
+#[doc(hidden)]
+pub const fn contract_version_bytes() -> [u8; CONTRACT_VERSION.len()] {
+    version_bytes(CONTRACT_VERSION)
 }
 
 #[doc(hidden)]
@@ -72,6 +82,31 @@ pub mod __bindings {
 }
 
 kpx_rules::wit_conversions!(crate::__bindings::kpx::proxier::types);
+
+/// The 0.3.0 backend world: its own `tables` and `backend`, and 0.2.0's
+/// interfaces (types, rulesets, log) bound to [`__bindings`]' types.
+#[doc(hidden)]
+pub mod __bindings_v0_3 {
+    wit_bindgen::generate!({
+        path: "../wit/since_v0.3.0",
+        world: "backend-plugin-tables",
+        pub_export_macro: true,
+        export_macro_name: "__export_backend_plugin_v0_3",
+        default_bindings_module: "::kpx_sdk::__bindings_v0_3",
+        with: {
+            "kpx:proxier/types@0.2.0": crate::__bindings::kpx::proxier::types,
+            "kpx:proxier/iptables@0.2.0": crate::__bindings::kpx::proxier::iptables,
+            "kpx:proxier/nftables@0.2.0": crate::__bindings::kpx::proxier::nftables,
+            "kpx:proxier/ipvs@0.2.0": crate::__bindings::kpx::proxier::ipvs,
+            "kpx:proxier/log@0.2.0": crate::__bindings::kpx::proxier::log,
+        },
+    });
+}
+
+kpx_rules::table_conversions!(
+    crate::__bindings_v0_3::kpx::proxier0_3_0::tables,
+    crate::__bindings::kpx::proxier::types
+);
 
 pub mod extension;
 pub mod names;
@@ -112,9 +147,66 @@ pub(crate) fn install_panic_hook() {
     }));
 }
 
-/// The WIT `proxier` resource around a [`Backend`]. Used by [`export_backend!`].
+/// The WIT `proxier` resource around a [`Backend`]. Used by [`export_backend!`]
+/// (contract 0.3.0) and [`export_backend_v0_2!`].
 #[doc(hidden)]
 pub struct BackendResource<B>(RefCell<B>);
+
+impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend::GuestProxier for BackendResource<B> {
+    fn new(settings: __bindings::kpx::proxier::types::Settings) -> Self {
+        install_panic_hook();
+        BackendResource(RefCell::new(B::new(wit_convert::from_wit_settings(settings))))
+    }
+
+    fn reset(
+        &self,
+        node: __bindings::kpx::proxier::types::Node,
+        cluster: __bindings::kpx::proxier::types::Cluster,
+        services: __bindings_v0_3::kpx::proxier0_3_0::tables::PortTable,
+    ) -> Result<(), String> {
+        let services = kpx_rules::table::decode(&wit_table::from_wit_table(services)).map_err(|e| e.to_string())?;
+        let (node, cluster) = (wit_convert::from_wit_node(node), wit_convert::from_wit_cluster(cluster));
+        self.0.borrow_mut().reset(node, cluster, services);
+        Ok(())
+    }
+
+    fn apply(&self, batch: __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch) -> Result<(), String> {
+        let changes = batch_changes(batch)?;
+        self.0.borrow_mut().apply(changes);
+        Ok(())
+    }
+
+    fn render(&self, full: bool) -> Result<__bindings_v0_3::exports::kpx::proxier0_3_0::backend::Ruleset, String> {
+        use __bindings::exports::kpx::proxier::backend::Ruleset as V2;
+        use __bindings_v0_3::exports::kpx::proxier0_3_0::backend::Ruleset as V3;
+        let ruleset = self.0.borrow_mut().render(full)?;
+        Ok(match convert::ruleset(ruleset)? {
+            V2::Iptables(r) => V3::Iptables(r),
+            V2::Nftables(r) => V3::Nftables(r),
+            V2::Ipvs(r) => V3::Ipvs(r),
+        })
+    }
+}
+
+/// A 0.3.0 change batch as the [`Backend`]'s changes: the node, the
+/// cluster, the removes, then the upserts. A key removed and upserted, or
+/// upserted twice, is refused: the host sends each port's net change.
+fn batch_changes(batch: __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch) -> Result<Vec<Change>, String> {
+    let upserts = kpx_rules::table::decode(&wit_table::from_wit_table(batch.upserts)).map_err(|e| e.to_string())?;
+    let mut keys: std::collections::HashSet<&str> = batch.removes.iter().map(String::as_str).collect();
+    if keys.len() != batch.removes.len() {
+        return Err("change-batch: a key removed twice".into());
+    }
+    if let Some(p) = upserts.iter().find(|p| !keys.insert(&p.key)) {
+        return Err(format!("change-batch: {} is both removed and upserted, or upserted twice", p.key));
+    }
+    let mut changes = Vec::with_capacity(2 + batch.removes.len() + upserts.len());
+    changes.extend(batch.node.map(|n| Change::Node(wit_convert::from_wit_node(n))));
+    changes.extend(batch.cluster.map(|c| Change::Cluster(wit_convert::from_wit_cluster(c))));
+    changes.extend(batch.removes.into_iter().map(Change::Remove));
+    changes.extend(upserts.into_iter().map(Change::Upsert));
+    Ok(changes)
+}
 
 impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProxier for BackendResource<B> {
     fn new(settings: __bindings::kpx::proxier::types::Settings) -> Self {
@@ -144,9 +236,30 @@ impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProx
     }
 }
 
-/// Exports a [`Backend`] implementation as the plugin's `kpx:proxier/backend`.
+/// Exports a [`Backend`] implementation as the plugin's
+/// `kpx:proxier/backend@0.3.0`.
 #[macro_export]
 macro_rules! export_backend {
+    ($backend:ty) => {
+        struct __KpxBackendExport;
+        impl $crate::__bindings_v0_3::exports::kpx::proxier0_3_0::backend::Guest for __KpxBackendExport {
+            type Proxier = $crate::BackendResource<$backend>;
+        }
+        $crate::__bindings_v0_3::__export_backend_plugin_v0_3!(__KpxBackendExport with_types_in $crate::__bindings_v0_3);
+
+        /// The contract version, read by the host before it compiles the plugin.
+        #[cfg(target_family = "wasm")]
+        #[unsafe(link_section = "kpx:proxier-version")]
+        #[used]
+        static __KPX_PROXIER_VERSION: [u8; $crate::BACKEND_CONTRACT_VERSION.len()] =
+            $crate::version_bytes($crate::BACKEND_CONTRACT_VERSION);
+    };
+}
+
+/// Exports a [`Backend`] implementation as `kpx:proxier/backend@0.2.0`,
+/// for hosts older than contract 0.3.0 (kpx still runs these).
+#[macro_export]
+macro_rules! export_backend_v0_2 {
     ($backend:ty) => {
         struct __KpxBackendExport;
         impl $crate::__bindings::exports::kpx::proxier::backend::Guest for __KpxBackendExport {

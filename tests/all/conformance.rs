@@ -37,7 +37,7 @@ fn passes(component: &str) -> String {
 #[test]
 fn the_built_in_iptables_backend_passes_conformance() {
     let text = passes("builtin:iptables");
-    assert!(text.contains("backend component (kpx:proxier 0.2.0), iptables rules"), "{text}");
+    assert!(text.contains("backend component (kpx:proxier 0.3.0), iptables rules"), "{text}");
     let flows: usize =
         text.lines().filter(|l| l.starts_with("flows (tracer)")).map(|l| row(l, l.split("  ").next().unwrap()).0).sum();
     assert!(flows >= 60, "only {flows} flows traced");

@@ -38,6 +38,7 @@ fn test(extra: &[String]) -> Result<()> {
         "kpx-plugin-ipvs",
         "kpx-plugin-schedulers",
         "kpx-plugin-hostile",
+        "kpx-plugin-nftables-v0-2",
         "kpx-plugin-first",
         "kpx-plugin-wasi-probe",
         "kpx-plugin-hot-v1",

@@ -1,5 +1,5 @@
 use super::*;
-use kpx_rules::model::{Cluster, IpFamily, ProxyMode, Settings};
+use kpx_rules::model::{Cluster, IpFamily, Protocol, ProxyMode, Settings};
 
 fn hostile_bytes() -> Vec<u8> {
     std::fs::read(format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap()
@@ -10,7 +10,7 @@ fn runtime(limits: Limits) -> Runtime {
 }
 
 fn service(name: &str) -> ServicePort {
-    let mut s = ServicePort::new("t", name, "", kpx_rules::model::Protocol::Tcp, 80);
+    let mut s = ServicePort::new("t", name, "", Protocol::Tcp, 80);
     s.cluster_ip = Some("10.96.0.1".parse().unwrap());
     s
 }
@@ -25,20 +25,104 @@ fn patch(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 
 #[test]
 fn builtin_plugin_carries_a_supported_version() {
-    let bytes = builtin::get("iptables").unwrap();
-    assert_eq!(read_contract_version(bytes).unwrap().as_deref(), Some("0.2.0"));
+    for mode in ["iptables", "nftables", "ipvs"] {
+        let bytes = builtin::get(mode).unwrap();
+        assert_eq!(read_contract_version(bytes).unwrap().as_deref(), Some("0.3.0"), "{mode}");
+    }
+    // Schedulers stay on 0.2.0.
+    assert_eq!(read_contract_version(builtin::get("schedulers").unwrap()).unwrap().as_deref(), Some("0.2.0"));
+}
+
+fn nftables_v0_2_bytes() -> Vec<u8> {
+    std::fs::read(format!("{}/kpx_plugin_nftables_v0_2.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap()
+}
+
+/// Ports of every shape, some changed, some removed: what the two
+/// contract versions must carry alike.
+fn versions_state() -> (Vec<ServicePort>, Vec<Change>) {
+    use kpx_rules::model::{Endpoint, TrafficPolicy};
+    let ep = |ip: &str| Endpoint::ready(ip.parse().unwrap(), 8080);
+    let mut ports = Vec::new();
+    for i in 0..40u16 {
+        let mut p =
+            ServicePort::new("ns", &format!("svc-{i}"), if i % 3 == 0 { "" } else { "http" }, Protocol::Tcp, 80);
+        p.cluster_ip = (i % 7 != 0).then(|| format!("10.96.0.{}", i + 1).parse().unwrap());
+        p.node_port = if i % 2 == 0 { 30000 + i } else { 0 };
+        if i % 5 == 0 {
+            p.external_ips = vec![format!("192.0.2.{i}").parse().unwrap()];
+            p.load_balancer_ips = vec![format!("198.51.100.{i}").parse().unwrap()];
+            p.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+            p.external_traffic_policy = TrafficPolicy::Local;
+            p.health_check_node_port = 31000 + i;
+        }
+        p.affinity_timeout_seconds = if i % 4 == 0 { 600 } else { 0 };
+        let mut eps: Vec<Endpoint> = (0..i % 4).map(|k| ep(&format!("10.244.{i}.{k}"))).collect();
+        if let Some(first) = eps.first_mut() {
+            first.conditions.is_local = true;
+            first.zone = Some("zone-a".into());
+        }
+        p = p.with_cluster_endpoints(eps);
+        p.local_endpoints = if p.endpoints.is_empty() { vec![] } else { vec![0] };
+        ports.push(p);
+    }
+    let mut changed = ports[3].clone();
+    changed.endpoints.push(ep("10.244.99.1"));
+    changed.cluster_endpoints.push(changed.endpoints.len() as u32 - 1);
+    let added = ServicePort::new("ns", "new", "", Protocol::Udp, 53).with_cluster_endpoints(vec![ep("10.244.98.1")]);
+    let changes = vec![
+        Change::Upsert(changed),
+        Change::Remove(ports[5].key.clone()),
+        // Upserted, then removed in the same batch: gone.
+        Change::Upsert(ports[6].clone()),
+        Change::Remove(ports[6].key.clone()),
+        // Removed, then upserted: there.
+        Change::Remove(ports[7].key.clone()),
+        Change::Upsert(ports[7].clone()),
+        Change::Upsert(added),
+    ];
+    (ports, changes)
+}
+
+/// The same generator behind contract 0.2.0 (records) and 0.3.0 (a
+/// port table, and a change batch of each port's net change): the same
+/// rules, full and partial.
+#[test]
+fn contract_versions_carry_the_same_state() {
+    let rt = runtime(Limits::default());
+    let v2 = rt.load_backend("nftables-v0-2", &nftables_v0_2_bytes()).unwrap();
+    let v3 = rt.load_backend("nftables", builtin::get("nftables").unwrap()).unwrap();
+    let settings = Settings::new(IpFamily::V4, ProxyMode::Nftables);
+    let (ports, changes) = versions_state();
+    let renders = |plugin: &BackendPlugin| {
+        let mut i = plugin.instantiate(&settings).unwrap();
+        i.reset(&Node::default(), &Cluster::default(), &ports).unwrap();
+        let full = i.render(true, 100).unwrap();
+        i.apply(&changes).unwrap();
+        let partial = i.render(false, 100).unwrap();
+        let full_after = i.render(true, 100).unwrap();
+        (full, partial, full_after)
+    };
+    let (a, b) = (renders(&v2), renders(&v3));
+    assert_eq!(a.0, b.0, "full render");
+    assert_eq!(a.1, b.1, "partial render after the changes");
+    assert_eq!(a.2, b.2, "full render after the changes");
+    assert_ne!(a.0, a.2, "the changes changed something");
 }
 
 #[test]
 fn incompatible_or_unmarked_plugins_are_refused_before_compiling() {
     let rt = runtime(Limits::default());
     let bytes = builtin::get("iptables").unwrap();
-    let future = patch(bytes, b"kpx:proxier-version0.2.0", b"kpx:proxier-version9.9.9");
+    let future = patch(bytes, b"kpx:proxier-version0.3.0", b"kpx:proxier-version9.9.9");
     let err = rt.load_backend("future", &future).err().unwrap();
     assert!(matches!(err, Error::IncompatibleVersion { .. }), "{err}");
-    assert!(err.to_string().contains("built for kpx:proxier 9.9.9, this kpx supports 0.2.0"), "{err}");
+    assert!(err.to_string().contains("built for kpx:proxier 9.9.9, this kpx supports 0.2.0, 0.3.0"), "{err}");
+    // A 0.3.0 component marked 0.2.0 has not 0.2.0's exports.
+    let mislabelled = patch(bytes, b"kpx:proxier-version0.3.0", b"kpx:proxier-version0.2.0");
+    let err = rt.load_backend("mislabelled", &mislabelled).err().unwrap();
+    assert!(matches!(err, Error::Load { .. }), "{err}");
     // 0.1.0 returned kernel text: refused, and the message says why.
-    let old = patch(bytes, b"kpx:proxier-version0.2.0", b"kpx:proxier-version0.1.0");
+    let old = patch(bytes, b"kpx:proxier-version0.3.0", b"kpx:proxier-version0.1.0");
     let err = rt.load_backend("old", &old).err().unwrap();
     assert!(err.to_string().contains("never released") && err.to_string().contains("typed rules"), "{err}");
     let unmarked = patch(bytes, b"kpx:proxier-version", b"kpx:proxier-vers1on");

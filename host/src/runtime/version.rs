@@ -2,14 +2,14 @@
 //! `kpx:proxier-version` custom section before anything is compiled.
 
 /// Contract versions this host can run.
-pub const SUPPORTED: &[&str] = &[super::wit::since_v0_2_0::VERSION];
+pub const SUPPORTED: &[&str] = &[super::wit::since_v0_2_0::VERSION, super::wit::since_v0_3_0::VERSION];
 
 /// Why a version kpx once had is refused ("" for others).
 pub fn why_not(found: &str) -> &'static str {
     match found {
         "0.1.0" => {
             " (0.1.0 was a development version that was never released: its plugins returned kernel text, which \
-             kpx no longer accepts; rebuild the plugin with kpx-sdk for 0.2.0, which returns typed rules)"
+             kpx no longer accepts; rebuild the plugin with kpx-sdk, which builds 0.3.0 backends that return typed rules)"
         }
         _ => "",
     }

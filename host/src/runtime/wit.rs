@@ -2,6 +2,7 @@
 //! version a plugin declares, and each converts to the rule model.
 
 pub mod since_v0_2_0;
+pub mod since_v0_3_0;
 
 use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
 use kpx_rules::ops::Ruleset;
@@ -10,7 +11,8 @@ use wasmtime::component::{InstancePre, Linker};
 
 use super::PluginState;
 
-/// Adds every supported version's imports.
+/// Adds every supported version's imports (0.3.0 imports only 0.2.0's
+/// log).
 pub fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
     since_v0_2_0::add_to_linker(linker)
 }
@@ -18,12 +20,14 @@ pub fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
 /// A linked component of a known contract version.
 pub enum BackendPre {
     V0_2_0(since_v0_2_0::Pre),
+    V0_3_0(since_v0_3_0::Pre),
 }
 
 impl BackendPre {
     pub fn new(version: &str, pre: InstancePre<PluginState>) -> wasmtime::Result<BackendPre> {
         match version {
             since_v0_2_0::VERSION => Ok(BackendPre::V0_2_0(since_v0_2_0::Pre::new(pre)?)),
+            since_v0_3_0::VERSION => Ok(BackendPre::V0_3_0(since_v0_3_0::Pre::new(pre)?)),
             other => Err(wasmtime::format_err!("no bindings for kpx:proxier {other}")),
         }
     }
@@ -32,6 +36,7 @@ impl BackendPre {
     pub fn instantiate(&self, store: &mut Store<PluginState>, settings: &Settings) -> wasmtime::Result<Backend> {
         match self {
             BackendPre::V0_2_0(pre) => pre.instantiate(store, settings).map(Backend::V0_2_0),
+            BackendPre::V0_3_0(pre) => pre.instantiate(store, settings).map(Backend::V0_3_0),
         }
     }
 }
@@ -40,6 +45,7 @@ impl BackendPre {
 #[derive(Clone)]
 pub enum Backend {
     V0_2_0(since_v0_2_0::Instance),
+    V0_3_0(since_v0_3_0::Instance),
 }
 
 impl Backend {
@@ -52,18 +58,21 @@ impl Backend {
     ) -> wasmtime::Result<()> {
         match self {
             Backend::V0_2_0(i) => i.reset(store, node, cluster, services),
+            Backend::V0_3_0(i) => i.reset(store, node, cluster, services),
         }
     }
 
     pub fn apply(&self, store: &mut Store<PluginState>, changes: &[Change]) -> wasmtime::Result<()> {
         match self {
             Backend::V0_2_0(i) => i.apply(store, changes),
+            Backend::V0_3_0(i) => i.apply(store, changes),
         }
     }
 
     pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
         match self {
             Backend::V0_2_0(i) => i.render(store, full),
+            Backend::V0_3_0(i) => i.render(store, full),
         }
     }
 }

@@ -21,6 +21,11 @@ kpx_rules::wit_conversions!(crate::runtime::wit::since_v0_2_0::kpx::proxier::typ
 /// The contract version these bindings implement.
 pub const VERSION: &str = "0.2.0";
 
+/// A backend's output, which 0.3.0 returns in the same variants.
+pub use self::exports::kpx::proxier::backend::Ruleset as WireRuleset;
+/// The output to the rule model.
+pub use ops::ruleset;
+
 impl self::kpx::proxier::types::Host for PluginState {}
 impl self::kpx::proxier::iptables::Host for PluginState {}
 impl self::kpx::proxier::nftables::Host for PluginState {}
