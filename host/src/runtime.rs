@@ -164,7 +164,7 @@ impl PluginState {
 const MAX_LOG_LINE: usize = 4096;
 
 /// A plugin's log message as the host logs it.
-fn log_line(message: &str) -> String {
+pub(crate) fn log_line(message: &str) -> String {
     one_line(message, MAX_LOG_LINE)
 }
 
@@ -261,7 +261,10 @@ impl Runtime {
         let (found, linked) = self.link(name, bytes)?;
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         if found != wit::since_v0_2_0::VERSION {
-            return Err(load_err(format!("no {kind} bindings for kpx:proxier {found}")));
+            return Err(load_err(format!(
+                "not {article} {kind} component: it is built for kpx:proxier {found}, whose only world is the \
+                 backend's ({kind}s are built for 0.2.0)"
+            )));
         }
         pre(linked).map_err(|e| {
             load_err(format!(

@@ -127,6 +127,12 @@ fn protocol_code(p: Protocol) -> u8 {
     }
 }
 
+/// The longest string a table holds, in bytes: a decoded port holds its
+/// namespace, name and port name twice (and its key), so a table cannot
+/// decode to more than a few kilobytes per port (Kubernetes' own limits
+/// are 253 for a name, 63 for a label value).
+pub const MAX_STRING: usize = 1024;
+
 fn len_u32(n: usize, column: &'static str) -> Result<u32, TableError> {
     u32::try_from(n).map_err(|_| err(column, n, "more than 2^32 - 1 entries"))
 }
@@ -138,12 +144,19 @@ struct Encoder {
     /// (ports come in key order: a Service's ports, a namespace's
     /// Services, are neighbours).
     last: [Option<u32>; 2],
-    /// Zones written so far (few per cluster).
-    zones: Vec<u32>,
+    /// Zones written so far, and their string indices.
+    zones: std::collections::HashMap<Box<str>, u32>,
 }
 
 impl Encoder {
     fn string(&mut self, s: &str) -> Result<u32, TableError> {
+        if s.len() > MAX_STRING {
+            return Err(err(
+                "text",
+                self.t.text_ends.len(),
+                format!("a string of {} bytes (at most {MAX_STRING})", s.len()),
+            ));
+        }
         self.t.text.push_str(s);
         let end = len_u32(self.t.text.len(), "text")?;
         self.t.text_ends.push(end);
@@ -170,11 +183,11 @@ impl Encoder {
 
     fn zone(&mut self, zone: Option<&str>) -> Result<u32, TableError> {
         let Some(zone) = zone else { return Ok(0) };
-        if let Some(&i) = self.zones.iter().find(|&&i| self.string_at(i) == zone) {
+        if let Some(&i) = self.zones.get(zone) {
             return Ok(i + 1);
         }
         let i = self.string(zone)?;
-        self.zones.push(i);
+        self.zones.insert(zone.into(), i);
         Ok(i + 1)
     }
 
@@ -208,8 +221,21 @@ impl Encoder {
 /// The table of `ports`, for an instance of `family`. Fails only on a
 /// port holding an address of the other family, or on sizes past 2^32.
 pub fn encode<'a>(family: IpFamily, ports: impl IntoIterator<Item = &'a ServicePort>) -> Result<PortTable, TableError> {
-    let mut e = Encoder { t: PortTable::empty(family), last: [None, None], zones: Vec::new() };
+    let mut e = Encoder { t: PortTable::empty(family), last: [None, None], zones: Default::default() };
     for (i, p) in ports.into_iter().enumerate() {
+        e.port(i, p).map_err(|mut error| {
+            error.why = format!("{}: {}", p.key, error.why);
+            error
+        })?;
+    }
+    Ok(e.t)
+}
+
+impl Encoder {
+    /// Port `i`'s entries in every column.
+    fn port(&mut self, i: usize, p: &ServicePort) -> Result<(), TableError> {
+        let family = self.t.family;
+        let e = self;
         let namespace = e.repeated(0, &p.namespace)?;
         let name = e.repeated(1, &p.name)?;
         let port_name = e.string(&p.port_name)?;
@@ -288,8 +314,8 @@ pub fn encode<'a>(family: IpFamily, ports: impl IntoIterator<Item = &'a ServiceP
         if let Some(plan) = &p.local_plan {
             t.local_plans.push((at, plan.clone()));
         }
+        Ok(())
     }
-    Ok(e.t)
 }
 
 impl PortTable {
@@ -394,9 +420,14 @@ impl<'a> Reader<'a> {
             return Err(err(column, i, format!("string {index} of {}", t.text_ends.len())));
         };
         let start = if k == 0 { 0 } else { t.text_ends[k - 1] };
-        t.text
+        let s = t
+            .text
             .get(start as usize..end as usize)
-            .ok_or_else(|| err("text-ends", k, "not a string of text (past its end, or inside a character)"))
+            .ok_or_else(|| err("text-ends", k, "not a string of text (past its end, or inside a character)"))?;
+        if s.len() > MAX_STRING {
+            return Err(err("text-ends", k, format!("a string of {} bytes (at most {MAX_STRING})", s.len())));
+        }
+        Ok(s)
     }
 
     fn address(&self, words: &[u32], item: usize) -> IpAddr {
@@ -559,9 +590,12 @@ pub fn decode(t: &PortTable) -> Result<Vec<ServicePort>, TableError> {
         }
         port.endpoints = endpoints;
         let positions = |column, ends: &[u32], values: &[u32]| {
-            let own = &values[Reader::range(ends, i)];
+            let range = Reader::range(ends, i);
+            let own = &values[range.clone()];
             match own.iter().position(|&p| p as usize >= count) {
-                Some(k) => Err(err(column, k, format!("endpoint {} of port {i}, which has {count}", own[k]))),
+                Some(k) => {
+                    Err(err(column, range.start + k, format!("endpoint {} of port {i}, which has {count}", own[k])))
+                }
                 None => Ok(own.to_vec()),
             }
         };

@@ -165,6 +165,11 @@ impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend:
         services: __bindings_v0_3::kpx::proxier0_3_0::tables::PortTable,
     ) -> Result<(), String> {
         let services = kpx_rules::table::decode(&wit_table::from_wit_table(services)).map_err(|e| e.to_string())?;
+        let mut keys = std::collections::HashSet::with_capacity(services.len());
+        if let Some(p) = services.iter().find(|p| !keys.insert(p.key.as_str())) {
+            return Err(format!("port-table: {} twice", p.key));
+        }
+        drop(keys);
         let (node, cluster) = (wit_convert::from_wit_node(node), wit_convert::from_wit_cluster(cluster));
         self.0.borrow_mut().reset(node, cluster, services);
         Ok(())
@@ -188,9 +193,10 @@ impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend:
     }
 }
 
-/// A 0.3.0 change batch as the [`Backend`]'s changes: the node, the
-/// cluster, the removes, then the upserts. A key removed and upserted, or
-/// upserted twice, is refused: the host sends each port's net change.
+/// A 0.3.0 change batch as the [`Backend`]'s changes: the removes, the
+/// upserts, the cluster, then the node (the order 0.2.0's host sent
+/// them in). A key removed and upserted, or upserted twice, is refused:
+/// the host sends each port's net change.
 fn batch_changes(batch: __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch) -> Result<Vec<Change>, String> {
     let upserts = kpx_rules::table::decode(&wit_table::from_wit_table(batch.upserts)).map_err(|e| e.to_string())?;
     let mut keys: std::collections::HashSet<&str> = batch.removes.iter().map(String::as_str).collect();
@@ -201,10 +207,10 @@ fn batch_changes(batch: __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch)
         return Err(format!("change-batch: {} is both removed and upserted, or upserted twice", p.key));
     }
     let mut changes = Vec::with_capacity(2 + batch.removes.len() + upserts.len());
-    changes.extend(batch.node.map(|n| Change::Node(wit_convert::from_wit_node(n))));
-    changes.extend(batch.cluster.map(|c| Change::Cluster(wit_convert::from_wit_cluster(c))));
     changes.extend(batch.removes.into_iter().map(Change::Remove));
     changes.extend(upserts.into_iter().map(Change::Upsert));
+    changes.extend(batch.cluster.map(|c| Change::Cluster(wit_convert::from_wit_cluster(c))));
+    changes.extend(batch.node.map(|n| Change::Node(wit_convert::from_wit_node(n))));
     Ok(changes)
 }
 
@@ -273,4 +279,46 @@ macro_rules! export_backend_v0_2 {
         #[used]
         static __KPX_PROXIER_VERSION: [u8; $crate::CONTRACT_VERSION.len()] = $crate::contract_version_bytes();
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpx_rules::table::encode;
+
+    fn port(name: &str) -> ServicePort {
+        ServicePort::new("ns", name, "", Protocol::Tcp, 80)
+    }
+
+    fn batch(removes: &[&str], upserts: &[ServicePort]) -> __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch {
+        __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch {
+            removes: removes.iter().map(|k| k.to_string()).collect(),
+            upserts: wit_table::to_wit_table(encode(IpFamily::V4, upserts).unwrap()),
+            node: Some(wit_convert::to_wit_node(&Node::default())),
+            cluster: Some(wit_convert::to_wit_cluster(&Cluster::default())),
+        }
+    }
+
+    #[test]
+    fn a_batch_applies_removes_upserts_cluster_then_node() {
+        let changes = batch_changes(batch(&["ns/gone"], &[port("a"), port("b")])).unwrap();
+        let kinds: Vec<String> = changes
+            .iter()
+            .map(|c| match c {
+                Change::Remove(k) => format!("remove {k}"),
+                Change::Upsert(p) => format!("upsert {}", p.key),
+                Change::Cluster(_) => "cluster".into(),
+                Change::Node(_) => "node".into(),
+            })
+            .collect();
+        assert_eq!(kinds, ["remove ns/gone", "upsert ns/a", "upsert ns/b", "cluster", "node"]);
+    }
+
+    #[test]
+    fn a_batch_with_a_key_twice_is_refused() {
+        let e = batch_changes(batch(&["ns/a"], &[port("a")])).unwrap_err();
+        assert!(e.contains("ns/a is both removed and upserted"), "{e}");
+        assert!(batch_changes(batch(&[], &[port("a"), port("a")])).is_err());
+        assert!(batch_changes(batch(&["ns/a", "ns/a"], &[])).is_err());
+    }
 }

@@ -38,9 +38,15 @@ pub fn for_port(
             &format!("{}/{}", slice.meta.namespace, slice.meta.name),
         );
         for ep in &slice.endpoints {
-            let Some(ip) = ep.address else {
+            // An IPv4-mapped IPv6 address in an IPv4 slice (the API
+            // server accepts one) is the IPv4 address, as upstream reads
+            // it; an address of the other family is left out.
+            let Some(ip) = ep.address.map(|a| a.to_canonical()) else {
                 continue;
             };
+            if IpFamily::of(&ip) != family {
+                continue;
+            }
             let is_local = ep.node_name() == Some(node_name);
             let endpoint = Endpoint {
                 ip,

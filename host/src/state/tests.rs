@@ -64,6 +64,27 @@ fn merges_slices_dedupes_and_marks_local() {
 }
 
 #[test]
+fn an_ipv4_slice_holds_ipv4_endpoints_only() {
+    // The API server accepts an IPv4-mapped IPv6 address in an IPv4 slice
+    // (the manifest source refuses it); upstream reads it as the IPv4
+    // address. Another IPv6 one is skipped.
+    use crate::source::slice::{Slice, SliceEndpoint};
+    let mut state = state_from(YAML);
+    let (objects, _) = parse_documents(YAML);
+    let Some(Object::EndpointSlice(a)) = objects.into_iter().find(|o| o.object_ref().name == "a") else { panic!() };
+    let mut a = Slice::clone(&a);
+    a.endpoints = ["::ffff:10.1.0.7", "fd00::9"]
+        .iter()
+        .map(|ip| SliceEndpoint::new(false, Some(ip.parse().unwrap()), None, None))
+        .collect();
+    state.apply(Event::Apply(Object::EndpointSlice(std::sync::Arc::new(a))));
+    let ports = state.service_ports(IpFamily::V4, &name("shop", "web"));
+    let eps: Vec<String> = ports[0].endpoints.iter().map(|e| e.host_port()).collect();
+    assert_eq!(eps, ["10.1.0.2:8080", "10.1.0.7:8080"]);
+    assert!(state.service_ports(IpFamily::V6, &name("shop", "web"))[0].endpoints.is_empty());
+}
+
+#[test]
 fn tracks_changes_and_deletions() {
     let mut state = state_from(YAML);
     let changes = state.take_changes();

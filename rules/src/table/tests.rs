@@ -122,7 +122,8 @@ fn a_malformed_table_is_refused_with_the_column_named() {
         ("endpoint-weights", |t| {
             t.endpoint_weights.push(1);
         }),
-        ("cluster-endpoints", |t| t.cluster_endpoints[1] = 3),
+        // Port web:https's one cluster endpoint, entry 2 of the column.
+        ("cluster-endpoints", |t| t.cluster_endpoints[2] = 1),
         ("local-endpoint-ends", |t| t.local_endpoint_ends[2] = 0),
         ("local-endpoints", |t| t.local_endpoint_ends[0] = 0),
         ("cluster-plans", |t| t.cluster_plans.swap(0, 1)),
@@ -136,6 +137,28 @@ fn a_malformed_table_is_refused_with_the_column_named() {
         assert_eq!(e.column, *column, "{e}");
         assert!(e.to_string().starts_with(&format!("port-table {column}[")), "{e}");
     }
+    // The index is the column's, not the port's own list's.
+    let mut t = good.clone();
+    t.cluster_endpoints[2] = 1;
+    assert_eq!(decode(&t).unwrap_err().index, 2);
+    // One long string named by every port would decode to far more than
+    // the table: a string is at most MAX_STRING bytes.
+    let mut t = good.clone();
+    let long = "x".repeat(MAX_STRING + 1);
+    t.text = format!("{long}{}", t.text);
+    for end in &mut t.text_ends {
+        *end += long.len() as u32;
+    }
+    t.text_ends.insert(0, long.len() as u32);
+    for column in [&mut t.namespaces, &mut t.names, &mut t.port_names] {
+        column.iter_mut().for_each(|i| *i = 0);
+    }
+    let e = decode(&t).unwrap_err();
+    assert_eq!((e.column, e.index), ("text-ends", 0), "{e}");
+    let mut ports = ports_v4();
+    ports[1].name = long;
+    let e = encode(IpFamily::V4, &ports).unwrap_err();
+    assert!(e.why.starts_with("shop/web:https: a string of 1025 bytes"), "{e}");
     // IPv6: a /129 and a torn address.
     let good = encode(IpFamily::V6, &ports_v6()).unwrap();
     let mut t = good.clone();
@@ -213,6 +236,16 @@ fn random_damage_never_panics_the_decoder() {
                     let i = (rng.next() % column.len() as u64) as usize;
                     column[i] = value as u8;
                 }
+            }
+            // The text cut short, a plan moved to any port.
+            match rng.next() % 8 {
+                0 => t.text.truncate(t.text.floor_char_boundary((rng.next() % 64) as usize)),
+                1 => {
+                    if let Some(plan) = t.cluster_plans.first_mut() {
+                        plan.0 = value;
+                    }
+                }
+                _ => {}
             }
             let _ = decode(&t);
         }

@@ -69,9 +69,10 @@ fn encode<'a>(family: IpFamily, ports: impl IntoIterator<Item = &'a ServicePort>
         .map_err(|e| wasmtime::format_err!("cannot send the state: {e}"))
 }
 
-/// A plugin's refusal of what it was sent, as the call's error.
+/// A plugin's refusal of what it was sent, as the call's error (one line,
+/// cut as a log line is: the message is the plugin's).
 fn refused(call: &str, r: wasmtime::Result<Result<(), String>>) -> wasmtime::Result<()> {
-    r?.map_err(|message| wasmtime::format_err!("the plugin refused {call}: {message}"))
+    r?.map_err(|message| wasmtime::format_err!("the plugin refused {call}: {}", crate::runtime::log_line(&message)))
 }
 
 impl Instance {
