@@ -57,7 +57,9 @@ pub fn for_port(
                     terminating: ep.terminating().unwrap_or(false),
                     is_local,
                 },
-                zone: ep.zone().map(Box::from),
+                // No node's zone label (63 bytes at most) is longer than
+                // what a port table carries.
+                zone: ep.zone().filter(|z| z.len() <= kpx_rules::table::MAX_STRING).map(Box::from),
                 weight: weights.get(&ip).copied().unwrap_or(1),
             };
             let hints = ep.hints();
