@@ -353,7 +353,16 @@ impl ServicePort {
 
     /// The key upstream's `ServicePortName.String()` gives.
     pub fn key_for(namespace: &str, name: &str, port_name: &str) -> String {
-        if port_name.is_empty() { format!("{namespace}/{name}") } else { format!("{namespace}/{name}:{port_name}") }
+        // Not `format!`: a plugin's reset builds one key per port.
+        let mut key = String::with_capacity(namespace.len() + name.len() + port_name.len() + 2);
+        key.push_str(namespace);
+        key.push('/');
+        key.push_str(name);
+        if !port_name.is_empty() {
+            key.push(':');
+            key.push_str(port_name);
+        }
+        key
     }
 
     /// The work this port is for a backend: itself, its endpoints and the
