@@ -608,6 +608,47 @@ pub fn decode(t: &PortTable) -> Result<Vec<ServicePort>, TableError> {
     Ok(out)
 }
 
+/// `$to { extra fields, every scalar column of $from moved }`: the columns
+/// the two sides' records share by name and type, written once.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kpx_table_columns {
+    ($from:ident, $($to:ident)::+ { $($extra:tt)* }) => {
+        $($to)::+ {
+            $($extra)*,
+            text: $from.text,
+            text_ends: $from.text_ends,
+            namespaces: $from.namespaces,
+            names: $from.names,
+            port_names: $from.port_names,
+            protocols: $from.protocols,
+            ports: $from.ports,
+            node_ports: $from.node_ports,
+            health_check_node_ports: $from.health_check_node_ports,
+            affinity_seconds: $from.affinity_seconds,
+            flags: $from.flags,
+            cluster_ips: $from.cluster_ips,
+            external_ip_ends: $from.external_ip_ends,
+            external_ips: $from.external_ips,
+            load_balancer_ip_ends: $from.load_balancer_ip_ends,
+            load_balancer_ips: $from.load_balancer_ips,
+            source_range_ends: $from.source_range_ends,
+            source_range_words: $from.source_range_words,
+            source_range_prefixes: $from.source_range_prefixes,
+            endpoint_ends: $from.endpoint_ends,
+            endpoint_words: $from.endpoint_words,
+            endpoint_ports: $from.endpoint_ports,
+            endpoint_conditions: $from.endpoint_conditions,
+            endpoint_zones: $from.endpoint_zones,
+            endpoint_weights: $from.endpoint_weights,
+            cluster_endpoint_ends: $from.cluster_endpoint_ends,
+            cluster_endpoints: $from.cluster_endpoints,
+            local_endpoint_ends: $from.local_endpoint_ends,
+            local_endpoints: $from.local_endpoints,
+        }
+    };
+}
+
 /// Defines `to_wit_table` / `from_wit_table` in a module `wit_table`,
 /// between [`PortTable`] and the `port-table` record that `bindgen!`
 /// (host) or `wit_bindgen::generate!` (guest) generates in the `tables`
@@ -627,84 +668,20 @@ macro_rules! table_conversions {
 
             pub fn to_wit_table(t: PortTable) -> wit::PortTable {
                 let plans = |v: Vec<(u32, $crate::plan::Plan)>| v.iter().map(|(i, p)| (*i, to_wit_plan(p))).collect();
-                wit::PortTable {
-                    family: match t.family {
-                        IpFamily::V4 => wt::IpFamily::Ipv4,
-                        IpFamily::V6 => wt::IpFamily::Ipv6,
-                    },
-                    text: t.text,
-                    text_ends: t.text_ends,
-                    namespaces: t.namespaces,
-                    names: t.names,
-                    port_names: t.port_names,
-                    protocols: t.protocols,
-                    ports: t.ports,
-                    node_ports: t.node_ports,
-                    health_check_node_ports: t.health_check_node_ports,
-                    affinity_seconds: t.affinity_seconds,
-                    flags: t.flags,
-                    cluster_ips: t.cluster_ips,
-                    external_ip_ends: t.external_ip_ends,
-                    external_ips: t.external_ips,
-                    load_balancer_ip_ends: t.load_balancer_ip_ends,
-                    load_balancer_ips: t.load_balancer_ips,
-                    source_range_ends: t.source_range_ends,
-                    source_range_words: t.source_range_words,
-                    source_range_prefixes: t.source_range_prefixes,
-                    endpoint_ends: t.endpoint_ends,
-                    endpoint_words: t.endpoint_words,
-                    endpoint_ports: t.endpoint_ports,
-                    endpoint_conditions: t.endpoint_conditions,
-                    endpoint_zones: t.endpoint_zones,
-                    endpoint_weights: t.endpoint_weights,
-                    cluster_endpoint_ends: t.cluster_endpoint_ends,
-                    cluster_endpoints: t.cluster_endpoints,
-                    local_endpoint_ends: t.local_endpoint_ends,
-                    local_endpoints: t.local_endpoints,
-                    cluster_plans: plans(t.cluster_plans),
-                    local_plans: plans(t.local_plans),
-                }
+                let family = match t.family {
+                    IpFamily::V4 => wt::IpFamily::Ipv4,
+                    IpFamily::V6 => wt::IpFamily::Ipv6,
+                };
+                $crate::__kpx_table_columns!(t, wit::PortTable { family, cluster_plans: plans(t.cluster_plans), local_plans: plans(t.local_plans) })
             }
 
             pub fn from_wit_table(t: wit::PortTable) -> PortTable {
                 let plans = |v: Vec<(u32, wt::Plan)>| v.into_iter().map(|(i, p)| (i, from_wit_plan(p))).collect();
-                PortTable {
-                    family: match t.family {
-                        wt::IpFamily::Ipv4 => IpFamily::V4,
-                        wt::IpFamily::Ipv6 => IpFamily::V6,
-                    },
-                    text: t.text,
-                    text_ends: t.text_ends,
-                    namespaces: t.namespaces,
-                    names: t.names,
-                    port_names: t.port_names,
-                    protocols: t.protocols,
-                    ports: t.ports,
-                    node_ports: t.node_ports,
-                    health_check_node_ports: t.health_check_node_ports,
-                    affinity_seconds: t.affinity_seconds,
-                    flags: t.flags,
-                    cluster_ips: t.cluster_ips,
-                    external_ip_ends: t.external_ip_ends,
-                    external_ips: t.external_ips,
-                    load_balancer_ip_ends: t.load_balancer_ip_ends,
-                    load_balancer_ips: t.load_balancer_ips,
-                    source_range_ends: t.source_range_ends,
-                    source_range_words: t.source_range_words,
-                    source_range_prefixes: t.source_range_prefixes,
-                    endpoint_ends: t.endpoint_ends,
-                    endpoint_words: t.endpoint_words,
-                    endpoint_ports: t.endpoint_ports,
-                    endpoint_conditions: t.endpoint_conditions,
-                    endpoint_zones: t.endpoint_zones,
-                    endpoint_weights: t.endpoint_weights,
-                    cluster_endpoint_ends: t.cluster_endpoint_ends,
-                    cluster_endpoints: t.cluster_endpoints,
-                    local_endpoint_ends: t.local_endpoint_ends,
-                    local_endpoints: t.local_endpoints,
-                    cluster_plans: plans(t.cluster_plans),
-                    local_plans: plans(t.local_plans),
-                }
+                let family = match t.family {
+                    wt::IpFamily::Ipv4 => IpFamily::V4,
+                    wt::IpFamily::Ipv6 => IpFamily::V6,
+                };
+                $crate::__kpx_table_columns!(t, PortTable { family, cluster_plans: plans(t.cluster_plans), local_plans: plans(t.local_plans) })
             }
         }
     };

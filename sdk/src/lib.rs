@@ -64,10 +64,17 @@ pub const fn version_bytes<const N: usize>(version: &str) -> [u8; N] {
     out
 }
 
-/// The custom section content: [`CONTRACT_VERSION`] as bytes.
+/// The contract version's custom section, read by the host before it
+/// compiles the plugin; every export macro writes one.
 #[doc(hidden)]
-pub const fn contract_version_bytes() -> [u8; CONTRACT_VERSION.len()] {
-    version_bytes(CONTRACT_VERSION)
+#[macro_export]
+macro_rules! __kpx_version_section {
+    ($version:expr) => {
+        #[cfg(target_family = "wasm")]
+        #[unsafe(link_section = "kpx:proxier-version")]
+        #[used]
+        static __KPX_PROXIER_VERSION: [u8; $version.len()] = $crate::version_bytes($version);
+    };
 }
 
 #[doc(hidden)]
@@ -253,12 +260,7 @@ macro_rules! export_backend {
         }
         $crate::__bindings_v0_3::__export_backend_plugin_v0_3!(__KpxBackendExport with_types_in $crate::__bindings_v0_3);
 
-        /// The contract version, read by the host before it compiles the plugin.
-        #[cfg(target_family = "wasm")]
-        #[unsafe(link_section = "kpx:proxier-version")]
-        #[used]
-        static __KPX_PROXIER_VERSION: [u8; $crate::BACKEND_CONTRACT_VERSION.len()] =
-            $crate::version_bytes($crate::BACKEND_CONTRACT_VERSION);
+        $crate::__kpx_version_section!($crate::BACKEND_CONTRACT_VERSION);
     };
 }
 
@@ -273,11 +275,7 @@ macro_rules! export_backend_v0_2 {
         }
         $crate::__bindings::__export_backend_plugin!(__KpxBackendExport with_types_in $crate::__bindings);
 
-        /// The contract version, read by the host before it compiles the plugin.
-        #[cfg(target_family = "wasm")]
-        #[unsafe(link_section = "kpx:proxier-version")]
-        #[used]
-        static __KPX_PROXIER_VERSION: [u8; $crate::CONTRACT_VERSION.len()] = $crate::contract_version_bytes();
+        $crate::__kpx_version_section!($crate::CONTRACT_VERSION);
     };
 }
 

@@ -194,10 +194,6 @@ macro_rules! export_scheduler {
             __KpxSchedulerExport with_types_in $crate::scheduler::__bindings
         );
 
-        /// The contract version, read by the host before it compiles the plugin.
-        #[cfg(target_family = "wasm")]
-        #[unsafe(link_section = "kpx:proxier-version")]
-        #[used]
-        static __KPX_PROXIER_VERSION: [u8; $crate::CONTRACT_VERSION.len()] = $crate::contract_version_bytes();
+        $crate::__kpx_version_section!($crate::CONTRACT_VERSION);
     };
 }
