@@ -159,10 +159,22 @@ pub(crate) fn install_panic_hook() {
 #[doc(hidden)]
 pub struct BackendResource<B>(RefCell<B>);
 
-impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend::GuestProxier for BackendResource<B> {
-    fn new(settings: __bindings::kpx::proxier::types::Settings) -> Self {
+impl<B: Backend + 'static> BackendResource<B> {
+    fn create(settings: __bindings::kpx::proxier::types::Settings) -> Self {
         install_panic_hook();
         BackendResource(RefCell::new(B::new(wit_convert::from_wit_settings(settings))))
+    }
+
+    /// A render in 0.2.0's types, which 0.3.0's rulesets are.
+    fn rules(&self, full: bool) -> Result<__bindings::exports::kpx::proxier::backend::Ruleset, String> {
+        let ruleset = self.0.borrow_mut().render(full)?;
+        convert::ruleset(ruleset)
+    }
+}
+
+impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend::GuestProxier for BackendResource<B> {
+    fn new(settings: __bindings::kpx::proxier::types::Settings) -> Self {
+        Self::create(settings)
     }
 
     fn reset(
@@ -191,8 +203,7 @@ impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend:
     fn render(&self, full: bool) -> Result<__bindings_v0_3::exports::kpx::proxier0_3_0::backend::Ruleset, String> {
         use __bindings::exports::kpx::proxier::backend::Ruleset as V2;
         use __bindings_v0_3::exports::kpx::proxier0_3_0::backend::Ruleset as V3;
-        let ruleset = self.0.borrow_mut().render(full)?;
-        Ok(match convert::ruleset(ruleset)? {
+        Ok(match self.rules(full)? {
             V2::Iptables(r) => V3::Iptables(r),
             V2::Nftables(r) => V3::Nftables(r),
             V2::Ipvs(r) => V3::Ipvs(r),
@@ -223,8 +234,7 @@ fn batch_changes(batch: __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch)
 
 impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProxier for BackendResource<B> {
     fn new(settings: __bindings::kpx::proxier::types::Settings) -> Self {
-        install_panic_hook();
-        BackendResource(RefCell::new(B::new(wit_convert::from_wit_settings(settings))))
+        Self::create(settings)
     }
 
     fn reset(
@@ -244,8 +254,7 @@ impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProx
     }
 
     fn render(&self, full: bool) -> Result<__bindings::exports::kpx::proxier::backend::Ruleset, String> {
-        let ruleset = self.0.borrow_mut().render(full)?;
-        convert::ruleset(ruleset)
+        self.rules(full)
     }
 }
 
