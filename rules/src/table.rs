@@ -190,32 +190,39 @@ impl Encoder {
         self.zones.insert(zone.into(), i);
         Ok(i + 1)
     }
+}
 
-    fn address(&self, words: &mut Vec<u32>, ip: &IpAddr, column: &'static str, index: usize) -> Result<(), TableError> {
-        match (self.t.family, ip) {
-            (IpFamily::V4, IpAddr::V4(a)) => words.push(u32::from(*a)),
-            (IpFamily::V6, IpAddr::V6(a)) => {
-                let o = a.octets();
-                words.extend((0..4).map(|w| u32::from_be_bytes([o[4 * w], o[4 * w + 1], o[4 * w + 2], o[4 * w + 3]])));
-            }
-            _ => return Err(err(column, index, format!("{ip} is not of the table's family"))),
+/// Appends `ip`'s words to `words`, entry `index` of `column`.
+fn push_address(
+    family: IpFamily,
+    words: &mut Vec<u32>,
+    ip: &IpAddr,
+    column: &'static str,
+    index: usize,
+) -> Result<(), TableError> {
+    match (family, ip) {
+        (IpFamily::V4, IpAddr::V4(a)) => words.push(u32::from(*a)),
+        (IpFamily::V6, IpAddr::V6(a)) => {
+            let o = a.octets();
+            words.extend((0..4).map(|w| u32::from_be_bytes([o[4 * w], o[4 * w + 1], o[4 * w + 2], o[4 * w + 3]])));
         }
-        Ok(())
+        _ => return Err(err(column, index, format!("{ip} is not of the table's family"))),
     }
+    Ok(())
+}
 
-    fn addresses(
-        &mut self,
-        column: &'static str,
-        ips: &[IpAddr],
-        words: fn(&mut PortTable) -> &mut Vec<u32>,
-    ) -> Result<u32, TableError> {
-        let mut out = std::mem::take(words(&mut self.t));
-        let result = ips.iter().enumerate().try_for_each(|(i, ip)| self.address(&mut out, ip, column, i));
-        let n = out.len() / stride(self.t.family);
-        *words(&mut self.t) = out;
-        result?;
-        len_u32(n, column)
+/// Appends a port's addresses to `words`; the column's end after them.
+fn push_addresses(
+    family: IpFamily,
+    words: &mut Vec<u32>,
+    ips: impl IntoIterator<Item = IpAddr>,
+    column: &'static str,
+) -> Result<u32, TableError> {
+    for ip in ips {
+        let at = words.len() / stride(family);
+        push_address(family, words, &ip, column, at)?;
     }
+    len_u32(words.len() / stride(family), column)
 }
 
 /// The table of `ports`, for an instance of `family`. Fails only on a
@@ -259,32 +266,24 @@ impl Encoder {
             flags |= flag::INTERNAL_LOCAL;
         }
         t.flags.push(flags);
-        let mut words = std::mem::take(&mut e.t.cluster_ips);
-        let result = match &p.cluster_ip {
-            Some(ip) => e.address(&mut words, ip, "cluster-ips", i),
-            None => {
-                words.extend(std::iter::repeat_n(0, stride(family)));
-                Ok(())
-            }
-        };
-        e.t.cluster_ips = words;
-        result?;
-        let end = e.addresses("external-ips", &p.external_ips, |t| &mut t.external_ips)?;
-        e.t.external_ip_ends.push(end);
-        let end = e.addresses("load-balancer-ips", &p.load_balancer_ips, |t| &mut t.load_balancer_ips)?;
-        e.t.load_balancer_ip_ends.push(end);
-        let ranges: Vec<IpAddr> = p.load_balancer_source_ranges.iter().map(|c| c.addr).collect();
-        let end = e.addresses("source-range-words", &ranges, |t| &mut t.source_range_words)?;
-        e.t.source_range_ends.push(end);
-        e.t.source_range_prefixes.extend(p.load_balancer_source_ranges.iter().map(|c| c.prefix_len));
+        match &p.cluster_ip {
+            Some(ip) => push_address(family, &mut t.cluster_ips, ip, "cluster-ips", i)?,
+            None => t.cluster_ips.extend(std::iter::repeat_n(0, stride(family))),
+        }
+        let end = push_addresses(family, &mut t.external_ips, p.external_ips.iter().copied(), "external-ips")?;
+        t.external_ip_ends.push(end);
+        let end =
+            push_addresses(family, &mut t.load_balancer_ips, p.load_balancer_ips.iter().copied(), "load-balancer-ips")?;
+        t.load_balancer_ip_ends.push(end);
+        let ranges = p.load_balancer_source_ranges.iter().map(|c| c.addr);
+        let end = push_addresses(family, &mut t.source_range_words, ranges, "source-range-words")?;
+        t.source_range_ends.push(end);
+        t.source_range_prefixes.extend(p.load_balancer_source_ranges.iter().map(|c| c.prefix_len));
         for ep in &p.endpoints {
             let zone = e.zone(ep.zone.as_deref())?;
-            let at = e.t.endpoint_ports.len();
-            let mut words = std::mem::take(&mut e.t.endpoint_words);
-            let result = e.address(&mut words, &ep.ip, "endpoint-words", at);
-            e.t.endpoint_words = words;
-            result?;
             let t = &mut e.t;
+            let at = t.endpoint_ports.len();
+            push_address(family, &mut t.endpoint_words, &ep.ip, "endpoint-words", at)?;
             t.endpoint_ports.push(ep.port);
             let c = &ep.conditions;
             t.endpoint_conditions.push(
@@ -455,8 +454,11 @@ pub fn decode(t: &PortTable) -> Result<Vec<ServicePort>, TableError> {
     // boundaries are checked where a string is read).
     let mut last = 0;
     for (i, &end) in t.text_ends.iter().enumerate() {
-        if end < last || end as usize > t.text.len() {
+        if end < last || !t.text.is_char_boundary(end as usize) {
             return Err(err("text-ends", i, format!("end {end} (previous {last}, text of {} bytes)", t.text.len())));
+        }
+        if (end - last) as usize > MAX_STRING {
+            return Err(err("text-ends", i, format!("a string of {} bytes (at most {MAX_STRING})", end - last)));
         }
         last = end;
     }

@@ -321,6 +321,55 @@ mod tests {
         assert_eq!(kinds, ["remove ns/gone", "upsert ns/a", "upsert ns/b", "cluster", "node"]);
     }
 
+    /// Ports of every shape, both families: 0.2.0's records and 0.3.0's
+    /// table carry them to the same model.
+    #[test]
+    fn both_contract_versions_deliver_the_same_ports() {
+        use kpx_rules::plan::{HashField, KernelPlan, SlotTable};
+        let ep = |ip: &str, port: u16| Endpoint::ready(ip.parse().unwrap(), port);
+        let mut a = ServicePort::new("shop", "web", "http", Protocol::Tcp, 80);
+        a.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        a.node_port = 30080;
+        a.external_ips = vec!["192.0.2.1".parse().unwrap()];
+        a.load_balancer_ips = vec!["198.51.100.7".parse().unwrap(), "198.51.100.8".parse().unwrap()];
+        a.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+        a.external_traffic_policy = TrafficPolicy::Local;
+        a.internal_traffic_policy = TrafficPolicy::Local;
+        a.health_check_node_port = 31000;
+        a.affinity_timeout_seconds = 60;
+        let mut odd = ep("10.244.2.9", 8080);
+        odd.conditions = Conditions { ready: false, serving: true, terminating: true, is_local: true };
+        odd.zone = Some("zone-b".into());
+        odd.weight = 0;
+        let mut heavy = ep("10.244.1.5", 8080);
+        heavy.weight = 9;
+        heavy.zone = Some("zone-a".into());
+        a = a.with_cluster_endpoints(vec![heavy, odd, ep("10.244.3.1", 8443)]);
+        a.cluster_endpoints = vec![2, 0];
+        a.local_endpoints = vec![1];
+        a.cluster_plan = Some(Plan::Weighted(vec![1, 3]));
+        a.local_plan =
+            Some(Plan::Slots(SlotTable { field: HashField::Destination, seed: 1, rows: 1, cols: 1, slots: vec![0] }));
+        let mut b = ServicePort::new("shop", "db", "", Protocol::Sctp, 5432)
+            .with_cluster_endpoints(vec![ep("10.244.9.9", 5432)]);
+        b.cluster_plan = Some(Plan::Kernel(KernelPlan { scheduler: "sh".into(), weights: vec![1], flags: 3 }));
+        let c = ServicePort::new("other", "empty", "udp", Protocol::Udp, 53);
+        let mut v6 = ServicePort::new("ns", "v6", "", Protocol::Udp, 53);
+        v6.cluster_ip = Some("fd00:96::a".parse().unwrap());
+        v6.external_ips = vec!["2001:db8::1".parse().unwrap()];
+        v6.load_balancer_source_ranges = vec!["2001:db8::/48".parse().unwrap()];
+        v6 = v6.with_cluster_endpoints(vec![ep("fd00:244::1", 53), ep("fd00:244::ffff:a00:1", 53)]);
+        v6.cluster_plan = Some(Plan::Sequence(vec![1, 0, 0]));
+        for (family, ports) in [(IpFamily::V4, vec![a, b, c]), (IpFamily::V6, vec![v6])] {
+            let v2: Vec<ServicePort> =
+                ports.iter().map(|p| wit_convert::from_wit_service_port(wit_convert::to_wit_service_port(p))).collect();
+            let table = wit_table::to_wit_table(encode(family, &ports).unwrap());
+            let v3 = kpx_rules::table::decode(&wit_table::from_wit_table(table)).unwrap();
+            assert_eq!(v2, ports, "{family:?}: 0.2.0");
+            assert_eq!(v3, ports, "{family:?}: 0.3.0");
+        }
+    }
+
     #[test]
     fn a_batch_with_a_key_twice_is_refused() {
         let e = batch_changes(batch(&["ns/a"], &[port("a")])).unwrap_err();

@@ -79,6 +79,8 @@ fn versions_state() -> (Vec<ServicePort>, Vec<Change>) {
         Change::Remove(ports[7].key.clone()),
         Change::Upsert(ports[7].clone()),
         Change::Upsert(added),
+        Change::Node(Node { name: "node-a".into(), zone: "zone-a".into(), ..Node::default() }),
+        Change::Cluster(Cluster { service_cidrs: vec!["10.96.0.0/16".parse().unwrap()] }),
     ];
     (ports, changes)
 }

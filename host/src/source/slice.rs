@@ -8,7 +8,7 @@
 //! zone and hints; its metadata is what kube-proxy reads of it (k8s's
 //! `ObjectMeta` is about 250 bytes before its labels' map).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -212,7 +212,7 @@ impl SliceEndpoint {
 /// any size holds about 1,000 placements.
 #[derive(Default)]
 pub struct Placements {
-    seen: HashMap<Placement, Arc<Placement>>,
+    seen: HashSet<Arc<Placement>>,
 }
 
 impl Placements {
@@ -237,8 +237,8 @@ impl Placements {
         if let Some(seen) = self.seen.get(&placement) {
             return Some(seen.clone());
         }
-        let shared = Arc::new(placement.clone());
-        self.seen.insert(placement, shared.clone());
+        let shared = Arc::new(placement);
+        self.seen.insert(shared.clone());
         Some(shared)
     }
 }

@@ -237,11 +237,33 @@ fn random_damage_never_panics_the_decoder() {
                     column[i] = value as u8;
                 }
             }
-            // The text cut short, a plan moved to any port.
+            // The text cut short, a plan moved to any port, a u16 column
+            // (the endpoints' ports set how many endpoints there are) cut
+            // short or changed.
+            let u16s: [&mut Vec<u16>; 5] = [
+                &mut t.ports,
+                &mut t.node_ports,
+                &mut t.health_check_node_ports,
+                &mut t.endpoint_ports,
+                &mut t.endpoint_weights,
+            ];
+            if let Some(column) = u16s.into_iter().nth((rng.next() % 10) as usize) {
+                if cut {
+                    column.pop();
+                } else if !column.is_empty() {
+                    let i = (rng.next() % column.len() as u64) as usize;
+                    column[i] = value as u16;
+                }
+            }
             match rng.next() % 8 {
                 0 => t.text.truncate(t.text.floor_char_boundary((rng.next() % 64) as usize)),
                 1 => {
                     if let Some(plan) = t.cluster_plans.first_mut() {
+                        plan.0 = value;
+                    }
+                }
+                2 => {
+                    if let Some(plan) = t.local_plans.last_mut() {
                         plan.0 = value;
                     }
                 }
