@@ -499,7 +499,7 @@ impl BackendInstance {
     pub fn render(&mut self, full: bool, state_size: usize) -> Result<Ruleset> {
         let s = &mut self.sandbox;
         s.refuel(state_size);
-        let result = self.bindings.render(&mut s.store, full);
+        let result = self.bindings.render(&mut s.store, full, s.limits.max_output_bytes);
         s.check("render", result)?.map_err(|message| s.failed("render", &message))
     }
 

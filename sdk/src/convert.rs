@@ -23,7 +23,7 @@ pub fn ruleset(r: ops::Ruleset) -> Result<wit_backend::Ruleset> {
     })
 }
 
-fn ipvs(r: ops::ipvs::Ruleset) -> wipvs::Ruleset {
+pub fn ipvs(r: ops::ipvs::Ruleset) -> wipvs::Ruleset {
     wipvs::Ruleset {
         services: r
             .services
@@ -320,7 +320,7 @@ fn elements(e: nft::Elements) -> Result<wnft::Elements> {
     Ok(wnft::Elements { set: set_ref(e.set)?, words: e.words, chains: e.chains })
 }
 
-fn nftables(t: nft::Transaction) -> Result<wnft::Ruleset> {
+pub fn nftables(t: nft::Transaction) -> Result<wnft::Ruleset> {
     let mut operations = Vec::with_capacity(t.ops.len());
     for op in t.ops {
         operations.push(match op {

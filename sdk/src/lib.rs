@@ -115,6 +115,12 @@ kpx_rules::table_conversions!(
     crate::__bindings::kpx::proxier::types
 );
 
+kpx_rules::words_conversions!(
+    crate::__bindings_v0_3::kpx::proxier0_3_0::words,
+    crate::__bindings::kpx::proxier::types,
+    crate::__bindings::kpx::proxier::iptables
+);
+
 pub mod extension;
 pub mod names;
 pub mod scheduler;
@@ -157,18 +163,17 @@ pub(crate) fn install_panic_hook() {
 /// The WIT `proxier` resource around a [`Backend`]. Used by [`export_backend!`]
 /// (contract 0.3.0) and [`export_backend_v0_2!`].
 #[doc(hidden)]
-pub struct BackendResource<B>(RefCell<B>);
+pub struct BackendResource<B> {
+    backend: RefCell<B>,
+    /// The instance's family: an iptables ruleset's words are of it.
+    family: IpFamily,
+}
 
 impl<B: Backend + 'static> BackendResource<B> {
     fn create(settings: __bindings::kpx::proxier::types::Settings) -> Self {
         install_panic_hook();
-        BackendResource(RefCell::new(B::new(wit_convert::from_wit_settings(settings))))
-    }
-
-    /// A render in 0.2.0's types, which 0.3.0's rulesets are.
-    fn rules(&self, full: bool) -> Result<__bindings::exports::kpx::proxier::backend::Ruleset, String> {
-        let ruleset = self.0.borrow_mut().render(full)?;
-        convert::ruleset(ruleset)
+        let settings = wit_convert::from_wit_settings(settings);
+        BackendResource { family: settings.family, backend: RefCell::new(B::new(settings)) }
     }
 }
 
@@ -190,23 +195,27 @@ impl<B: Backend + 'static> __bindings_v0_3::exports::kpx::proxier0_3_0::backend:
         }
         drop(keys);
         let (node, cluster) = (wit_convert::from_wit_node(node), wit_convert::from_wit_cluster(cluster));
-        self.0.borrow_mut().reset(node, cluster, services);
+        self.backend.borrow_mut().reset(node, cluster, services);
         Ok(())
     }
 
     fn apply(&self, batch: __bindings_v0_3::kpx::proxier0_3_0::tables::ChangeBatch) -> Result<(), String> {
         let changes = batch_changes(batch)?;
-        self.0.borrow_mut().apply(changes);
+        self.backend.borrow_mut().apply(changes);
         Ok(())
     }
 
+    /// iptables rules as words; nftables and ipvs as 0.2.0's records.
     fn render(&self, full: bool) -> Result<__bindings_v0_3::exports::kpx::proxier0_3_0::backend::Ruleset, String> {
-        use __bindings::exports::kpx::proxier::backend::Ruleset as V2;
         use __bindings_v0_3::exports::kpx::proxier0_3_0::backend::Ruleset as V3;
-        Ok(match self.rules(full)? {
-            V2::Iptables(r) => V3::Iptables(r),
-            V2::Nftables(r) => V3::Nftables(r),
-            V2::Ipvs(r) => V3::Ipvs(r),
+        Ok(match self.backend.borrow_mut().render(full)? {
+            ops::Ruleset::Iptables(r) => {
+                let words = ops::iptables::words::encode(self.family, &r).map_err(|e| e.to_string())?;
+                drop(r);
+                V3::Iptables(wit_words::to_wit_words(words))
+            }
+            ops::Ruleset::Nftables(t) => V3::Nftables(convert::nftables(t)?),
+            ops::Ruleset::Ipvs(r) => V3::Ipvs(convert::ipvs(r)),
         })
     }
 }
@@ -245,16 +254,16 @@ impl<B: Backend + 'static> __bindings::exports::kpx::proxier::backend::GuestProx
     ) {
         let services = services.into_iter().map(wit_convert::from_wit_service_port).collect();
         let (node, cluster) = (wit_convert::from_wit_node(node), wit_convert::from_wit_cluster(cluster));
-        self.0.borrow_mut().reset(node, cluster, services);
+        self.backend.borrow_mut().reset(node, cluster, services);
     }
 
     fn apply(&self, changes: Vec<__bindings::kpx::proxier::types::Change>) {
         let changes = changes.into_iter().map(wit_convert::from_wit_change).collect();
-        self.0.borrow_mut().apply(changes);
+        self.backend.borrow_mut().apply(changes);
     }
 
     fn render(&self, full: bool) -> Result<__bindings::exports::kpx::proxier::backend::Ruleset, String> {
-        self.rules(full)
+        convert::ruleset(self.backend.borrow_mut().render(full)?)
     }
 }
 

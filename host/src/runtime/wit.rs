@@ -69,10 +69,18 @@ impl Backend {
         }
     }
 
-    pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
+    /// The ruleset; `max_output` bounds what a 0.3.0 iptables ruleset's
+    /// words may decode to (0.2.0's records are bounded as they are
+    /// copied out).
+    pub fn render(
+        &self,
+        store: &mut Store<PluginState>,
+        full: bool,
+        max_output: u64,
+    ) -> wasmtime::Result<Result<Ruleset, String>> {
         match self {
             Backend::V0_2_0(i) => i.render(store, full),
-            Backend::V0_3_0(i) => i.render(store, full),
+            Backend::V0_3_0(i) => i.render(store, full, max_output),
         }
     }
 }

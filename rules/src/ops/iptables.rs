@@ -1,5 +1,7 @@
 //! iptables rules as typed values (WIT `kpx:proxier/iptables`).
 
+pub mod words;
+
 use std::net::IpAddr;
 
 use super::CtStates;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use kpx_rules::model::{Change, Cluster, IpFamily, Node, ServicePort, Settings};
 use kpx_rules::ops::Ruleset;
+use kpx_rules::ops::iptables::words;
 use kpx_rules::table;
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, ResourceAny};
@@ -34,6 +35,12 @@ pub const VERSION: &str = "0.3.0";
 kpx_rules::table_conversions!(
     crate::runtime::wit::since_v0_3_0::kpx::proxier0_3_0::tables,
     crate::runtime::wit::since_v0_2_0::kpx::proxier::types
+);
+
+kpx_rules::words_conversions!(
+    crate::runtime::wit::since_v0_3_0::kpx::proxier0_3_0::words,
+    crate::runtime::wit::since_v0_2_0::kpx::proxier::types,
+    crate::runtime::wit::since_v0_2_0::kpx::proxier::iptables
 );
 
 use self::exports::kpx::proxier0_3_0::backend as wb;
@@ -123,14 +130,22 @@ impl Instance {
         refused("apply", self.bindings.kpx_proxier0_3_0_backend().proxier().call_apply(store, self.resource, &batch))
     }
 
-    pub fn render(&self, store: &mut Store<PluginState>, full: bool) -> wasmtime::Result<Result<Ruleset, String>> {
+    /// The ruleset: an iptables one decoded from its words (at most
+    /// `max_output` bytes of rules), the others as 0.2.0's.
+    pub fn render(
+        &self,
+        store: &mut Store<PluginState>,
+        full: bool,
+        max_output: u64,
+    ) -> wasmtime::Result<Result<Ruleset, String>> {
         let out = self.bindings.kpx_proxier0_3_0_backend().proxier().call_render(store, self.resource, full)?;
-        Ok(out.and_then(|r| {
-            v2::ruleset(match r {
-                wb::Ruleset::Iptables(r) => v2::WireRuleset::Iptables(r),
-                wb::Ruleset::Nftables(r) => v2::WireRuleset::Nftables(r),
-                wb::Ruleset::Ipvs(r) => v2::WireRuleset::Ipvs(r),
-            })
+        Ok(out.and_then(|r| match r {
+            wb::Ruleset::Iptables(w) => {
+                let budget = usize::try_from(max_output).unwrap_or(usize::MAX);
+                words::decode(&wit_words::from_wit_words(w), budget).map(Ruleset::Iptables).map_err(|e| e.to_string())
+            }
+            wb::Ruleset::Nftables(r) => v2::ruleset(v2::WireRuleset::Nftables(r)),
+            wb::Ruleset::Ipvs(r) => v2::ruleset(v2::WireRuleset::Ipvs(r)),
         }))
     }
 }
