@@ -130,8 +130,9 @@ impl Instance {
         refused("apply", self.bindings.kpx_proxier0_3_0_backend().proxier().call_apply(store, self.resource, &batch))
     }
 
-    /// The ruleset: an iptables one decoded from its words (at most
-    /// `max_output` bytes of rules), the others as 0.2.0's.
+    /// The ruleset: an iptables one decoded from its words (the words and
+    /// the rules together at most `max_output` bytes), the others as
+    /// 0.2.0's.
     pub fn render(
         &self,
         store: &mut Store<PluginState>,
@@ -141,8 +142,10 @@ impl Instance {
         let out = self.bindings.kpx_proxier0_3_0_backend().proxier().call_render(store, self.resource, full)?;
         Ok(out.and_then(|r| match r {
             wb::Ruleset::Iptables(w) => {
-                let budget = usize::try_from(max_output).unwrap_or(usize::MAX);
-                words::decode(&wit_words::from_wit_words(w), budget).map(Ruleset::Iptables).map_err(|e| e.to_string())
+                // The words and the rules they decode to share the limit.
+                let w = wit_words::from_wit_words(w);
+                let budget = usize::try_from(max_output).unwrap_or(usize::MAX).saturating_sub(w.bytes());
+                words::decode(&w, budget).map(Ruleset::Iptables).map_err(|e| e.to_string())
             }
             wb::Ruleset::Nftables(r) => v2::ruleset(v2::WireRuleset::Nftables(r)),
             wb::Ruleset::Ipvs(r) => v2::ruleset(v2::WireRuleset::Ipvs(r)),

@@ -119,6 +119,14 @@ pub struct RuleWords {
     pub words: Vec<u32>,
 }
 
+impl RuleWords {
+    /// The bytes the words take: what crossed the component boundary.
+    pub fn bytes(&self) -> usize {
+        let lists = [&self.text_ends, &self.chains, &self.delete_chains, &self.rule_ends, &self.words];
+        self.text.len() + self.kept_hooks.len() + 4 * lists.iter().map(|l| l.len()).sum::<usize>()
+    }
+}
+
 /// Where in the words a refusal is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Place {
@@ -573,7 +581,8 @@ fn own_chains(
     if !pairs.len().is_multiple_of(2) {
         return Err(field_err(field, pairs.len(), "an odd number of words (a table and a name each)"));
     }
-    let mut out = Vec::with_capacity(pairs.len() / 2);
+    // No more room than the budget allows: the list's length is the plugin's.
+    let mut out = Vec::with_capacity((pairs.len() / 2).min(*budget / size_of::<(Table, String)>()));
     for (i, pair) in pairs.chunks_exact(2).enumerate() {
         let table = match pair[0] {
             TABLE_NAT => Table::Nat,
@@ -590,14 +599,20 @@ fn own_chains(
 }
 
 /// The ruleset `w` holds. `budget` bounds the bytes the decoded rules
-/// take (the plugin's output limit): a string referred to many times is
-/// counted each time, so a few words cannot decode to gigabytes.
+/// take (what is left of the plugin's output limit): a string referred to
+/// many times is counted each time, so a few words cannot decode to
+/// gigabytes, and no list is reserved from a length the plugin chose
+/// beyond what the budget allows.
 pub fn decode(w: &RuleWords, budget: usize) -> Result<Ruleset, WordsError> {
     let mut budget = budget;
     let strings = Strings::new(&w.text, &w.text_ends)?;
     let chains = own_chains(&w.chains, "chains", &strings, &mut budget)?;
     let delete_chains = own_chains(&w.delete_chains, "delete-chains", &strings, &mut budget)?;
-    let mut rules = Vec::with_capacity(w.rule_ends.len());
+    // Each rule is charged its size below, so the list never grows past this.
+    let mut rules = Vec::with_capacity(w.rule_ends.len().min(budget / size_of::<Rule>()));
+    // A rule's matches are gathered here and moved into a list of their
+    // exact length: what a rule holds is what it was charged.
+    let mut gathered = Vec::new();
     let mut start = 0usize;
     for (i, &end) in w.rule_ends.iter().enumerate() {
         let end = end as usize;
@@ -612,15 +627,15 @@ pub fn decode(w: &RuleWords, budget: usize) -> Result<Ruleset, WordsError> {
         let mut r = Reader { words, at: 0, rule: i, family: w.family, strings: &strings, budget: &mut budget };
         let (table, chain) = r.chain()?;
         let target = r.target()?;
-        // Every match is at least two words.
-        let mut matches = Vec::with_capacity((words.len() - r.at) / 2);
         while r.more() {
-            if matches.len() == MAX_MATCHES {
+            if gathered.len() == MAX_MATCHES {
                 return Err(r.err(format!("more than {MAX_MATCHES} matches")));
             }
             r.charge(size_of::<Match>())?;
-            matches.push(r.one_match()?);
+            gathered.push(r.one_match()?);
         }
+        let mut matches = Vec::with_capacity(gathered.len());
+        matches.append(&mut gathered);
         rules.push(Rule { table, chain, matches, target }.canonical());
     }
     if start != w.words.len() {
