@@ -598,7 +598,8 @@ pub fn run(
                         kernel_ms = millis(report.kernel),
                         extensions_ms = millis(report.extensions),
                         "synced rules"
-                    )
+                    );
+                    reconcile_conntrack(proxier, report.full, telemetry);
                 }
                 Err(e) => {
                     ok = false;
@@ -659,6 +660,27 @@ pub fn run(
             "sync pass done"
         );
         schedule.done(Instant::now(), ok, full);
+    }
+}
+
+/// After a family's successful sync: its stale UDP and SCTP conntrack
+/// entries deleted, timed and counted (a failure is logged; the rules
+/// stand).
+fn reconcile_conntrack(proxier: &mut Proxier, full: bool, telemetry: &Telemetry) {
+    let family = proxier.family();
+    let Some(p) = proxier.rules_mut() else { return };
+    let t = Instant::now();
+    let Some(result) = p.reconcile_conntrack(full) else { return };
+    let m = &telemetry.metrics;
+    m.conntrack_reconcile_duration.observe(t.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => {
+            m.conntrack_deleted.inc_by(r.deleted as u64);
+            if r.deleted > 0 {
+                tracing::info!(%family, read = r.read, deleted = r.deleted, elapsed_ms = millis(t.elapsed()), "deleted stale conntrack entries");
+            }
+        }
+        Err(e) => tracing::warn!(%family, "cannot clean stale conntrack entries: {e}"),
     }
 }
 

@@ -5,6 +5,7 @@
 mod api_source;
 mod conformance;
 mod conformance_kernel;
+mod conntrack;
 mod deploy;
 mod extension;
 mod golden;

@@ -3,6 +3,7 @@
 //! is global and read-only outside the host's namespace, so a failure to
 //! set it is logged and kpx goes on.
 
+pub mod stale;
 pub mod table;
 
 use crate::config::Conntrack;

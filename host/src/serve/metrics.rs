@@ -134,6 +134,8 @@ pub struct Metrics {
     pub extension_failures: Family<ExtensionLabel, Counter>,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
+    pub conntrack_reconcile_duration: Histogram,
+    pub conntrack_deleted: Counter,
 }
 
 impl Metrics {
@@ -169,6 +171,8 @@ impl Metrics {
             extension_failures: Family::default(),
             plugin_render_duration: Histogram::new(sync_buckets()),
             validation_duration: Histogram::new(sync_buckets()),
+            conntrack_reconcile_duration: Histogram::new(sync_buckets()),
+            conntrack_deleted: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -279,6 +283,16 @@ impl Metrics {
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
             m.no_local_endpoints.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "Cleanup of stale UDP and SCTP conntrack entries: latency in seconds",
+            m.conntrack_reconcile_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative stale conntrack entries deleted",
+            m.conntrack_deleted.clone(),
         );
         r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
         r.register(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
 
 use crate::config::Config;
+use crate::kernel::conntrack::stale::{self, Destinations, Reconciled};
 use crate::kernel::iptables::frame::localhost_nodeports;
 use crate::kernel::{Dataplane, StateView, SyncError, Written, interfaces, sysctl::Sysctl};
 use crate::runtime::{self, BackendInstance, BackendPlugin, SchedulerPlugin};
@@ -85,6 +86,9 @@ pub struct FamilyProxier {
     previous: Option<Previous>,
     /// `--extension`s, run after the backend in every sync.
     extensions: Vec<ExtensionProxier>,
+    /// The UDP and SCTP Service destinations at the last conntrack
+    /// reconcile, with the endpoints they sent to.
+    conntrack: Destinations,
 }
 
 /// The component (and, for a scheduler swap, the plans) a commit replaced.
@@ -130,6 +134,7 @@ impl FamilyProxier {
             need_full: true,
             previous: None,
             extensions: Vec::new(),
+            conntrack: Destinations::default(),
         }
     }
 
@@ -437,6 +442,23 @@ impl FamilyProxier {
             extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
         })
+    }
+
+    /// Deletes the conntrack entries the last successful sync made stale
+    /// (kernel/conntrack/stale.rs): run after each one in which a UDP or
+    /// SCTP destination or the endpoints it sends to changed, and after a
+    /// full one. None when there was nothing to look at.
+    pub fn reconcile_conntrack(
+        &mut self,
+        full: bool,
+    ) -> Option<Result<Reconciled, crate::kernel::nftables::netlink::Error>> {
+        let now = Destinations::of(self.sent.values(), self.family);
+        // Unchanged, and not a full sync with something to look at.
+        let look = now != self.conntrack || (full && !now.is_empty());
+        if !look {
+            return None;
+        }
+        Some(stale::reconcile(self.family, &now, &mut self.conntrack))
     }
 
     /// Checks and writes a ruleset on the state sent.

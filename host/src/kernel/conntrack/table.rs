@@ -1,6 +1,8 @@
-//! Live load from the conntrack table (ctnetlink dump): connections per
-//! endpoint of each Service destination, as IPVS counts its own —
-//! established TCP connections are active, every other entry inactive.
+//! The conntrack table over ctnetlink: a dump of a family's entries, the
+//! deletion of entries by their original tuple ([`super::stale`]), and
+//! live load: connections per endpoint of each Service destination, as
+//! IPVS counts its own (established TCP connections are active, every
+//! other entry inactive).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -12,6 +14,7 @@ use crate::kernel::nla::{Attr, Writer, attrs, find};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
 const CTA_PROTOINFO: u16 = 4;
@@ -29,7 +32,73 @@ const CTA_PROTOINFO_TCP_STATE: u16 = 1;
 const TCP_CONNTRACK_ESTABLISHED: u8 = 3;
 
 /// One tuple: (protocol, source, source port, destination, destination port).
-type Tuple = (u8, IpAddr, u16, IpAddr, u16);
+pub type Tuple = (u8, IpAddr, u16, IpAddr, u16);
+
+fn family_code(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => 2,
+        IpFamily::V6 => 10,
+    }
+}
+
+/// Every entry of `family`'s table in the current network namespace:
+/// (original tuple, reply tuple, an established TCP connection). Entries
+/// it cannot read are skipped.
+pub fn dump_entries(family: IpFamily) -> Result<Vec<(Tuple, Tuple, bool)>, Error> {
+    let mut nl = Netlink::open()?;
+    let replies = nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &Writer::new())?;
+    Ok(replies.iter().filter_map(|r| parse_entry(r).ok()).collect())
+}
+
+/// [`dump_entries`] without the TCP state: (original, reply).
+pub fn dump(family: IpFamily) -> Result<Vec<(Tuple, Tuple)>, Error> {
+    Ok(dump_entries(family)?.into_iter().map(|(o, r, _)| (o, r)).collect())
+}
+
+/// Deletes the entries whose original tuples are `tuples`; one already
+/// gone (ENOENT) is not an error. The number deleted or gone.
+pub fn delete(family: IpFamily, tuples: &[Tuple]) -> Result<usize, Error> {
+    if tuples.is_empty() {
+        return Ok(0);
+    }
+    let mut nl = Netlink::open()?;
+    let requests: Vec<Writer> = tuples
+        .iter()
+        .map(|t| {
+            let mut w = Writer::new();
+            write_tuple(&mut w, CTA_TUPLE_ORIG, t);
+            w
+        })
+        .collect();
+    let gone = [nix::errno::Errno::ENOENT as i32];
+    nl.requests(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_DELETE, family_code(family), &requests, &gone)?;
+    Ok(tuples.len())
+}
+
+/// A tuple as ctnetlink takes it.
+fn write_tuple(w: &mut Writer, kind: u16, t: &Tuple) {
+    let (proto, src, sport, dst, dport) = *t;
+    w.nested(kind, |w| {
+        w.nested(CTA_TUPLE_IP, |w| {
+            match (src, dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => w.bytes(CTA_IP_V4_SRC, &s.octets()).bytes(CTA_IP_V4_DST, &d.octets()),
+                (s, d) => w.bytes(CTA_IP_V6_SRC, &v6(s)).bytes(CTA_IP_V6_DST, &v6(d)),
+            };
+        })
+        .nested(CTA_TUPLE_PROTO, |w| {
+            w.bytes(CTA_PROTO_NUM, &[proto])
+                .bytes(CTA_PROTO_SRC_PORT, &sport.to_be_bytes())
+                .bytes(CTA_PROTO_DST_PORT, &dport.to_be_bytes());
+        });
+    });
+}
+
+fn v6(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+    }
+}
 
 /// (protocol, endpoint address, endpoint port).
 type EndpointKey = (u8, IpAddr, u16);
@@ -45,15 +114,11 @@ pub struct Load {
 impl Load {
     /// Reads the table of one family in the current network namespace.
     pub fn read(family: IpFamily) -> Result<Load, Error> {
-        let af = match family {
-            IpFamily::V4 => 2,
-            IpFamily::V6 => 10,
-        };
-        let mut nl = Netlink::open()?;
-        let replies = nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, af, &Writer::new())?;
         let mut load = Load::default();
-        for r in replies {
-            if let Ok(Some((orig, reply, established))) = parse_entry(&r) {
+        for (orig, reply, established) in dump_entries(family)? {
+            // DNATed: the reply comes from elsewhere than the original
+            // destination (the endpoint).
+            if (reply.1, reply.2) != (orig.3, orig.4) {
                 load.add(orig, reply, established);
             }
         }
@@ -80,7 +145,7 @@ impl Load {
     /// destinations: its cluster IP, external and load-balancer IPs on the
     /// port, and any address on its node port.
     pub fn of(&self, port: &ServicePort, endpoint: IpAddr, endpoint_port: u16) -> (u32, u32) {
-        let proto = protocol_number(port);
+        let proto = protocol_number(port.protocol);
         let Some(entries) = self.by_endpoint.get(&(proto, endpoint, endpoint_port)) else { return (0, 0) };
         let service_ip = |ip: &IpAddr| {
             port.cluster_ip.as_ref() == Some(ip)
@@ -96,8 +161,8 @@ impl Load {
     }
 }
 
-fn protocol_number(port: &ServicePort) -> u8 {
-    match port.protocol {
+pub fn protocol_number(protocol: kpx_rules::model::Protocol) -> u8 {
+    match protocol {
         kpx_rules::model::Protocol::Tcp => 6,
         kpx_rules::model::Protocol::Udp => 17,
         kpx_rules::model::Protocol::Sctp => 132,
@@ -133,14 +198,11 @@ fn tuple(a: Attr) -> Result<Tuple, String> {
 }
 
 /// One entry (the attributes after the nfgenmsg header): its tuples and
-/// whether it is an established TCP connection; None unless DNATed.
-fn parse_entry(payload: &[u8]) -> Result<Option<(Tuple, Tuple, bool)>, String> {
+/// whether it is an established TCP connection.
+fn parse_entry(payload: &[u8]) -> Result<(Tuple, Tuple, bool), String> {
     let top = attrs(payload)?;
     let orig = tuple(find(&top, CTA_TUPLE_ORIG).ok_or("no original tuple")?)?;
     let reply = tuple(find(&top, CTA_TUPLE_REPLY).ok_or("no reply tuple")?)?;
-    if (reply.1, reply.2) == (orig.3, orig.4) {
-        return Ok(None);
-    }
     let established = orig.0 == 6
         && find(&top, CTA_PROTOINFO)
             .and_then(|p| p.nested().ok())
@@ -149,7 +211,7 @@ fn parse_entry(payload: &[u8]) -> Result<Option<(Tuple, Tuple, bool)>, String> {
             .and_then(|t| find(&t, CTA_PROTOINFO_TCP_STATE))
             .and_then(|s| s.value.first().copied())
             == Some(TCP_CONNTRACK_ESTABLISHED);
-    Ok(Some((orig, reply, established)))
+    Ok((orig, reply, established))
 }
 
 #[cfg(test)]
@@ -198,7 +260,7 @@ mod tests {
                 w.bytes(CTA_PROTOINFO_TCP_STATE, &[TCP_CONNTRACK_ESTABLISHED]);
             });
         });
-        let (orig, reply, established) = parse_entry(&w.buf).unwrap().unwrap();
+        let (orig, reply, established) = parse_entry(&w.buf).unwrap();
         assert_eq!(orig.3, IpAddr::from([10, 96, 0, 10]));
         assert_eq!((reply.1, reply.2), (IpAddr::from([10, 244, 1, 5]), 8080));
         assert!(established);

@@ -381,6 +381,50 @@ impl Netlink {
         Err(Error::Protocol("the ruleset kept changing during five dumps".into()))
     }
 
+    /// Sends one request per entry of `attrs` (a subsystem that takes no
+    /// batches: ctnetlink), as few sends as the socket's buffer allows,
+    /// each acknowledged. An error whose errno is in `tolerated` (say,
+    /// ENOENT for an entry already gone) is not one; the first other is
+    /// returned once every request was answered.
+    pub fn requests(
+        &mut self,
+        subsystem: u16,
+        msg_type: u16,
+        family: u8,
+        attrs: &[Writer],
+        tolerated: &[i32],
+    ) -> Result<(), Error> {
+        const CHUNK: usize = 256 << 10;
+        let t = (subsystem << 8) | msg_type;
+        let mut failure = None;
+        let mut at = 0;
+        while at < attrs.len() {
+            let (first, mut buf) = (self.seq.wrapping_add(1), Vec::new());
+            while at < attrs.len() && buf.len() < CHUNK {
+                let seq = self.next_seq();
+                push_message(&mut buf, t, NLM_F_REQUEST | NLM_F_ACK, seq, family, 0, &attrs[at].buf);
+                at += 1;
+            }
+            let last = self.seq;
+            self.send(&[&buf])?;
+            let mut answered = 0;
+            let expected = last.wrapping_sub(first) as usize + 1;
+            while answered < expected {
+                for (msg_type, flags, seq, payload) in self.recv()? {
+                    if msg_type != NLMSG_ERROR || seq.wrapping_sub(first) > last.wrapping_sub(first) {
+                        continue;
+                    }
+                    answered += 1;
+                    let (code, message) = parse_error(&payload, flags)?;
+                    if code != 0 && !tolerated.contains(&-code) && failure.is_none() {
+                        failure = Some(Error::Refused { op: format!("request {seq}"), errno: -code, message });
+                    }
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
     fn drain(&mut self, seq: u32) -> Result<(), Error> {
         loop {
             for (t, _, s, _) in self.recv()? {
