@@ -132,6 +132,22 @@ pub enum Dataplane {
 }
 
 impl Dataplane {
+    /// What the kernel lost of the host's own rules since they were
+    /// written (upstream's canary, extended to flushed chains), if
+    /// anything: checked once per sync period, and a loss makes the next
+    /// sync full. ipvs mode's own objects are not checked yet.
+    pub fn lost(
+        &mut self,
+        settings: &kpx_rules::model::Settings,
+        cluster: &kpx_rules::model::Cluster,
+    ) -> Result<Option<String>> {
+        match self {
+            Dataplane::Iptables(d) => d.lost(settings),
+            Dataplane::Nftables(d) => d.lost(settings, cluster),
+            Dataplane::Ipvs(_) => Ok(None),
+        }
+    }
+
     /// The most bytes one sync may write to the kernel.
     pub fn with_max_bytes(self, max_bytes: usize) -> Dataplane {
         match self {

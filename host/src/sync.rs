@@ -464,6 +464,10 @@ pub fn run(
     let mut next_load = Instant::now() + planner::LOAD_INTERVAL;
     let counting = proxiers.iter().filter_map(Proxier::rules).any(FamilyProxier::has_extensions);
     let mut next_count = Instant::now() + EXTENSION_COUNTER_INTERVAL;
+    // The kernel's rules are checked once per sync period (upstream's
+    // canary): at most one period after someone deletes or flushes them,
+    // a full sync writes them again.
+    let mut next_canary = Instant::now() + periods.max;
     let mut extension_series = crate::serve::metrics::ExtensionSeries::default();
     loop {
         let received = if state.is_synced() {
@@ -560,7 +564,17 @@ pub fn run(
         }
         let start = Instant::now();
         changes.merge(state.take_changes());
-        let full = schedule.wants_full(start);
+        let mut full = schedule.wants_full(start);
+        if start >= next_canary {
+            next_canary = start + periods.max;
+            for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
+                if let Some(what) = p.lost() {
+                    tracing::warn!(family = %p.family(), "the kernel lost kube-proxy's rules ({what}): a full sync writes them again");
+                    telemetry.metrics.rules_lost.inc();
+                    full = true;
+                }
+            }
+        }
         if tracing::enabled!(tracing::Level::DEBUG) {
             let names: Vec<String> = changes.services.keys().map(ToString::to_string).collect();
             tracing::debug!(full, node = changes.node, cluster = changes.cluster, services = ?names, "sync pass");

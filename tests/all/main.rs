@@ -3,6 +3,7 @@
 //! lacks them they print `SKIPPED: <reason>` and return.
 
 mod api_source;
+mod canary;
 mod conformance;
 mod conformance_kernel;
 mod conntrack;

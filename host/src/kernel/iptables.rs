@@ -23,6 +23,10 @@ use render::{Dialect, HostChains, payload, rule_args};
 /// upstream's wait flags: wait 5 s for the xtables lock, polling every 100 ms.
 pub const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
 
+/// Upstream's canary chain and the tables it is in (`ipt.Monitor`).
+pub const CANARY_CHAIN: &str = "KUBE-PROXY-CANARY";
+const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
+
 /// Longest line kpx writes: iptables-restore reads lines into a 10,240-byte
 /// buffer, and the rest of a longer line would become a line of its own.
 pub const MAX_LINE: usize = 8192;
@@ -150,6 +154,52 @@ impl IptablesKernel {
         Ok(())
     }
 
+    /// Creates upstream's canary chain, `KUBE-PROXY-CANARY`, in the mangle,
+    /// nat and filter tables where missing: empty chains nothing jumps to,
+    /// whose loss says someone deleted kube-proxy's chains.
+    pub fn ensure_canaries(&self) -> Result<()> {
+        let iptables = self.tool("iptables");
+        for table in CANARY_TABLES {
+            match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table, "-N", CANARY_CHAIN], None) {
+                Ok(_) => {}
+                Err(e) if e.cause() == Cause::Exists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// What of the host's own rules the kernel lost since they were
+    /// written, if anything: a canary chain (someone deleted chains), or
+    /// one of `rules` (someone flushed chains: the jumps from built-in
+    /// chains, the frame's rules, a hook's first rule), each looked up
+    /// with `iptables -C`. About twenty calls; run once per sync period.
+    pub fn lost(&self, rules: &[&Rule], d: Dialect) -> Result<Option<String>> {
+        let iptables = self.tool("iptables");
+        for table in CANARY_TABLES {
+            if let Err(e) = self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table, "-S", CANARY_CHAIN], None) {
+                return match e.cause() {
+                    Cause::Locked => Err(e),
+                    _ => Ok(Some(format!("the {table} table's {CANARY_CHAIN} chain is gone"))),
+                };
+            }
+        }
+        for rule in rules {
+            let spec = rule_args(rule, d);
+            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", rule.table.name(), "-C", &rule.chain];
+            args.extend(spec.iter().map(String::as_str));
+            if let Err(e) = self.exec.run(&iptables, &args, None) {
+                return match e.cause() {
+                    Cause::Locked => Err(e),
+                    _ => {
+                        Ok(Some(format!("a rule of {} {} is gone: {}", rule.table.name(), rule.chain, spec.join(" "))))
+                    }
+                };
+            }
+        }
+        Ok(None)
+    }
+
     /// `--cleanup`: unlinks every jump kube-proxy keeps in built-in chains
     /// (iptables and ipvs modes), then flushes and deletes the chains
     /// kube-proxy (and kpx) create. Chains of other software are left
@@ -157,7 +207,13 @@ impl IptablesKernel {
     pub fn cleanup(&self) -> Result<usize> {
         let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps());
         let ours = |chain: &str| own_chain_name_problem(chain).is_none() || is_host_chain(chain);
-        self.remove(jumps.chain(crate::userspace::rules::jumps()).collect(), ours)
+        let removed = self.remove(jumps.chain(crate::userspace::rules::jumps()).collect(), ours)?;
+        let iptables = self.tool("iptables");
+        for table in CANARY_TABLES {
+            // Absent already: nothing to remove.
+            let _ = self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table, "-X", CANARY_CHAIN], None);
+        }
+        Ok(removed)
     }
 
     /// At the start of userspace mode: what the iptables and ipvs modes
@@ -285,6 +341,17 @@ impl IptablesDataplane {
         Ok(())
     }
 
+    /// What the kernel lost of the host's own rules since the last write
+    /// (see [`IptablesKernel::lost`]); None before the first one.
+    pub fn lost(&self, settings: &Settings) -> Result<Option<String>> {
+        let Some(previous) = &self.written else { return Ok(None) };
+        let frame = frame::frame(settings);
+        let first_of_hooks = previous.hooks.values().filter_map(|rules| rules.first());
+        let rules: Vec<&Rule> =
+            frame.jumps.iter().chain(&frame.rules).chain(&frame.trailing).chain(first_of_hooks).collect();
+        self.kernel.lost(&rules, dialect(settings))
+    }
+
     /// One sync: on a full one, the kernel's own chains are read back
     /// first and every one the ruleset does not declare is deleted.
     pub fn sync(
@@ -318,6 +385,7 @@ impl IptablesDataplane {
             prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
         let t = std::time::Instant::now();
         if full {
+            self.kernel.ensure_canaries()?;
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }
         self.kernel.apply(&text)?;

@@ -206,6 +206,23 @@ impl NftablesKernel {
         Ok(Some(TableContents { chains, objects }))
     }
 
+    /// The rules each of `chains` holds in the kube-proxy table (one dump
+    /// per chain: a missing table or chain holds none).
+    pub fn rule_counts<'a>(&mut self, chains: impl IntoIterator<Item = &'a str>) -> Result<Vec<(&'a str, usize)>> {
+        let mut out = Vec::new();
+        for chain in chains {
+            let mut w = Self::table_filter(sys::NFTA_RULE_TABLE);
+            w.str(sys::NFTA_RULE_CHAIN, chain);
+            let count = match self.dump(sys::NFT_MSG_GETRULE, w) {
+                Ok(rules) => rules.iter().filter(|p| belongs(p, sys::NFTA_RULE_TABLE)).count(),
+                Err(e) if e.cause() == super::Cause::NotFound => 0,
+                Err(e) => return Err(e),
+            };
+            out.push((chain, count));
+        }
+        Ok(out)
+    }
+
     /// The names of this family's tables.
     pub fn table_names(&mut self) -> Result<Vec<String>> {
         let tables = self.dump(sys::NFT_MSG_GETTABLE, Writer::new())?;
@@ -406,6 +423,8 @@ pub struct NftablesDataplane {
     sizes: HashMap<String, u32>,
     /// Every set's elements in the kernel.
     counts: sizing::Counts,
+    /// A full sync has written the frame.
+    synced: bool,
 }
 
 impl NftablesDataplane {
@@ -416,6 +435,7 @@ impl NftablesDataplane {
             max_bytes: super::DEFAULT_MAX_BYTES,
             sizes: HashMap::new(),
             counts: sizing::Counts::default(),
+            synced: false,
         }
     }
 
@@ -441,6 +461,28 @@ impl NftablesDataplane {
         let ctx = Context { plugin, family: settings.family, scope, model: &self.model, full: true };
         prepare(&ctx, settings, tx, self.max_bytes)?;
         Ok(())
+    }
+
+    /// What the kernel lost of the host's own rules since the last full
+    /// sync wrote them, if anything: every host chain must hold the rules
+    /// the frame gives it (a plugin adds rules only to its own chains), so
+    /// a deleted table, a flushed table or a flushed host chain shows.
+    /// None before the first sync. One small dump per host chain with
+    /// rules; run once per sync period.
+    pub fn lost(&mut self, settings: &Settings, cluster: &Cluster) -> Result<Option<String>> {
+        if !self.synced {
+            return Ok(None);
+        }
+        let mut want: BTreeMap<String, usize> = BTreeMap::new();
+        for op in frame::frame(settings, cluster) {
+            if let Op::AddRule(r) = op {
+                *want.entry(r.chain).or_default() += 1;
+            }
+        }
+        let held = self.kernel.rule_counts(want.keys().map(String::as_str))?;
+        Ok(held.into_iter().find(|(chain, n)| want[*chain] != *n).map(|(chain, n)| {
+            format!("chain {chain} of table {TABLE} holds {n} rules, the last full sync wrote {}", want[chain])
+        }))
     }
 
     /// One sync. A full one empties and rebuilds the whole table in the
@@ -537,6 +579,7 @@ impl NftablesDataplane {
         self.counts = counts;
         self.sizes = sizes;
         self.model.commit(checked);
+        self.synced |= full;
         Ok(Written { bytes, kernel, iptables_rules: None })
     }
 }

@@ -136,6 +136,7 @@ pub struct Metrics {
     pub validation_duration: Histogram,
     pub conntrack_reconcile_duration: Histogram,
     pub conntrack_deleted: Counter,
+    pub rules_lost: Counter,
 }
 
 impl Metrics {
@@ -173,6 +174,7 @@ impl Metrics {
             validation_duration: Histogram::new(sync_buckets()),
             conntrack_reconcile_duration: Histogram::new(sync_buckets()),
             conntrack_deleted: Counter::default(),
+            rules_lost: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -293,6 +295,11 @@ impl Metrics {
             "kubeproxy_conntrack_reconciler_deleted_entries",
             "Cumulative stale conntrack entries deleted",
             m.conntrack_deleted.clone(),
+        );
+        r.register(
+            "kpx_kernel_rules_lost",
+            "Times the periodic check found kube-proxy's rules deleted or flushed by someone else (a full sync wrote them again)",
+            m.rules_lost.clone(),
         );
         r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
         r.register(

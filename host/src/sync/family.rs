@@ -444,6 +444,21 @@ impl FamilyProxier {
         })
     }
 
+    /// What the kernel lost of the rules this family wrote (see
+    /// [`Dataplane::lost`]); None when intact or not synced yet.
+    pub fn lost(&mut self) -> Option<String> {
+        if self.need_full {
+            return None;
+        }
+        match self.dataplane.lost(&self.settings, &self.cluster) {
+            Ok(lost) => lost,
+            Err(e) => {
+                tracing::warn!(family = %self.family, "cannot check the kernel's rules: {e}");
+                None
+            }
+        }
+    }
+
     /// Deletes the conntrack entries the last successful sync made stale
     /// (kernel/conntrack/stale.rs): run after each one in which a UDP or
     /// SCTP destination or the endpoints it sends to changed, and after a
