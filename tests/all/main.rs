@@ -9,6 +9,7 @@ mod conformance_kernel;
 mod conntrack;
 mod deploy;
 mod extension;
+mod faults;
 mod golden;
 mod guide;
 mod hairpin;

@@ -1,0 +1,176 @@
+//! The kernel write fails: the rules written last stay, the sync is retried
+//! in full with a backoff, the failures are counted and health turns 503
+//! once a change has waited two sync periods; when the kernel takes writes
+//! again, the retry writes everything. Real kernel, real traffic.
+//!
+//! - iptables mode: `iptables-restore` is a wrapper (first on kpx's PATH)
+//!   that refuses while the test's flag file exists, as a kernel refusing
+//!   the payload would (`iptables-restore` writes nothing then);
+//! - nftables mode: the kernel itself refuses. The test deletes the
+//!   table and creates `kube-proxy` again with the `owner` flag from an
+//!   `nft -i` process it keeps alive: nf_tables refuses every write from
+//!   another socket (EPERM) until that process exits, which takes its
+//!   table with it.
+
+use std::io::Write;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::servers::get;
+use crate::support::*;
+
+const WEB: &str = "10.96.0.10:80";
+const PERIOD: Duration = Duration::from_secs(3);
+
+fn metric(lab: &kpx_netlab::node::NodeLab, name: &str) -> f64 {
+    let (_, text) = get(&lab.node, "127.0.0.1:10249", "/metrics").expect("metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+fn healthz(lab: &kpx_netlab::node::NodeLab) -> u16 {
+    get(&lab.node, "127.0.0.1:10256", "/healthz").map_or(0, |(code, _)| code)
+}
+
+/// While the writes fail: the failures logged with growing gaps, counted
+/// under `counter`, health 503 once the change waited two periods, the
+/// traffic on the rules written last (`before` the only server).
+fn while_failing(lab: &kpx_netlab::node::NodeLab, kpx: &mut kpx_netlab::node::Kpx, mode: &str, counter: &str) {
+    let failed = |kpx: &kpx_netlab::node::Kpx| kpx.log().matches("sync failed, keeping the last good rules").count();
+    let t0 = Instant::now();
+    let mut at = Vec::new();
+    while at.len() < 4 && t0.elapsed() < Duration::from_secs(20) {
+        if failed(kpx) > at.len() {
+            at.push(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    eprintln!("{mode}: failed syncs at {at:?}, gaps {gaps:?}");
+    assert_eq!(at.len(), 4, "{mode}: four failed syncs in 20 s:\n{}", kpx.log());
+    // 1 s, 2 s, then the sync period (3 s): a backoff, not a spin.
+    assert!(gaps[0] >= Duration::from_millis(800) && gaps[1] >= Duration::from_millis(1800), "{mode}: {gaps:?}");
+    assert!(gaps[2] >= Duration::from_millis(2500), "{mode}: {gaps:?}");
+    let counted = metric(lab, counter);
+    assert!(counted >= 4.0, "{mode}: {counter} = {counted}");
+    // The change has waited more than two periods by now.
+    assert_eq!(healthz(lab), 503, "{mode}: health while the rules are stale");
+}
+
+fn wait_served_by(lab: &kpx_netlab::node::NodeLab, server: &str, within: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if request(lab, Proto::Tcp, WEB).server() == Some(server) {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
+#[test]
+fn a_failing_iptables_restore_keeps_the_rules_and_is_retried_in_full() {
+    let Some(lab) = lab_or_skip(2, "a_failing_iptables_restore_keeps_the_rules_and_is_retried_in_full") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("faults-iptables");
+    let (be1, be2) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
+    write_web(&manifests, &[&be1]);
+    // The wrapper: refuses while the flag exists, else the real tool.
+    let real = String::from_utf8(
+        std::process::Command::new("sh").args(["-c", "command -v iptables-restore"]).output().unwrap().stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let (bin, flag) = (dir.join("bin"), dir.join("refuse"));
+    std::fs::create_dir_all(&bin).unwrap();
+    let wrapper = bin.join("iptables-restore");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ -e {flag} ]; then cat >/dev/null; echo 'iptables-restore: line 2 failed (refused by the test)' >&2; exit 1; fi\nexec {real} \"$@\"\n",
+            flag = flag.display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod").args(["+x", wrapper.to_str().unwrap()]).status().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let period = format!("{}s", PERIOD.as_secs());
+    let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--iptables-sync-period", &period]);
+    let mut kpx = lab.start_kpx_with_env(KPX.as_ref(), &args, &dir.join("kpx.log"), &[("PATH", &path)]).unwrap();
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));
+    crate::servers::wait_status(&lab.node, "127.0.0.1:10256", "/healthz", 200);
+    let before = kernel_rules(&lab);
+
+    std::fs::write(&flag, "").unwrap();
+    write_web(&manifests, &[&be1, &be2]);
+    while_failing(&lab, &mut kpx, "iptables", "kubeproxy_sync_proxy_rules_iptables_restore_failures_total");
+    assert_eq!(kernel_rules(&lab), before, "iptables: something was written while iptables-restore refused");
+    let seen = servers_seen(&lab, Proto::Tcp, WEB, 20);
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["be1"], "iptables: the last good rules serve: {seen:?}");
+
+    let synced = kpx.log().matches("synced rules family=IPv4 full=true").count();
+    std::fs::remove_file(&flag).unwrap();
+    let back = wait_served_by(&lab, "be2", PERIOD + Duration::from_secs(3));
+    eprintln!("iptables: the kernel takes writes again; the new endpoint serves after {back:?}");
+    assert!(back.is_some(), "iptables: not recovered:\n{}", kpx.log());
+    assert!(kpx.log().matches("synced rules family=IPv4 full=true").count() > synced, "the retry is a full sync");
+    crate::servers::wait_status(&lab.node, "127.0.0.1:10256", "/healthz", 200);
+}
+
+/// `nft -i` in the node's namespace holding an owned `kube-proxy` table.
+struct Owner(Child);
+
+impl Owner {
+    fn take(lab: &kpx_netlab::node::NodeLab) -> Owner {
+        lab.node.exec(&["nft", "delete", "table", "ip", "kube-proxy"]).unwrap();
+        let mut child = lab.node.command("nft").arg("-i").stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+        child.stdin.as_mut().unwrap().write_all(b"add table ip kube-proxy { flags owner ; }\n").unwrap();
+        child.stdin.as_mut().unwrap().flush().unwrap();
+        let t0 = Instant::now();
+        while !lab.node.exec(&["nft", "list", "tables"]).unwrap_or_default().contains("kube-proxy") {
+            assert!(t0.elapsed() < Duration::from_secs(5), "nft -i did not make its table");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Owner(child)
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_kernel_refusing_nftables_writes_is_retried_in_full() {
+    let Some(lab) = lab_or_skip(2, "a_kernel_refusing_nftables_writes_is_retried_in_full") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("faults-nftables");
+    let (be1, be2) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
+    write_web(&manifests, &[&be1]);
+    let period = format!("{}s", PERIOD.as_secs());
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables", "--iptables-sync-period", &period]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));
+
+    let owner = Owner::take(&lab);
+    write_web(&manifests, &[&be1, &be2]);
+    while_failing(&lab, &mut kpx, "nftables", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total");
+    let table = lab.node.exec(&["nft", "list", "table", "ip", "kube-proxy"]).unwrap();
+    assert!(!table.contains("chain"), "nftables: kpx wrote into a table it could not write:\n{table}");
+    assert!(kpx.log().contains("Operation not permitted"), "{}", kpx.log());
+
+    let synced = kpx.log().matches("synced rules family=IPv4 full=true").count();
+    drop(owner);
+    let back = wait_served_by(&lab, "be2", PERIOD + Duration::from_secs(3));
+    eprintln!("nftables: the owner is gone; the new endpoint serves after {back:?}");
+    assert!(back.is_some(), "nftables: not recovered:\n{}", kpx.log());
+    assert!(kpx.log().matches("synced rules family=IPv4 full=true").count() > synced, "the retry is a full sync");
+    crate::servers::wait_status(&lab.node, "127.0.0.1:10256", "/healthz", 200);
+}
