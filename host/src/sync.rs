@@ -298,24 +298,27 @@ impl NoLocal {
     }
 }
 
-/// The plugin's call and fuel counters, as read last (the families share
-/// one plugin).
+/// The plugin's call, fuel and trap counters, as read last (the families
+/// share one plugin). Traps are counted where they happen: a sync retries
+/// a trapped render at once with a fresh instance, and the pass succeeds.
 #[derive(Default)]
 struct PluginCounts {
     calls: u64,
     fuel: u64,
+    traps: u64,
 }
 
 impl PluginCounts {
     fn update(&mut self, proxier: &FamilyProxier, telemetry: &Telemetry) {
         use std::sync::atomic::Ordering::Relaxed;
         let stats = proxier.plugin_stats();
-        let (calls, fuel) = (stats.calls.load(Relaxed), stats.fuel.load(Relaxed));
+        let (calls, fuel, traps) = (stats.calls.load(Relaxed), stats.fuel.load(Relaxed), stats.traps.load(Relaxed));
         let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
         let m = &telemetry.metrics;
         m.plugin_calls.get_or_create(&plugin).inc_by(calls.saturating_sub(self.calls));
         m.plugin_fuel.get_or_create(&plugin).inc_by(fuel.saturating_sub(self.fuel));
-        (self.calls, self.fuel) = (calls, fuel);
+        m.plugin_traps.get_or_create(&plugin).inc_by(traps.saturating_sub(self.traps));
+        (self.calls, self.fuel, self.traps) = (calls, fuel, traps);
     }
 }
 
@@ -324,9 +327,7 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
     let m = &telemetry.metrics;
     let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
     match e {
-        family::Error::Plugin(p) if p.needs_fresh_instance() => {
-            m.plugin_traps.get_or_create(&plugin).inc();
-        }
+        // Traps are counted from the plugin's own counter (PluginCounts).
         family::Error::Plugin(_) => {}
         family::Error::Sync { source: SyncError::Kernel(_), .. } => match proxier.mode() {
             ProxyMode::Iptables | ProxyMode::Userspace => {
@@ -465,9 +466,10 @@ pub fn run(
     let counting = proxiers.iter().filter_map(Proxier::rules).any(FamilyProxier::has_extensions);
     let mut next_count = Instant::now() + EXTENSION_COUNTER_INTERVAL;
     // The kernel's rules are checked once per sync period (upstream's
-    // canary): at most one period after someone deletes or flushes them,
-    // a full sync writes them again.
-    let mut next_canary = Instant::now() + periods.max;
+    // canary), at most once a second: at most one period after someone
+    // deletes or flushes them, a full sync writes them again.
+    let canary_period = periods.max.max(Duration::from_secs(1));
+    let mut next_canary = Instant::now() + canary_period;
     let mut extension_series = crate::serve::metrics::ExtensionSeries::default();
     loop {
         let received = if state.is_synced() {
@@ -566,7 +568,7 @@ pub fn run(
         changes.merge(state.take_changes());
         let mut full = schedule.wants_full(start);
         if start >= next_canary {
-            next_canary = start + periods.max;
+            next_canary = start + canary_period;
             for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
                 if let Some(what) = p.lost() {
                     tracing::warn!(family = %p.family(), "the kernel lost kube-proxy's rules ({what}): a full sync writes them again");

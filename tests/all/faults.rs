@@ -174,3 +174,94 @@ fn a_kernel_refusing_nftables_writes_is_retried_in_full() {
     assert!(kpx.log().matches("synced rules family=IPv4 full=true").count() > synced, "the retry is a full sync");
     crate::servers::wait_status(&lab.node, "127.0.0.1:10256", "/healthz", 200);
 }
+
+/// A metric's samples, summed over their labels.
+fn metric_sum(lab: &kpx_netlab::node::NodeLab, name: &str) -> f64 {
+    let (_, text) = get(&lab.node, "127.0.0.1:10249", "/metrics").expect("metrics");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// A backend that traps at every seventh call of each instance, through
+/// 10,000 sync cycles (a sync every 2 ms, an endpoint coming and going
+/// every 100 ms) while a client opens connections: each trap is retried
+/// at once with a fresh instance in the same pass, so no pass fails, no
+/// connection to the endpoint that stays fails, and every trap is counted.
+#[test]
+fn a_plugin_trapping_every_seventh_call_leaves_no_gap() {
+    const CYCLES: usize = 10_000;
+    let Some(lab) = lab_or_skip(2, "a_plugin_trapping_every_seventh_call_leaves_no_gap") else { return };
+    let (dir, manifests) = run_dirs("faults-every7");
+    let (be1, be2) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
+    write_web(&manifests, &[&be1]);
+    let plugin = format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let args = kpx_args(
+        &manifests,
+        &[
+            "--proxy-mode",
+            "nftables",
+            "--backend-plugin",
+            &plugin,
+            "--backend-param",
+            "hostile=every7",
+            "--iptables-sync-period",
+            "2ms",
+            "--iptables-min-sync-period",
+            "0s",
+        ],
+    );
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let clients = ClientLoop::start(&lab, WEB);
+    let t0 = Instant::now();
+    let mut flips = 0;
+    let mut flipped_at = Vec::new();
+    loop {
+        let synced = kpx.log().matches("synced rules family=IPv4").count();
+        if synced >= CYCLES || t0.elapsed() > Duration::from_secs(240) {
+            break;
+        }
+        for _ in 0..10 {
+            flips += 1;
+            let ips: Vec<&str> = if flips % 2 == 0 { vec![&be1] } else { vec![&be1, &be2] };
+            write_web(&manifests, &ips);
+            flipped_at.push(t0.elapsed());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let took = t0.elapsed();
+    write_web(&manifests, &[&be1, &be2]);
+    std::thread::sleep(Duration::from_millis(300));
+    let outcomes = clients.outcomes();
+    drop(clients);
+    let log = kpx.log();
+    let synced = log.matches("synced rules family=IPv4").count();
+    let failed_passes = log.matches("sync failed").count();
+    let retried = log.matches("trying again with a fresh instance").count();
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.2.is_none()).collect();
+    let (traps, calls) = (metric_sum(&lab, "kpx_plugin_traps_total"), metric_sum(&lab, "kpx_plugin_calls_total"));
+    eprintln!(
+        "every7: {synced} syncs of IPv4 in {took:?} ({flips} endpoint changes), {retried} traps retried at once, {failed_passes} failed passes; {} connections, {} failed; traps {traps}, calls {calls}",
+        outcomes.len(),
+        failed.len()
+    );
+    assert!(synced >= CYCLES, "only {synced} syncs in {took:?}");
+    assert_eq!(failed_passes, 0, "a trap failed a pass");
+    for (at, port, _) in &failed {
+        let at = at.saturating_duration_since(t0);
+        let flip = flipped_at.iter().rev().find(|f| **f <= at).copied();
+        eprintln!("every7: a connection from port {port} failed at {at:?}, the last endpoint change at {flip:?}");
+    }
+    assert!(failed.is_empty(), "{} connections failed", failed.len());
+    assert!(outcomes.len() > 1000, "{} connections", outcomes.len());
+    // Each instance (both families') traps at its seventh call: one
+    // constructor and seven calls per trap, and one instance that has
+    // not trapped yet per family.
+    assert!(traps >= (2 * CYCLES / 7 / 2) as f64, "traps {traps}");
+    let per_trap = (calls - 2.0) / (traps + 2.0);
+    assert!((7.0..=8.1).contains(&per_trap), "{calls} calls for {traps} traps: {per_trap} a trap");
+    let seen = servers_seen(&lab, Proto::Tcp, WEB, 30);
+    assert!(seen.contains_key("be1") && seen.contains_key("be2"), "the last state is programmed: {seen:?}");
+}

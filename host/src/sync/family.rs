@@ -376,7 +376,18 @@ impl FamilyProxier {
         }
         self.refresh_settings();
         let host = t.elapsed();
-        let result = self.program(n_changes, plugin_changes, full).map(|r| Report { host, ..r });
+        let mut result = self.program(n_changes, plugin_changes, full);
+        // A trap (or output over the limit) poisoned the instance: one
+        // more try at once, with a fresh one given the whole state (the
+        // changes are in it), so that one trap does not hold a change
+        // back for a retry period. A second one fails the pass.
+        if let Err(Error::Plugin(e)) = &result
+            && e.needs_fresh_instance()
+        {
+            tracing::warn!(family = %self.family, "{e}; trying again with a fresh instance");
+            result = self.program(n_changes, Vec::new(), true);
+        }
+        let result = result.map(|r| Report { host, ..r });
         if result.is_err() {
             self.need_full = true;
         }

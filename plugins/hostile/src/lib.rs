@@ -24,6 +24,8 @@
 //! | `keephooks` | keeps every hook and still writes rules into them (iptables)           |
 //! | `empty`     | renders nothing at all: no Service is served (the host's checks confine, |
 //! |             | they do not require; a hot reload's coverage trace refuses it)         |
+//! | `every7`    | otherwise the built-in backend, but traps at every 7th call of an      |
+//! |             | instance (reset, apply, render): a flaky plugin under load             |
 //!
 //! Never embedded in kpx; the tests load it with `--backend-plugin`.
 #![forbid(unsafe_code)]
@@ -53,6 +55,8 @@ pub struct Hostile {
     /// Each port's endpoints, and every endpoint seen since the start.
     endpoints: BTreeMap<String, Vec<(IpAddr, u16)>>,
     seen: BTreeSet<(IpAddr, u16)>,
+    /// Calls of this instance (reset, apply, render), for `every7`.
+    calls: u32,
 }
 
 impl Hostile {
@@ -86,6 +90,14 @@ impl Hostile {
                 let field = kpx_sdk::HashField::Source;
                 vs.slots = Some(kpx_sdk::SlotTable { field, seed: 0, rows: 1, cols: 2, slots: vec![0, 7] });
             }
+        }
+    }
+
+    /// Counts a call; `every7` traps at every seventh of the instance.
+    fn count_call(&mut self) {
+        self.calls += 1;
+        if self.calls.is_multiple_of(7) && self.asks("every7") {
+            std::process::abort();
         }
     }
 
@@ -298,10 +310,12 @@ impl Backend for Hostile {
             names: Default::default(),
             endpoints: Default::default(),
             seen: Default::default(),
+            calls: 0,
         }
     }
 
     fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>) {
+        self.count_call();
         self.names.clear();
         self.endpoints.clear();
         for s in &services {
@@ -316,6 +330,7 @@ impl Backend for Hostile {
     }
 
     fn apply(&mut self, changes: Vec<Change>) {
+        self.count_call();
         for change in &changes {
             match change {
                 Change::Upsert(s) => self.track(s),
@@ -339,6 +354,7 @@ impl Backend for Hostile {
     }
 
     fn render(&mut self, full: bool) -> Result<Ruleset, String> {
+        self.count_call();
         if self.asks("trap") {
             std::process::abort();
         }
