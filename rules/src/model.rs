@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 pub use crate::plan::{HashField, KernelPlan, Plan, SlotTable};
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
     Tcp,
@@ -31,6 +32,7 @@ impl fmt::Display for Protocol {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IpFamily {
     V4,
@@ -60,6 +62,7 @@ impl fmt::Display for IpFamily {
 }
 
 /// An address prefix such as `10.0.0.0/8`.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cidr {
     pub addr: IpAddr,

@@ -36,9 +36,17 @@ impl Ruleset {
     }
 }
 
-/// Connection-tracking states, as a set.
+/// Connection-tracking states, as a set (bits 0-6; no value has others).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CtStates(u8);
+
+/// Through [`CtStates::from_bits`], as every value is made.
+#[cfg(feature = "arbitrary")]
+impl<'a> arbitrary::Arbitrary<'a> for CtStates {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(CtStates::from_bits(u.arbitrary()?))
+    }
+}
 
 impl CtStates {
     pub const INVALID: CtStates = CtStates(1);

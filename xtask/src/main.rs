@@ -2,6 +2,7 @@
 //! opens with. Each installs what it needs when it is missing.
 
 mod demo;
+mod fuzz;
 mod setup;
 
 use std::process::Command;
@@ -14,9 +15,10 @@ fn main() -> Result<()> {
         Some("demo") => demo::run(&args[1..]),
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask demo [kpx demo args] | cargo xtask test [-- <cargo test args>] | cargo xtask bench [kpx-bench args]"
+                "usage: cargo xtask demo [kpx demo args] | cargo xtask test [-- <cargo test args>] | cargo xtask bench [kpx-bench args] | cargo xtask fuzz [--time SECONDS] [--parallel N] [TARGET...]"
             );
             std::process::exit(2);
         }

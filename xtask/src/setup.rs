@@ -1,6 +1,7 @@
 //! Installs what kpx's build and tests need, when it is missing: the
 //! wasm32-unknown-unknown target (rustup) and, as root, the Debian
-//! packages for iptables, nftables and iproute2.
+//! packages for iptables, nftables and iproute2 (and g++ for `cargo xtask
+//! fuzz`).
 
 use std::path::Path;
 use std::process::Command;
@@ -39,6 +40,26 @@ pub fn prerequisites() -> Result<()> {
 
     let mut packages: Vec<&str> = TOOLS.iter().filter(|(cmd, _)| !have(cmd)).map(|(_, pkg)| *pkg).collect();
     packages.dedup();
+    apt_install(&packages)
+}
+
+/// What `cargo xtask fuzz` needs besides: a C++ compiler for libFuzzer
+/// (the libfuzzer-sys crate builds it).
+pub fn compiler() -> Result<()> {
+    prerequisites()?;
+    if have("c++") || have("g++") {
+        return Ok(());
+    }
+    apt_install(&["g++"])?;
+    if !have("c++") && !have("g++") {
+        bail!("cargo xtask fuzz needs a C++ compiler for libFuzzer: install g++");
+    }
+    Ok(())
+}
+
+/// Installs Debian packages as root; without root or apt-get, says what
+/// is missing and goes on.
+fn apt_install(packages: &[&str]) -> Result<()> {
     if packages.is_empty() {
         return Ok(());
     }
@@ -56,7 +77,7 @@ pub fn prerequisites() -> Result<()> {
     }
     let ok = Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&packages)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
         .context("apt-get install")?

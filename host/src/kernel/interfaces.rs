@@ -95,7 +95,7 @@ pub fn local_addresses_by_interface() -> Result<Vec<(u32, IpAddr)>> {
 /// One RTM_NEWADDR's address: IFA_LOCAL where the kernel gives one (the
 /// local end of a point-to-point link; IPv4), else IFA_ADDRESS — what
 /// `ip addr` shows.
-fn address(payload: &[u8]) -> std::result::Result<Option<IpAddr>, String> {
+pub fn address(payload: &[u8]) -> std::result::Result<Option<IpAddr>, String> {
     if payload.len() < IFADDRMSG {
         return Err("an address message shorter than ifaddrmsg".into());
     }

@@ -19,7 +19,7 @@
 mod mirror;
 mod rate;
 mod strip;
-mod wire;
+pub mod wire;
 
 use std::sync::Arc;
 use std::sync::mpsc::Sender;

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use super::CtStates;
 use crate::model::{Cidr, Protocol};
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
     Nat,
@@ -33,6 +34,7 @@ impl Table {
 }
 
 /// The host's chains a plugin appends rules to (attachment points).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Hook {
     NatServices,
@@ -155,12 +157,14 @@ pub fn interface_name_problem(name: &str) -> Option<String> {
     None
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AddressMatch {
     pub negate: bool,
     pub cidr: Cidr,
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct InterfaceMatch {
     pub negate: bool,
@@ -169,12 +173,14 @@ pub struct InterfaceMatch {
     pub prefix: bool,
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HashTuple {
     Source,
     Destination,
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HashMark {
     pub tuple: HashTuple,
@@ -184,6 +190,7 @@ pub struct HashMark {
 
 /// Which of the packet's fields an ipset match looks up, in the set's
 /// dimension order (`dst,dst,src`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SetDir {
     Src,
@@ -199,6 +206,7 @@ impl SetDir {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Match {
     Source(AddressMatch),
@@ -298,6 +306,7 @@ impl Match {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     None,
@@ -327,6 +336,7 @@ pub enum Target {
     Redirect(u16),
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rule {
     pub table: Table,
@@ -391,6 +401,7 @@ impl Rule {
 }
 
 /// One sync's typed rules (see the WIT docs of `iptables.ruleset`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ruleset {
     pub chains: Vec<(Table, String)>,

@@ -24,6 +24,20 @@ pub struct BaseChain {
     pub priority: i32,
 }
 
+/// A host-only base chain from a fuzzer's bytes (its name is `'static`).
+#[cfg(feature = "arbitrary")]
+impl<'a> arbitrary::Arbitrary<'a> for BaseChain {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(BaseChain {
+            name: u.choose(&["nat-prerouting", "filter-input", "services"])?,
+            kind: u.arbitrary()?,
+            hook: u.arbitrary()?,
+            priority: u.arbitrary()?,
+        })
+    }
+}
+
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ChainKind {
     Filter,
@@ -40,6 +54,7 @@ impl ChainKind {
 }
 
 /// Netfilter hooks (`NF_INET_*`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NfHook {
     Prerouting = 0,
@@ -69,6 +84,7 @@ impl NfHook {
 
 /// Every set and map the host declares. The plugin fills those for
 /// which [`HostSet::plugin_fills`] is true; the host fills the others.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HostSet {
     ClusterIps,
@@ -168,6 +184,7 @@ impl HostSet {
 }
 
 /// A set or map: one of the host's, or one of the plugin's own.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetRef {
     Host(HostSet),
@@ -184,6 +201,7 @@ impl SetRef {
 }
 
 /// One field of a set key (see the WIT docs of `key-type`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KeyType {
     Address,
@@ -205,6 +223,7 @@ impl KeyType {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DataType {
     Verdict,
@@ -227,6 +246,7 @@ pub fn address_words(family: IpFamily) -> usize {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum VerdictKind {
     Accept = 0,
@@ -253,6 +273,7 @@ impl VerdictKind {
 }
 
 /// A set or map declaration (plugin sets and the host's own).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SetDecl {
     pub name: String,
@@ -284,6 +305,7 @@ impl SetDecl {
 }
 
 /// Elements of one set (see the WIT docs of `elements`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Elements {
     pub set: SetRef,
@@ -562,12 +584,14 @@ impl ElementWriter {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AddressField {
     Source,
     Destination,
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KeyExpr {
     Address(AddressField),
@@ -596,6 +620,7 @@ impl KeyExpr {
     pub const NODE_PORT: [KeyExpr; 2] = [KeyExpr::Protocol, KeyExpr::DestinationPort];
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Match {
     Address {
@@ -641,6 +666,7 @@ pub enum Match {
     },
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Statement {
     Counter,
@@ -654,6 +680,7 @@ pub enum Statement {
     },
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     Continue,
@@ -668,6 +695,7 @@ pub enum Verdict {
     Vmap { keys: Vec<KeyExpr>, map: SetRef },
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rule {
     pub chain: String,
@@ -709,6 +737,7 @@ impl Rule {
     }
 }
 
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     AddChain(String),
@@ -725,6 +754,7 @@ pub enum Op {
 }
 
 /// One sync's transaction (see the WIT docs of `nftables.ruleset`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Transaction {
     pub ops: Vec<Op>,

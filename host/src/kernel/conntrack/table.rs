@@ -199,7 +199,7 @@ fn tuple(a: Attr) -> Result<Tuple, String> {
 
 /// One entry (the attributes after the nfgenmsg header): its tuples and
 /// whether it is an established TCP connection.
-fn parse_entry(payload: &[u8]) -> Result<(Tuple, Tuple, bool), String> {
+pub fn parse_entry(payload: &[u8]) -> Result<(Tuple, Tuple, bool), String> {
     let top = attrs(payload)?;
     let orig = tuple(find(&top, CTA_TUPLE_ORIG).ok_or("no original tuple")?)?;
     let reply = tuple(find(&top, CTA_TUPLE_REPLY).ok_or("no reply tuple")?)?;

@@ -171,7 +171,8 @@ fn push_message(buf: &mut Vec<u8>, msg_type: u16, flags: u16, seq: u32, family: 
 }
 
 /// One reply message: (type, flags, seq, payload after the netlink header).
-type Reply = (u16, u16, u32, Vec<u8>);
+/// One message of a reply: type, flags, sequence number, payload.
+pub type Reply = (u16, u16, u32, Vec<u8>);
 
 pub struct Netlink {
     socket: Socket,
@@ -318,18 +319,7 @@ impl Netlink {
             }
             _ => Error::Socket(format!("receive: {e}")),
         })?;
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at + HEADER <= n.min(buf.len()) {
-            let msg = NetlinkBuffer::new_checked(&buf[at..]).map_err(|e| Error::Protocol(e.to_string()))?;
-            let len = msg.length() as usize;
-            if len < HEADER {
-                break;
-            }
-            out.push((msg.message_type(), msg.flags(), msg.sequence_number(), msg.payload().to_vec()));
-            at += (len + 3) & !3;
-        }
-        Ok(out)
+        split_replies(&buf[..n.min(buf.len())])
     }
 
     /// Dumps objects of one kind (`GETTABLE`, `GETCHAIN`, ...): each reply's
@@ -436,6 +426,24 @@ impl Netlink {
     }
 }
 
+/// The messages of one datagram the kernel sent: (type, flags, sequence
+/// number, payload) each. A message whose length runs past the datagram
+/// is an error; one shorter than a header ends the datagram.
+pub fn split_replies(buf: &[u8]) -> Result<Vec<Reply>, Error> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + HEADER <= buf.len() {
+        let msg = NetlinkBuffer::new_checked(&buf[at..]).map_err(|e| Error::Protocol(e.to_string()))?;
+        let len = msg.length() as usize;
+        if len < HEADER {
+            break;
+        }
+        out.push((msg.message_type(), msg.flags(), msg.sequence_number(), msg.payload().to_vec()));
+        at += (len + 3) & !3;
+    }
+    Ok(out)
+}
+
 /// The reply carries extended-ack attributes after the request's header.
 const NLM_F_ACK_TLVS: u16 = 0x200;
 /// Extended-ack attribute: the kernel's message.
@@ -443,7 +451,7 @@ const NLMSGERR_ATTR_MSG: u16 = 1;
 
 /// An NLMSG_ERROR payload: (code, extended-ack message). The socket caps
 /// acks, so the failed request's header (16 bytes) precedes the TLVs.
-fn parse_error(payload: &[u8], flags: u16) -> Result<(i32, Option<String>), Error> {
+pub fn parse_error(payload: &[u8], flags: u16) -> Result<(i32, Option<String>), Error> {
     let err = ErrorBuffer::new_checked(payload).map_err(|e| Error::Protocol(e.to_string()))?;
     let code = err.code().map_or(0, |c| c.get());
     let inner = err.payload();

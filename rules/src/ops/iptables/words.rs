@@ -107,6 +107,7 @@ pub const MAX_STRING: usize = 1024;
 pub const MAX_MATCHES: usize = 255;
 
 /// An iptables ruleset as words.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleWords {
     pub family: IpFamily,
