@@ -122,6 +122,11 @@ impl Kpx {
         false
     }
 
+    /// Its process id (`ip netns exec` becomes kpx).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }

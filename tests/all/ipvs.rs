@@ -13,7 +13,9 @@ use kpx::kernel::ipvs::{Destination, Ipvs, Service, ServiceKey};
 use kpx_netlab::node::NodeLab;
 use kpx_netlab::{Reply, Request};
 
-use crate::support::{HoldServers, KPX, hold, kpx_args, lab_or_skip, plugin_cache, run_dirs, write_manifest};
+use crate::support::{
+    ClientLoop, HoldServers, KPX, hold, kpx_args, lab_or_skip, plugin_cache, run_dirs, write_manifest,
+};
 
 const TCP: u16 = 6;
 
@@ -409,7 +411,12 @@ fn mode_checks() {
     };
     let before = table_keys(&lab);
     assert!(before.is_superset(&foreign_keys), "other software's services went: {before:?}");
+    // kpx killed (SIGKILL) with a client opening connections all along:
+    // the virtual servers it left serve while it is down and resyncs.
+    let client = ClientLoop::start(&lab, "10.96.0.10:80");
+    std::thread::sleep(Duration::from_millis(500));
     drop(kpx);
+    std::thread::sleep(Duration::from_millis(500));
 
     // A restart converges from what the kernel holds: the same table (the
     // slot plan's firewall marks kept), no failed sync, traffic served.
@@ -426,6 +433,15 @@ fn mode_checks() {
     let seen: Vec<String> = (0..3).map(|_| tcp(&lab, "10.96.0.10:80")).collect();
     assert!(seen.iter().all(|s| s == "be1"), "after the restart: {seen:?}");
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    std::thread::sleep(Duration::from_millis(500));
+    let outcomes = client.outcomes();
+    drop(client);
+    let failed = outcomes.iter().filter(|o| o.2.is_none()).count();
+    let to_be1 = outcomes.iter().filter(|o| o.2.as_deref() == Some("be1")).count();
+    eprintln!("ipvs: {} connections through the kill and restart, {failed} failed, {to_be1} to be1", outcomes.len());
+    assert_eq!(failed, 0, "connections failed through the restart:\n{}", kpx.log());
+    assert_eq!(to_be1, outcomes.len(), "a connection went elsewhere than be1");
+    assert!(outcomes.len() > 20, "the client loop hardly ran: {}", outcomes.len());
     drop(kpx);
 
     // --cleanup: kpx's virtual servers and kube-ipvs0 go; other software's

@@ -3,7 +3,9 @@
 //! lacks them they print `SKIPPED: <reason>` and return.
 
 mod api_source;
+mod bounds;
 mod canary;
+mod churn;
 mod conformance;
 mod conformance_kernel;
 mod conntrack;
