@@ -91,28 +91,34 @@ pub fn config(data: &[u8]) {
 
 /// One datagram from the kernel: split into messages as the nf_tables
 /// socket does, then each payload through every decoder kpx has (nf_tables
-/// chains, sets, elements and rules, conntrack entries, IPVS services and
-/// destinations, addresses, errors).
+/// chains, sets and rules, conntrack entries, IPVS services and
+/// destinations after the genetlink header, addresses, errors). A set's
+/// declaration is kept for the messages after it, whose elements are
+/// decoded by it, as kpx reads a set and then its elements.
 pub fn netlink(data: &[u8]) {
     let Ok(messages) = netlink::split_replies(data) else { return };
-    const NFGENMSG: usize = 4;
+    // nfgenmsg and genlmsghdr are both 4 bytes.
+    const SUBHEADER: usize = 4;
+    let mut sets = Vec::new();
     for (_, flags, _, payload) in &messages {
         let _ = netlink::parse_error(payload, *flags);
         let _ = interfaces::address(payload);
-        let _ = ipvs::msg::parse_service(payload);
+        let Some(attrs) = payload.get(SUBHEADER..) else { continue };
+        let _ = ipvs::msg::parse_service(attrs);
         for family in [2, 10] {
-            let _ = ipvs::msg::parse_destination(payload, family);
+            let _ = ipvs::msg::parse_destination(attrs, family);
         }
-        let Some(attrs) = payload.get(NFGENMSG..) else { continue };
         let _ = conntrack::table::parse_entry(attrs);
         let _ = decode::chain(attrs);
         for family in [IpFamily::V4, IpFamily::V6] {
             let _ = decode::rule(family, 0x4000, attrs);
-            if let Ok(info) = decode::set(attrs)
-                && let Ok(decl) = decode::declaration(family, &info)
-            {
-                let _ = decode::elements(family, &decl, attrs);
+            for decl in &sets {
+                let _ = decode::elements(family, decl, attrs);
             }
+        }
+        if let Ok(info) = decode::set(attrs) {
+            sets.clear();
+            sets.extend([IpFamily::V4, IpFamily::V6].iter().filter_map(|f| decode::declaration(*f, &info).ok()));
         }
     }
 }

@@ -137,3 +137,30 @@ fn the_labs_generator_rules_are_accepted() {
         }
     }
 }
+
+/// The netlink target's seeds reach the element decoder: a set's
+/// declaration, then its elements, decode to elements (a review found
+/// the decoder unreachable when sets and elements were read from the
+/// same message).
+#[test]
+fn the_netlink_seeds_reach_the_element_decoder() {
+    use kpx::kernel::nftables::{decode, netlink};
+    use kpx_rules::model::IpFamily;
+    for (family, name) in [(IpFamily::V4, "seed-generator-v4"), (IpFamily::V6, "seed-generator-v6")] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/netlink").join(name);
+        let data = std::fs::read(&path).expect("the seed");
+        let (mut decl, mut decoded) = (None, 0);
+        for (_, _, _, payload) in netlink::split_replies(&data).expect("the seed splits") {
+            let attrs = &payload[4..];
+            if let Some(d) = &decl
+                && let Ok(elements) = decode::elements(family, d, attrs)
+            {
+                decoded += elements.len();
+            }
+            if let Ok(info) = decode::set(attrs) {
+                decl = decode::declaration(family, &info).ok();
+            }
+        }
+        assert!(decoded > 0, "{name}: no element decoded");
+    }
+}

@@ -436,7 +436,10 @@ impl Sandbox {
         self.stats.fuel.fetch_add(self.fueled.saturating_sub(self.fuel_left()), Ordering::Relaxed);
         result.map_err(|e| {
             if e.downcast_ref::<Trap>().is_none() && is_output_limit(&e) {
+                // It ends the instance as a trap does, and counts as one
+                // (kpx_plugin_traps_total) as well as a failure.
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.traps.fetch_add(1, Ordering::Relaxed);
                 let err = Error::OutputTooLarge {
                     plugin: self.plugin.to_string(),
                     call,

@@ -301,8 +301,12 @@ impl NoLocal {
 /// The plugin's call, fuel and trap counters, as read last (the families
 /// share one plugin). Traps are counted where they happen: a sync retries
 /// a trapped render at once with a fresh instance, and the pass succeeds.
+/// A plugin loaded by a hot swap (or a rollback) has counters of its own,
+/// starting at 0: the baselines go with the counters they were read from.
 #[derive(Default)]
 struct PluginCounts {
+    /// The counters read (their address), for as long as they are the plugin's.
+    of: usize,
     calls: u64,
     fuel: u64,
     traps: u64,
@@ -312,6 +316,10 @@ impl PluginCounts {
     fn update(&mut self, proxier: &FamilyProxier, telemetry: &Telemetry) {
         use std::sync::atomic::Ordering::Relaxed;
         let stats = proxier.plugin_stats();
+        let of = std::ptr::from_ref(stats) as usize;
+        if of != self.of {
+            *self = PluginCounts { of, ..PluginCounts::default() };
+        }
         let (calls, fuel, traps) = (stats.calls.load(Relaxed), stats.fuel.load(Relaxed), stats.traps.load(Relaxed));
         let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
         let m = &telemetry.metrics;

@@ -83,8 +83,11 @@ pub fn run(args: &[String]) -> Result<()> {
                 std::thread::spawn(move || fuzz_one(&binary, &t, seconds))
             })
             .collect();
-        for s in started {
-            runs.push(s.join().map_err(|_| anyhow::anyhow!("a fuzz thread panicked"))??);
+        // Every thread joined before an error is returned: none is left
+        // replacing a corpus when the process exits.
+        let results: Vec<_> = started.into_iter().map(|s| s.join()).collect();
+        for r in results {
+            runs.push(r.map_err(|_| anyhow::anyhow!("a fuzz thread panicked"))??);
         }
     }
     println!(
@@ -148,6 +151,9 @@ fn fuzz_one(binary: &Path, target: &str, seconds: u64) -> Result<Run> {
         std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
     }
     let corpus_before = files(&corpus);
+    // Crashes of earlier runs stay where they are and do not count.
+    let earlier: std::collections::HashSet<PathBuf> =
+        std::fs::read_dir(&artifacts)?.filter_map(Result::ok).map(|e| e.path()).collect();
     let log = PathBuf::from("target/fuzz").join(format!("{target}.log"));
     eprintln!("+ fuzzing {target} for {seconds} s (log: {})", log.display());
     let start = Instant::now();
@@ -181,7 +187,7 @@ fn fuzz_one(binary: &Path, target: &str, seconds: u64) -> Result<Run> {
     };
     let crash = std::fs::read_dir(&artifacts)
         .ok()
-        .and_then(|d| d.filter_map(Result::ok).map(|e| e.path()).find(|p| p.is_file()));
+        .and_then(|d| d.filter_map(Result::ok).map(|e| e.path()).find(|p| p.is_file() && !earlier.contains(p)));
     if !status.success() && crash.is_none() {
         bail!("{target}: the fuzz driver failed with {status} (see {})", log.with_extension("err").display());
     }
@@ -201,23 +207,7 @@ fn fuzz_one(binary: &Path, target: &str, seconds: u64) -> Result<Run> {
         .context("run the corpus merge")?
         .success();
     if ok && files(&merged) > 0 {
-        // Seeds keep their names; what libFuzzer found is named by content.
-        for entry in std::fs::read_dir(&corpus)?.filter_map(Result::ok) {
-            let p = entry.path();
-            if !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("seed-")) {
-                std::fs::remove_file(&p)?;
-            }
-        }
-        for entry in std::fs::read_dir(&merged)?.filter_map(Result::ok) {
-            let p = entry.path();
-            let bytes = std::fs::read(&p)?;
-            let known = std::fs::read_dir(&corpus)?
-                .filter_map(Result::ok)
-                .any(|e| std::fs::read(e.path()).is_ok_and(|b| b == bytes));
-            if !known {
-                std::fs::copy(&p, corpus.join(entry.file_name()))?;
-            }
-        }
+        replace_corpus(&corpus, &merged)?;
     }
     Ok(Run {
         target: target.to_string(),
@@ -229,4 +219,33 @@ fn fuzz_one(binary: &Path, target: &str, seconds: u64) -> Result<Run> {
         corpus_after: files(&corpus),
         crash,
     })
+}
+
+/// The committed corpus becomes its seeds plus `merged` (what the merge
+/// kept that is not a seed): built beside it, then swapped in by renames,
+/// so that an interruption leaves one whole corpus or the other.
+fn replace_corpus(corpus: &Path, merged: &Path) -> Result<()> {
+    let next = corpus.with_extension("next");
+    let old = corpus.with_extension("old");
+    for d in [&next, &old] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    std::fs::create_dir_all(&next)?;
+    let mut seeds = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(corpus)?.filter_map(Result::ok) {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with("seed-") {
+            seeds.insert(std::fs::read(entry.path())?);
+            std::fs::copy(entry.path(), next.join(&name))?;
+        }
+    }
+    for entry in std::fs::read_dir(merged)?.filter_map(Result::ok) {
+        if !seeds.contains(&std::fs::read(entry.path())?) {
+            std::fs::copy(entry.path(), next.join(entry.file_name()))?;
+        }
+    }
+    std::fs::rename(corpus, &old).with_context(|| format!("move {} aside", corpus.display()))?;
+    std::fs::rename(&next, corpus).with_context(|| format!("put the new {} in place", corpus.display()))?;
+    std::fs::remove_dir_all(&old)?;
+    Ok(())
 }

@@ -12,7 +12,7 @@ use kpx::kernel::nftables::encode;
 use kpx_fuzz::{Lab, words_to_bytes};
 use kpx_rules::model::IpFamily;
 use kpx_rules::ops::iptables::words::encode as encode_words;
-use kpx_rules::ops::nftables::Op;
+use kpx_rules::ops::nftables::{Op, decode_elements};
 
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -45,14 +45,28 @@ fn main() -> std::io::Result<()> {
         let (text, _) = payload(&iptables_frame(&lab.iptables_settings), &lab.iptables, &[], lab.dialect(), None);
         seeds.push(("iptables_save", format!("generator-{tag}"), text.into_bytes()));
         let mut datagram = Vec::new();
+        let mut sets = std::collections::HashMap::new();
         for op in &lab.nftables.ops {
-            let msg = match op {
-                Op::AddRule(r) => encode::add_rule(family, lab.masquerade_mark(), r).expect("encodes"),
-                Op::AddSet(d) => encode::add_set(family, d, 1, None),
-                Op::AddChain(c) => encode::add_chain(c),
+            let msgs = match op {
+                Op::AddRule(r) => vec![encode::add_rule(family, lab.masquerade_mark(), r).expect("encodes")],
+                Op::AddSet(d) => {
+                    sets.insert(d.name.clone(), d.clone());
+                    vec![encode::add_set(family, d, 1, None)]
+                }
+                Op::AddChain(c) => vec![encode::add_chain(c)],
+                // A set's elements right after it, as a dump gives them.
+                Op::AddElements(e) => {
+                    let Some(decl) = sets.get(e.set.name()) else { continue };
+                    let elements = decode_elements(decl, family, e).expect("the generator's elements decode");
+                    let mut set = encode::add_set(family, decl, 1, None);
+                    push_message(&mut datagram, set.msg_type, &std::mem::take(&mut set.attrs.buf));
+                    encode::elements(e.set.name(), decl.interval, &elements, true)
+                }
                 _ => continue,
             };
-            push_message(&mut datagram, msg.msg_type, &msg.attrs.buf);
+            for msg in msgs {
+                push_message(&mut datagram, msg.msg_type, &msg.attrs.buf);
+            }
         }
         seeds.push(("netlink", format!("generator-{tag}"), datagram));
     }

@@ -380,9 +380,12 @@ impl FamilyProxier {
         // A trap (or output over the limit) poisoned the instance: one
         // more try at once, with a fresh one given the whole state (the
         // changes are in it), so that one trap does not hold a change
-        // back for a retry period. A second one fails the pass.
+        // back for a retry period. A second one fails the pass. Not for a
+        // hot-swapped replacement on trial: its first pass must succeed
+        // whole, or the replaced component comes back (`settle`).
         if let Err(Error::Plugin(e)) = &result
             && e.needs_fresh_instance()
+            && self.previous.is_none()
         {
             tracing::warn!(family = %self.family, "{e}; trying again with a fresh instance");
             result = self.program(n_changes, Vec::new(), true);

@@ -171,7 +171,6 @@ fn push_message(buf: &mut Vec<u8>, msg_type: u16, flags: u16, seq: u32, family: 
 }
 
 /// One reply message: (type, flags, seq, payload after the netlink header).
-/// One message of a reply: type, flags, sequence number, payload.
 pub type Reply = (u16, u16, u32, Vec<u8>);
 
 pub struct Netlink {
@@ -427,8 +426,8 @@ impl Netlink {
 }
 
 /// The messages of one datagram the kernel sent: (type, flags, sequence
-/// number, payload) each. A message whose length runs past the datagram
-/// is an error; one shorter than a header ends the datagram.
+/// number, payload) each. A message whose length is shorter than its
+/// header or runs past the datagram is an error.
 pub fn split_replies(buf: &[u8]) -> Result<Vec<Reply>, Error> {
     let mut out = Vec::new();
     let mut at = 0;
