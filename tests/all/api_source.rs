@@ -181,7 +181,6 @@ fn follows_the_api_through_faults(mode: &str) {
     );
     std::thread::sleep(Duration::from_millis(500));
     let outcomes = client.outcomes();
-    drop(client);
     let failed = outcomes.iter().filter(|(_, _, a)| a.is_none()).count();
     eprintln!(
         "{mode}: {} connections through the faults, {failed} failed; lists of services: {lists_before} before, {lists_after_410} after the 410, {} at the end; requests: {}",
@@ -189,7 +188,8 @@ fn follows_the_api_through_faults(mode: &str) {
         server.count("list", "/services"),
         server.requests().len()
     );
-    assert_eq!(failed, 0, "{mode}: connections failed during the faults:\n{}", kpx.log());
+    assert_eq!(failed, 0, "{mode}: connections failed during the faults: {:?}\n{}", client.failures(), kpx.log());
+    drop(client);
     assert!(outcomes.len() > 200, "{mode}: the client loop hardly ran");
     assert_eq!(servers_seen(&lab, Proto::Tcp, "10.96.0.12:80", 5), [("be1".to_string(), 5)].into(), "{mode}");
     assert_eq!(servers_seen(&lab, Proto::Tcp, "10.96.0.13:80", 5), [("be2".to_string(), 5)].into(), "{mode}");

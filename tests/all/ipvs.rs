@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kpx::kernel::ipvs::msg::SVC_F_PERSISTENT;
 use kpx::kernel::ipvs::{Destination, Ipvs, Service, ServiceKey};
@@ -33,7 +33,7 @@ pub fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ipvs-vm");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ipvs-vm/run.sh");
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     let out = std::process::Command::new(script)
         .arg(&work)
         .arg(&exe)
@@ -342,7 +342,7 @@ fn mode_checks() {
     // four changes, well within the source's 60 s full re-read (so a
     // lost inotify note is not covered up by it).
     let gone_ip = lab.backends.iter().find(|b| b.name == held_by).unwrap().ip.clone();
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     let table = loop {
         let table = ipvs_in(&lab);
         let udp_done = table.iter().any(|(s, d)| s.key.address.to_string() == "10.96.0.15" && d.len() == 1);
@@ -416,6 +416,7 @@ fn mode_checks() {
     let client = ClientLoop::start(&lab, "10.96.0.10:80");
     std::thread::sleep(Duration::from_millis(500));
     drop(kpx);
+    let killed = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
 
     // A restart converges from what the kernel holds: the same table (the
@@ -435,10 +436,14 @@ fn mode_checks() {
     assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
     std::thread::sleep(Duration::from_millis(500));
     let outcomes = client.outcomes();
+    let failures = client.failures();
     drop(client);
     let failed = outcomes.iter().filter(|o| o.2.is_none()).count();
     let to_be1 = outcomes.iter().filter(|o| o.2.as_deref() == Some("be1")).count();
     eprintln!("ipvs: {} connections through the kill and restart, {failed} failed, {to_be1} to be1", outcomes.len());
+    for (at, why) in &failures {
+        eprintln!("ipvs: a connection failed {:?} after the kill: {why}", at.saturating_duration_since(killed));
+    }
     // Open: 0 of 3,874 failed in one run, 1 of 3,916 in the next (the
     // guest under emulation, the host loaded by the suite): not asserted
     // until explained (docs/RELIABILITY.md, "kpx killed and restarted").
@@ -451,7 +456,7 @@ fn mode_checks() {
     // (the excluded range, the firewall marks that are not kpx's) stay.
     let cleanup = kpx_args(&manifests, &["--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16"]);
     let mut done = lab.start_kpx(KPX.as_ref(), &cleanup, &dir.join("cleanup.log")).expect("kpx --cleanup");
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     while done.is_running() && t.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -588,7 +593,7 @@ fn ipvs_mode_without_ip_vs_exits_with_the_reason() {
     let (dir, manifests) = run_dirs("ipvs-missing");
     let args = kpx_args(&manifests, &["--proxy-mode", "ipvs"]);
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     while kpx.is_running() && t.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));
     }

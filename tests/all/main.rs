@@ -3,7 +3,6 @@
 //! lacks them they print `SKIPPED: <reason>` and return.
 
 mod api_source;
-mod bounds;
 mod canary;
 mod churn;
 mod conformance;

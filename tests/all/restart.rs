@@ -54,6 +54,7 @@ fn run(mode: &str, before_start: impl FnOnce(&NodeLab), after: impl FnOnce(&Node
     let changed = Instant::now();
     std::thread::sleep(Duration::from_millis(1000));
     let outcomes = client.outcomes();
+    let failures = client.failures();
     drop(client);
     let failed = outcomes.iter().filter(|(_, _, a)| a.is_none()).count();
     let during_restart = outcomes.iter().filter(|(t, _, _)| *t >= killed && *t < changed).count();
@@ -80,6 +81,9 @@ fn run(mode: &str, before_start: impl FnOnce(&NodeLab), after: impl FnOnce(&Node
         "{mode}: a sync failed after the restart:\n{}",
         second.log()
     );
+    for (at, why) in &failures {
+        eprintln!("{mode}: a connection failed {:?} after the kill: {why}", at.saturating_duration_since(killed));
+    }
     assert_eq!(failed, 0, "{mode}: connections failed");
     assert!(during_restart > 50, "{mode}: the loop did not run through the restart");
     assert_eq!(stale, 0, "{mode}: the removed endpoint still got connections");

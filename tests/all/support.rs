@@ -145,38 +145,60 @@ pub type Outcome = (Instant, u16, Option<String>);
 pub struct ClientLoop {
     stop: Arc<AtomicBool>,
     outcomes: Arc<Mutex<Vec<Outcome>>>,
+    failures: Arc<Mutex<Vec<Failure>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// A failed connection: when it started, and what failed after how long
+/// (a refused connect is a reject or a closed port; a timed-out one a
+/// dropped packet).
+pub type Failure = (Instant, String);
 
 impl ClientLoop {
     pub fn start(lab: &NodeLab, to: &str) -> ClientLoop {
         let stop = Arc::new(AtomicBool::new(false));
         let outcomes = Arc::new(Mutex::new(Vec::new()));
-        let (s, o, ns) = (stop.clone(), outcomes.clone(), lab.client.clone());
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let (s, o, f, ns) = (stop.clone(), outcomes.clone(), failures.clone(), lab.client.clone());
         let to: SocketAddr = to.parse().expect("IP:PORT");
         let thread = std::thread::spawn(move || {
             let _ = ns.enter(move || {
                 while !s.load(Ordering::Relaxed) {
                     let t = Instant::now();
                     let mut port = 0;
-                    let answer = TcpStream::connect_timeout(&to, Duration::from_secs(1)).ok().and_then(|mut c| {
+                    let mut attempt = || -> Result<String, String> {
+                        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(1))
+                            .map_err(|e| format!("connect: {e} after {:?}", t.elapsed()))?;
                         port = c.local_addr().map_or(0, |a| a.port());
-                        c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+                        c.set_read_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;
                         let _ = c.write_all(b"hi\n");
                         let mut buf = [0u8; 128];
-                        let n = c.read(&mut buf).ok()?;
-                        String::from_utf8_lossy(&buf[..n]).split_whitespace().next().map(str::to_string)
-                    });
-                    o.lock().unwrap().push((t, port, answer));
+                        let n = c.read(&mut buf).map_err(|e| format!("read: {e} after {:?}", t.elapsed()))?;
+                        String::from_utf8_lossy(&buf[..n])
+                            .split_whitespace()
+                            .next()
+                            .map(str::to_string)
+                            .ok_or_else(|| format!("no answer (closed) after {:?}", t.elapsed()))
+                    };
+                    let answer = attempt();
+                    if let Err(why) = &answer {
+                        f.lock().unwrap().push((t, why.clone()));
+                    }
+                    o.lock().unwrap().push((t, port, answer.ok()));
                     std::thread::sleep(Duration::from_millis(4));
                 }
             });
         });
-        ClientLoop { stop, outcomes, thread: Some(thread) }
+        ClientLoop { stop, outcomes, failures, thread: Some(thread) }
     }
 
     pub fn outcomes(&self) -> Vec<Outcome> {
         self.outcomes.lock().unwrap().clone()
+    }
+
+    /// Each failed connection, with what failed.
+    pub fn failures(&self) -> Vec<Failure> {
+        self.failures.lock().unwrap().clone()
     }
 }
 

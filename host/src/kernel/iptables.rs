@@ -15,10 +15,10 @@ use kpx_rules::model::{IpFamily, Settings};
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem};
 
 use super::{Cause, Exec, Result, SyncError, Written};
-use crate::validate::iptables::{Checked, Context, HookRules, Model, check_with_kept, hook_rules, with_kept_hooks};
+use crate::validate::iptables::{Checked, Context, HookRules, Model, check_with_kept, hook_rules, kept_hooks};
 use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
-use render::{Dialect, HostChains, payload, rule_args};
+use render::{Dialect, HostChains, payload, payload_keeping, rule_args};
 
 /// upstream's wait flags: wait 5 s for the xtables lock, polling every 100 ms.
 pub const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
@@ -31,11 +31,29 @@ const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
 /// buffer, and the rest of a longer line would become a line of its own.
 pub const MAX_LINE: usize = 8192;
 
-/// A ruleset the host accepted, and the payload it becomes.
+/// Most own chains one iptables-restore run creates, fills or deletes
+/// outside a sync's main payload. iptables-nft (1.8.9 here) takes time
+/// quadratic in the chains one run touches: 20,000 new chains of one rule
+/// and 20,000 jumps to them took 15.5 s in one run and 2 s in runs of
+/// 5,000 (docs/RELIABILITY.md, "Bounds").
+pub const CHAINS_PER_RUN: usize = 2_000;
+
+/// A ruleset the host accepted, and the payloads it becomes: written in
+/// order, `before`, `text`, `after`.
 pub struct Prepared {
     pub checked: Checked,
     pub frame: frame::Frame,
+    /// When a sync creates more than [`CHAINS_PER_RUN`] own chains: runs
+    /// that create them empty, then fill them. No rule refers to them
+    /// until `text` is written, so no packet sees them half-filled.
+    pub before: Vec<String>,
+    /// The main payload, one atomic run: the host's chains, the hooks and
+    /// every own chain that exists already.
     pub text: String,
+    /// When a sync deletes more than [`CHAINS_PER_RUN`] own chains: runs
+    /// that flush, then delete them, once `text` took every jump to them
+    /// away.
+    pub after: Vec<String>,
     /// What the host's chains hold once `text` is written.
     pub host_chains: HostChains,
     /// The plugin's rules in each hook once `text` is written.
@@ -53,8 +71,8 @@ pub struct Previous {
 /// iptables-restore payload (within `max_bytes`, no line past
 /// [`MAX_LINE`]): everything a sync does before the kernel.
 /// `previous`: what the last write left (a partial sync edits the host's
-/// chains in place and puts kept hooks' rules back); None writes them
-/// whole.
+/// chains in place and leaves the hooks it keeps as they are); None
+/// writes them whole.
 pub fn prepare(
     ctx: &Context,
     settings: &Settings,
@@ -62,13 +80,33 @@ pub fn prepare(
     max_bytes: usize,
     previous: Option<Previous>,
 ) -> std::result::Result<Prepared, Rejected> {
-    let (host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
-    let returned = ruleset.rules.len();
-    let ruleset = with_kept_hooks(ctx, ruleset, hooks)?;
-    let checked: Checked = check_with_kept(ctx, &ruleset, returned)?;
+    let (mut host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
+    let kept = kept_hooks(ctx, ruleset, hooks)?;
+    let checked: Checked = check_with_kept(ctx, ruleset, &kept)?;
+    // A kept hook's chain stays as the last write left it: its lines are
+    // moved over, not rendered and compared again.
+    let mut kept_lines = HostChains::new();
+    for hook in kept.keys() {
+        let key = (hook.table(), hook.chain());
+        match host_chains.as_mut().and_then(|h| h.remove(&key)) {
+            Some(lines) => kept_lines.insert(key, lines),
+            None => {
+                return Err(Rejected {
+                    plugin: ctx.plugin.to_string(),
+                    at: "kept hook".into(),
+                    item: format!("{} {}", key.0.name(), key.1),
+                    reason: "no earlier write of it to keep".into(),
+                });
+            }
+        };
+    }
     let frame = frame::frame(settings);
-    let (text, host_chains) = payload(&frame, &ruleset, &checked.stale, ctx.dialect, host_chains.as_ref());
-    if text.len() > max_bytes {
+    let (main, before, after) = split(ctx, ruleset, &checked.stale);
+    let stale: &[(Table, String)] = if after.is_empty() { &checked.stale } else { &[] };
+    let (text, host_chains) = payload_keeping(&frame, &main, stale, ctx.dialect, host_chains.as_ref(), kept_lines);
+    drop(main);
+    let bytes = text.len() + before.iter().chain(&after).map(String::len).sum::<usize>();
+    if bytes > max_bytes {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
             at: "rendering".into(),
@@ -76,7 +114,8 @@ pub fn prepare(
             reason: format!("the iptables-restore payload would take more than the limit of {max_bytes} bytes"),
         });
     }
-    if let Some((n, line)) = text.lines().enumerate().find(|(_, l)| l.len() > MAX_LINE) {
+    let runs = before.iter().chain(std::iter::once(&text)).chain(&after);
+    if let Some((n, line)) = runs.flat_map(|t| t.lines()).enumerate().find(|(_, l)| l.len() > MAX_LINE) {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
             at: format!("payload line {}", n + 1),
@@ -84,7 +123,66 @@ pub fn prepare(
             reason: format!("longer than {MAX_LINE} bytes"),
         });
     }
-    Ok(Prepared { checked, frame, text, host_chains, hooks: hook_rules(ruleset) })
+    let mut hooks = hook_rules(std::borrow::Cow::Borrowed(ruleset));
+    hooks.extend(kept.into_iter().filter(|(_, rules)| !rules.is_empty()));
+    Ok(Prepared { checked, frame, before, text, after, host_chains, hooks })
+}
+
+/// The ruleset's main payload part, and the runs before and after it
+/// (see [`Prepared`]): new own chains are created and filled before it
+/// when there are more than [`CHAINS_PER_RUN`], and own chains that go
+/// are deleted after it when there are more than that. Otherwise the
+/// ruleset is written whole, in one run.
+fn split<'r>(
+    ctx: &Context,
+    ruleset: &'r Ruleset,
+    stale: &[(Table, String)],
+) -> (std::borrow::Cow<'r, Ruleset>, Vec<String>, Vec<String>) {
+    use std::collections::{HashMap, HashSet};
+    let key = |(t, n): &'r (Table, String)| (*t, n.as_str());
+    let mut new: Vec<(Table, &str)> = ruleset.chains.iter().filter(|c| !ctx.model.contains(c)).map(key).collect();
+    let mut seen = HashSet::new();
+    new.retain(|c| seen.insert(*c));
+    let mut gone: Vec<(Table, &str)> = Vec::new();
+    let mut seen = HashSet::new();
+    for (t, n) in ruleset.delete_chains.iter().chain(stale) {
+        if seen.insert((*t, n.as_str())) {
+            gone.push((*t, n.as_str()));
+        }
+    }
+    let split_new = new.len() > CHAINS_PER_RUN;
+    let split_gone = gone.len() > CHAINS_PER_RUN;
+    if !split_new && !split_gone {
+        return (std::borrow::Cow::Borrowed(ruleset), Vec::new(), Vec::new());
+    }
+    let d = ctx.dialect;
+    let mut main = Ruleset { kept_hooks: ruleset.kept_hooks.clone(), ..Ruleset::default() };
+    let mut before = Vec::new();
+    if split_new {
+        let new_set: HashSet<(Table, &str)> = new.iter().copied().collect();
+        let mut fills: HashMap<(Table, &str), Vec<&Rule>> = HashMap::new();
+        for rule in &ruleset.rules {
+            match new_set.get(&(rule.table, rule.chain.as_str())) {
+                Some(chain) => fills.entry(*chain).or_default().push(rule),
+                None => main.rules.push(rule.clone()),
+            }
+        }
+        main.chains = ruleset.chains.iter().filter(|c| !new_set.contains(&key(c))).cloned().collect();
+        let fills: Vec<((Table, &str), Vec<&Rule>)> =
+            new.iter().map(|c| (*c, fills.remove(c).unwrap_or_default())).collect();
+        before = render::declare_payloads(&new, CHAINS_PER_RUN);
+        before.extend(render::fill_payloads(&fills, CHAINS_PER_RUN, d));
+    } else {
+        main.chains = ruleset.chains.clone();
+        main.rules = ruleset.rules.clone();
+    }
+    let after = if split_gone {
+        render::delete_payloads(&gone, CHAINS_PER_RUN)
+    } else {
+        main.delete_chains = ruleset.delete_chains.clone();
+        Vec::new()
+    };
+    (std::borrow::Cow::Owned(main), before, after)
 }
 
 pub fn dialect(settings: &Settings) -> Dialect {
@@ -149,6 +247,19 @@ impl IptablesKernel {
             if self.exec.run(&iptables, &args, None).is_err() {
                 args[4] = "-I";
                 self.exec.run(&iptables, &args, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates each of `chains` where missing, empty (`iptables -N`).
+    pub fn ensure_chains(&self, chains: &[(Table, &str)]) -> Result<()> {
+        let iptables = self.tool("iptables");
+        for (table, chain) in chains {
+            match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table.name(), "-N", chain], None) {
+                Ok(_) => {}
+                Err(e) if e.cause() == Cause::Exists => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(())
@@ -381,14 +492,22 @@ impl IptablesDataplane {
         // what the last write left.
         // Taken: a refused ruleset or a failed write makes the next sync full.
         let previous = self.written.take().filter(|_| !full);
-        let Prepared { checked, frame, text, host_chains, hooks } =
+        let Prepared { checked, frame, before, text, after, host_chains, hooks } =
             prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
         let t = std::time::Instant::now();
         if full {
             self.kernel.ensure_canaries()?;
             self.kernel.ensure_jumps(&frame.jumps, d)?;
         }
-        self.kernel.apply(&text)?;
+        if !before.is_empty() {
+            // The runs before the main one fill own chains that may jump
+            // to the host's (KUBE-MARK-MASQ), which a first sync has not
+            // created yet.
+            self.kernel.ensure_chains(&frame.chains)?;
+        }
+        for run in before.iter().chain(std::iter::once(&text)).chain(&after) {
+            self.kernel.apply(run)?;
+        }
         kernel += t.elapsed();
         self.model.commit(checked);
         // The host's chains hold the frame's rules and the plugin's hook
@@ -399,6 +518,7 @@ impl IptablesDataplane {
         }
         self.written = Some(Previous { host_chains, hooks });
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        Ok(Written { bytes: text.len(), kernel, iptables_rules: Some(rules) })
+        let bytes = text.len() + before.iter().chain(&after).map(String::len).sum::<usize>();
+        Ok(Written { bytes, kernel, iptables_rules: Some(rules) })
     }
 }

@@ -16,8 +16,9 @@
 //!   matches a rule, recent lists named after own chains;
 //! - a chain kept from an earlier sync must not DNAT to an endpoint that
 //!   has left the state;
-//! - a hook a partial render keeps gets the rules the last write left in
-//!   it back, and they are checked like the rest (`with_kept_hooks`).
+//! - a hook a partial render keeps holds the rules the last write left in
+//!   it, checked again against what left the state since (`kept_hooks`,
+//!   `check_with_kept`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -103,6 +104,11 @@ struct Facts {
 pub struct Model {
     chains: ChainMap<Facts>,
     by_endpoint: HashMap<EndpointAddr, BTreeSet<ChainId>>,
+    /// The own chains that jump or go to each own chain: a deletion is
+    /// checked against those, not every chain.
+    jumped_by: HashMap<ChainId, BTreeSet<ChainId>>,
+    /// Rules in the own chains, by table (filter, nat).
+    rules: [usize; 2],
 }
 
 impl Model {
@@ -114,12 +120,14 @@ impl Model {
             self.chains.insert(c, Facts::default());
         }
         self.by_endpoint.clear();
+        self.jumped_by.clear();
+        self.rules = [0; 2];
     }
 
     /// Rules in the own chains of `table` (those read back at a full sync
     /// count as empty until the sync rewrites or deletes them).
     pub fn rules(&self, table: Table) -> usize {
-        self.chains.iter().filter(|(t, _, _)| *t == table).map(|(_, _, f)| f.rules).sum()
+        self.rules[usize::from(table == Table::Nat)]
     }
 
     pub fn contains(&self, (table, name): &ChainId) -> bool {
@@ -128,12 +136,22 @@ impl Model {
 
     fn forget(&mut self, (table, name): &ChainId) {
         if let Some(facts) = self.chains.remove(*table, name) {
+            self.rules[usize::from(*table == Table::Nat)] -= facts.rules;
             let chain = (*table, name.clone());
             for e in facts.endpoints {
                 if let Some(set) = self.by_endpoint.get_mut(&e) {
                     set.remove(&chain);
                     if set.is_empty() {
                         self.by_endpoint.remove(&e);
+                    }
+                }
+            }
+            for to in facts.jumps {
+                let to = (*table, to);
+                if let Some(set) = self.jumped_by.get_mut(&to) {
+                    set.remove(&chain);
+                    if set.is_empty() {
+                        self.jumped_by.remove(&to);
                     }
                 }
             }
@@ -145,6 +163,8 @@ impl Model {
         if checked.full {
             self.chains.clear();
             self.by_endpoint.clear();
+            self.jumped_by.clear();
+            self.rules = [0; 2];
         } else {
             for chain in checked.deleted.iter() {
                 self.forget(chain);
@@ -157,6 +177,10 @@ impl Model {
             for e in &facts.endpoints {
                 self.by_endpoint.entry(*e).or_default().insert(chain.clone());
             }
+            for to in &facts.jumps {
+                self.jumped_by.entry((chain.0, to.clone())).or_default().insert(chain.clone());
+            }
+            self.rules[usize::from(chain.0 == Table::Nat)] += facts.rules;
             self.chains.insert(chain, facts);
         }
     }
@@ -221,25 +245,20 @@ pub fn hook_rules(rs: std::borrow::Cow<'_, Ruleset>) -> HookRules {
     out
 }
 
-/// `rs` with its kept hooks' rules put back from `last` (what the last
-/// write left in them, moved), appended (each hook is a chain of its
-/// own): the ruleset the host then checks whole and writes. Refused: a
-/// kept hook on a full sync, or with no last write to keep from, and a
-/// rule in a hook the ruleset keeps.
-pub fn with_kept_hooks<'r>(
-    ctx: &Context,
-    rs: &'r Ruleset,
-    last: Option<HookRules>,
-) -> Result<std::borrow::Cow<'r, Ruleset>, Rejected> {
+/// The rules the last write left in the hooks `rs` keeps (moved out of
+/// `last`), which the host writes back unchanged. Refused: a kept hook on
+/// a full sync, or with no last write to keep from, and a rule in a hook
+/// the ruleset keeps.
+pub fn kept_hooks(ctx: &Context, rs: &Ruleset, last: Option<HookRules>) -> Result<HookRules, Rejected> {
     let Some(&first) = rs.kept_hooks.first() else {
-        return Ok(std::borrow::Cow::Borrowed(rs));
+        return Ok(HookRules::new());
     };
     let hook_item = |h: Hook| format!("{} {}", h.table().name(), h.chain());
     let Some(mut last) = last.filter(|_| !ctx.full) else {
         let why = if ctx.full { "a full sync keeps no hook" } else { "no earlier write to keep it from" };
         return Err(ctx.reject("kept hook 1".into(), hook_item(first), why));
     };
-    let kept: std::collections::BTreeSet<Hook> = rs.kept_hooks.iter().copied().collect();
+    let kept: BTreeSet<Hook> = rs.kept_hooks.iter().copied().collect();
     if let Some((i, rule)) =
         rs.rules.iter().enumerate().find(|(_, r)| Hook::of(r.table, &r.chain).is_some_and(|h| kept.contains(&h)))
     {
@@ -249,23 +268,22 @@ pub fn with_kept_hooks<'r>(
             "in a hook the ruleset keeps",
         ));
     }
-    let mut out = rs.clone();
-    for hook in kept {
-        out.rules.extend(last.remove(&hook).into_iter().flatten());
-    }
-    out.kept_hooks.clear();
-    Ok(std::borrow::Cow::Owned(out))
+    Ok(kept.into_iter().map(|hook| (hook, last.remove(&hook).unwrap_or_default())).collect())
 }
 
 /// Checks a ruleset; the first violation refuses it whole.
 pub fn check(ctx: &Context, rs: &Ruleset) -> Result<Checked, Rejected> {
-    check_with_kept(ctx, rs, rs.rules.len())
+    check_with_kept(ctx, rs, &HookRules::new())
 }
 
-/// [`check`] of a ruleset whose rules after the first `returned` were put
-/// back from the last write ([`with_kept_hooks`]): a refusal names such a
-/// rule as kept, not by a number past the plugin's.
-pub fn check_with_kept(ctx: &Context, rs: &Ruleset, returned: usize) -> Result<Checked, Rejected> {
+/// [`check`] of a ruleset written with the rules `kept` in the hooks it
+/// keeps ([`kept_hooks`]). Each kept rule passed every check when it was
+/// written, and what those checks read changes only by leaving: a fact of
+/// the state (`Scope`'s removed ones since that write) or a chain this
+/// ruleset deletes. So a kept rule is checked again only against what
+/// left, and a partial sync's cost does not grow with the rules it keeps.
+/// A refusal names such a rule as kept, by its place among them.
+pub fn check_with_kept(ctx: &Context, rs: &Ruleset, kept: &HookRules) -> Result<Checked, Rejected> {
     let chain_item = |(t, c): &ChainId| format!("{} {c}", t.name());
     let mut declared: ChainMap<Facts> = ChainMap::default();
     for (i, chain) in rs.chains.iter().enumerate() {
@@ -298,15 +316,7 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, returned: usize) -> Result<C
             || (!ctx.full && ctx.model.chains.contains(table, name) && !gone.contains(table, name))
     };
     for (i, rule) in rs.rules.iter().enumerate() {
-        let fail = |why: String| {
-            let item = rule_lines(rule, ctx.dialect).join(" / ");
-            let at = if i < returned {
-                format!("rule {}", i + 1)
-            } else {
-                format!("kept rule {} (from the last write)", i + 1 - returned)
-            };
-            ctx.reject(at, item, why)
-        };
+        let fail = |why: String| ctx.reject(format!("rule {}", i + 1), rule_lines(rule, ctx.dialect).join(" / "), why);
         let hook = Hook::of(rule.table, &rule.chain);
         if hook.is_none() && !declared.contains(rule.table, &rule.chain) {
             return Err(fail(if own_chain_name_problem(&rule.chain).is_some() {
@@ -321,6 +331,7 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, returned: usize) -> Result<C
         }
         check_target(ctx, rule, hook, &exists).map_err(&fail)?;
     }
+    check_kept(ctx, kept, &gone)?;
     // What each declared chain does that outlives this sync (the checks
     // above hold `declared` borrowed, so this is a pass of its own).
     for rule in &rs.rules {
@@ -335,16 +346,20 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, returned: usize) -> Result<C
     // iptables-restore commits each table on its own: a jump loop or the
     // deletion of a chain that a kept one still jumps to fails in the
     // kernel after the other table was written. Both are refused here.
-    if !ctx.full && !deleted.is_empty() {
-        for (table, name, f) in ctx.model.chains.iter() {
-            if declared.contains(table, name) || gone.contains(table, name) {
-                continue;
-            }
-            if let Some(to) = f.jumps.iter().find(|to| gone.contains(table, to)) {
+    if !ctx.full {
+        for to in &deleted {
+            let jumper = ctx
+                .model
+                .jumped_by
+                .get(to)
+                .into_iter()
+                .flatten()
+                .find(|from| !declared.contains(from.0, &from.1) && !gone.contains(from.0, &from.1));
+            if let Some(from) = jumper {
                 return Err(ctx.reject(
                     "kept chain".into(),
-                    chain_item(&(table, name.clone())),
-                    format!("kept from an earlier sync, it jumps to {to}, which this ruleset deletes"),
+                    chain_item(from),
+                    format!("kept from an earlier sync, it jumps to {}, which this ruleset deletes", to.1),
                 ));
             }
         }
@@ -381,6 +396,45 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, returned: usize) -> Result<C
     };
     stale.sort();
     Ok(Checked { full: ctx.full, declared, deleted, stale })
+}
+
+/// The rules of kept hooks against what left since they were written
+/// (see [`check_with_kept`]): the destinations, node ports and
+/// health-check ports a hook rule matches, the endpoints it DNATs to and
+/// the chains it jumps to. Nothing left, nothing to look at.
+fn check_kept(ctx: &Context, kept: &HookRules, gone: &ChainMap<()>) -> Result<(), Rejected> {
+    let scope = ctx.scope;
+    let matched_left = scope.destinations.removed().next().is_some()
+        || scope.node_ports.removed().next().is_some()
+        || scope.health_check_ports.removed().next().is_some();
+    let endpoints_left = scope.endpoints.removed().next().is_some();
+    let chains_left = gone.iter().next().is_some();
+    if !(matched_left || endpoints_left || chains_left) {
+        return Ok(());
+    }
+    let rules = kept.iter().flat_map(|(hook, rules)| rules.iter().map(move |r| (*hook, r)));
+    for (i, (hook, rule)) in rules.enumerate() {
+        let left = match &rule.target {
+            _ if matched_left && check_scope(scope, hook, rule).is_err() => true,
+            Target::Dnat(ip, port) => endpoints_left && !scope.endpoints.contains(&(*ip, *port)),
+            Target::Jump(to) | Target::Goto(to) => chains_left && gone.contains(rule.table, to),
+            _ => false,
+        };
+        if left {
+            // The full check names what is wrong.
+            let exists = |table: Table, name: &str| !gone.contains(table, name);
+            let why = check_scope(scope, hook, rule)
+                .and_then(|()| check_target(ctx, rule, Some(hook), &exists))
+                .err()
+                .unwrap_or_default();
+            return Err(ctx.reject(
+                format!("kept rule {} (from the last write)", i + 1),
+                rule_lines(rule, ctx.dialect).join(" / "),
+                why,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A loop among the own chains that exist after a sync (declared ones

@@ -248,14 +248,34 @@ pub fn payload(
     d: Dialect,
     previous: Option<&HostChains>,
 ) -> (String, HostChains) {
+    payload_keeping(frame, plugin, stale, d, previous, HostChains::new())
+}
+
+/// [`payload`] of a partial sync that keeps some hooks: `kept` holds those
+/// host chains' lines as the last write left them (moved out of
+/// `previous`). They are not rendered, compared or written again, so a
+/// kept 10,000-rule chain costs the sync nothing; what the host's chains
+/// hold after it has them as they were.
+pub fn payload_keeping(
+    frame: &Frame,
+    plugin: &kpx_rules::ops::iptables::Ruleset,
+    stale: &[(Table, String)],
+    d: Dialect,
+    previous: Option<&HostChains>,
+    mut kept: HostChains,
+) -> (String, HostChains) {
     let rules = || frame.rules.iter().chain(&plugin.rules).chain(&frame.trailing);
     // About 100 bytes a rule: one allocation instead of doubling to megabytes.
     let mut out = String::with_capacity(128 * (rules().count() + plugin.chains.len() + 8));
+    let kept_chains: Vec<(Table, &'static str)> =
+        frame.chains.iter().copied().filter(|key| kept.contains_key(key)).collect();
+    let is_kept = |table: Table, chain: &str| kept_chains.iter().any(|&(t, c)| t == table && c == chain);
     let mut host = HostChains::new();
     for &(table, chain) in &frame.chains {
-        host.insert((table, chain), Vec::new());
+        host.insert((table, chain), kept.remove(&(table, chain)).unwrap_or_default());
     }
-    let edited = |table: Table, chain: &str| previous.is_some_and(|p| p.contains_key(&(table, chain)));
+    let edited =
+        |table: Table, chain: &str| is_kept(table, chain) || previous.is_some_and(|p| p.contains_key(&(table, chain)));
     for table in [Table::Filter, Table::Nat] {
         let _ = writeln!(out, "*{}", table.name());
         let of_table = |(t, _): &&(Table, String)| *t == table;
@@ -269,7 +289,7 @@ pub fn payload(
                 let _ = writeln!(out, ":{chain} - [0:0]");
             }
         }
-        for rule in rules().filter(|r| r.table == table) {
+        for rule in rules().filter(|r| r.table == table && !is_kept(table, &r.chain)) {
             let key = frame.chains.iter().copied().find(|&(t, c)| t == table && c == rule.chain);
             let Some(lines) = key.and_then(|k| host.get_mut(&k)) else {
                 write_rule(&mut out, rule, d);
@@ -282,7 +302,7 @@ pub fn payload(
                 out.truncate(at);
             }
         }
-        for &(t, chain) in frame.chains.iter().filter(|&&(t, _)| t == table) {
+        for &(t, chain) in frame.chains.iter().filter(|&&(t, c)| t == table && !is_kept(t, c)) {
             if let Some(old) = previous.and_then(|p| p.get(&(t, chain))) {
                 edit(&mut out, chain, old, &host[&(t, chain)]);
             }
@@ -296,6 +316,105 @@ pub fn payload(
         out.push_str("COMMIT\n");
     }
     (out, host)
+}
+
+/// iptables-restore payloads, one per group of at most `per` chains, each
+/// with a section per table that has some: `body` writes a group's lines
+/// in a section.
+fn grouped<'a, T: 'a>(
+    items: &'a [T],
+    per: usize,
+    table_of: impl Fn(&T) -> Table,
+    mut body: impl FnMut(&mut String, &T),
+) -> Vec<String> {
+    items
+        .chunks(per.max(1))
+        .map(|group| {
+            let mut out = String::new();
+            for table in [Table::Filter, Table::Nat] {
+                let mut of_table = group.iter().filter(|i| table_of(i) == table).peekable();
+                if of_table.peek().is_none() {
+                    continue;
+                }
+                let _ = writeln!(out, "*{}", table.name());
+                for item in of_table {
+                    body(&mut out, item);
+                }
+                out.push_str("COMMIT\n");
+            }
+            out
+        })
+        .collect()
+}
+
+/// Payloads that create `chains` empty (own chains no rule refers to
+/// yet), at most `per` a payload.
+pub fn declare_payloads(chains: &[(Table, &str)], per: usize) -> Vec<String> {
+    grouped(
+        chains,
+        per,
+        |c| c.0,
+        |out, (_, chain)| {
+            let _ = writeln!(out, ":{chain} - [0:0]");
+        },
+    )
+}
+
+/// Payloads that append each chain's rules (chains that exist, empty):
+/// at most `per` chains and `per` rules a payload, a long chain's rules
+/// over several (each appends after the last).
+pub fn fill_payloads(chains: &[((Table, &str), Vec<&Rule>)], per: usize, d: Dialect) -> Vec<String> {
+    let per = per.max(1);
+    // Runs of (chain, its rules from..to), within both budgets.
+    type Part<'a, 'r> = ((Table, &'a str), &'a [&'r Rule]);
+    let mut runs: Vec<Vec<Part>> = Vec::new();
+    let (mut chains_in, mut rules_in) = (0, 0);
+    for (chain, rules) in chains {
+        let mut rest: &[&Rule] = rules;
+        loop {
+            if runs.is_empty() || chains_in == per || rules_in == per {
+                runs.push(Vec::new());
+                (chains_in, rules_in) = (0, 0);
+            }
+            let take = rest.len().min(per - rules_in);
+            runs.last_mut().expect("a run").push((*chain, &rest[..take]));
+            (chains_in, rules_in) = (chains_in + 1, rules_in + take);
+            rest = &rest[take..];
+            if rest.is_empty() {
+                break;
+            }
+        }
+    }
+    runs.iter()
+        .flat_map(|run| {
+            grouped(
+                run,
+                usize::MAX,
+                |c| c.0.0,
+                |out, (_, rules)| {
+                    for rule in *rules {
+                        write_rule(out, rule, d);
+                    }
+                },
+            )
+        })
+        .collect()
+}
+
+/// Payloads that delete `chains` (own chains no rule outside them refers
+/// to any more): all are flushed first, then deleted, at most `per` a
+/// payload, so that a jump between two of them never holds one up.
+pub fn delete_payloads(chains: &[(Table, &str)], per: usize) -> Vec<String> {
+    let mut out = declare_payloads(chains, per);
+    out.extend(grouped(
+        chains,
+        per,
+        |c| c.0,
+        |out, (_, chain)| {
+            let _ = writeln!(out, "-X {chain}");
+        },
+    ));
+    out
 }
 
 /// Turns `chain`'s `old` lines into `new` in place: the middle between

@@ -162,3 +162,77 @@ fn the_payload_reads_back_as_the_same_rules() {
         assert!(got.contains(&rule), "{rule:?} not read back from\n{text}");
     }
 }
+
+/// The `-A` and `-X` lines of payloads, and the chains they declare.
+fn lines_of<'a>(texts: impl IntoIterator<Item = &'a String>) -> (Vec<String>, std::collections::BTreeSet<String>) {
+    let mut rules = Vec::new();
+    let mut declared = std::collections::BTreeSet::new();
+    for text in texts {
+        for l in text.lines() {
+            if l.starts_with("-A ") || l.starts_with("-X ") {
+                rules.push(l.to_string());
+            } else if let Some(d) = l.strip_prefix(':') {
+                declared.insert(d.split(' ').next().unwrap().to_string());
+            }
+        }
+    }
+    rules.sort();
+    (rules, declared)
+}
+
+#[test]
+fn many_new_or_gone_chains_are_written_in_runs_around_the_main_one() {
+    let s = settings();
+    let n = 2 * CHAINS_PER_RUN + 1;
+    let eps: Vec<Endpoint> =
+        (0..n).map(|i| ep(&format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256), 8080)).collect();
+    let (rs, whole) = render(&s, vec![svc("ns", "big", "p", "10.96.1.5", 80, eps)]);
+    let mut scope = crate::validate::Scope::default();
+    scope.count(IpFamily::V4, &svc("ns", "big", "p", "10.96.1.5", 80, Vec::new()), true);
+    for i in 0..n {
+        let ip = format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256);
+        scope.endpoints.add((ip.parse().unwrap(), 8080));
+    }
+    let model = Model::default();
+    let ctx = Context { plugin: "test", dialect: dialect(&s), scope: &scope, model: &model, full: true };
+    let p = prepare(&ctx, &s, &rs, 1 << 30, None).unwrap();
+    // n + 1 new chains (the endpoints' and the Service's): created in 3
+    // runs, then filled (2 rules an endpoint's chain, n jumps in the
+    // Service's), before the main one; nothing after.
+    let fills = (3 * n).div_ceil(CHAINS_PER_RUN);
+    assert!((fills..=fills + 2).contains(&(p.before.len() - 3)), "{} runs", p.before.len());
+    assert!(p.after.is_empty());
+    let chains_touched = |run: &String| {
+        let (rules, declared) = lines_of([run]);
+        let filled: std::collections::BTreeSet<&str> = rules.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
+        filled.len().max(declared.len()).max(rules.len())
+    };
+    assert!(p.before.iter().all(|run| chains_touched(run) <= CHAINS_PER_RUN));
+    assert!(!p.text.contains(":KUBE-SEP-") && !p.text.contains("-A KUBE-SEP-"), "the main run declares no new chain");
+    // Together they write what the single payload writes.
+    let (split_rules, split_declared) = lines_of(p.before.iter().chain([&p.text]));
+    let (whole_rules, whole_declared) = lines_of([&whole]);
+    assert_eq!(split_rules, whole_rules);
+    assert_eq!(split_declared, whole_declared);
+    // Each run creates its chains before any is filled: a fill never
+    // names a chain a later run creates.
+    let created: std::collections::BTreeSet<String> = lines_of(&p.before[..3]).1;
+    assert!(lines_of(&p.before[3..]).0.iter().all(|l| created.contains(l.split(' ').nth(1).unwrap())));
+
+    // The Service goes (a partial sync deleting its chains): the main run
+    // first, then runs that flush, then delete, them.
+    let mut model = Model::default();
+    model.commit(p.checked);
+    let gone = Ruleset { delete_chains: rs.chains.clone(), ..Ruleset::default() };
+    let ctx = Context { plugin: "test", dialect: dialect(&s), scope: &scope, model: &model, full: false };
+    let previous = Previous { host_chains: p.host_chains, hooks: p.hooks };
+    let q = prepare(&ctx, &s, &gone, 1 << 30, Some(previous)).unwrap();
+    assert!(q.before.is_empty());
+    assert_eq!(q.after.len(), 6);
+    assert!(!q.text.contains("-X "), "{}", q.text);
+    let flushed = lines_of(&q.after[..3]).1;
+    let deleted: std::collections::BTreeSet<String> =
+        lines_of(&q.after[3..]).0.iter().map(|l| l.trim_start_matches("-X ").to_string()).collect();
+    assert_eq!(flushed.len(), n + 1);
+    assert_eq!(flushed, deleted);
+}

@@ -331,45 +331,71 @@ fn a_partial_sync_cannot_delete_a_chain_a_kept_chain_jumps_to() {
 }
 
 #[test]
-fn kept_hooks_are_put_back_and_checked_again() {
+fn kept_hooks_keep_their_rules_and_are_checked_against_what_left() {
     let s = scope();
     let model = after_full_sync(&s);
     let last = hook_rules(std::borrow::Cow::Owned(good()));
-    let ctx = |full| Context { plugin: "test", dialect: d4(), scope: &s, model: &model, full };
+    let ctx = |scope, full| Context { plugin: "test", dialect: d4(), scope, model: &model, full };
     let keeps = Ruleset { kept_hooks: vec![Hook::NatServices, Hook::FilterServices], ..Ruleset::default() };
-    // Put back, and then checked as any rule.
-    let whole = with_kept_hooks(&ctx(false), &keeps, Some(last.clone())).unwrap();
-    assert!(whole.kept_hooks.is_empty());
-    check(&ctx(false), &whole).unwrap();
-    assert_eq!(hook_rules(whole), last);
+    let kept = kept_hooks(&ctx(&s, false), &keeps, Some(last.clone())).unwrap();
+    assert_eq!(kept[&Hook::NatServices], last[&Hook::NatServices]);
+    assert!(kept[&Hook::FilterServices].is_empty());
+    check_with_kept(&ctx(&s, false), &keeps, &kept).unwrap();
 
-    let refusal = |full, rs: &Ruleset, last: Option<HookRules>| {
-        with_kept_hooks(&ctx(full), rs, last).map(|_| ()).unwrap_err().reason
-    };
+    let refusal =
+        |full, rs: &Ruleset, last: Option<HookRules>| kept_hooks(&ctx(&s, full), rs, last).unwrap_err().reason;
     assert!(refusal(true, &keeps, Some(last.clone())).contains("a full sync keeps no hook"));
     assert!(refusal(false, &keeps, None).contains("no earlier write"));
     let mut both = keeps.clone();
     both.push(Rule::hook(Hook::FilterServices).with_all(web()).target(Target::Reject));
     assert!(refusal(false, &both, Some(last.clone())).contains("in a hook the ruleset keeps"));
 
-    // The Service leaves: the kept rule still captures its address, and
-    // the check refuses it like a returned one.
-    let mut gone = s.clone();
-    gone.forget_removed();
+    // The chain a kept rule jumps to goes.
+    let mut deletes = keeps.clone();
+    deletes.delete(Table::Nat, "KUBE-SVC-A");
+    deletes.delete(Table::Nat, "KUBE-SEP-A");
+    let err = check_with_kept(&ctx(&s, false), &deletes, &kept).unwrap_err();
+    assert_eq!(err.at, "kept rule 1 (from the last write)", "{err}");
+    assert!(err.reason.contains("jump to KUBE-SVC-A"), "{err}");
+
+    // The endpoint a kept rule DNATs to leaves (its Service stays).
+    let mut dnat = Ruleset::default();
+    dnat.push(Rule::hook(Hook::NatServices).with_all(web()).target(Target::Dnat("10.1.0.5".parse().unwrap(), 8080)));
+    let dnat_kept = kept_hooks(&ctx(&s, false), &keeps, Some(hook_rules(std::borrow::Cow::Owned(dnat)))).unwrap();
+    check_with_kept(&ctx(&s, false), &keeps, &dnat_kept).unwrap();
     let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80)
         .with_cluster_endpoints(vec![Endpoint::ready("10.1.0.5".parse().unwrap(), 8080)]);
     p.cluster_ip = Some("10.96.0.10".parse().unwrap());
     p.node_port = 30080;
     p.health_check_node_port = 30000;
-    gone.count(IpFamily::V4, &p, false);
+    let mut no_endpoint = s.clone();
+    no_endpoint.forget_removed();
+    no_endpoint.count(IpFamily::V4, &p, false);
+    no_endpoint.count(IpFamily::V4, &p.clone().with_cluster_endpoints(Vec::new()), true);
+    let err = check_with_kept(&ctx(&no_endpoint, false), &keeps, &dnat_kept).unwrap_err();
+    assert!(err.reason.contains("DNAT to 10.1.0.5:8080"), "{err}");
+
+    // The Service leaves: the kept rule still captures its address, and
+    // the check refuses it like a returned one.
+    let mut gone = s.clone();
     gone.forget_removed();
-    let ctx = Context { plugin: "test", dialect: d4(), scope: &gone, model: &model, full: false };
-    let whole = with_kept_hooks(&ctx, &keeps, Some(last.clone())).unwrap();
-    let err = check(&ctx, &whole).unwrap_err();
+    gone.count(IpFamily::V4, &p, false);
+    let err = check_with_kept(&ctx(&gone, false), &keeps, &kept).unwrap_err();
     assert!(err.item.contains("10.96.0.10"), "{err}");
-    // As a sync reports it: the kept rule by its place among the kept.
+
+    // Through a sync's preparation, after a full write of `good`: kept
+    // chains are not written again, and stay as the full write left them.
     let settings = kpx_rules::model::Settings::new(IpFamily::V4, kpx_rules::model::ProxyMode::Iptables);
-    let previous = crate::kernel::iptables::Previous { host_chains: Default::default(), hooks: last };
-    let err = crate::kernel::iptables::prepare(&ctx, &settings, &keeps, 1 << 20, Some(previous)).err().unwrap();
+    let prepare = crate::kernel::iptables::prepare;
+    let previous = |p: &crate::kernel::iptables::Prepared| crate::kernel::iptables::Previous {
+        host_chains: p.host_chains.clone(),
+        hooks: p.hooks.clone(),
+    };
+    let first = prepare(&ctx(&s, true), &settings, &good(), 1 << 20, None).unwrap();
+    let keeping = prepare(&ctx(&s, false), &settings, &keeps, 1 << 20, Some(previous(&first))).unwrap();
+    assert!(!keeping.text.contains("KUBE-SERVICES"), "{}", keeping.text);
+    assert_eq!(keeping.host_chains, first.host_chains);
+    assert_eq!(keeping.hooks, first.hooks);
+    let err = prepare(&ctx(&gone, false), &settings, &keeps, 1 << 20, Some(previous(&first))).err().unwrap();
     assert_eq!(err.at, "kept rule 1 (from the last write)", "{err}");
 }

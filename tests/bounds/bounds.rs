@@ -148,11 +148,33 @@ fn kernel_has(lab: &kpx_netlab::node::NodeLab, mode: &str, ip: &str) -> bool {
     rules.contains(ip)
 }
 
+/// Waits until kpx has not synced for a second (the periodic sync is 30 s).
+fn wait_idle(kpx: &mut kpx_netlab::node::Kpx) {
+    let t = Instant::now();
+    let (mut seen, mut since) = (synced(&kpx.log()), Instant::now());
+    while since.elapsed() < Duration::from_secs(1) && t.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = synced(&kpx.log());
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        }
+    }
+}
+
 fn median(v: &[Duration]) -> Duration {
     v[v.len() / 2]
 }
 
-fn bounds(mode: &str) {
+/// Which of the objects a run takes.
+#[derive(Clone, Copy, PartialEq)]
+enum Objects {
+    All,
+    /// All but the Service with 100,000 endpoints.
+    AllBut100kEndpoints,
+    Only100kEndpoints,
+}
+
+fn bounds(mode: &str, which: Objects) {
     let Some(lab) = lab_or_skip(2, &format!("adversarial_objects_are_bounded ({mode})")) else { return };
     let (dir, manifests) = run_dirs(&format!("bounds-{mode}"));
     write_web(&manifests, &[&lab.backends[0].ip]);
@@ -161,37 +183,54 @@ fn bounds(mode: &str) {
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{}", kpx.log());
     let s = scale();
     let (names, too_long) = long_names();
-    // Each object, and the cluster IP that shows it programmed.
+    // Each object, its cluster IP and the address that shows it
+    // programmed whole (its last endpoint).
     let objects = [
-        ("a Service with 10,000 ports", many_ports(10_000 / s), "10.96.1.1"),
+        ("a Service with 10,000 ports", many_ports(10_000 / s), "10.96.1.1", address(0)),
         (
             "a Service with 1,000 slices (10 endpoints each)",
             many_endpoints("many-slices", "10.96.1.2", 10_000 / s, 10),
             "10.96.1.2",
+            address(10_000 / s - 1),
         ),
         (
             "a Service with 100,000 endpoints",
             many_endpoints("many-endpoints", "10.96.1.5", 100_000 / s, 1000),
             "10.96.1.5",
+            address(100_000 / s - 1),
         ),
-        ("names at the length limits", names, "10.96.1.3"),
+        ("names at the length limits", names, "10.96.1.3", address(7)),
     ];
+    let objects = objects.into_iter().filter(|(_, _, vip, _)| match which {
+        Objects::All => true,
+        Objects::AllBut100kEndpoints => *vip != "10.96.1.5",
+        Objects::Only100kEndpoints => *vip == "10.96.1.5",
+    });
     let big = manifests.join("big.yaml");
-    for (what, text, vip) in &objects {
+    let mut refused_seen = false;
+    for (what, text, vip, last) in objects {
+        let (text, vip, last) = (&text, &vip, &last);
         // The baseline just before each object, under the same load.
         let baseline = web_latency(&mut kpx, &manifests, &lab);
         let base = median(&baseline);
         let took = apply(&mut kpx, &big, Some(text), what);
         let t = Instant::now();
-        while !kernel_has(&lab, mode, vip) && t.elapsed() < Duration::from_secs(120) {
+        let whole = || kernel_has(&lab, mode, vip) && kernel_has(&lab, mode, last);
+        while !whole() && t.elapsed() < Duration::from_secs(300) {
             std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(kernel_has(&lab, mode, vip), "{mode}: {what} ({vip}) was not programmed:\n{}", kpx.log());
+        assert!(whole(), "{mode}: {what} ({vip}, {last}) was not programmed:\n{}", kpx.log());
+        let took = took + t.elapsed();
+        // The source may hand a large object over in batches: the
+        // comparison starts once kpx has synced all of it.
+        wait_idle(&mut kpx);
         let with = web_latency(&mut kpx, &manifests, &lab);
         if *vip == "10.96.1.3" {
+            refused_seen = true;
             assert!(!kernel_has(&lab, mode, "10.96.1.4"), "{mode}: the Service with the over-long name was programmed");
         }
         let gone = apply(&mut kpx, &big, None, what);
+        wait_idle(&mut kpx);
         eprintln!(
             "bounds {mode}: {what} ({} KiB of YAML): synced in {took:.2?}, removed in {gone:.2?}; web's change alone: median {base:?}; with it: median {:?}, max {:?} ({:.2}x); kpx's peak RSS so far {:.0} MiB",
             text.len() / 1024,
@@ -209,32 +248,41 @@ fn bounds(mode: &str) {
     let log = kpx.log();
     let refused: Vec<&str> = log.lines().filter(|l| l.contains("rejected")).collect();
     assert!(
-        !refused.is_empty() && refused.iter().all(|l| l.contains(&too_long) && l.contains("DNS-1035")),
+        refused.iter().all(|l| l.contains(&too_long) && l.contains("DNS-1035")) && refused.is_empty() != refused_seen,
         "{mode}: the over-long name, and nothing else, is refused by name:\n{log}"
     );
     assert!(!log.contains("sync failed"), "{mode}: a sync failed:\n{log}");
 }
 
-/// Fails today: with a Service of 10,000 ports present, another
-/// Service's change takes 5.4x its baseline (120 ms against 22 ms, debug
-/// build): a partial sync re-checks every rule of the hooks it keeps
-/// (`validate::iptables::check_with_kept`), 70-110 ms of `check_ms` for
-/// 10,000 hook rules, so its cost grows with the whole ruleset. Open in
-/// docs/RELIABILITY.md ("Bounds").
+/// The modes one at a time: each measures latency, and the other's
+/// syncs would be load on it.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
-#[ignore = "open: iptables partial syncs re-check every kept hook rule (docs/RELIABILITY.md, Bounds)"]
-fn adversarial_objects_are_bounded_iptables() {
-    bounds("iptables");
+fn adversarial_objects_are_bounded_nftables() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    bounds("nftables", Objects::All);
 }
 
-/// Passes alone (0.89-1.34x, 14 s) but not in the whole suite, where
-/// other tests load both cores: with the 100,000-endpoint Service web's
-/// median went 4.4 -> 10.8 ms (2.44x), and one of web's changes with the
-/// 1,000-slice Service waited 30 s, for the periodic sync (cause not yet
-/// found). Open in docs/RELIABILITY.md ("Bounds"); run it alone with
-/// `cargo test -p kpx-host --test all bounds -- --ignored`.
 #[test]
-#[ignore = "open: flaky in the parallel suite, and a 30 s outlier to explain (docs/RELIABILITY.md, Bounds)"]
-fn adversarial_objects_are_bounded_nftables() {
-    bounds("nftables");
+fn adversarial_objects_are_bounded_iptables() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    bounds("iptables", Objects::AllBut100kEndpoints);
+}
+
+/// Fails: with 100,000 endpoints in iptables mode, kpx programs the
+/// Service in 38.6 s (new chains are created and filled in runs of 2,000
+/// before the main payload, as iptables-nft 1.8.9 takes time quadratic
+/// in the chains one iptables-restore run touches: over 5 minutes in one
+/// run), but another Service's change then takes 5.4x its baseline (121
+/// ms against 22.5 ms, debug kpx): each of its iptables-restore runs takes
+/// 100-135 ms with 100,000 chains and 300,000 rules in the nat table,
+/// against 15-20 ms without, and kpx's own share (check_ms) stays under
+/// 1 ms. Upstream kube-proxy writes the same shape with the same tool.
+/// Open in docs/RELIABILITY.md ("Bounds").
+#[test]
+#[ignore = "open: iptables-restore's own time grows with a 100k-chain nat table (docs/RELIABILITY.md, Bounds)"]
+fn a_service_with_100k_endpoints_is_bounded_iptables() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    bounds("iptables", Objects::Only100kEndpoints);
 }
