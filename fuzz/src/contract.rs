@@ -3,8 +3,10 @@
 //! inserted, removed, replaced; words and elements overwritten), or words
 //! read whole from the bytes. Whatever the host accepts must reach the
 //! kernel as exactly the typed rules it checked: iptables text that reads
-//! back as those rules and no others, nf_tables messages that decode back
-//! to the rule.
+//! back as those rules and no others (and a full then a partial sync's
+//! payloads that apply, as a model of iptables-restore runs them, and
+//! leave what the host believes), nf_tables messages that decode back to
+//! the rule.
 
 use arbitrary::{Arbitrary, Unstructured};
 use kpx::kernel::iptables::frame::frame as iptables_frame;
@@ -78,6 +80,48 @@ pub fn iptables_words(data: &[u8]) {
     if vipt::check(&ctx, &partial).is_ok() {
         reads_back_as_checked(lab, &partial);
     }
+    writes_apply(lab, &rs, &partial);
+}
+
+/// A full sync of `full` and then a partial one of `partial`, as the
+/// dataplane prepares them (kept hooks, in-place edits of the host's
+/// chains, runs around the main payload), applied to a model of
+/// iptables-restore: whatever the host accepts applies without an error,
+/// and leaves the host's chains as the host believes they are and each
+/// declared chain with its rules.
+fn writes_apply(lab: &Lab, full: &IptRuleset, partial: &IptRuleset) {
+    use kpx::kernel::iptables::{Prepared, Previous, prepare};
+    let (d, settings) = (lab.dialect(), &lab.iptables_settings);
+    let mut kernel = crate::restore::Tables::default();
+    let apply = |kernel: &mut crate::restore::Tables, p: &Prepared, rs: &IptRuleset| {
+        for run in p.before.iter().chain([&p.text]).chain(&p.after) {
+            if let Err(e) = kernel.apply(run) {
+                panic!("an accepted write fails: {e}\n{run}");
+            }
+        }
+        for ((table, chain), lines) in &p.host_chains {
+            assert_eq!(
+                kernel.chain(table.name(), chain),
+                Some(lines),
+                "the host's {chain} is not what the host believes"
+            );
+        }
+        for (table, chain) in &rs.chains {
+            let of_chain = rs.rules.iter().filter(|r| r.table == *table && r.chain == *chain);
+            let want: usize = of_chain.map(|r| kpx::kernel::iptables::render::rule_lines(r, d).len()).sum();
+            let held = kernel.chain(table.name(), chain).map(Vec::len);
+            assert_eq!(held, Some(want), "{} {chain} does not hold its rules", table.name());
+        }
+    };
+    let mut model = vipt::Model::default();
+    let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &lab.scope, model: &model, full: true };
+    let Ok(first) = prepare(&ctx, settings, full, BUDGET, None) else { return };
+    apply(&mut kernel, &first, full);
+    model.commit(first.checked);
+    let previous = Previous { host_chains: first.host_chains, hooks: first.hooks };
+    let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &lab.scope, model: &model, full: false };
+    let Ok(second) = prepare(&ctx, settings, partial, BUDGET, Some(previous)) else { return };
+    apply(&mut kernel, &second, partial);
 }
 
 /// The iptables-restore payload of an accepted ruleset, read as the

@@ -18,6 +18,7 @@
 mod contract;
 mod lab;
 mod readers;
+mod restore;
 
 pub use lab::Lab;
 

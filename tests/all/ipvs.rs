@@ -412,8 +412,13 @@ fn mode_checks() {
     let before = table_keys(&lab);
     assert!(before.is_superset(&foreign_keys), "other software's services went: {before:?}");
     // kpx killed (SIGKILL) with a client opening connections all along:
-    // the virtual servers it left serve while it is down and resyncs.
-    let client = ClientLoop::start(&lab, "10.96.0.10:80");
+    // the virtual servers it left serve while it is down and resyncs. The
+    // client gives a connect 3 s, not 1 s: in this emulated guest the
+    // restarted kpx's first full write takes about 17 s (a 1.15 MB
+    // iptables-restore), and 1-2 of ~3,800 connects then needed their SYN
+    // sent again (docs/RELIABILITY.md, "kpx killed and restarted"); those
+    // are counted and printed as slow, and none may fail.
+    let client = ClientLoop::start_with(&lab, "10.96.0.10:80", Duration::from_secs(3));
     std::thread::sleep(Duration::from_millis(500));
     drop(kpx);
     let killed = Instant::now();
@@ -437,17 +442,22 @@ fn mode_checks() {
     std::thread::sleep(Duration::from_millis(500));
     let outcomes = client.outcomes();
     let failures = client.failures();
+    let slow = client.slow();
     drop(client);
     let failed = outcomes.iter().filter(|o| o.2.is_none()).count();
     let to_be1 = outcomes.iter().filter(|o| o.2.as_deref() == Some("be1")).count();
-    eprintln!("ipvs: {} connections through the kill and restart, {failed} failed, {to_be1} to be1", outcomes.len());
+    eprintln!(
+        "ipvs: {} connections through the kill and restart, {failed} failed, {} slow (over 1 s), {to_be1} to be1",
+        outcomes.len(),
+        slow.len()
+    );
     for (at, why) in &failures {
         eprintln!("ipvs: a connection failed {:?} after the kill: {why}", at.saturating_duration_since(killed));
     }
-    // Open: 0 of 3,874 failed in one run, 1 of 3,916 in the next (the
-    // guest under emulation, the host loaded by the suite): not asserted
-    // until explained (docs/RELIABILITY.md, "kpx killed and restarted").
-    assert!(failed <= 1, "{failed} connections failed through the restart:\n{}", kpx.log());
+    for (at, how) in &slow {
+        eprintln!("ipvs: a connection was slow {:?} after the kill: {how}", at.saturating_duration_since(killed));
+    }
+    assert_eq!(failed, 0, "{failed} connections failed through the restart:\n{}", kpx.log());
     assert_eq!(to_be1 + failed, outcomes.len(), "a connection went elsewhere than be1");
     assert!(outcomes.len() > 20, "the client loop hardly ran: {}", outcomes.len());
     drop(kpx);

@@ -146,6 +146,7 @@ pub struct ClientLoop {
     stop: Arc<AtomicBool>,
     outcomes: Arc<Mutex<Vec<Outcome>>>,
     failures: Arc<Mutex<Vec<Failure>>>,
+    slow: Arc<Mutex<Vec<Failure>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -156,10 +157,20 @@ pub type Failure = (Instant, String);
 
 impl ClientLoop {
     pub fn start(lab: &NodeLab, to: &str) -> ClientLoop {
+        ClientLoop::start_with(lab, to, Duration::from_secs(1))
+    }
+
+    /// [`ClientLoop::start`] with another connect timeout. A connection
+    /// that took over a second is recorded as slow (see
+    /// [`ClientLoop::slow`]): its first SYN, or the answer, was lost and
+    /// sent again.
+    pub fn start_with(lab: &NodeLab, to: &str, connect_timeout: Duration) -> ClientLoop {
         let stop = Arc::new(AtomicBool::new(false));
         let outcomes = Arc::new(Mutex::new(Vec::new()));
         let failures = Arc::new(Mutex::new(Vec::new()));
+        let slow = Arc::new(Mutex::new(Vec::new()));
         let (s, o, f, ns) = (stop.clone(), outcomes.clone(), failures.clone(), lab.client.clone());
+        let sl = slow.clone();
         let to: SocketAddr = to.parse().expect("IP:PORT");
         let thread = std::thread::spawn(move || {
             let _ = ns.enter(move || {
@@ -167,8 +178,11 @@ impl ClientLoop {
                     let t = Instant::now();
                     let mut port = 0;
                     let mut attempt = || -> Result<String, String> {
-                        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(1))
+                        let mut c = TcpStream::connect_timeout(&to, connect_timeout)
                             .map_err(|e| format!("connect: {e} after {:?}", t.elapsed()))?;
+                        if t.elapsed() > Duration::from_secs(1) {
+                            sl.lock().unwrap().push((t, format!("connected after {:?}", t.elapsed())));
+                        }
                         port = c.local_addr().map_or(0, |a| a.port());
                         c.set_read_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;
                         let _ = c.write_all(b"hi\n");
@@ -189,7 +203,7 @@ impl ClientLoop {
                 }
             });
         });
-        ClientLoop { stop, outcomes, failures, thread: Some(thread) }
+        ClientLoop { stop, outcomes, failures, slow, thread: Some(thread) }
     }
 
     pub fn outcomes(&self) -> Vec<Outcome> {
@@ -199,6 +213,12 @@ impl ClientLoop {
     /// Each failed connection, with what failed.
     pub fn failures(&self) -> Vec<Failure> {
         self.failures.lock().unwrap().clone()
+    }
+
+    /// Each connection that took over a second to connect (only with a
+    /// longer connect timeout than that).
+    pub fn slow(&self) -> Vec<Failure> {
+        self.slow.lock().unwrap().clone()
     }
 }
 
