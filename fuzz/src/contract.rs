@@ -80,20 +80,31 @@ pub fn iptables_words(data: &[u8]) {
     if vipt::check(&ctx, &partial).is_ok() {
         reads_back_as_checked(lab, &partial);
     }
-    writes_apply(lab, &rs, &partial);
+    writes_apply(&mut u, lab, &rs, &partial);
 }
 
 /// A full sync of `full` and then a partial one of `partial`, as the
 /// dataplane prepares them (kept hooks, in-place edits of the host's
-/// chains, runs around the main payload), applied to a model of
-/// iptables-restore: whatever the host accepts applies without an error,
-/// and leaves the host's chains as the host believes they are and each
-/// declared chain with its rules.
-fn writes_apply(lab: &Lab, full: &IptRuleset, partial: &IptRuleset) {
-    use kpx::kernel::iptables::{Prepared, Previous, prepare};
+/// chains, runs around the main payload, here of a few chains each),
+/// applied to a model of iptables-restore: whatever the host accepts
+/// applies without an error, and leaves the host's chains as the host
+/// believes they are and each declared chain with its rules. Between the
+/// two, a Service port of the lab may leave the state (or only its
+/// endpoints): a kept hook's rules are then accepted exactly when they
+/// would be if returned again and checked in full.
+fn writes_apply(u: &mut Unstructured, lab: &Lab, full: &IptRuleset, partial: &IptRuleset) {
+    use kpx::kernel::iptables::{Prepared, Previous, prepare_in_runs};
     let (d, settings) = (lab.dialect(), &lab.iptables_settings);
+    let per_run = u.int_in_range(1..=8usize).unwrap_or(1);
+    let frame = iptables_frame(settings);
     let mut kernel = crate::restore::Tables::default();
     let apply = |kernel: &mut crate::restore::Tables, p: &Prepared, rs: &IptRuleset| {
+        if !p.before.is_empty() {
+            // As the dataplane does before them (`ensure_chains`).
+            for (table, chain) in &frame.chains {
+                kernel.ensure(table.name(), chain);
+            }
+        }
         for run in p.before.iter().chain([&p.text]).chain(&p.after) {
             if let Err(e) = kernel.apply(run) {
                 panic!("an accepted write fails: {e}\n{run}");
@@ -112,15 +123,43 @@ fn writes_apply(lab: &Lab, full: &IptRuleset, partial: &IptRuleset) {
             let held = kernel.chain(table.name(), chain).map(Vec::len);
             assert_eq!(held, Some(want), "{} {chain} does not hold its rules", table.name());
         }
+        for (table, chain) in &rs.delete_chains {
+            assert!(kernel.chain(table.name(), chain).is_none(), "{} {chain} was not deleted", table.name());
+        }
     };
+    // A full ruleset keeps no hook: one that says so is refused whole.
+    let full = IptRuleset { kept_hooks: Vec::new(), ..full.clone() };
     let mut model = vipt::Model::default();
     let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &lab.scope, model: &model, full: true };
-    let Ok(first) = prepare(&ctx, settings, full, BUDGET, None) else { return };
-    apply(&mut kernel, &first, full);
+    let Ok(first) = prepare_in_runs(&ctx, settings, &full, BUDGET, None, per_run) else { return };
+    apply(&mut kernel, &first, &full);
     model.commit(first.checked);
+    let mut scope = lab.scope.clone();
+    scope.forget_removed();
+    if let Some(i) = index(u, lab.services.len() + 1).filter(|i| *i < lab.services.len()) {
+        let port = &lab.services[i];
+        scope.count(lab.family, port, false);
+        if u.arbitrary::<bool>().unwrap_or(false) {
+            let mut still = port.clone();
+            still.endpoints.clear();
+            scope.count(lab.family, &still, true);
+        }
+    }
+    let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &scope, model: &model, full: false };
+    if let Ok(kept) = vipt::kept_hooks(&ctx, partial, Some(first.hooks.clone())) {
+        let mut whole = IptRuleset { kept_hooks: Vec::new(), ..partial.clone() };
+        whole.rules.extend(kept.values().flatten().cloned());
+        let (fast, checked_whole) = (vipt::check_with_kept(&ctx, partial, &kept), vipt::check(&ctx, &whole));
+        assert_eq!(
+            fast.as_ref().err().map(|e| e.reason.clone()).is_none(),
+            checked_whole.as_ref().err().map(|e| e.reason.clone()).is_none(),
+            "kept hooks: checked against what left {:?}, checked whole {:?}",
+            fast.err(),
+            checked_whole.err()
+        );
+    }
     let previous = Previous { host_chains: first.host_chains, hooks: first.hooks };
-    let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &lab.scope, model: &model, full: false };
-    let Ok(second) = prepare(&ctx, settings, partial, BUDGET, Some(previous)) else { return };
+    let Ok(second) = prepare_in_runs(&ctx, settings, partial, BUDGET, Some(previous), per_run) else { return };
     apply(&mut kernel, &second, partial);
 }
 

@@ -104,6 +104,11 @@ impl Tables {
         }
     }
 
+    /// Creates a chain where missing (`iptables -N`, which never flushes).
+    pub fn ensure(&mut self, table: &str, chain: &str) {
+        self.0.entry(table.to_string()).or_default().entry(chain.to_string()).or_default();
+    }
+
     pub fn chain(&self, table: &str, chain: &str) -> Option<&Vec<String>> {
         self.0.get(table)?.get(chain)
     }

@@ -414,10 +414,10 @@ fn mode_checks() {
     // kpx killed (SIGKILL) with a client opening connections all along:
     // the virtual servers it left serve while it is down and resyncs. The
     // client gives a connect 3 s, not 1 s: in this emulated guest the
-    // restarted kpx's first full write takes about 17 s (a 1.15 MB
-    // iptables-restore), and 1-2 of ~3,800 connects then needed their SYN
-    // sent again (docs/RELIABILITY.md, "kpx killed and restarted"); those
-    // are counted and printed as slow, and none may fail.
+    // restarted kpx's first full write takes about 17 s (1.15 MB), and
+    // 1-2 of ~3,800 connects timed out at 1 s during it, which a resent
+    // SYN would have saved (docs/RELIABILITY.md, "kpx killed and
+    // restarted"); such are counted and printed as slow, and none may fail.
     let client = ClientLoop::start_with(&lab, "10.96.0.10:80", Duration::from_secs(3));
     std::thread::sleep(Duration::from_millis(500));
     drop(kpx);

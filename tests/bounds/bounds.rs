@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-/// Changes of the other Service measured per object: an even number, so
+/// Changes of the other Service measured each time: an even number, so
 /// that each run starts from web's one endpoint and adds the second.
-const SAMPLES: usize = 16;
+/// Medians of 16 moved by up to 2x between runs of the same build (a few
+/// milliseconds at a 5 ms median): 24, against a baseline of 48 taken
+/// around each object (docs/RELIABILITY.md, "Bounds").
+const SAMPLES: usize = 24;
 
 fn scale() -> usize {
     std::env::var("KPX_BOUNDS_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
@@ -208,11 +211,12 @@ fn bounds(mode: &str, which: Objects) {
     });
     let big = manifests.join("big.yaml");
     let mut refused_seen = false;
+    // The baseline around each object: the other Service's changes just
+    // before it was added and just after it was removed, together (the
+    // machine's own drift over a run is then on both sides).
+    let mut before = web_latency(&mut kpx, &manifests, &lab);
     for (what, text, vip, last) in objects {
         let (text, vip, last) = (&text, &vip, &last);
-        // The baseline just before each object, under the same load.
-        let baseline = web_latency(&mut kpx, &manifests, &lab);
-        let base = median(&baseline);
         let took = apply(&mut kpx, &big, Some(text), what);
         let t = Instant::now();
         let whole = || kernel_has(&lab, mode, vip) && kernel_has(&lab, mode, last);
@@ -231,6 +235,11 @@ fn bounds(mode: &str, which: Objects) {
         }
         let gone = apply(&mut kpx, &big, None, what);
         wait_idle(&mut kpx);
+        let after = web_latency(&mut kpx, &manifests, &lab);
+        let mut around: Vec<Duration> = before.iter().chain(&after).copied().collect();
+        around.sort();
+        let base = median(&around);
+        before = after;
         eprintln!(
             "bounds {mode}: {what} ({} KiB of YAML): synced in {took:.2?}, removed in {gone:.2?}; web's change alone: median {base:?}; with it: median {:?}, max {:?} ({:.2}x); kpx's peak RSS so far {:.0} MiB",
             text.len() / 1024,

@@ -80,6 +80,20 @@ pub fn prepare(
     max_bytes: usize,
     previous: Option<Previous>,
 ) -> std::result::Result<Prepared, Rejected> {
+    prepare_in_runs(ctx, settings, ruleset, max_bytes, previous, CHAINS_PER_RUN)
+}
+
+/// [`prepare`] with another number of chains a run before or after the
+/// main payload may touch (the fuzzer's, to reach the runs with a small
+/// state).
+pub fn prepare_in_runs(
+    ctx: &Context,
+    settings: &Settings,
+    ruleset: &Ruleset,
+    max_bytes: usize,
+    previous: Option<Previous>,
+    per_run: usize,
+) -> std::result::Result<Prepared, Rejected> {
     let (mut host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
     let kept = kept_hooks(ctx, ruleset, hooks)?;
     let checked: Checked = check_with_kept(ctx, ruleset, &kept)?;
@@ -101,7 +115,7 @@ pub fn prepare(
         };
     }
     let frame = frame::frame(settings);
-    let (main, before, after) = split(ctx, ruleset, &checked.stale);
+    let (main, before, after) = split(ctx, ruleset, &checked.stale, per_run.max(1));
     let stale: &[(Table, String)] = if after.is_empty() { &checked.stale } else { &[] };
     let (text, host_chains) = payload_keeping(&frame, &main, stale, ctx.dialect, host_chains.as_ref(), kept_lines);
     drop(main);
@@ -137,6 +151,7 @@ fn split<'r>(
     ctx: &Context,
     ruleset: &'r Ruleset,
     stale: &[(Table, String)],
+    per_run: usize,
 ) -> (std::borrow::Cow<'r, Ruleset>, Vec<String>, Vec<String>) {
     use std::collections::{HashMap, HashSet};
     let key = |(t, n): &'r (Table, String)| (*t, n.as_str());
@@ -150,8 +165,8 @@ fn split<'r>(
             gone.push((*t, n.as_str()));
         }
     }
-    let split_new = new.len() > CHAINS_PER_RUN;
-    let split_gone = gone.len() > CHAINS_PER_RUN;
+    let split_new = new.len() > per_run;
+    let split_gone = gone.len() > per_run;
     if !split_new && !split_gone {
         return (std::borrow::Cow::Borrowed(ruleset), Vec::new(), Vec::new());
     }
@@ -170,14 +185,14 @@ fn split<'r>(
         main.chains = ruleset.chains.iter().filter(|c| !new_set.contains(&key(c))).cloned().collect();
         let fills: Vec<((Table, &str), Vec<&Rule>)> =
             new.iter().map(|c| (*c, fills.remove(c).unwrap_or_default())).collect();
-        before = render::declare_payloads(&new, CHAINS_PER_RUN);
-        before.extend(render::fill_payloads(&fills, CHAINS_PER_RUN, d));
+        before = render::declare_payloads(&new, per_run);
+        before.extend(render::fill_payloads(&fills, per_run, d));
     } else {
         main.chains = ruleset.chains.clone();
         main.rules = ruleset.rules.clone();
     }
     let after = if split_gone {
-        render::delete_payloads(&gone, CHAINS_PER_RUN)
+        render::delete_payloads(&gone, per_run)
     } else {
         main.delete_chains = ruleset.delete_chains.clone();
         Vec::new()
@@ -386,6 +401,7 @@ impl IptablesKernel {
 
     /// Writes a payload in one atomic `iptables-restore --noflush`.
     pub fn apply(&self, payload: &str) -> Result<()> {
+        tracing::trace!(family = %self.family, bytes = payload.len(), "iptables-restore payload:\n{payload}");
         let mut args = WAIT.to_vec();
         args.extend(["--noflush", "--counters"]);
         self.exec.run(&self.tool("iptables-restore"), &args, Some(payload.as_bytes()))?;
