@@ -105,7 +105,7 @@ fn writes_apply(u: &mut Unstructured, lab: &Lab, full: &IptRuleset, partial: &Ip
                 kernel.ensure(table.name(), chain);
             }
         }
-        for run in p.before.iter().chain([&p.text]).chain(&p.after) {
+        for run in p.runs() {
             if let Err(e) = kernel.apply(run) {
                 panic!("an accepted write fails: {e}\n{run}");
             }

@@ -60,6 +60,18 @@ pub struct Prepared {
     pub hooks: HookRules,
 }
 
+impl Prepared {
+    /// The iptables-restore runs, in the order they are written.
+    pub fn runs(&self) -> impl Iterator<Item = &String> {
+        self.before.iter().chain(std::iter::once(&self.text)).chain(&self.after)
+    }
+
+    /// The bytes of all the runs.
+    pub fn bytes(&self) -> usize {
+        self.runs().map(String::len).sum()
+    }
+}
+
 /// What the last write left in the host's chains: edited in place by a
 /// partial sync, and the hook rules a partial render may keep.
 pub struct Previous {
@@ -119,8 +131,10 @@ pub fn prepare_in_runs(
     let stale: &[(Table, String)] = if after.is_empty() { &checked.stale } else { &[] };
     let (text, host_chains) = payload_keeping(&frame, &main, stale, ctx.dialect, host_chains.as_ref(), kept_lines);
     drop(main);
-    let bytes = text.len() + before.iter().chain(&after).map(String::len).sum::<usize>();
-    if bytes > max_bytes {
+    let mut hooks = hook_rules(std::borrow::Cow::Borrowed(ruleset));
+    hooks.extend(kept.into_iter().filter(|(_, rules)| !rules.is_empty()));
+    let prepared = Prepared { checked, frame, before, text, after, host_chains, hooks };
+    if prepared.bytes() > max_bytes {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
             at: "rendering".into(),
@@ -128,8 +142,7 @@ pub fn prepare_in_runs(
             reason: format!("the iptables-restore payload would take more than the limit of {max_bytes} bytes"),
         });
     }
-    let runs = before.iter().chain(std::iter::once(&text)).chain(&after);
-    if let Some((n, line)) = runs.flat_map(|t| t.lines()).enumerate().find(|(_, l)| l.len() > MAX_LINE) {
+    if let Some((n, line)) = prepared.runs().flat_map(|t| t.lines()).enumerate().find(|(_, l)| l.len() > MAX_LINE) {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
             at: format!("payload line {}", n + 1),
@@ -137,9 +150,7 @@ pub fn prepare_in_runs(
             reason: format!("longer than {MAX_LINE} bytes"),
         });
     }
-    let mut hooks = hook_rules(std::borrow::Cow::Borrowed(ruleset));
-    hooks.extend(kept.into_iter().filter(|(_, rules)| !rules.is_empty()));
-    Ok(Prepared { checked, frame, before, text, after, host_chains, hooks })
+    Ok(prepared)
 }
 
 /// The ruleset's main payload part, and the runs before and after it
@@ -250,11 +261,7 @@ impl IptablesKernel {
         for jump in jumps {
             let kpx_rules::ops::iptables::Target::HostJump(to) = &jump.target else { continue };
             if created.insert((jump.table, to.clone())) {
-                match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", jump.table.name(), "-N", to], None) {
-                    Ok(_) => {}
-                    Err(e) if e.cause() == Cause::Exists => {}
-                    Err(e) => return Err(e),
-                }
+                self.new_chain(jump.table.name(), to)?;
             }
             let spec = rule_args(jump, d);
             let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-C", &jump.chain];
@@ -267,32 +274,25 @@ impl IptablesKernel {
         Ok(())
     }
 
-    /// Creates each of `chains` where missing, empty (`iptables -N`).
-    pub fn ensure_chains(&self, chains: &[(Table, &str)]) -> Result<()> {
-        let iptables = self.tool("iptables");
-        for (table, chain) in chains {
-            match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table.name(), "-N", chain], None) {
-                Ok(_) => {}
-                Err(e) if e.cause() == Cause::Exists => {}
-                Err(e) => return Err(e),
-            }
+    /// Creates a chain where missing, empty (`iptables -N`; an existing
+    /// one is left as it is).
+    fn new_chain(&self, table: &str, chain: &str) -> Result<()> {
+        match self.exec.run(&self.tool("iptables"), &[WAIT[0], WAIT[1], "-t", table, "-N", chain], None) {
+            Err(e) if e.cause() != Cause::Exists => Err(e),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Creates each of `chains` where missing, empty.
+    pub fn ensure_chains(&self, chains: &[(Table, &str)]) -> Result<()> {
+        chains.iter().try_for_each(|(table, chain)| self.new_chain(table.name(), chain))
     }
 
     /// Creates upstream's canary chain, `KUBE-PROXY-CANARY`, in the mangle,
     /// nat and filter tables where missing: empty chains nothing jumps to,
     /// whose loss says someone deleted kube-proxy's chains.
     pub fn ensure_canaries(&self) -> Result<()> {
-        let iptables = self.tool("iptables");
-        for table in CANARY_TABLES {
-            match self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table, "-N", CANARY_CHAIN], None) {
-                Ok(_) => {}
-                Err(e) if e.cause() == Cause::Exists => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        CANARY_TABLES.iter().try_for_each(|table| self.new_chain(table, CANARY_CHAIN))
     }
 
     /// What of the host's own rules the kernel lost since they were
@@ -508,22 +508,23 @@ impl IptablesDataplane {
         // what the last write left.
         // Taken: a refused ruleset or a failed write makes the next sync full.
         let previous = self.written.take().filter(|_| !full);
-        let Prepared { checked, frame, before, text, after, host_chains, hooks } =
-            prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
+        let prepared = prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
         let t = std::time::Instant::now();
         if full {
             self.kernel.ensure_canaries()?;
-            self.kernel.ensure_jumps(&frame.jumps, d)?;
+            self.kernel.ensure_jumps(&prepared.frame.jumps, d)?;
         }
-        if !before.is_empty() {
+        if !prepared.before.is_empty() {
             // The runs before the main one fill own chains that may jump
             // to the host's (KUBE-MARK-MASQ), which a first sync has not
             // created yet.
-            self.kernel.ensure_chains(&frame.chains)?;
+            self.kernel.ensure_chains(&prepared.frame.chains)?;
         }
-        for run in before.iter().chain(std::iter::once(&text)).chain(&after) {
+        for run in prepared.runs() {
             self.kernel.apply(run)?;
         }
+        let bytes = prepared.bytes();
+        let Prepared { checked, frame, host_chains, hooks, .. } = prepared;
         kernel += t.elapsed();
         self.model.commit(checked);
         // The host's chains hold the frame's rules and the plugin's hook
@@ -534,7 +535,6 @@ impl IptablesDataplane {
         }
         self.written = Some(Previous { host_chains, hooks });
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        let bytes = text.len() + before.iter().chain(&after).map(String::len).sum::<usize>();
         Ok(Written { bytes, kernel, iptables_rules: Some(rules) })
     }
 }

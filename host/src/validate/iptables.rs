@@ -348,14 +348,7 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, kept: &HookRules) -> Result<
     // kernel after the other table was written. Both are refused here.
     if !ctx.full {
         for to in &deleted {
-            let jumper = ctx
-                .model
-                .jumped_by
-                .get(to)
-                .into_iter()
-                .flatten()
-                .find(|from| !declared.contains(from.0, &from.1) && !gone.contains(from.0, &from.1));
-            if let Some(from) = jumper {
+            if let Some(from) = still_kept(ctx.model.jumped_by.get(to), &declared, &gone) {
                 return Err(ctx.reject(
                     "kept chain".into(),
                     chain_item(from),
@@ -370,14 +363,7 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, kept: &HookRules) -> Result<
     // Chains kept from an earlier sync must not DNAT to departed endpoints.
     if !ctx.full {
         for e in ctx.scope.endpoints.removed() {
-            let kept = ctx
-                .model
-                .by_endpoint
-                .get(e)
-                .into_iter()
-                .flatten()
-                .find(|c| !declared.contains(c.0, &c.1) && !gone.contains(c.0, &c.1));
-            if let Some(chain) = kept {
+            if let Some(chain) = still_kept(ctx.model.by_endpoint.get(e), &declared, &gone) {
                 return Err(ctx.reject(
                     "kept chain".into(),
                     chain_item(chain),
@@ -396,6 +382,16 @@ pub fn check_with_kept(ctx: &Context, rs: &Ruleset, kept: &HookRules) -> Result<
     };
     stale.sort();
     Ok(Checked { full: ctx.full, declared, deleted, stale })
+}
+
+/// Of the chains a model's index names, one this ruleset neither declares
+/// nor deletes: kept from an earlier sync as it was.
+fn still_kept<'m>(
+    chains: Option<&'m BTreeSet<ChainId>>,
+    declared: &ChainMap<Facts>,
+    gone: &ChainMap<()>,
+) -> Option<&'m ChainId> {
+    chains.into_iter().flatten().find(|c| !declared.contains(c.0, &c.1) && !gone.contains(c.0, &c.1))
 }
 
 /// The rules of kept hooks against what left since they were written
