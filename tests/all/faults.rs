@@ -202,15 +202,13 @@ fn metric_sum(lab: &kpx_netlab::node::NodeLab, name: &str) -> f64 {
 /// at once with a fresh instance in the same pass, so no pass fails, no
 /// connection to the endpoint that stays fails, and every trap is counted.
 ///
-/// Open: about one run in two, one connection of about 30,000 fails:
-/// refused, a few milliseconds after an endpoint change. A trace
-/// (`KPX_EVERY7_TRACE=1`) showed its SYN reach `select-internal` while a
-/// transaction replaced those rules and match no DNAT rule there
-/// (docs/RELIABILITY.md, "A plugin that traps"). Ignored until that is
-/// fixed; run it with
-/// `cargo test -p kpx-host --test all every_seventh -- --ignored`.
+/// It once lost about one connection in 30,000: a packet that entered
+/// just before a commit walked the old rules against the new maps and
+/// found no endpoint (docs/RELIABILITY.md, "A plugin that traps"); kpx
+/// now writes a move in two steps (`kernel::nftables::steps`).
+/// `KPX_EVERY7_TRACE=1` traces every SYN and prints those that met a
+/// reject or drop.
 #[test]
-#[ignore = "open: one connection in ~30,000 misses its DNAT while a transaction replaces the rules (docs/RELIABILITY.md)"]
 fn a_plugin_trapping_every_seventh_call_leaves_no_gap() {
     const CYCLES: usize = 10_000;
     let Some(lab) = lab_or_skip(2, "a_plugin_trapping_every_seventh_call_leaves_no_gap") else { return };

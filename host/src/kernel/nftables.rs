@@ -10,9 +10,11 @@ pub mod encode;
 pub mod frame;
 pub mod netlink;
 pub mod sizing;
+pub mod steps;
 pub mod sys;
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kpx_rules::model::{Cluster, IpFamily, Settings};
@@ -425,6 +427,8 @@ pub struct NftablesDataplane {
     counts: sizing::Counts,
     /// A full sync has written the frame.
     synced: bool,
+    /// What the table holds, for a sync's first step ([`steps`]).
+    held: steps::Held,
 }
 
 impl NftablesDataplane {
@@ -436,6 +440,7 @@ impl NftablesDataplane {
             sizes: HashMap::new(),
             counts: sizing::Counts::default(),
             synced: false,
+            held: steps::Held::default(),
         }
     }
 
@@ -514,10 +519,17 @@ impl NftablesDataplane {
         };
         // Each set's elements after this sync (a full one refills every
         // set) and at its fullest, and the sizes that leaves room for.
+        // A partial sync that moves or removes something adds first what
+        // stands beside it, in a transaction of its own ([`steps`]).
+        let (first, ops): (Vec<Op>, Cow<[Op]>) = match (!full).then(|| steps::split_partial(family, &tx.ops, &decls)) {
+            Some(Some((first, rest))) => (first, Cow::Owned(rest)),
+            _ => (Vec::new(), Cow::Borrowed(&tx.ops)),
+        };
         let mut counts = if full { sizing::Counts::default() } else { self.counts.clone() };
         counts.begin();
         counts.apply(family, &frame, &decls);
-        counts.apply(family, &tx.ops, &decls);
+        counts.apply(family, &first, &decls);
+        counts.apply(family, &ops, &decls);
         let sizes = if full {
             let declared = frame.iter().chain(&tx.ops).filter_map(|op| match op {
                 Op::AddSet(d) => Some(d),
@@ -527,7 +539,7 @@ impl NftablesDataplane {
                 held.iter().flat_map(|h| &h.sets).filter_map(|s| Some((s.name.clone(), s.shape.size?))).collect();
             Ok(sizing::full_sizes(declared, &counts, &previous))
         } else {
-            sizing::partial_sizes(&self.sizes, &tx.ops, &counts)
+            sizing::partial_sizes(&self.sizes, first.iter().chain(ops.iter()), &counts)
         };
         // The body: a full sync's table and frame, then the operations.
         let (mark, max_bytes) = (settings.masquerade_mark(), self.max_bytes);
@@ -539,7 +551,7 @@ impl NftablesDataplane {
                 body.push(encode::add_table());
                 messages_until(&mut body, family, mark, &frame, &decls, sized, max_bytes, cancel)?;
             }
-            messages_until(&mut body, family, mark, &tx.ops, &decls, sized, max_bytes, cancel)?;
+            messages_until(&mut body, family, mark, &ops, &decls, sized, max_bytes, cancel)?;
             Ok(body)
         };
         // A large transaction is checked and encoded at once, on two
@@ -565,17 +577,48 @@ impl NftablesDataplane {
         let sizes = sizes?;
         let body = body.map_err(refuse)?;
         // A full sync first empties the table it finds (before the table's
-        // own message: a table there is the table re-declared).
+        // own message: a table there is the table re-declared), and adds
+        // before that what the table does not hold yet ([`steps`]).
         let mut batch = Batch::new();
-        if let Some(held) = held {
-            batch.extend(reconcile(family, &held, &frame, &checked, &sizes).map_err(refuse)?);
+        let mut first = first;
+        if let Some(held) = &held {
+            let (messages, replaced) = reconcile(family, held, &frame, &checked, &sizes).map_err(refuse)?;
+            let kernel_chains: HashSet<&str> = held.chains.iter().map(|c| c.name.as_str()).collect();
+            let kernel_sets: HashSet<&str> = held.sets.iter().map(|s| s.name.as_str()).collect();
+            let replaced: HashSet<&str> = replaced.iter().map(String::as_str).collect();
+            first =
+                self.held.first_of_full(family, &[&frame, &tx.ops], &decls, &kernel_chains, &kernel_sets, &replaced);
+            batch.extend(messages);
+            // Sets the first step declares are emptied too: the second
+            // adds every element again.
+            batch.extend(first.iter().filter_map(|op| match op {
+                Op::AddSet(d) => Some(encode::flush_set(&d.name)),
+                _ => None,
+            }));
         }
         batch.append(body);
-        let bytes = batch.bytes();
+        let mut first_batch = Batch::new();
+        messages(&mut first_batch, family, mark, &first, &decls, &sizes, max_bytes).map_err(refuse)?;
+        let bytes = first_batch.bytes() + batch.bytes();
         let t = std::time::Instant::now();
-        drop(decls);
+        // Unknown from here until the write succeeds.
+        let mut record = std::mem::take(&mut self.held);
+        if !first.is_empty() {
+            match self.kernel.apply(&mut first_batch) {
+                Ok(()) => {}
+                // A full sync's second step is whole: it goes on without
+                // the first (the table held something the record did not).
+                Err(e) if full => {
+                    tracing::warn!(family = %family, "the first step of a full sync failed, writing it in one: {e}")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         self.kernel.apply(&mut batch)?;
         kernel += t.elapsed();
+        record.record(family, &[&frame, &tx.ops], &decls, full);
+        self.held = record;
+        drop(decls);
         self.counts = counts;
         self.sizes = sizes;
         self.model.commit(checked);
@@ -586,14 +629,15 @@ impl NftablesDataplane {
 
 /// What a full sync does first to the table the kernel holds: flush every
 /// rule, empty every set it keeps, delete sets declared otherwise and every
-/// chain and set nobody declares any more.
+/// chain and set nobody declares any more. Also the sets it deletes to
+/// declare them again with another shape.
 fn reconcile(
     family: IpFamily,
     kernel: &TableObjects,
     frame: &[Op],
     checked: &Checked,
     sizes: &HashMap<String, u32>,
-) -> std::result::Result<Vec<Message>, String> {
+) -> std::result::Result<(Vec<Message>, Vec<String>), String> {
     let mut base: BTreeMap<&str, &BaseChain> = BTreeMap::new();
     let mut chains: Vec<&str> = Vec::new();
     let mut sets: BTreeMap<&str, SetShape> = BTreeMap::new();
@@ -618,10 +662,15 @@ fn reconcile(
     }
     let own_chains: std::collections::HashSet<&str> = checked.chains().map(String::as_str).collect();
     let mut out = vec![flush_all_rules()];
+    let mut replaced = Vec::new();
     for s in kernel.sets.iter().filter(|s| s.shape.flags & sys::NFT_SET_ANONYMOUS == 0) {
         match sets.get(s.name.as_str()) {
             Some(shape) if shape.held_as(&s.shape) => out.push(encode::flush_set(&s.name)),
-            _ => out.push(encode::delete_set(&s.name)),
+            Some(_) => {
+                replaced.push(s.name.clone());
+                out.push(encode::delete_set(&s.name));
+            }
+            None => out.push(encode::delete_set(&s.name)),
         }
     }
     for c in &kernel.chains {
@@ -636,7 +685,7 @@ fn reconcile(
             out.push(encode::delete_chain(&c.name));
         }
     }
-    Ok(out)
+    Ok((out, replaced))
 }
 
 /// Deletes every rule of the table.
@@ -669,7 +718,7 @@ mod tests {
                 sets: Vec::new(),
             };
             let t = std::time::Instant::now();
-            let out = reconcile(IpFamily::V4, &kernel, &frame, &checked, &HashMap::new()).expect("reconciled");
+            let out = reconcile(IpFamily::V4, &kernel, &frame, &checked, &HashMap::new()).expect("reconciled").0;
             let took = t.elapsed();
             assert_eq!(out.len(), 1, "every chain is kept: only the rules are flushed");
             took
@@ -708,7 +757,7 @@ mod tests {
         };
         let whats = |kernel: &TableObjects, want: u32| -> Vec<String> {
             let sizes = HashMap::from([("m".to_string(), want)]);
-            reconcile(IpFamily::V4, kernel, &frame, &checked, &sizes).unwrap().into_iter().map(|m| m.what).collect()
+            reconcile(IpFamily::V4, kernel, &frame, &checked, &sizes).unwrap().0.into_iter().map(|m| m.what).collect()
         };
         assert!(whats(&held(Some(2048)), 2048).contains(&"flush set m".to_string()));
         let replaced = whats(&held(Some(1024)), 2048);
@@ -729,7 +778,7 @@ mod tests {
         let mut shape = decode::shape_of(IpFamily::V4, &sticky, None).unwrap();
         shape.size = Some(65535);
         let kernel = TableObjects { chains: Vec::new(), sets: vec![SetInfo { name: "sticky".into(), shape }] };
-        let out = reconcile(IpFamily::V4, &kernel, &frame, &checked, &HashMap::new()).unwrap();
+        let out = reconcile(IpFamily::V4, &kernel, &frame, &checked, &HashMap::new()).unwrap().0;
         assert!(
             out.iter().any(|m| m.what == "flush set sticky"),
             "{:?}",

@@ -128,9 +128,9 @@ pub fn full_sizes<'a>(
 /// elements (one declared again keeps its size: the kernel keeps it), the
 /// ones it deletes gone, the rest as they were; an error when a set would
 /// hold more than its size at any point.
-pub fn partial_sizes(
+pub fn partial_sizes<'a>(
     before: &HashMap<String, u32>,
-    ops: &[Op],
+    ops: impl IntoIterator<Item = &'a Op>,
     counts: &Counts,
 ) -> Result<HashMap<String, u32>, Overfull> {
     let mut sizes = before.clone();
