@@ -355,13 +355,138 @@ pub fn nftables_ops(data: &[u8]) {
     encodes_as_checked(lab, &tx);
     traces(lab, &tx);
     model.commit(checked);
-    let mut partial = Transaction::default();
+    // A partial sync: one of the generator's, or none, edited.
+    let mut partial = match u.int_in_range(0..=lab.nftables_partials.len()).unwrap_or(0) {
+        0 => Transaction::default(),
+        i => lab.nftables_partials[i - 1].clone(),
+    };
     for _ in 0..edits(&mut u) {
         edit_ops(&mut u, &mut partial.ops);
     }
     let ctx = vnft::Context { plugin: "fuzz", family: lab.family, scope: &lab.scope, model: &model, full: false };
     if vnft::check(&ctx, &partial).is_ok() {
         encodes_as_checked(lab, &partial);
+        two_steps_agree(lab, &tx, &partial);
+    }
+}
+
+/// The table after the frame and `ops`, as the tracer models it.
+fn table(lab: &Lab, ops: &[Op]) -> Option<kpx_rules::trace::nftables::Model> {
+    let mut model = kpx_rules::trace::nftables::Model::new(lab.family, lab.masquerade_mark());
+    let frame = kpx::kernel::nftables::frame::frame(&lab.nftables_settings, &Default::default());
+    model.apply(&Transaction { ops: frame }).ok()?;
+    model.apply(&Transaction { ops: ops.to_vec() }).ok()?;
+    Some(model)
+}
+
+/// Applies `ops` as the kernel would refuse them: a rule or element that
+/// names a chain or set not there, an element added under a key its set
+/// holds. Err names the first such op.
+fn apply_strict(model: &mut kpx_rules::trace::nftables::Model, ops: &[Op]) -> Result<(), String> {
+    for op in ops {
+        match op {
+            Op::AddRule(r) => {
+                let refs_ok = match &r.verdict {
+                    nft::Verdict::Jump(c) | nft::Verdict::Goto(c) => model.chains.contains_key(c),
+                    nft::Verdict::DnatMap { map, .. } | nft::Verdict::Vmap { map, .. } => {
+                        model.sets.contains_key(map.name())
+                    }
+                    _ => true,
+                };
+                let lookups_ok = r.matches.iter().all(|m| match m {
+                    nft::Match::Lookup { set, .. } => model.sets.contains_key(set.name()),
+                    _ => true,
+                });
+                if !model.chains.contains_key(&r.chain) || !refs_ok || !lookups_ok {
+                    return Err(format!("{op:?} names what is not there"));
+                }
+            }
+            Op::AddElements(e) => {
+                let Some((decl, held)) = model.sets.get(e.set.name()) else {
+                    return Err(format!("{op:?}: no set"));
+                };
+                if !e.chains.iter().all(|c| model.chains.contains_key(c)) {
+                    return Err(format!("{op:?}: a chain not there"));
+                }
+                let new = nft::decode_elements(decl, model.family, e).map_err(|d| d.to_string())?;
+                if new.iter().any(|n| held.iter().any(|h| h.key == n.key)) {
+                    return Err(format!("{op:?}: a key already held"));
+                }
+            }
+            _ => {}
+        }
+        model.apply_op(op).map_err(|e| format!("{op:?}: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// Chains with their rules in order, sets with their elements as sets.
+type Contents = (Vec<(String, Vec<nft::Rule>)>, Vec<(String, nft::SetDecl, Vec<nft::Element>)>);
+
+fn contents(model: &kpx_rules::trace::nftables::Model) -> Contents {
+    let chains = model.chains.iter().map(|(n, c)| (n.clone(), c.rules.clone())).collect();
+    let sets = model
+        .sets
+        .iter()
+        .map(|(n, (d, e))| {
+            let mut e = e.clone();
+            e.sort();
+            e.dedup();
+            (n.clone(), d.clone(), e)
+        })
+        .collect();
+    (chains, sets)
+}
+
+/// An accepted partial sync written in two steps (`steps::split_partial`)
+/// leaves what one step leaves, and where one step applies cleanly on the
+/// table the full sync left, so do both steps. And a full sync's first
+/// step (`Held::first_of_full`, the full sync recorded) applies cleanly
+/// on that table.
+fn two_steps_agree(lab: &Lab, full: &Transaction, partial: &Transaction) {
+    use kpx::kernel::nftables::steps;
+    let Some(before) = table(lab, &full.ops) else { return };
+    let decl_of = |s: &nft::SetRef| match s {
+        nft::SetRef::Host(h) => Some(h.declaration()),
+        nft::SetRef::Own(n) => before.sets.get(n).map(|(d, _)| d.clone()).or_else(|| {
+            partial.ops.iter().find_map(|op| match op {
+                Op::AddSet(d) if &d.name == n => Some(d.clone()),
+                _ => None,
+            })
+        }),
+    };
+    if let Some((first, rest)) = steps::split_partial(lab.family, &partial.ops, &decl_of) {
+        let mut one = before.clone();
+        if apply_strict(&mut one, &partial.ops).is_ok() {
+            let mut two = before.clone();
+            apply_strict(&mut two, &first).unwrap_or_else(|e| panic!("first step: {e}\nfirst {first:?}"));
+            apply_strict(&mut two, &rest).unwrap_or_else(|e| panic!("second step: {e}\nrest {rest:?}"));
+            assert!(contents(&one) == contents(&two), "two steps leave another table: first {first:?} rest {rest:?}");
+        }
+    }
+    // A full sync again, with the same ops: its first step is empty.
+    let frame = kpx::kernel::nftables::frame::frame(&lab.nftables_settings, &Default::default());
+    let mut held = steps::Held::default();
+    held.record(lab.family, &[&frame, &full.ops], &decl_of, true);
+    let chains: std::collections::HashSet<&str> = before.chains.keys().map(String::as_str).collect();
+    let sets: std::collections::HashSet<&str> = before.sets.keys().map(String::as_str).collect();
+    let none = std::collections::HashSet::new();
+    let again = held.first_of_full(lab.family, &[&frame, &full.ops], &decl_of, &chains, &sets, &none);
+    assert!(again.is_empty(), "the same full sync again adds first {again:?}");
+    // The partial's ops as the next full sync (what it adds on top of the
+    // table): its first step applies cleanly.
+    let mut next = full.ops.clone();
+    next.extend(
+        partial
+            .ops
+            .iter()
+            .filter(|op| matches!(op, Op::AddChain(_) | Op::AddSet(_) | Op::AddRule(_) | Op::AddElements(_)))
+            .cloned(),
+    );
+    let first = held.first_of_full(lab.family, &[&frame, &next], &decl_of, &chains, &sets, &none);
+    let mut two = before.clone();
+    if let Err(e) = apply_strict(&mut two, &first) {
+        panic!("a full sync's first step: {e}\nfirst {first:?}");
     }
 }
 

@@ -32,6 +32,10 @@ pub struct Lab {
     pub scope: Scope,
     pub iptables: IptRuleset,
     pub nftables: Transaction,
+    /// The nftables generator's partial renders after `nftables`, one per
+    /// change of [`changes`] (within the scope: a map move, objects
+    /// flushed, firewall elements removed).
+    pub nftables_partials: Vec<Transaction>,
 }
 
 impl Lab {
@@ -71,6 +75,7 @@ impl Lab {
             scope: Scope::default(),
             iptables: IptRuleset::default(),
             nftables: Transaction::default(),
+            nftables_partials: Vec::new(),
         };
         lab.node = Node {
             name: "node".into(),
@@ -91,6 +96,16 @@ impl Lab {
         nft.reset(lab.node.clone(), Cluster::default(), lab.services.clone());
         let Ok(Ruleset::Nftables(tx)) = nft.render(true) else { panic!("the nftables generator renders nftables") };
         lab.nftables = tx;
+        for change in changes(&lab) {
+            let mut nft = NftablesProxier::new(lab.nftables_settings.clone());
+            nft.reset(lab.node.clone(), Cluster::default(), lab.services.clone());
+            let _ = nft.render(true);
+            nft.apply(vec![kpx_rules::model::Change::Upsert(change)]);
+            let Ok(Ruleset::Nftables(tx)) = nft.render(false) else {
+                panic!("the nftables generator renders nftables")
+            };
+            lab.nftables_partials.push(tx);
+        }
         lab
     }
 }
@@ -133,5 +148,19 @@ fn services(lab: &Lab) -> Vec<ServicePort> {
     lb.node_port = 11;
     lb.health_check_node_port = 12;
     lb.local_endpoints = vec![0];
+    vec![web, dns, lb]
+}
+
+/// Changes to the lab's Services that stay within its scope: web down to
+/// one endpoint (its elements move to another map), dns without session
+/// affinity (its objects flushed and deleted), lb without source ranges.
+fn changes(lab: &Lab) -> Vec<ServicePort> {
+    let mut web = lab.services[0].clone();
+    web.cluster_endpoints.truncate(1);
+    web.local_endpoints.clear();
+    let mut dns = lab.services[1].clone();
+    dns.affinity_timeout_seconds = 0;
+    let mut lb = lab.services[2].clone();
+    lb.load_balancer_source_ranges.clear();
     vec![web, dns, lb]
 }

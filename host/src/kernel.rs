@@ -17,9 +17,12 @@ pub use exec::{Exec, SystemExec};
 /// What a sync may write at most, unless set from the plugin output cap.
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
-/// Why a kernel write or read failed. Every variant leaves what the kernel
-/// held as it was (iptables-restore and nf_tables batches are atomic); the
-/// sync is retried in full with backoff.
+/// Why a kernel write or read failed. Each write is atomic (an
+/// iptables-restore run, an nf_tables batch), so a failure leaves what the
+/// kernel held as it was but for whole earlier steps of the same sync: the
+/// iptables runs before the main one (new chains nothing jumps to yet),
+/// nftables' make-before-break first step (checked additions beside what
+/// was there). The sync is retried in full with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The tool could not be started (not installed?).

@@ -485,9 +485,14 @@ impl NftablesDataplane {
             }
         }
         let held = self.kernel.rule_counts(want.keys().map(String::as_str))?;
-        Ok(held.into_iter().find(|(chain, n)| want[*chain] != *n).map(|(chain, n)| {
+        let lost = held.into_iter().find(|(chain, n)| want[*chain] != *n).map(|(chain, n)| {
             format!("chain {chain} of table {TABLE} holds {n} rules, the last full sync wrote {}", want[chain])
-        }))
+        });
+        if lost.is_some() {
+            // Someone else changed the table: what it holds is not known.
+            self.held.forget();
+        }
+        Ok(lost)
     }
 
     /// One sync. A full one empties and rebuilds the whole table in the
@@ -576,11 +581,11 @@ impl NftablesDataplane {
         // A set past its size is for a full sync, once the checks passed.
         let sizes = sizes?;
         let body = body.map_err(refuse)?;
-        // A full sync first empties the table it finds (before the table's
-        // own message: a table there is the table re-declared), and adds
-        // before that what the table does not hold yet ([`steps`]).
-        let mut batch = Batch::new();
+        // A full sync first adds what the table does not hold yet, beside
+        // what it holds ([`steps`]), then empties the table it finds (before
+        // the table's own message: a table there is the table re-declared).
         let mut first = first;
+        let mut reconciled = None;
         if let Some(held) = &held {
             let (messages, replaced) = reconcile(family, held, &frame, &checked, &sizes).map_err(refuse)?;
             let kernel_chains: HashSet<&str> = held.chains.iter().map(|c| c.name.as_str()).collect();
@@ -588,24 +593,26 @@ impl NftablesDataplane {
             let replaced: HashSet<&str> = replaced.iter().map(String::as_str).collect();
             first =
                 self.held.first_of_full(family, &[&frame, &tx.ops], &decls, &kernel_chains, &kernel_sets, &replaced);
-            batch.extend(messages);
-            // Sets the first step declares are emptied too: the second
-            // adds every element again.
-            batch.extend(first.iter().filter_map(|op| match op {
-                Op::AddSet(d) => Some(encode::flush_set(&d.name)),
-                _ => None,
-            }));
+            reconciled = Some(messages);
         }
-        batch.append(body);
         let mut first_batch = Batch::new();
-        messages(&mut first_batch, family, mark, &first, &decls, &sizes, max_bytes).map_err(refuse)?;
-        let bytes = first_batch.bytes() + batch.bytes();
+        if let Err(e) = messages(&mut first_batch, family, mark, &first, &decls, &sizes, max_bytes) {
+            // A partial sync's first step is part of what was checked.
+            if !full {
+                return Err(refuse(e));
+            }
+            tracing::warn!(family = %family, "the first step of a full sync is not written: {e}");
+            first.clear();
+        }
         let t = std::time::Instant::now();
         // Unknown from here until the write succeeds.
         let mut record = std::mem::take(&mut self.held);
+        let mut bytes = 0;
+        let mut first_written = false;
         if !first.is_empty() {
+            bytes += first_batch.bytes();
             match self.kernel.apply(&mut first_batch) {
-                Ok(()) => {}
+                Ok(()) => first_written = true,
                 // A full sync's second step is whole: it goes on without
                 // the first (the table held something the record did not).
                 Err(e) if full => {
@@ -614,6 +621,20 @@ impl NftablesDataplane {
                 Err(e) => return Err(e.into()),
             }
         }
+        let mut batch = Batch::new();
+        if let Some(messages) = reconciled {
+            batch.extend(messages);
+            // Sets the first step declared are emptied too: the second
+            // adds every element again.
+            if first_written {
+                batch.extend(first.iter().filter_map(|op| match op {
+                    Op::AddSet(d) => Some(encode::flush_set(&d.name)),
+                    _ => None,
+                }));
+            }
+        }
+        batch.append(body);
+        bytes += batch.bytes();
         self.kernel.apply(&mut batch)?;
         kernel += t.elapsed();
         record.record(family, &[&frame, &tx.ops], &decls, full);

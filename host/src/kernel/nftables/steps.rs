@@ -29,21 +29,34 @@
 //! sync as before (every rule flushed, every set emptied, everything
 //! written again, a key's data replaced in its own set); its first step is
 //! what the table does not hold yet, from the host's record of what it
-//! wrote ([`Held`]). Interval sets and the kernel-filled affinity sets
-//! are left to the second step (an interval may not overlap the one it
-//! replaces), and so is anything that names a chain or set the sync
-//! flushes, deletes or declares again with another shape.
+//! wrote ([`Held`]). Left to the second step: interval sets' and the
+//! kernel-filled affinity sets' elements (an interval may not overlap the
+//! one it replaces); `firewall-ips` (its lookup pairs with the interval
+//! set `firewall-allow`: a destination there before its ranges would drop
+//! everything); anything that names a chain or set the sync flushes,
+//! deletes or declares again with another shape; a new chain or set
+//! unless all of it goes first (one reachable half-filled would drop what
+//! its missing rules serve), and what names it; and a chain's rules after
+//! one that waits (rules are appended: the order must stay).
+//!
+//! Between the steps a chain the sync does not flush keeps its old rules
+//! with the new ones after them: a plugin that gives a chain other work
+//! flushes it (a partial render) or names it anew. A second step that
+//! fails leaves the first written (checked additions only); the next sync
+//! is full, and [`Held`] unknown until it succeeds.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
 use kpx_rules::model::IpFamily;
-use kpx_rules::ops::nftables::{Elements, Match, Op, Rule, SetDecl, SetRef, Statement, Verdict};
+use kpx_rules::ops::nftables::{Elements, HostSet, Match, Op, Rule, SetDecl, SetRef, Statement, Verdict};
 
 /// What the kernel holds as far as a full sync's first step needs it: the
 /// hashes of each chain's rules and of each exact-key set's keys, as the
-/// host wrote them. Unknown after a write that failed (the next full sync
-/// writes in one step, and records it).
+/// host wrote them. Unknown after a write that failed, or once someone
+/// else changed the table (the next full sync writes in one step, and
+/// records it). Hashes of what a plugin chose may collide: that only
+/// leaves something to the second step.
 #[derive(Debug, Default)]
 pub struct Held {
     known: bool,
@@ -59,23 +72,39 @@ fn hash_of<T: Hash + ?Sized>(t: &T) -> u64 {
     h.finish()
 }
 
-/// Sets whose elements the first step may add: exact keys, no timeouts.
-fn exact(d: &SetDecl) -> bool {
-    !d.interval && d.timeout_seconds.is_none()
+/// Sets whose elements the first step may add: exact keys, no timeouts,
+/// and not `firewall-ips` (see the module doc).
+fn first_elements(set: &SetRef, d: &SetDecl) -> bool {
+    !d.interval && d.timeout_seconds.is_none() && *set != SetRef::Host(HostSet::FirewallIps)
 }
 
-/// Each element's key words of `e` (the first words of each element).
-fn keys<'a>(family: IpFamily, decl: &SetDecl, e: &'a Elements) -> Option<impl Iterator<Item = &'a [u32]> + 'a> {
-    let stride = decl.stride(family);
+/// Each element's key words of `e`: an add carries key and data words, a
+/// delete the key's only.
+fn keys<'a>(
+    family: IpFamily,
+    decl: &SetDecl,
+    e: &'a Elements,
+    with_data: bool,
+) -> Option<impl Iterator<Item = &'a [u32]> + 'a> {
     let key_words: usize = decl.key.iter().map(|k| k.words(family)).sum();
+    let stride = if with_data { decl.stride(family) } else { key_words };
     if stride == 0 || !e.words.len().is_multiple_of(stride) {
         return None;
     }
     Some(e.words.chunks_exact(stride).map(move |c| &c[..key_words]))
 }
 
-/// The chains and sets a rule names.
-fn rule_refs(rule: &Rule) -> impl Iterator<Item = &str> {
+/// The chains a rule jumps or goes to.
+fn chain_refs(rule: &Rule) -> impl Iterator<Item = &str> {
+    match &rule.verdict {
+        Verdict::Jump(c) | Verdict::Goto(c) => Some(c.as_str()),
+        _ => None,
+    }
+    .into_iter()
+}
+
+/// The sets and maps a rule looks up or updates.
+fn set_refs(rule: &Rule) -> impl Iterator<Item = &str> {
     let matches = rule.matches.iter().filter_map(|m| match m {
         Match::Lookup { set, .. } => Some(set.name()),
         _ => None,
@@ -85,15 +114,14 @@ fn rule_refs(rule: &Rule) -> impl Iterator<Item = &str> {
         _ => None,
     });
     let verdict = match &rule.verdict {
-        Verdict::Jump(c) | Verdict::Goto(c) => Some(c.as_str()),
         Verdict::DnatMap { map, .. } | Verdict::Vmap { map, .. } => Some(map.name()),
         _ => None,
     };
     matches.chain(statements).chain(verdict)
 }
 
-/// The elements of `e` whose key `keep` accepts, as an op of their own
-/// (None if none is).
+/// The elements of an add `e` whose key `keep` accepts, as an op of their
+/// own (None if none is).
 fn elements_where(
     family: IpFamily,
     decl: &SetDecl,
@@ -111,6 +139,36 @@ fn elements_where(
     (!words.is_empty()).then(|| Elements { set: e.set.clone(), words, chains: e.chains.clone() })
 }
 
+/// Chains and sets the first step may not name, grown until every new one
+/// it creates is whole.
+#[derive(Default)]
+struct Waiting<'a> {
+    chains: HashSet<&'a str>,
+    sets: HashSet<&'a str>,
+}
+
+impl<'a> Waiting<'a> {
+    fn names(&self, rule: &Rule) -> bool {
+        self.chains.contains(rule.chain.as_str())
+            || chain_refs(rule).any(|c| self.chains.contains(c))
+            || set_refs(rule).any(|s| self.sets.contains(s))
+    }
+
+    fn names_chains(&self, e: &Elements) -> bool {
+        e.chains.iter().any(|c| self.chains.contains(c.as_str()))
+    }
+}
+
+fn base_chains(ops: &[&[Op]]) -> HashSet<&'static str> {
+    ops.iter()
+        .flat_map(|o| o.iter())
+        .filter_map(|op| match op {
+            Op::AddBaseChain(b) => Some(b.name),
+            _ => None,
+        })
+        .collect()
+}
+
 impl Held {
     /// The kernel's contents are not known (a write failed, or someone
     /// else changed the table).
@@ -124,14 +182,7 @@ impl Held {
         if full {
             *self = Held { known: true, ..Held::default() };
         }
-        let base: HashSet<&str> = ops
-            .iter()
-            .flat_map(|o| o.iter())
-            .filter_map(|op| match op {
-                Op::AddBaseChain(b) => Some(b.name),
-                _ => None,
-            })
-            .collect();
+        let base = base_chains(ops);
         for op in ops.iter().flat_map(|o| o.iter()) {
             match op {
                 Op::AddChain(c) if !base.contains(c.as_str()) => {
@@ -151,7 +202,7 @@ impl Held {
                     }
                 }
                 Op::AddSet(d) => {
-                    if exact(d) {
+                    if !d.interval && d.timeout_seconds.is_none() {
                         self.sets.entry(d.name.clone()).or_default();
                     } else {
                         self.sets.remove(&d.name);
@@ -167,9 +218,12 @@ impl Held {
                 }
                 Op::AddElements(e) | Op::DeleteElements(e) => {
                     let add = matches!(op, Op::AddElements(_));
-                    let name = e.set.name();
-                    let (Some(held), Some(decl)) = (self.sets.get_mut(name), decls(&e.set)) else { continue };
-                    let Some(keys) = keys(family, &decl, e) else { continue };
+                    let (Some(held), Some(decl)) = (self.sets.get_mut(e.set.name()), decls(&e.set)) else { continue };
+                    let Some(keys) = keys(family, &decl, e, add) else {
+                        // Not as declared (the checks refuse that): unknown.
+                        self.sets.remove(e.set.name());
+                        continue;
+                    };
                     for k in keys {
                         if add {
                             held.insert(hash_of(k));
@@ -198,66 +252,74 @@ impl Held {
         kernel_sets: &HashSet<&str>,
         replaced: &HashSet<&str>,
     ) -> Vec<Op> {
-        let mut out = Vec::new();
         if !self.known {
-            return out;
+            return Vec::new();
         }
-        let ops = || ops.iter().flat_map(|o| o.iter());
-        let base: HashSet<&str> = ops()
-            .filter_map(|op| match op {
-                Op::AddBaseChain(b) => Some(b.name),
-                _ => None,
-            })
-            .collect();
-        // Chains and sets the first step may name: held ones (but base
-        // chains and replaced sets) and those it declares.
-        let mut usable: HashSet<&str> = kernel_chains
-            .iter()
-            .chain(kernel_sets)
-            .copied()
-            .filter(|n| !base.contains(n) && !replaced.contains(n))
-            .collect();
-        for op in ops() {
-            match op {
-                Op::AddChain(c) if !base.contains(c.as_str()) && !kernel_chains.contains(c.as_str()) => {
-                    usable.insert(c);
-                    out.push(op.clone());
-                }
-                Op::AddSet(d) if exact(d) && !kernel_sets.contains(d.name.as_str()) => {
-                    usable.insert(&d.name);
-                    out.push(op.clone());
-                }
-                Op::AddRule(r) => {
-                    let new_chain = !kernel_chains.contains(r.chain.as_str());
-                    let appendable = new_chain || self.chains.get(&r.chain).is_some_and(|h| !h.contains(&hash_of(r)));
-                    if appendable && usable.contains(r.chain.as_str()) && rule_refs(r).all(|n| usable.contains(n)) {
-                        out.push(op.clone());
+        let base = base_chains(ops);
+        let mut waiting = Waiting { chains: base.iter().copied().collect(), sets: replaced.iter().copied().collect() };
+        loop {
+            let mut first = Vec::new();
+            // Chains with a rule left to the second step: their later
+            // rules wait too.
+            let mut late: HashSet<&str> = HashSet::new();
+            let mut grew = false;
+            for op in ops.iter().flat_map(|o| o.iter()) {
+                match op {
+                    Op::AddChain(c) if !kernel_chains.contains(c.as_str()) && !waiting.chains.contains(c.as_str()) => {
+                        first.push(op.clone())
                     }
-                }
-                Op::AddElements(e) => {
-                    let name = e.set.name();
-                    let Some(decl) = decls(&e.set).filter(exact) else { continue };
-                    if !usable.contains(name) || !e.chains.iter().all(|c| usable.contains(c.as_str())) {
-                        continue;
-                    }
-                    let held = if kernel_sets.contains(name) {
-                        // Held: only keys it does not hold; unknown keys, none.
-                        match self.sets.get(name) {
-                            Some(h) => Some(h),
-                            None => continue,
+                    Op::AddSet(d) if !kernel_sets.contains(d.name.as_str()) => {
+                        if !d.interval && d.timeout_seconds.is_none() && !waiting.sets.contains(d.name.as_str()) {
+                            first.push(op.clone());
+                        } else {
+                            grew |= waiting.sets.insert(&d.name);
                         }
-                    } else {
-                        None
-                    };
-                    if let Some(e) = elements_where(family, &decl, e, |k| held.is_none_or(|h| !h.contains(&hash_of(k))))
-                    {
-                        out.push(Op::AddElements(e));
                     }
+                    Op::AddRule(r) => {
+                        let chain = r.chain.as_str();
+                        let new = !kernel_chains.contains(chain);
+                        let held = self.chains.get(chain);
+                        if !new && held.is_some_and(|h| h.contains(&hash_of(r))) {
+                            // There already.
+                            continue;
+                        }
+                        if waiting.names(r) || late.contains(chain) {
+                            late.insert(chain);
+                            grew |= new && waiting.chains.insert(chain);
+                        } else if new {
+                            first.push(op.clone());
+                        } else if held.is_some() {
+                            // Appended after the rules the chain holds.
+                            first.push(op.clone());
+                        }
+                    }
+                    Op::AddElements(e) => {
+                        let name = e.set.name();
+                        let new = !kernel_sets.contains(name);
+                        let decl = decls(&e.set).filter(|d| first_elements(&e.set, d));
+                        let decl = match decl {
+                            Some(d) if !waiting.sets.contains(name) && !waiting.names_chains(e) => d,
+                            _ => {
+                                grew |= new && waiting.sets.insert(name);
+                                continue;
+                            }
+                        };
+                        if new {
+                            first.push(op.clone());
+                        } else if let Some(held) = self.sets.get(name) {
+                            // Held: only the keys it does not hold.
+                            if let Some(e) = elements_where(family, &decl, e, |k| !held.contains(&hash_of(k))) {
+                                first.push(Op::AddElements(e));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
-                _ => {}
+            }
+            if !grew {
+                return first;
             }
         }
-        out
     }
 }
 
@@ -271,54 +333,87 @@ pub fn split_partial(
     decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
 ) -> Option<(Vec<Op>, Vec<Op>)> {
     // What the sync flushes or deletes: nothing in the first step names it.
-    let mut broken: HashSet<&str> = HashSet::new();
+    let mut waiting = Waiting::default();
     let mut deleted: HashMap<&str, HashSet<&[u32]>> = HashMap::new();
+    let (mut new_chains, mut new_sets) = (HashSet::new(), HashSet::new());
     for op in ops {
         match op {
-            Op::FlushChain(n) | Op::DeleteChain(n) | Op::FlushSet(n) | Op::DeleteSet(n) => {
-                broken.insert(n);
+            Op::FlushChain(n) | Op::DeleteChain(n) => {
+                waiting.chains.insert(n.as_str());
+            }
+            Op::FlushSet(n) | Op::DeleteSet(n) => {
+                waiting.sets.insert(n.as_str());
             }
             Op::DeleteElements(e) => {
-                let Some(decl) = decls(&e.set) else { continue };
-                let Some(keys) = keys(family, &decl, e) else { continue };
-                deleted.entry(e.set.name()).or_default().extend(keys);
+                let keys = decls(&e.set).and_then(|decl| Some(keys(family, &decl, e, false)?.collect::<Vec<_>>()));
+                match keys {
+                    Some(keys) => deleted.entry(e.set.name()).or_default().extend(keys),
+                    // Not as declared (the checks refuse that): the set waits.
+                    None => {
+                        waiting.sets.insert(e.set.name());
+                    }
+                }
+            }
+            Op::AddChain(c) => {
+                new_chains.insert(c.as_str());
+            }
+            Op::AddSet(d) => {
+                new_sets.insert(d.name.as_str());
             }
             _ => {}
         }
     }
-    if broken.is_empty() && deleted.is_empty() {
+    if waiting.chains.is_empty() && waiting.sets.is_empty() && deleted.is_empty() {
         return None;
     }
-    let mut first = Vec::new();
-    let mut rest = Vec::new();
-    for op in ops {
-        match op {
-            Op::AddChain(c) if !broken.contains(c.as_str()) => first.push(op.clone()),
-            Op::AddSet(d) if !broken.contains(d.name.as_str()) => first.push(op.clone()),
-            Op::AddRule(r) if !broken.contains(r.chain.as_str()) && rule_refs(r).all(|n| !broken.contains(n)) => {
-                first.push(op.clone())
-            }
-            Op::AddElements(e) => {
-                let name = e.set.name();
-                let decl = decls(&e.set).filter(exact);
-                match decl {
-                    Some(decl) if !broken.contains(name) && e.chains.iter().all(|c| !broken.contains(c.as_str())) => {
-                        let gone = deleted.get(name);
-                        let is_gone = |k: &[u32]| gone.is_some_and(|g| g.contains(k));
-                        if let Some(now) = elements_where(family, &decl, e, |k| !is_gone(k)) {
-                            first.push(Op::AddElements(now));
+    loop {
+        let (mut first, mut rest) = (Vec::new(), Vec::new());
+        let mut late: HashSet<&str> = HashSet::new();
+        let mut grew = false;
+        for op in ops {
+            match op {
+                Op::AddChain(c) if !waiting.chains.contains(c.as_str()) => first.push(op.clone()),
+                Op::AddSet(d) if !waiting.sets.contains(d.name.as_str()) => first.push(op.clone()),
+                Op::AddRule(r) => {
+                    let chain = r.chain.as_str();
+                    if waiting.names(r) || late.contains(chain) {
+                        late.insert(chain);
+                        grew |= new_chains.contains(chain) && waiting.chains.insert(chain);
+                        rest.push(op.clone());
+                    } else {
+                        first.push(op.clone());
+                    }
+                }
+                Op::AddElements(e) => {
+                    let name = e.set.name();
+                    let decl = decls(&e.set).filter(|d| first_elements(&e.set, d));
+                    let mut waits = false;
+                    match decl {
+                        Some(decl) if !waiting.sets.contains(name) && !waiting.names_chains(e) => {
+                            let gone = deleted.get(name);
+                            let is_gone = |k: &[u32]| gone.is_some_and(|g| g.contains(k));
+                            if let Some(now) = elements_where(family, &decl, e, |k| !is_gone(k)) {
+                                first.push(Op::AddElements(now));
+                            }
+                            if let Some(later) = elements_where(family, &decl, e, is_gone) {
+                                rest.push(Op::AddElements(later));
+                                waits = true;
+                            }
                         }
-                        if let Some(later) = elements_where(family, &decl, e, is_gone) {
-                            rest.push(Op::AddElements(later));
+                        _ => {
+                            rest.push(op.clone());
+                            waits = !e.words.is_empty();
                         }
                     }
-                    _ => rest.push(op.clone()),
+                    grew |= waits && new_sets.contains(name) && waiting.sets.insert(name);
                 }
+                _ => rest.push(op.clone()),
             }
-            _ => rest.push(op.clone()),
+        }
+        if !grew {
+            return (!first.is_empty()).then_some((first, rest));
         }
     }
-    (!first.is_empty()).then_some((first, rest))
 }
 
 #[cfg(test)]

@@ -36,6 +36,16 @@ fn slots(n: u32, endpoints: u32) -> Elements {
     w.finish()
 }
 
+/// The keys only of the web Service's slots in `internal-tcp-N`: what a
+/// delete carries.
+fn slot_keys(n: u32, from: u32, to: u32) -> Elements {
+    let mut w = ElementWriter::new(V4, SetRef::Own(format!("internal-tcp-{n}")));
+    for slot in from..to {
+        w.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80).word(slot);
+    }
+    w.finish()
+}
+
 fn count_rule(n: u32) -> Rule {
     let mut keys = KeyExpr::DESTINATION.to_vec();
     keys.push(KeyExpr::NumgenRandom(n));
@@ -53,7 +63,7 @@ fn service_ips(chain: &str) -> Elements {
 #[test]
 fn a_move_to_a_new_map_adds_first_and_deletes_after() {
     let ops = vec![
-        Op::DeleteElements(slots(1, 1)),
+        Op::DeleteElements(slot_keys(1, 0, 1)),
         Op::AddSet(map(2)),
         Op::AddRule(count_rule(2)),
         Op::AddElements(slots(2, 2)),
@@ -64,29 +74,26 @@ fn a_move_to_a_new_map_adds_first_and_deletes_after() {
     assert_eq!(rest, vec![ops[0].clone()]);
 }
 
-/// A key whose data changes in its own set is replaced in one step (an
+/// Keys whose data change in their own set are replaced in one step (an
 /// add before its delete would be refused as a duplicate); the other
-/// elements of the same op go first.
+/// elements of the same op go first. Three replaced at once (a rolling
+/// update's sync), read as keys without data.
 #[test]
 fn a_replaced_key_stays_in_the_second_step() {
-    let sets = [map(2)];
-    // Slot 0 changes endpoint, slot 1 is new.
-    let mut old = ElementWriter::new(V4, SetRef::Own("internal-tcp-2".into()));
-    old.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80).word(0);
-    old.endpoint("10.1.0.9".parse().unwrap(), 8080);
-    let ops = vec![Op::DeleteElements(old.finish()), Op::AddElements(slots(2, 2))];
+    let sets = [map(4)];
+    let ops = vec![Op::DeleteElements(slot_keys(4, 0, 3)), Op::AddElements(slots(4, 4))];
     let (first, rest) = split_partial(V4, &ops, &decls(&sets)).expect("two steps");
-    let words = slots(2, 2).words;
-    let half = words.len() / 2;
+    let words = slots(4, 4).words;
+    let per = words.len() / 4;
     match (&first[..], &rest[..]) {
         ([Op::AddElements(now)], [Op::DeleteElements(_), Op::AddElements(later)]) => {
-            assert_eq!(now.words, words[half..], "slot 1 first");
-            assert_eq!(later.words, words[..half], "slot 0 replaced after its delete");
+            assert_eq!(now.words, words[3 * per..], "slot 3 first");
+            assert_eq!(later.words, words[..3 * per], "slots 0-2 replaced after their delete");
         }
         _ => panic!("{first:?} / {rest:?}"),
     }
-    // Only a replacement: one step.
-    let ops = vec![Op::DeleteElements(slots(2, 1)), Op::AddElements(slots(2, 1))];
+    // Only replacements: one step.
+    let ops = vec![Op::DeleteElements(slot_keys(4, 0, 2)), Op::AddElements(slots(4, 2))];
     assert_eq!(split_partial(V4, &ops, &decls(&sets)), None);
 }
 
@@ -95,7 +102,7 @@ fn a_replaced_key_stays_in_the_second_step() {
 fn one_step_when_nothing_moves() {
     let sets = [map(1)];
     assert_eq!(split_partial(V4, &[Op::AddElements(slots(1, 1))], &decls(&sets)), None);
-    assert_eq!(split_partial(V4, &[Op::DeleteElements(slots(1, 1))], &decls(&sets)), None);
+    assert_eq!(split_partial(V4, &[Op::DeleteElements(slot_keys(1, 0, 1))], &decls(&sets)), None);
 }
 
 /// What names a flushed or deleted chain or set waits for the second
@@ -111,7 +118,7 @@ fn what_names_a_flushed_object_goes_second() {
     sticky.address("10.0.0.1".parse().unwrap());
     let ops = vec![
         Op::FlushChain("svc-web".into()),
-        Op::DeleteElements(slots(1, 1)),
+        Op::DeleteElements(slot_keys(1, 0, 1)),
         Op::AddRule(Rule::new("svc-web").verdict(Verdict::Accept)),
         Op::AddRule(Rule::new("other").verdict(Verdict::Goto("svc-web".into()))),
         Op::AddElements(service_ips("svc-web")),
@@ -195,9 +202,76 @@ fn a_full_sync_adds_first_what_the_table_lacks() {
     changed.push(Op::AddRule(Rule::new("nat-prerouting").verdict(Verdict::Accept)));
     assert!(held.first_of_full(V4, &[&changed, &before], &d, &chains, &kernel_sets, &HashSet::new()).is_empty());
     // A partial write recorded on top: its keys are held.
-    held.record(V4, &[&[Op::DeleteElements(slots(1, 1)), Op::AddElements(slots(2, 2))]], &d, false);
+    held.record(V4, &[&[Op::DeleteElements(slot_keys(1, 0, 1)), Op::AddElements(slots(2, 2))]], &d, false);
+    // The deleted key is no longer held: map 1 declared again gets it first.
+    let back = vec![Op::AddSet(map(1)), Op::AddElements(slots(1, 1))];
+    let first = held.first_of_full(V4, &[&frame, &back], &d, &chains, &kernel_sets, &HashSet::new());
+    assert_eq!(first, vec![Op::AddElements(slots(1, 1))]);
     let first = held.first_of_full(V4, &[&frame, &after], &d, &chains, &kernel_sets, &HashSet::new());
     assert_eq!(first, vec![Op::AddSet(map(3)), Op::AddRule(count_rule(3))]);
     held.forget();
     assert!(held.first_of_full(V4, &[&frame, &after], &d, &chains, &kernel_sets, &HashSet::new()).is_empty());
+}
+
+/// Rules are appended: once one of a chain's waits, the later ones wait
+/// too, or the chain would end in another order than in one step.
+#[test]
+fn a_chains_rules_keep_their_order() {
+    let sets = [map(1)];
+    let ops =
+        vec![
+            Op::FlushSet("internal-tcp-1".into()),
+            Op::AddElements(slots(1, 1)),
+            Op::AddRule(count_rule(1).verdict(Verdict::Vmap {
+                keys: KeyExpr::DESTINATION.to_vec(),
+                map: SetRef::Own("internal-tcp-1".into()),
+            })),
+            Op::AddRule(Rule::new("select-internal").verdict(Verdict::Drop)),
+            Op::AddRule(Rule::new("other").verdict(Verdict::Accept)),
+        ];
+    let (first, rest) = split_partial(V4, &ops, &decls(&sets)).expect("two steps");
+    assert_eq!(first, vec![ops[4].clone()]);
+    assert_eq!(rest, ops[..4].to_vec());
+}
+
+/// A new chain reachable before all its rules are in would drop what the
+/// missing ones serve: it waits whole, with what names it; so does a new
+/// map whose elements wait, and `firewall-ips` (its ranges are an
+/// interval set's, written second).
+#[test]
+fn nothing_new_is_reachable_half_made() {
+    let sets = [map(1), map(2)];
+    let ops =
+        vec![
+            Op::FlushChain("old".into()),
+            Op::AddChain("svc".into()),
+            Op::AddRule(Rule::new("svc").verdict(Verdict::Accept)),
+            Op::AddRule(Rule::new("svc").verdict(Verdict::Goto("old".into()))),
+            Op::AddElements(service_ips("svc")),
+            Op::AddRule(Rule::new("entry").verdict(Verdict::Jump("svc".into()))),
+            // A new map whose elements name the flushed chain...
+            Op::AddSet(SetDecl { data: Some(DataType::Verdict), ..map(2) }),
+            Op::AddElements({
+                let mut w = ElementWriter::new(V4, SetRef::Own("internal-tcp-2".into()));
+                w.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80).word(0);
+                w.verdict(VerdictKind::Goto, Some("old"));
+                w.finish()
+            }),
+            // ...and the rule that looks it up.
+            Op::AddRule(Rule::new("select").verdict(Verdict::Vmap {
+                keys: KeyExpr::DESTINATION.to_vec(),
+                map: SetRef::Own("internal-tcp-2".into()),
+            })),
+            Op::AddElements({
+                let mut w = ElementWriter::new(V4, SetRef::Host(HostSet::FirewallIps));
+                w.address("10.96.0.10".parse().unwrap()).protocol(Protocol::Tcp).word(80);
+                w.finish()
+            }),
+            Op::AddChain("fine".into()),
+            Op::AddRule(Rule::new("fine").verdict(Verdict::Accept)),
+        ];
+    let sets = [sets[0].clone(), SetDecl { data: Some(DataType::Verdict), ..map(2) }];
+    let (first, rest) = split_partial(V4, &ops, &decls(&sets)).expect("two steps");
+    assert_eq!(first, ops[10..].to_vec(), "only the whole new chain goes first");
+    assert_eq!(rest, ops[..10].to_vec());
 }
