@@ -111,6 +111,9 @@ pub struct Written {
     /// iptables and ipvs modes: the iptables rules kube-proxy owns now,
     /// (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,
+    /// Kernel transactions the sync took (nftables: 2 when made before
+    /// broken, [`nftables::steps`]; else 1).
+    pub steps: u8,
 }
 
 /// What a sync's kernel side reads of the state besides the plugin's

@@ -620,6 +620,7 @@ pub fn run(
                         plugin_ms = millis(report.plugin),
                         check_ms = millis(report.check),
                         kernel_ms = millis(report.kernel),
+                        steps = report.steps,
                         extensions_ms = millis(report.extensions),
                         "synced rules"
                     );

@@ -287,15 +287,24 @@ fn a_plugin_trapping_every_seventh_call_leaves_no_gap() {
     let synced = log.matches("synced rules family=IPv4").count();
     let failed_passes = log.matches("sync failed").count();
     let retried = log.matches("trying again with a fresh instance").count();
+    // Syncs made before broken (kernel::nftables::steps), partial and full.
+    let two_steps = |full: &str| {
+        log.lines()
+            .filter(|l| l.contains("synced rules family=IPv4") && l.contains(full) && l.contains("steps=2"))
+            .count()
+    };
+    let (two_partial, two_full) = (two_steps("full=false"), two_steps("full=true"));
     let failed: Vec<_> = outcomes.iter().filter(|o| o.2.is_none()).collect();
     let (traps, calls) = (metric_sum(&lab, "kpx_plugin_traps_total"), metric_sum(&lab, "kpx_plugin_calls_total"));
     eprintln!(
-        "every7: {synced} syncs of IPv4 in {took:?} ({flips} endpoint changes), {retried} traps retried at once, {failed_passes} failed passes; {} connections, {} failed; traps {traps}, calls {calls}",
+        "every7: {synced} syncs of IPv4 in {took:?} ({flips} endpoint changes), {retried} traps retried at once, {failed_passes} failed passes; {two_partial} partial and {two_full} full syncs in two steps; {} connections, {} failed; traps {traps}, calls {calls}",
         outcomes.len(),
         failed.len()
     );
     assert!(synced >= CYCLES, "only {synced} syncs in {took:?}");
     assert_eq!(failed_passes, 0, "a trap failed a pass");
+    // The endpoint moving between maps is written in two steps.
+    assert!(two_partial > 0, "no partial sync was made before broken");
     for (at, why) in &failures {
         let at = at.saturating_duration_since(t0);
         let flip = flipped_at.iter().rev().find(|f| **f <= at).copied();

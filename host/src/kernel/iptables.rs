@@ -535,6 +535,6 @@ impl IptablesDataplane {
         }
         self.written = Some(Previous { host_chains, hooks });
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        Ok(Written { bytes, kernel, iptables_rules: Some(rules) })
+        Ok(Written { bytes, kernel, iptables_rules: Some(rules), steps: 1 })
     }
 }

@@ -644,7 +644,7 @@ impl NftablesDataplane {
         self.sizes = sizes;
         self.model.commit(checked);
         self.synced |= full;
-        Ok(Written { bytes, kernel, iptables_rules: None })
+        Ok(Written { bytes, kernel, iptables_rules: None, steps: 1 + u8::from(first_written) })
     }
 }
 

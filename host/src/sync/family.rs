@@ -55,6 +55,9 @@ pub struct Report {
     pub extensions: std::time::Duration,
     /// iptables mode: the rules kube-proxy owns now, (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,
+    /// Kernel transactions of the rule write (nftables: 2 when made
+    /// before broken).
+    pub steps: u8,
 }
 
 pub struct FamilyProxier {
@@ -455,6 +458,7 @@ impl FamilyProxier {
             kernel: written.kernel,
             extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
+            steps: written.steps,
         })
     }
 

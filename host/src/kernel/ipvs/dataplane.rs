@@ -285,6 +285,7 @@ impl IpvsDataplane {
             bytes: writes + script.len() + text.len(),
             kernel: t.elapsed(),
             iptables_rules: Some((frame.rules.len() - rules, rules)),
+            steps: 1,
         })
     }
 
