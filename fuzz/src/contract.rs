@@ -131,7 +131,7 @@ fn writes_apply(u: &mut Unstructured, lab: &Lab, full: &IptRuleset, partial: &Ip
     let full = IptRuleset { kept_hooks: Vec::new(), ..full.clone() };
     let mut model = vipt::Model::default();
     let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &lab.scope, model: &model, full: true };
-    let Ok(first) = prepare_in_runs(&ctx, settings, &full, BUDGET, None, per_run) else { return };
+    let Ok(first) = prepare_in_runs(&ctx, settings, &full, BUDGET, None, per_run, &Default::default()) else { return };
     apply(&mut kernel, &first, &full);
     model.commit(first.checked);
     let mut scope = lab.scope.clone();
@@ -159,8 +159,51 @@ fn writes_apply(u: &mut Unstructured, lab: &Lab, full: &IptRuleset, partial: &Ip
         );
     }
     let previous = Previous { host_chains: first.host_chains, hooks: first.hooks };
-    let Ok(second) = prepare_in_runs(&ctx, settings, partial, BUDGET, Some(previous), per_run) else { return };
+    let Ok(second) = prepare_in_runs(&ctx, settings, partial, BUDGET, Some(previous), per_run, &Default::default())
+    else {
+        return;
+    };
     apply(&mut kernel, &second, partial);
+    // A restart: a full sync over what the kernel holds (the first one's
+    // ruleset again, or the partial one's as a full one) leaves the own
+    // chains it holds as wanted out of its runs; the kernel must still end
+    // with every chain as the host believes it.
+    let again = match u.int_in_range(0..=2u8).unwrap_or(0) {
+        0 => full,
+        1 => IptRuleset { kept_hooks: Vec::new(), ..partial.clone() },
+        // One own chain's rules changed: its last one dropped.
+        _ => {
+            let mut rs = full;
+            if let Some(at) = index(u, rs.rules.len()) {
+                let (table, chain) = (rs.rules[at].table, rs.rules[at].chain.clone());
+                if let Some(last) = rs.rules.iter().rposition(|r| r.table == table && r.chain == chain) {
+                    rs.rules.remove(last);
+                }
+            }
+            rs
+        }
+    };
+    let dump = parse_dump(&kernel.save(), d);
+    let unchanged = kpx::kernel::iptables::unchanged(&dump, &again, d);
+    let mut model = vipt::Model::default();
+    model.reset(Table::ALL.into_iter().flat_map(|t| {
+        dump.chains(t)
+            .filter(|c| kpx_rules::ops::iptables::own_chain_name_problem(c).is_none())
+            .map(move |c| (t, c.clone()))
+            .collect::<Vec<_>>()
+    }));
+    let ctx = vipt::Context { plugin: "fuzz", dialect: d, scope: &lab.scope, model: &model, full: true };
+    let Ok(third) = prepare_in_runs(&ctx, settings, &again, BUDGET, None, per_run, &unchanged) else { return };
+    for (table, chain) in &unchanged {
+        let declared = format!(":{chain} ");
+        let appended = format!("-A {chain} ");
+        assert!(
+            !third.runs().flat_map(|r| r.lines()).any(|l| l.starts_with(&declared) || l.starts_with(&appended)),
+            "{} {chain} is held as wanted but written again",
+            table.name()
+        );
+    }
+    apply(&mut kernel, &third, &again);
 }
 
 /// The iptables-restore payload of an accepted ruleset, read as the

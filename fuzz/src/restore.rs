@@ -105,6 +105,23 @@ impl Tables {
     }
 
     /// Creates a chain where missing (`iptables -N`, which never flushes).
+    /// What `iptables-save` prints of the tables (no counters).
+    pub fn save(&self) -> String {
+        let mut out = String::new();
+        for (table, chains) in &self.0 {
+            out.push_str(&format!("*{table}\n"));
+            for chain in chains.keys() {
+                out.push_str(&format!(":{chain} - [0:0]\n"));
+            }
+            for line in chains.values().flatten() {
+                out.push_str(line);
+                out.push('\n');
+            }
+            out.push_str("COMMIT\n");
+        }
+        out
+    }
+
     pub fn ensure(&mut self, table: &str, chain: &str) {
         self.0.entry(table.to_string()).or_default().entry(chain.to_string()).or_default();
     }

@@ -92,7 +92,41 @@ pub fn prepare(
     max_bytes: usize,
     previous: Option<Previous>,
 ) -> std::result::Result<Prepared, Rejected> {
-    prepare_in_runs(ctx, settings, ruleset, max_bytes, previous, CHAINS_PER_RUN)
+    prepare_in_runs(ctx, settings, ruleset, max_bytes, previous, CHAINS_PER_RUN, &Unchanged::new())
+}
+
+/// Own chains the kernel holds with exactly the rules a full sync gives
+/// them: the sync leaves them out of its payload (no `:CHAIN` line, no
+/// rules), so a restart over 100,000 chains does not rewrite them all in
+/// one run (iptables-nft's time is quadratic in the chains a run touches).
+pub type Unchanged = std::collections::HashSet<(Table, String)>;
+
+/// The ruleset's own chains that `dump` holds with the same rules, in the
+/// same order, and nothing kpx does not recognise.
+pub fn unchanged(dump: &Dump, ruleset: &Ruleset, d: Dialect) -> Unchanged {
+    use std::collections::HashMap;
+    let mut want: HashMap<(Table, &str), Vec<&Rule>> = HashMap::new();
+    for r in &ruleset.rules {
+        want.entry((r.table, r.chain.as_str())).or_default().push(r);
+    }
+    ruleset
+        .chains
+        .iter()
+        .filter(|(t, c)| {
+            let Some(table) = dump.tables.get(t) else { return false };
+            if !table.chains.contains_key(c) {
+                return false;
+            }
+            let held = table.rules.get(c).map(Vec::as_slice).unwrap_or_default();
+            let want = want.get(&(*t, c.as_str())).map(Vec::as_slice).unwrap_or_default();
+            held.len() == want.len()
+                && held.iter().zip(want).all(|(h, w)| match h {
+                    parse::Line::Rule(h) => parse::normalize(h, d) == parse::normalize(w, d),
+                    parse::Line::Foreign { .. } => false,
+                })
+        })
+        .cloned()
+        .collect()
 }
 
 /// [`prepare`] with another number of chains a run before or after the
@@ -105,6 +139,7 @@ pub fn prepare_in_runs(
     max_bytes: usize,
     previous: Option<Previous>,
     per_run: usize,
+    unchanged: &Unchanged,
 ) -> std::result::Result<Prepared, Rejected> {
     let (mut host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
     let kept = kept_hooks(ctx, ruleset, hooks)?;
@@ -127,7 +162,7 @@ pub fn prepare_in_runs(
         };
     }
     let frame = frame::frame(settings);
-    let (main, before, after) = split(ctx, ruleset, &checked.stale, per_run.max(1));
+    let (main, before, after) = split(ctx, ruleset, &checked.stale, per_run.max(1), unchanged);
     let stale: &[(Table, String)] = if after.is_empty() { &checked.stale } else { &[] };
     let (text, host_chains) = payload_keeping(&frame, &main, stale, ctx.dialect, host_chains.as_ref(), kept_lines);
     drop(main);
@@ -159,6 +194,29 @@ pub fn prepare_in_runs(
 /// are deleted after it when there are more than that. Otherwise the
 /// ruleset is written whole, in one run.
 fn split<'r>(
+    ctx: &Context,
+    ruleset: &'r Ruleset,
+    stale: &[(Table, String)],
+    per_run: usize,
+    unchanged: &Unchanged,
+) -> (std::borrow::Cow<'r, Ruleset>, Vec<String>, Vec<String>) {
+    if unchanged.is_empty() {
+        return split_runs(ctx, ruleset, stale, per_run);
+    }
+    // Chains the kernel holds as they are wanted are not written at all.
+    let is_unchanged = |t: Table, c: &str| unchanged.contains(&(t, c.to_string()));
+    let filtered = Ruleset {
+        chains: ruleset.chains.iter().filter(|(t, c)| !is_unchanged(*t, c)).cloned().collect(),
+        rules: ruleset.rules.iter().filter(|r| !is_unchanged(r.table, &r.chain)).cloned().collect(),
+        delete_chains: ruleset.delete_chains.clone(),
+        kept_hooks: ruleset.kept_hooks.clone(),
+    };
+    let (main, before, after) = split_runs(ctx, &filtered, stale, per_run);
+    (std::borrow::Cow::Owned(main.into_owned()), before, after)
+}
+
+/// [`split`] of what is written.
+fn split_runs<'r>(
     ctx: &Context,
     ruleset: &'r Ruleset,
     stale: &[(Table, String)],
@@ -491,10 +549,15 @@ impl IptablesDataplane {
     ) -> Result<Written, SyncError> {
         let d = dialect(settings);
         let mut kernel = std::time::Duration::ZERO;
+        let mut unchanged = Unchanged::new();
         if full {
             let t = std::time::Instant::now();
             let dump = self.kernel.dump(d)?;
             kernel += t.elapsed();
+            unchanged = self::unchanged(&dump, ruleset, d);
+            if !unchanged.is_empty() {
+                tracing::debug!(family = %settings.family, chains = unchanged.len(), "a full sync leaves own chains the kernel holds as wanted");
+            }
             let own = Table::ALL.into_iter().flat_map(|t| {
                 dump.chains(t)
                     .filter(|c| own_chain_name_problem(c).is_none())
@@ -508,7 +571,7 @@ impl IptablesDataplane {
         // what the last write left.
         // Taken: a refused ruleset or a failed write makes the next sync full.
         let previous = self.written.take().filter(|_| !full);
-        let prepared = prepare(&ctx, settings, ruleset, self.max_bytes, previous)?;
+        let prepared = prepare_in_runs(&ctx, settings, ruleset, self.max_bytes, previous, CHAINS_PER_RUN, &unchanged)?;
         let t = std::time::Instant::now();
         if full {
             self.kernel.ensure_canaries()?;

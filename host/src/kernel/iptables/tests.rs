@@ -236,3 +236,55 @@ fn many_new_or_gone_chains_are_written_in_runs_around_the_main_one() {
     assert_eq!(flushed.len(), n + 1);
     assert_eq!(flushed, deleted);
 }
+
+/// A full sync over a kernel that holds the own chains as wanted (kpx
+/// restarted) leaves them out of its runs; one changed by someone else,
+/// or holding a line kpx does not read, is written again.
+#[test]
+fn a_full_sync_leaves_own_chains_held_as_wanted() {
+    let s = settings();
+    let d = dialect(&s);
+    let services = vec![svc("ns", "web", "p", "10.96.0.10", 80, vec![ep("10.1.0.5", 8080), ep("10.1.0.6", 8080)])];
+    let (rs, whole) = render(&s, services.clone());
+    let sep: Vec<&(Table, String)> = rs.chains.iter().filter(|(_, c)| c.starts_with("KUBE-SEP-")).collect();
+    assert_eq!(sep.len(), 2);
+    // The kernel holds what one full sync wrote: every own chain as wanted.
+    let held = parse_dump(&whole, d);
+    let all = unchanged(&held, &rs, d);
+    assert_eq!(all.len(), rs.chains.len(), "{all:?}");
+    // One endpoint chain edited by hand, one with a foreign line.
+    let (edited, foreign) = (&sep[0].1, &sep[1].1);
+    let mut lines: Vec<String> = Vec::new();
+    let mut done = false;
+    for l in whole.lines() {
+        if !done && l.starts_with(&format!("-A {edited} ")) {
+            lines.push(l.replacen(&format!("-A {edited} "), &format!("-A {edited} -s 192.0.2.1/32 "), 1));
+            done = true;
+        } else {
+            lines.push(l.to_string());
+        }
+    }
+    assert!(done, "{edited} has a rule:\n{whole}");
+    // The foreign line, last in nat.
+    let at = lines.iter().rposition(|l| l == "COMMIT").expect("nat's COMMIT");
+    lines.insert(at, format!("-A {foreign} -m nosuchmatch -j ACCEPT"));
+    let text = lines.join("\n") + "\n";
+    let held = parse_dump(&text, d);
+    let some = unchanged(&held, &rs, d);
+    assert!(!some.contains(&(Table::Nat, edited.clone())) && !some.contains(&(Table::Nat, foreign.clone())));
+    assert_eq!(some.len(), rs.chains.len() - 2);
+    // The full sync's runs write those two and the host's chains, none
+    // of the others.
+    let mut scope = crate::validate::Scope::default();
+    for p in &services {
+        scope.count(IpFamily::V4, p, true);
+    }
+    let model = Model::default();
+    let ctx = Context { plugin: "test", dialect: d, scope: &scope, model: &model, full: true };
+    let p = prepare_in_runs(&ctx, &s, &rs, 1 << 30, None, CHAINS_PER_RUN, &some).unwrap();
+    for (_, chain) in &rs.chains {
+        let written = p.text.contains(&format!(":{chain} - [0:0]"));
+        assert_eq!(written, chain == edited || chain == foreign, "{chain}:\n{}", p.text);
+    }
+    assert!(p.text.contains(":KUBE-SERVICES - [0:0]"), "the host's chains are written whole");
+}
