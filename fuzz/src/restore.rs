@@ -104,7 +104,6 @@ impl Tables {
         }
     }
 
-    /// Creates a chain where missing (`iptables -N`, which never flushes).
     /// What `iptables-save` prints of the tables (no counters).
     pub fn save(&self) -> String {
         let mut out = String::new();
@@ -122,6 +121,7 @@ impl Tables {
         out
     }
 
+    /// Creates a chain where missing (`iptables -N`, which never flushes).
     pub fn ensure(&mut self, table: &str, chain: &str) {
         self.0.entry(table.to_string()).or_default().entry(chain.to_string()).or_default();
     }

@@ -114,7 +114,8 @@ pub fn unchanged(dump: &Dump, ruleset: &Ruleset, d: Dialect) -> Unchanged {
         .iter()
         .filter(|(t, c)| {
             let Some(table) = dump.tables.get(t) else { return false };
-            if !table.chains.contains_key(c) {
+            // A user chain (no policy: not a base chain under that name).
+            if table.chains.get(c) != Some(&None) {
                 return false;
             }
             let held = table.rules.get(c).map(Vec::as_slice).unwrap_or_default();
@@ -204,7 +205,8 @@ fn split<'r>(
         return split_runs(ctx, ruleset, stale, per_run);
     }
     // Chains the kernel holds as they are wanted are not written at all.
-    let is_unchanged = |t: Table, c: &str| unchanged.contains(&(t, c.to_string()));
+    let unchanged: std::collections::HashSet<(Table, &str)> = unchanged.iter().map(|(t, c)| (*t, c.as_str())).collect();
+    let is_unchanged = |t: Table, c: &str| unchanged.contains(&(t, c));
     let filtered = Ruleset {
         chains: ruleset.chains.iter().filter(|(t, c)| !is_unchanged(*t, c)).cloned().collect(),
         rules: ruleset.rules.iter().filter(|r| !is_unchanged(r.table, &r.chain)).cloned().collect(),
@@ -212,7 +214,11 @@ fn split<'r>(
         kept_hooks: ruleset.kept_hooks.clone(),
     };
     let (main, before, after) = split_runs(ctx, &filtered, stale, per_run);
-    (std::borrow::Cow::Owned(main.into_owned()), before, after)
+    let main = match main {
+        std::borrow::Cow::Owned(main) => Some(main),
+        std::borrow::Cow::Borrowed(_) => None,
+    };
+    (std::borrow::Cow::Owned(main.unwrap_or(filtered)), before, after)
 }
 
 /// [`split`] of what is written.

@@ -102,6 +102,14 @@ pub fn parse_dump(text: &str, d: Dialect) -> Dump {
             continue;
         }
         if let Some(name) = line.strip_prefix('*') {
+            // A hash-mark target's first half left waiting belongs to the
+            // table it was in.
+            if let (Some(t), Some((first_chain, _, _))) = (table, pending.take()) {
+                dump.tables.entry(t).or_default().rules.entry(first_chain).or_default().push(Line::Foreign {
+                    text: "(first half of a hash-mark target)".into(),
+                    reason: "its second half does not follow".into(),
+                });
+            }
             table = Table::from_name(name);
             if let Some(t) = table {
                 dump.tables.entry(t).or_default();
@@ -216,6 +224,10 @@ fn parse_states(text: &str) -> Result<CtStates, String> {
 }
 
 /// One rule's words after `-A CHAIN`.
+/// The options whose `!` kpx reads (and writes).
+const NEGATABLE: &[&str] =
+    &["-s", "-d", "-i", "-o", "--src-type", "--dst-type", "--ctstate", "--mark", "--match-set", "--physdev-is-in"];
+
 fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result<Parsed, String> {
     let mut rule = Rule::chain(table, chain);
     let mut negate = false;
@@ -476,6 +488,11 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
             "--hmark-offset" if target_name == "HMARK" => hmark_offset = Some(parse_u32(value(i)?)?),
             other => return Err(format!("option {other:?} is not one kpx writes")),
         }
+        // A `!` before an option kpx never negates (iptables-save prints
+        // `! --probability P`) must not read as the option alone.
+        if negate && !NEGATABLE.contains(&word) {
+            return Err(format!("\"!\" before {word}, which kpx never negates"));
+        }
         negate = false;
         i += step;
         // The ipvs match is complete once its three options are read.
@@ -500,6 +517,11 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
         };
         return Ok(Parsed::HashMarkHalf { rule, hash: HashMark { tuple, modulus, seed }, marked });
     }
+    // `-j DNAT` (or REDIRECT, MARK) with none of its options is not a rule
+    // without a target.
+    if matches!(target, Target::None) && matches!(target_name.as_str(), "DNAT" | "REDIRECT" | "MARK") {
+        return Err(format!("-j {target_name} without the options kpx writes"));
+    }
     Ok(Parsed::Rule(rule.target(target)))
 }
 
@@ -520,6 +542,39 @@ mod tests {
 
     fn d4() -> Dialect {
         Dialect { family: IpFamily::V4, masquerade_mark: 0x4000 }
+    }
+
+    /// What iptables-save can print that reads like a rule kpx writes
+    /// but does something else is foreign: a negated probability or nth,
+    /// a DNAT or REDIRECT without its options, and a hash-mark target's
+    /// first half left at the end of a table (not carried into the next).
+    #[test]
+    fn near_misses_are_foreign() {
+        let text = "*filter\n:KUBE-X - [0:0]\n\
+             -A KUBE-X -m mark --mark 0x4000/0x4000 -j HMARK --hmark-src-prefix 32 --hmark-rnd 0x1 --hmark-mod 7 --hmark-offset 16384\n\
+             COMMIT\n*nat\n:KUBE-SVC-A - [0:0]\n:KUBE-X - [0:0]\n\
+             -A KUBE-SVC-A -m statistic --mode random ! --probability 0.50000000000 -j KUBE-SEP-A\n\
+             -A KUBE-SVC-A -m statistic --mode nth ! --every 2 --packet 0 -j KUBE-SEP-B\n\
+             -A KUBE-SVC-A -j DNAT\n\
+             -A KUBE-SVC-A -p tcp -m tcp -j REDIRECT\n\
+             -A KUBE-SVC-A -m comment ! --comment x -j KUBE-SEP-C\n\
+             -A KUBE-X -j ACCEPT\n\
+             COMMIT\n";
+        let dump = parse_dump(text, d4());
+        let nat = &dump.tables[&Table::Nat];
+        let svc = &nat.rules["KUBE-SVC-A"];
+        assert_eq!(svc.len(), 5);
+        assert!(svc.iter().all(|l| matches!(l, Line::Foreign { .. })), "{svc:?}");
+        assert_eq!(nat.rules["KUBE-X"].len(), 1);
+        assert!(matches!(nat.rules["KUBE-X"][0], Line::Rule(_)));
+        let filter = &dump.tables[&Table::Filter].rules["KUBE-X"];
+        assert!(matches!(filter[..], [Line::Foreign { .. }]), "{filter:?}");
+        // Negations kpx writes still read.
+        let ok = parse_dump(
+            "*nat\n:KUBE-Y - [0:0]\n-A KUBE-Y ! -s 10.0.0.0/8 -m addrtype ! --dst-type LOCAL -j ACCEPT\nCOMMIT\n",
+            d4(),
+        );
+        assert!(matches!(ok.tables[&Table::Nat].rules["KUBE-Y"][..], [Line::Rule(_)]));
     }
 
     #[test]

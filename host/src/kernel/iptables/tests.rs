@@ -283,8 +283,10 @@ fn a_full_sync_leaves_own_chains_held_as_wanted() {
     let ctx = Context { plugin: "test", dialect: d, scope: &scope, model: &model, full: true };
     let p = prepare_in_runs(&ctx, &s, &rs, 1 << 30, None, CHAINS_PER_RUN, &some).unwrap();
     for (_, chain) in &rs.chains {
-        let written = p.text.contains(&format!(":{chain} - [0:0]"));
-        assert_eq!(written, chain == edited || chain == foreign, "{chain}:\n{}", p.text);
+        let declared = p.text.contains(&format!(":{chain} - [0:0]"));
+        let filled = p.text.contains(&format!("-A {chain} "));
+        let changed = chain == edited || chain == foreign;
+        assert_eq!((declared, filled), (changed, changed), "{chain}:\n{}", p.text);
     }
     assert!(p.text.contains(":KUBE-SERVICES - [0:0]"), "the host's chains are written whole");
 }
