@@ -1,13 +1,14 @@
 #!/bin/bash
 set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
 KPX=$1; N=$2
 NS=kpxbig-$$
-D=/tmp/kpxrs/big-$$
+D=$(mktemp -d)
 mkdir -p $D/m
 ip netns add $NS
 trap 'kill -9 $(jobs -p) 2>/dev/null; ip netns del $NS; rm -rf $D' EXIT
 ip netns exec $NS ip link set lo up
-python3 docs/repro/gen-big-service.py $N > $D/m/big.yaml
+python3 "$HERE/gen-big-service.py" $N > $D/m/big.yaml
 web() { cat > $D/m/.web.tmp <<Y
 apiVersion: v1
 kind: Service
@@ -31,7 +32,7 @@ Y
 for ip in "$@"; do printf -- "- addresses: [%s]\n  conditions: {ready: true}\n" $ip >> $D/m/.web.tmp; done
 mv $D/m/.web.tmp $D/m/web.yaml; }
 web 10.0.0.2
-KPX_LOG=info,kpx::kernel::iptables=trace ip netns exec $NS $KPX --manifests $D/m --hostname-override node --cluster-cidr 10.244.0.0/16 --plugin-cache-dir /work/main/target/tmp/plugin-cache --proxy-mode iptables --iptables-sync-period 1h > $D/log 2>&1 &
+KPX_LOG=info,kpx::kernel::iptables=trace ip netns exec $NS $KPX --manifests $D/m --hostname-override node --cluster-cidr 10.244.0.0/16 --plugin-cache-dir ${KPX_PLUGIN_CACHE:-$HERE/../../target/tmp/plugin-cache} --proxy-mode iptables --iptables-sync-period 1h > $D/log 2>&1 &
 for i in $(seq 6000); do grep -q "synced rules family=IPv4" $D/log && break; sleep 0.1; done
 sleep 3
 for k in 1 2 3 4; do
@@ -39,7 +40,7 @@ for k in 1 2 3 4; do
   sleep 3
 done
 kill -9 $(jobs -p); sleep 1
-ip netns exec $NS iptables-save -t nat > $D/nat.txt; cp $D/nat.txt /tmp/kpxrs/nat-kpx.txt; wc -l $D/nat.txt; grep -c "^:" $D/nat.txt
+ip netns exec $NS iptables-save -t nat > $D/nat.txt; cp $D/nat.txt "${NAT_OUT:-/tmp/nat-kpx.txt}"; wc -l $D/nat.txt; grep -c "^:" $D/nat.txt
 ip netns exec $NS iptables-save -t filter | wc -l
 P1="*nat
 :KUBE-SVC-OTHER - [0:0]

@@ -1,7 +1,7 @@
 #!/bin/bash
-NS=kpxrp-$$; ip netns add $NS; trap 'ip netns del $NS' EXIT
-grep -v "^#" $1 > /tmp/kpxrs/replay-$$.txt
-t=$(date +%s.%N); ip netns exec $NS iptables-restore < /tmp/kpxrs/replay-$$.txt || echo LOADFAIL; echo "load $(echo "$(date +%s.%N)-$t"|bc)"
+NS=kpxrp-$$; T=$(mktemp); ip netns add $NS; trap 'ip netns del $NS' EXIT
+grep -v "^#" $1 > $T
+t=$(date +%s.%N); ip netns exec $NS iptables-restore < $T || echo LOADFAIL; echo "load $(echo "$(date +%s.%N)-$t"|bc)"
 P1="*nat
 :KUBE-SVC-OTHER - [0:0]
 :KUBE-SEP-OTHER - [0:0]
@@ -9,4 +9,4 @@ P1="*nat
 -A KUBE-SEP-OTHER -p tcp -m tcp -j DNAT --to-destination 10.200.0.2:80
 COMMIT"
 for r in 1 2 3; do t=$(date +%s.%N); echo "$P1" | ip netns exec $NS iptables-restore --noflush || echo FAIL; echo "P1 $(echo "$(date +%s.%N)-$t"|bc)"; done
-rm /tmp/kpxrs/replay-$$.txt
+rm $T

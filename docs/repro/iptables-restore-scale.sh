@@ -1,9 +1,10 @@
 #!/bin/bash
 set -u
+T=$(mktemp)
 NS=kpxipt-$$
 ip netns add $NS; trap 'ip netns del $NS' EXIT
 N=${1:-100000}
-python3 - $N > /tmp/race/big-$$.txt <<'PY'
+python3 - $N > $T <<'PY'
 import sys
 n=int(sys.argv[1])
 out=["*nat",":KUBE-MARK-MASQ - [0:0]",":KUBE-SERVICES - [0:0]",":KUBE-SVC-BIG - [0:0]",":KUBE-SVC-OTHER - [0:0]",":KUBE-SEP-OTHER - [0:0]"]
@@ -19,7 +20,7 @@ out.append("-A KUBE-SEP-OTHER -p tcp -m tcp -j DNAT --to-destination 10.200.0.1:
 out.append("COMMIT")
 print("\n".join(out))
 PY
-t=$(date +%s.%N); ip netns exec $NS iptables-restore < /tmp/race/big-$$.txt; echo "load $(echo "$(date +%s.%N)-$t"|bc)"
+t=$(date +%s.%N); ip netns exec $NS iptables-restore < $T; echo "load $(echo "$(date +%s.%N)-$t"|bc)"
 P1="*nat
 :KUBE-SVC-OTHER - [0:0]
 :KUBE-SEP-OTHER - [0:0]

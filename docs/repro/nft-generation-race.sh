@@ -1,6 +1,7 @@
 #!/bin/bash
 # usage: run.sh SHAPE(S0|S1) N_TX PAD
 set -u
+W=$(mktemp -d)
 SHAPE=$1; N=$2; PAD=$3
 NS=kpxrace-$$
 ip netns add $NS
@@ -24,8 +25,8 @@ echo "add rule inet race sel counter name miss drop"
 echo "add rule inet race pick ip daddr . udp dport vmap @m1"
 [ $SHAPE != S1 ] && echo "add rule inet race pick ip daddr . udp dport vmap @m2"
 echo "add element inet race m1 { 127.0.0.2 . 9999 : accept }"
-} > /tmp/race/base-$$.nft
-ip netns exec $NS nft -f /tmp/race/base-$$.nft || exit 1
+} > $W/base-$$.nft
+ip netns exec $NS nft -f $W/base-$$.nft || exit 1
 for to in 1 2; do
   from=$((3-to))
   {
@@ -52,10 +53,10 @@ for to in 1 2; do
     echo "delete element inet race m$from { 127.0.0.2 . 9999 }"
     echo "add element inet race m$to { 127.0.0.2 . 9999 : accept }"
   fi
-  } > /tmp/race/to$to-$$.all
-  sed '/#SPLIT/,$d' /tmp/race/to$to-$$.all > /tmp/race/to$to-$$.nft
-  sed '1,/#SPLIT/d' /tmp/race/to$to-$$.all > /tmp/race/to$to-$$.b.nft
-  [ -s /tmp/race/to$to-$$.b.nft ] || echo "" > /tmp/race/to$to-$$.b.nft
+  } > $W/to$to-$$.all
+  sed '/#SPLIT/,$d' $W/to$to-$$.all > $W/to$to-$$.nft
+  sed '1,/#SPLIT/d' $W/to$to-$$.all > $W/to$to-$$.b.nft
+  [ -s $W/to$to-$$.b.nft ] || echo "" > $W/to$to-$$.b.nft
 done
 ip netns exec $NS python3 -c '
 import socket,time
@@ -70,8 +71,8 @@ SENDER=$!
 sleep 1
 start=$(date +%s.%N)
 for i in $(seq $N); do
-  ip netns exec $NS nft -f /tmp/race/to$(( (i%2)+1 ))-$$.nft || echo tx fail
-  [ $SHAPE = S2 ] && { ip netns exec $NS nft -f /tmp/race/to$(( (i%2)+1 ))-$$.b.nft || echo txb fail; }
+  ip netns exec $NS nft -f $W/to$(( (i%2)+1 ))-$$.nft || echo tx fail
+  [ $SHAPE = S2 ] && { ip netns exec $NS nft -f $W/to$(( (i%2)+1 ))-$$.b.nft || echo txb fail; }
 done
 end=$(date +%s.%N)
 ip netns exec $NS nft list counters table inet race | grep packets
