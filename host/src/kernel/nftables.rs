@@ -1,8 +1,10 @@
 //! nftables mode's kernel side: the host's frame and the plugin's typed
-//! transaction written as one nf_tables netlink batch per sync and family
-//! (no `nft` process), and the table read back over netlink. A full sync
-//! converges from whatever the table holds: every rule is flushed, every
-//! set emptied (or deleted, when declared otherwise), every chain and set
+//! transaction written as nf_tables netlink batches (no `nft` process),
+//! and the table read back over netlink. A sync is one batch, or two when
+//! it moves or removes something: what stands beside the table first,
+//! then the rest ([`steps`], make before break). A full sync converges
+//! from whatever the table holds: every rule is flushed, every set
+//! emptied (or deleted, when declared otherwise), every chain and set
 //! nobody declares deleted, then everything written again, atomically.
 
 pub mod decode;
@@ -495,8 +497,10 @@ impl NftablesDataplane {
         Ok(lost)
     }
 
-    /// One sync. A full one empties and rebuilds the whole table in the
-    /// same batch; a partial one writes the plugin's operations only.
+    /// One sync. A full one empties and rebuilds the whole table in one
+    /// batch; a partial one writes the plugin's operations only. Either is
+    /// preceded by a first batch of what stands beside the table when the
+    /// sync moves or removes something ([`steps`]).
     pub fn sync(
         &mut self,
         plugin: &str,
