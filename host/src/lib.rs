@@ -5,6 +5,8 @@
 pub mod app;
 pub mod config;
 pub mod conformance;
+#[cfg(test)]
+mod cpu_time;
 pub mod demo;
 pub mod extension;
 pub mod kernel;
