@@ -322,6 +322,10 @@ pub struct Flags {
     #[arg(long = "udp-timeout", default_value = "250ms", allow_hyphen_values = true)]
     pub udp_timeout: String,
 
+    /// kpx: in iptables mode, the most endpoints one service port programs (0: no bound). Every rule in the nat table costs each later change of any Service (the kernel validates every reachable rule at each commit); over the bound a port keeps its local endpoints and a stable share of the others, and says so in the log and in kpx_endpoints_not_programmed.
+    #[arg(long = "iptables-max-endpoints-per-port", default_value_t = 5000)]
+    pub iptables_max_endpoints_per_port: usize,
+
     /// kpx: in nftables mode, serve node ports on 127.0.0.1 through kpx's own TCP relay (nftables cannot DNAT 127.0.0.1; upstream's nftables mode has no localhost node ports).
     #[arg(long = "localhost-nodeports-proxy", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub localhost_nodeports_proxy: bool,
@@ -403,6 +407,9 @@ pub struct Config {
     pub detect_local_mode: DetectLocalMode,
     pub nodeport_addresses: NodePortAddresses,
     pub localhost_nodeports: bool,
+    /// iptables mode's bound on the endpoints one service port programs
+    /// (`--iptables-max-endpoints-per-port`); None: no bound, or another mode.
+    pub max_endpoints_per_port: Option<usize>,
     pub conntrack_tcp_be_liberal: bool,
     pub conntrack: Conntrack,
     pub cleanup: bool,
@@ -661,6 +668,9 @@ impl Flags {
             "plugin_memory_limit_mib" => self.plugin_memory_limit_mib = other.plugin_memory_limit_mib,
             "plugin_fuel" => self.plugin_fuel = other.plugin_fuel,
             "plugin_max_output_mib" => self.plugin_max_output_mib = other.plugin_max_output_mib,
+            "iptables_max_endpoints_per_port" => {
+                self.iptables_max_endpoints_per_port = other.iptables_max_endpoints_per_port
+            }
             "config" => self.config = other.config.clone(),
             "cleanup" => self.cleanup = other.cleanup,
             "write_config_to" => self.write_config_to = other.write_config_to.clone(),
@@ -1155,6 +1165,8 @@ impl Flags {
             detect_local_mode,
             nodeport_addresses,
             localhost_nodeports: self.iptables_localhost_nodeports,
+            max_endpoints_per_port: (mode == ProxyMode::Iptables && self.iptables_max_endpoints_per_port > 0)
+                .then_some(self.iptables_max_endpoints_per_port),
             conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal,
             conntrack,
             cleanup: self.cleanup,
@@ -1612,6 +1624,31 @@ mod tests {
         let c = cli(&[&config, "--extension", "count=/x.wasm"]).unwrap().flags.validate().unwrap();
         assert_eq!(c.extensions.len(), 1);
         assert_eq!(c.extensions[0].name, "count");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_endpoint_bound_is_iptables_modes_and_0_lifts_it() {
+        let bound = |args: &[&str]| flags(args).validate().unwrap().max_endpoints_per_port;
+        assert_eq!(bound(&["--proxy-mode", "iptables"]), Some(5000));
+        assert_eq!(bound(&["--proxy-mode", "iptables", "--iptables-max-endpoints-per-port", "20000"]), Some(20000));
+        assert_eq!(bound(&["--proxy-mode", "iptables", "--iptables-max-endpoints-per-port", "0"]), None);
+        assert_eq!(bound(&["--proxy-mode", "nftables"]), None);
+        assert_eq!(bound(&["--proxy-mode", "ipvs"]), None);
+        assert!(cli(&["--iptables-max-endpoints-per-port", "-1"]).is_err());
+
+        let dir = std::env::temp_dir().join(format!("kpx-config-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nkpx:\n  iptablesMaxEndpointsPerPort: 700\n",
+        )
+        .unwrap();
+        let config = format!("--config={}", path.display());
+        assert_eq!(cli(&[&config]).unwrap().flags.validate().unwrap().max_endpoints_per_port, Some(700));
+        let given = cli(&[&config, "--iptables-max-endpoints-per-port=900"]).unwrap();
+        assert_eq!(given.flags.validate().unwrap().max_endpoints_per_port, Some(900));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

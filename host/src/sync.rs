@@ -3,6 +3,7 @@
 //! between syncs, at least one per `sync_period`, a full render every
 //! [`FULL_SYNC_PERIOD`], and a failed sync retried (in full) with backoff.
 
+pub mod bound;
 pub mod coverage;
 pub mod family;
 pub mod planner;
@@ -672,6 +673,9 @@ pub fn run(
         if let Some(p) = proxiers.first().and_then(Proxier::rules) {
             plugin_counts.update(p, telemetry);
         }
+        let left_out: usize =
+            proxiers.iter().filter_map(Proxier::rules).map(FamilyProxier::endpoints_not_programmed).sum();
+        m.endpoints_not_programmed.set(left_out as i64);
         // The pass's work after the families' writes (health-check ports,
         // local endpoint counts, dropping the pass's changes, a
         // replacement's settling): a stage of its own. `full` is what the

@@ -210,3 +210,49 @@ fn conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets() {
     }
     assert!(request(&lab, Proto::Tcp, WEB).server().is_none(), "the service still answers after --cleanup");
 }
+
+/// `--iptables-max-endpoints-per-port 2` with three ready endpoints: each
+/// port is served by two of them (the same two for TCP and UDP: the
+/// choice hashes address and target port), the warning names each port,
+/// and when the Service is back within the bound every endpoint serves.
+#[test]
+fn a_port_over_the_endpoint_bound_is_served_by_a_stable_share() {
+    let Some(lab) = lab_or_skip(3, "a_port_over_the_endpoint_bound_is_served_by_a_stable_share") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("kernel-iptables-bound");
+    let (be1, be2, be3) = (&lab.backends[0].ip, &lab.backends[1].ip, &lab.backends[2].ip);
+    write_web(&manifests, &[be1, be2, be3]);
+    let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--iptables-max-endpoints-per-port", "2"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+
+    let mut shares = Vec::new();
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let seen = servers_seen(&lab, proto, WEB, 40);
+        assert_eq!(seen.values().sum::<usize>(), 40, "{proto:?}: {seen:?}");
+        assert!(seen.keys().all(|s| s.starts_with("be")), "{proto:?}: not every request answered: {seen:?}");
+        assert_eq!(seen.len(), 2, "{proto:?}: two endpoints serve: {seen:?}");
+        shares.push(seen.into_keys().collect::<BTreeSet<String>>());
+    }
+    assert_eq!(shares[0], shares[1], "TCP and UDP keep the same endpoints");
+    let log = kpx.log();
+    for port in ["test/web:tcp", "test/web:udp"] {
+        assert!(
+            log.lines().any(|l| l.contains("WARN") && l.contains(port) && l.contains("programs 2 of its 3 endpoints")),
+            "the bound on {port} is not named:\n{log}"
+        );
+    }
+
+    // Back within the bound: every endpoint serves again, and kpx says so.
+    let before = log.matches("synced rules family=IPv4").count();
+    write_web(&manifests, &[be1, be2]);
+    assert!(kpx.wait_for_log("synced rules family=IPv4", before + 1, Duration::from_secs(20)), "{}", kpx.log());
+    let seen = servers_seen(&lab, Proto::Tcp, WEB, 30);
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), BTreeSet::from(["be1".into(), "be2".into()]), "{seen:?}");
+    assert!(
+        kpx.log().lines().any(|l| l.contains("test/web:tcp") && l.contains("back within")),
+        "the port back within the bound is not said:\n{}",
+        kpx.log()
+    );
+}

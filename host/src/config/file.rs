@@ -159,8 +159,9 @@ pub struct Logging {
 }
 
 /// The `kpx:` section: `--backend-plugin`, `--scheduler-plugin`,
-/// `--extension` and `--plugin-cache-dir`, each value as on the command
-/// line (which, given there too, wins).
+/// `--extension`, `--plugin-cache-dir` and
+/// `--iptables-max-endpoints-per-port`, each value as on the command line
+/// (which, given there too, wins).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Kpx {
@@ -172,6 +173,8 @@ pub struct Kpx {
     /// `NAME=FILE.wasm[,key=value...]` each.
     pub extensions: Option<Vec<String>>,
     pub plugin_cache_dir: Option<String>,
+    /// `--iptables-max-endpoints-per-port`.
+    pub iptables_max_endpoints_per_port: Option<usize>,
     /// Fields this version does not know.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
@@ -261,6 +264,9 @@ impl KubeProxyConfiguration {
             }
             if let Some(d) = k.plugin_cache_dir.as_deref().filter(|d| !d.is_empty()) {
                 flags.plugin_cache_dir = d.into();
+            }
+            if let Some(n) = k.iptables_max_endpoints_per_port {
+                flags.iptables_max_endpoints_per_port = n;
             }
         }
         if let Some(gates) = &self.feature_gates {

@@ -137,6 +137,8 @@ pub struct Metrics {
     pub conntrack_reconcile_duration: Histogram,
     pub conntrack_deleted: Counter,
     pub rules_lost: Counter,
+    /// kpx's: endpoints left out by --iptables-max-endpoints-per-port.
+    pub endpoints_not_programmed: Gauge,
 }
 
 impl Metrics {
@@ -175,6 +177,7 @@ impl Metrics {
             conntrack_reconcile_duration: Histogram::new(sync_buckets()),
             conntrack_deleted: Counter::default(),
             rules_lost: Counter::default(),
+            endpoints_not_programmed: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -301,6 +304,13 @@ impl Metrics {
             "Times the periodic check found kube-proxy's rules deleted or flushed by someone else (a full sync wrote them again)",
             m.rules_lost.clone(),
         );
+        if mode == ProxyMode::Iptables {
+            r.register(
+                "kpx_endpoints_not_programmed",
+                "Endpoints of service ports over --iptables-max-endpoints-per-port that this node does not program",
+                m.endpoints_not_programmed.clone(),
+            );
+        }
         r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
         r.register(
             "kpx_plugin_fuel_used",

@@ -15,6 +15,7 @@ use crate::kernel::{Dataplane, StateView, SyncError, Written, interfaces, sysctl
 use crate::runtime::{self, BackendInstance, BackendPlugin, SchedulerPlugin};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
+use crate::sync::bound::{self, LeftOut};
 use crate::sync::coverage;
 use crate::sync::planner::Planner;
 use crate::validate::Scope;
@@ -92,6 +93,9 @@ pub struct FamilyProxier {
     /// The UDP and SCTP Service destinations at the last conntrack
     /// reconcile, with the endpoints they sent to.
     conntrack: Destinations,
+    /// Ports over `--iptables-max-endpoints-per-port`: their endpoints
+    /// and how many of them are programmed.
+    bounded: BTreeMap<String, LeftOut>,
 }
 
 /// The component (and, for a scheduler swap, the plans) a commit replaced.
@@ -138,6 +142,7 @@ impl FamilyProxier {
             previous: None,
             extensions: Vec::new(),
             conntrack: Destinations::default(),
+            bounded: BTreeMap::new(),
         }
     }
 
@@ -237,6 +242,7 @@ impl FamilyProxier {
             for key in &old_keys {
                 if !ports.iter().any(|p| &p.key == key) && self.sent.remove(self.family, key) {
                     self.load_ports.remove(key);
+                    self.bounded.remove(key);
                     if keep {
                         out.push(Change::Remove(key.clone()));
                     } else {
@@ -249,6 +255,7 @@ impl FamilyProxier {
             }
             for mut port in ports {
                 let key = port.key.clone();
+                self.bound(&mut port);
                 self.planner.plan(&mut port, self.sent.get(&key));
                 if self.planner.uses_load(&port) {
                     self.load_ports.insert(port.key.clone());
@@ -283,6 +290,40 @@ impl FamilyProxier {
             }
         }
         (out, dropped)
+    }
+
+    /// Holds `port` to `--iptables-max-endpoints-per-port` (before its
+    /// plans, which are over the endpoints kept), and says when a port
+    /// goes over the bound or comes back under it.
+    fn bound(&mut self, port: &mut ServicePort) {
+        let Some(limit) = self.config.max_endpoints_per_port else { return };
+        match bound::endpoints(port, limit) {
+            Some(left_out) => {
+                let before = self.bounded.insert(port.key.clone(), left_out);
+                if before.is_none() {
+                    tracing::warn!(
+                        family = %self.family,
+                        service_port = %port.key,
+                        endpoints = left_out.total,
+                        programmed = left_out.kept,
+                        "service port over --iptables-max-endpoints-per-port: iptables mode programs {} of its {} endpoints (its local ones first; this node sends the others no new connections)",
+                        left_out.kept,
+                        left_out.total
+                    );
+                }
+            }
+            None => {
+                if let Some(was) = self.bounded.remove(&port.key) {
+                    tracing::info!(family = %self.family, service_port = %port.key, endpoints_before = was.total, "service port back within --iptables-max-endpoints-per-port: all its endpoints are programmed");
+                }
+            }
+        }
+    }
+
+    /// Endpoints left out by `--iptables-max-endpoints-per-port`, over
+    /// every port.
+    pub fn endpoints_not_programmed(&self) -> usize {
+        self.bounded.values().map(|b| b.total - b.kept).sum()
     }
 
     /// Whether some sent port's scheduler plans from live load.
