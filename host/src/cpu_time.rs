@@ -8,7 +8,7 @@ use std::time::Duration;
 /// (`CLOCK_THREAD_CPUTIME_ID`; getrusage counts in scheduler ticks).
 pub fn this_thread() -> Duration {
     use nix::time::{ClockId, clock_gettime};
-    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map(Duration::from).unwrap_or_default()
+    Duration::from(clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).expect("clock_gettime(CLOCK_THREAD_CPUTIME_ID)"))
 }
 
 /// The CPU time `work` takes on this thread.

@@ -141,7 +141,7 @@ impl Dataplane {
     /// What the kernel lost of the host's own rules since they were
     /// written (upstream's canary, extended to flushed chains), if
     /// anything: checked once per sync period, and a loss makes the next
-    /// sync full. ipvs mode's own objects are not checked yet.
+    /// sync full.
     pub fn lost(
         &mut self,
         settings: &kpx_rules::model::Settings,
@@ -150,7 +150,7 @@ impl Dataplane {
         match self {
             Dataplane::Iptables(d) => d.lost(settings),
             Dataplane::Nftables(d) => d.lost(settings, cluster),
-            Dataplane::Ipvs(_) => Ok(None),
+            Dataplane::Ipvs(d) => d.lost(settings),
         }
     }
 

@@ -749,3 +749,73 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
     assert!(sets_left.trim().is_empty(), "sets after cleanup: {sets_left}");
     assert!(!rules_left.contains("KUBE-"), "rules after cleanup:\n{rules_left}");
 }
+
+/// Someone clears IPVS (`ipvsadm -C`), flushes a chain or deletes
+/// kube-ipvs0 under kpx in ipvs mode: its periodic check finds it
+/// (`IpvsDataplane::lost`), says so, counts it, and a full sync puts it
+/// back within one sync period (plus the guest's slow sync).
+fn lost_objects_checks() {
+    let Some(lab) = lab_or_skip(1, "ipvs_mode_notices_and_restores_lost_objects") else {
+        return;
+    };
+    const PERIOD: Duration = Duration::from_secs(3);
+    let (dir, manifests) = run_dirs("ipvs-lost");
+    let web = "10.96.0.10:80";
+    let be1 = lab.backends[0].ip.clone();
+    write_manifest(&manifests.join("web.yaml"), &manifest("web", "10.96.0.10", "", "", &[&be1], ""));
+    let args = kpx_args(&manifests, &["--proxy-mode", "ipvs", "--ipvs-sync-period", "3s"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(240)), "no sync:\n{}", kpx.log());
+    assert_eq!(tcp(&lab, web), "be1", "{}", kpx.log());
+    // Two quiet periods: nothing reported lost.
+    std::thread::sleep(2 * PERIOD + Duration::from_millis(500));
+    assert!(!kpx.log().contains("the kernel lost"), "a false alarm:\n{}", kpx.log());
+
+    let virtual_servers = || node_ipvs(&lab, |ipvs| ipvs.services().unwrap().len());
+    let held = virtual_servers();
+    assert!(held > 0, "kpx wrote no virtual server");
+    type Damage<'a> = (&'a str, Box<dyn Fn() + 'a>, Box<dyn Fn() -> bool + 'a>);
+    let damages: Vec<Damage> = vec![
+        (
+            "IPVS cleared (ipvsadm -C)",
+            Box::new(|| node_ipvs(&lab, |ipvs| ipvs.flush().unwrap())),
+            Box::new(|| virtual_servers() == held),
+        ),
+        (
+            "nat KUBE-SERVICES flushed",
+            Box::new(|| {
+                lab.node.exec(&["iptables", "-t", "nat", "-F", "KUBE-SERVICES"]).unwrap();
+            }),
+            Box::new(|| lab.node.exec(&["iptables", "-t", "nat", "-S", "KUBE-SERVICES"]).unwrap().contains("-A ")),
+        ),
+        (
+            "kube-ipvs0 deleted",
+            Box::new(|| lab.node.ip(&["link", "del", "kube-ipvs0"]).map(|_| ()).unwrap()),
+            Box::new(|| lab.node.ip(&["addr", "show", "dev", "kube-ipvs0"]).is_ok_and(|a| a.contains("10.96.0.10/32"))),
+        ),
+    ];
+    for (i, (what, damage, restored)) in damages.iter().enumerate() {
+        damage();
+        assert!(!restored(), "{what}: the damage did nothing");
+        let t = Instant::now();
+        let noticed = kpx.wait_for_log("the kernel lost kube-proxy's rules", i + 1, PERIOD + Duration::from_secs(30));
+        assert!(noticed, "{what}: not noticed:\n{}", kpx.log());
+        let noticed_after = t.elapsed();
+        while !restored() && t.elapsed() < PERIOD + Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(restored(), "{what}: not restored:\n{}", kpx.log());
+        assert_eq!(tcp(&lab, web), "be1", "{what}: the Service after the restore:\n{}", kpx.log());
+        eprintln!("ipvs: {what}: noticed after {noticed_after:.1?}, restored after {:.1?}", t.elapsed());
+    }
+    let (_, metrics) = crate::servers::get(&lab.node, "127.0.0.1:10249", "/metrics").expect("metrics");
+    let counted = metrics.lines().find(|l| l.starts_with("kpx_kernel_rules_lost_total")).unwrap_or_default();
+    assert_eq!(counted, format!("kpx_kernel_rules_lost_total {}", damages.len()), "{metrics}");
+    assert!(!kpx.log().contains("sync failed"), "{}", kpx.log());
+    eprintln!("ipvs: lost objects were noticed and restored");
+}
+
+#[test]
+fn ipvs_mode_notices_and_restores_lost_objects() {
+    kpx_where_ipvs_is("ipvs::ipvs_mode_notices_and_restores_lost_objects", &[], lost_objects_checks);
+}

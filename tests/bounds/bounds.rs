@@ -243,7 +243,9 @@ fn bounds(mode: &str, which: Objects) {
         }
         assert!(whole(), "{mode}: {what} ({vip}, {last}) was not programmed:\n{}", kpx.log());
         if bounded {
-            let said = format!("programs {IPTABLES_BOUND} of its {} endpoints", 100_000 / s);
+            // The source may hand the object over in batches: the first
+            // pass over the bound may have seen part of it.
+            let said = format!("programs {IPTABLES_BOUND} of its ");
             assert!(
                 kpx.log()
                     .lines()

@@ -374,6 +374,14 @@ impl IptablesKernel {
                 };
             }
         }
+        self.lost_rules(rules, d)
+    }
+
+    /// Which of `rules`, if any, the kernel no longer holds (`iptables
+    /// -C` each): [`IptablesKernel::lost`] without the canary chains
+    /// (ipvs mode has none, as upstream's ipvs proxier).
+    pub fn lost_rules(&self, rules: &[&Rule], d: Dialect) -> Result<Option<String>> {
+        let iptables = self.tool("iptables");
         for rule in rules {
             let spec = rule_args(rule, d);
             let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", rule.table.name(), "-C", &rule.chain];

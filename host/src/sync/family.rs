@@ -240,9 +240,11 @@ impl FamilyProxier {
             let ports = state.service_ports(self.family, name);
             let old_keys = self.keys_of.remove(name).unwrap_or_default();
             for key in &old_keys {
+                if !ports.iter().any(|p| &p.key == key) {
+                    self.bounded.remove(key);
+                }
                 if !ports.iter().any(|p| &p.key == key) && self.sent.remove(self.family, key) {
                     self.load_ports.remove(key);
-                    self.bounded.remove(key);
                     if keep {
                         out.push(Change::Remove(key.clone()));
                     } else {
@@ -296,8 +298,10 @@ impl FamilyProxier {
     /// plans, which are over the endpoints kept), and says when a port
     /// goes over the bound or comes back under it.
     fn bound(&mut self, port: &mut ServicePort) {
-        let Some(limit) = self.config.max_endpoints_per_port else { return };
-        match bound::endpoints(port, limit) {
+        let Some(limit) = self.config.max_endpoints_per_port.filter(|_| self.config.mode == ProxyMode::Iptables) else {
+            return;
+        };
+        match bound::endpoints(port, limit, &self.config.node_name) {
             Some(left_out) => {
                 let before = self.bounded.insert(port.key.clone(), left_out);
                 if before.is_none() {
@@ -306,7 +310,7 @@ impl FamilyProxier {
                         service_port = %port.key,
                         endpoints = left_out.total,
                         programmed = left_out.kept,
-                        "service port over --iptables-max-endpoints-per-port: iptables mode programs {} of its {} endpoints (its local ones first; this node sends the others no new connections)",
+                        "service port over --iptables-max-endpoints-per-port: iptables mode programs {} of its {} endpoints on this node (a share chosen by node name, address and port; this node sends the others no new connections)",
                         left_out.kept,
                         left_out.total
                     );
@@ -321,9 +325,10 @@ impl FamilyProxier {
     }
 
     /// Endpoints left out by `--iptables-max-endpoints-per-port`, over
-    /// every port.
+    /// every port the plugin holds (a port whose removal a rolled-back
+    /// pass forgot is not counted).
     pub fn endpoints_not_programmed(&self) -> usize {
-        self.bounded.values().map(|b| b.total - b.kept).sum()
+        self.bounded.iter().filter(|(key, _)| self.sent.get(key).is_some()).map(|(_, b)| b.total - b.kept).sum()
     }
 
     /// Whether some sent port's scheduler plans from live load.

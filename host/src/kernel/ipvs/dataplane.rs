@@ -47,6 +47,18 @@ pub struct IpvsDataplane {
     /// Slotted virtual servers last left on their own scheduler (warned
     /// about when the number changes).
     unslotted: usize,
+    /// What the last successful sync left in the kernel (see `lost`).
+    held: Option<Held>,
+}
+
+/// The kernel objects a sync left, looked up once per sync period: the
+/// jumps from built-in chains and each of the host's chains' first rule,
+/// the virtual servers, kube-ipvs0's addresses and the ipsets.
+struct Held {
+    rules: Vec<kpx_rules::ops::iptables::Rule>,
+    services: BTreeSet<ServiceKey>,
+    addresses: BTreeSet<IpAddr>,
+    sets: Vec<String>,
 }
 
 fn kernel_error(e: super::Error) -> SyncError {
@@ -130,7 +142,46 @@ impl IpvsDataplane {
             timeouts_set: false,
             marks: slots::Marks::default(),
             unslotted: 0,
+            held: None,
         }
+    }
+
+    /// What the kernel lost of what the last sync wrote, if anything
+    /// (someone ran `ipvsadm -C`, flushed a chain, deleted kube-ipvs0 or
+    /// an address on it, or destroyed an ipset): each sync writes all of
+    /// it again, and a loss makes the next one full (the jumps from
+    /// built-in chains are only checked by full syncs). Upstream's ipvs
+    /// proxier has no canary and finds such losses at its next periodic
+    /// sync; this says so, and counts it. A real server deleted from a
+    /// virtual server that is still there is not looked for (one dump per
+    /// virtual server): the next full sync puts it back.
+    pub fn lost(&self, settings: &Settings) -> Result<Option<String>, Error> {
+        let Some(held) = &self.held else { return Ok(None) };
+        let d = crate::kernel::iptables::dialect(settings);
+        let rules: Vec<&kpx_rules::ops::iptables::Rule> = held.rules.iter().collect();
+        if let Some(what) = self.iptables.lost_rules(&rules, d)? {
+            return Ok(Some(what));
+        }
+        let mut ipvs = Ipvs::open()?;
+        let have: BTreeSet<ServiceKey> = ipvs.services()?.into_iter().map(|s| s.key).collect();
+        if let Some(gone) = held.services.difference(&have).next() {
+            let count = held.services.difference(&have).count();
+            return Ok(Some(format!("{count} virtual servers are gone, the first {gone}")));
+        }
+        let mut rtnl = link::Rtnl::open()?;
+        let Some((index, _)) = rtnl.link(link::KUBE_IPVS0)? else {
+            return Ok(Some(format!("{} is gone", link::KUBE_IPVS0)));
+        };
+        let bound: BTreeSet<IpAddr> = rtnl.addresses(index)?.into_iter().collect();
+        if let Some(gone) = held.addresses.difference(&bound).next() {
+            return Ok(Some(format!("{gone} is no longer on {}", link::KUBE_IPVS0)));
+        }
+        let names = self.iptables.exec().run("ipset", &["list", "-n"], None)?;
+        let present: BTreeSet<&str> = names.lines().map(str::trim).collect();
+        if let Some(gone) = held.sets.iter().find(|s| !present.contains(s.as_str())) {
+            return Ok(Some(format!("the ipset {gone} is gone")));
+        }
+        Ok(None)
     }
 
     /// Refuses virtual servers outside the state: an address, protocol
@@ -278,6 +329,23 @@ impl IpvsDataplane {
             // What could be written was; the rest is retried in full.
             return Err(SyncError::Kernel(Error::IpvsRefused { count: failures.len(), first: first.clone() }));
         }
+        // What the periodic check looks for: the jumps, and each chain's
+        // first rule (a flushed chain loses it).
+        let mut firsts: Vec<kpx_rules::ops::iptables::Rule> = frame.jumps.clone();
+        let mut seen = BTreeSet::new();
+        for r in frame.rules.iter().chain(&frame.trailing) {
+            if seen.insert((r.table, r.chain.clone())) {
+                firsts.push(r.clone());
+            }
+        }
+        let mut services: BTreeSet<ServiceKey> = marked.iter().map(|k| (*k).clone()).collect();
+        services.extend(ruleset.services.iter().map(|vs| service_of(vs).key));
+        self.held = Some(Held {
+            rules: firsts,
+            services,
+            addresses: wanted,
+            sets: super::sets::Kind::ALL.iter().map(|k| k.name(self.family)).collect(),
+        });
         let rules = frame.rules.iter().filter(|r| r.table == kpx_rules::ops::iptables::Table::Nat).count();
         // The ipset and iptables payloads, and one for each IPVS and
         // rtnetlink write.

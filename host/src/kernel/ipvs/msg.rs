@@ -83,6 +83,22 @@ pub struct ServiceKey {
     pub fwmark: u32,
 }
 
+/// As ipvsadm names a virtual service: `TCP 10.96.0.10:80`, `FWM 7`.
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.fwmark != 0 {
+            return write!(f, "FWM {}", self.fwmark);
+        }
+        let protocol = match self.protocol {
+            6 => "TCP".to_string(),
+            17 => "UDP".to_string(),
+            132 => "SCTP".to_string(),
+            other => format!("protocol {other}"),
+        };
+        write!(f, "{protocol} {}", std::net::SocketAddr::new(self.address, self.port))
+    }
+}
+
 impl ServiceKey {
     pub fn new(address: IpAddr, protocol: u16, port: u16) -> ServiceKey {
         ServiceKey { address, protocol, port, fwmark: 0 }
