@@ -84,6 +84,25 @@ fn a_udp_flow_leaves_a_removed_endpoint(mode: &str) {
     let stays_name = if first == "be1" { "be2" } else { "be1" };
     eprintln!("{mode}: the flow from port {} goes to {first} ({gone}); removing it", flow.port);
 
+    // The reconcile reads only UDP entries, the kernel filtering the dump
+    // (CTA_FILTER): with TCP connections in the table too, a dump of UDP
+    // holds none of them and holds the flow.
+    for _ in 0..5 {
+        assert!(request(&lab, Proto::Tcp, "10.96.0.10:80").server().is_some(), "{mode}: TCP through the Service");
+    }
+    let port = flow.port;
+    let (all, udp) = lab
+        .node
+        .enter(|| {
+            use kpx::kernel::conntrack::table::{dump, dump_protocol};
+            (dump(kpx_rules::model::IpFamily::V4).unwrap(), dump_protocol(kpx_rules::model::IpFamily::V4, 17).unwrap())
+        })
+        .unwrap();
+    assert!(all.iter().any(|(o, _)| o.0 == 6), "{mode}: no TCP entry in the table to filter out");
+    assert!(udp.iter().all(|(o, _)| o.0 == 17), "{mode}: the UDP dump holds other protocols");
+    assert!(udp.iter().any(|(o, _)| o.2 == port), "{mode}: the UDP dump lacks the flow from port {port}: {udp:?}");
+    eprintln!("{mode}: the table holds {} entries, the UDP dump {}", all.len(), udp.len());
+
     // The endpoint leaves the Service; its server keeps answering.
     let synced = kpx.log().matches("synced rules family=IPv4").count();
     let removed = Instant::now();

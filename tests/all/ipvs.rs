@@ -50,8 +50,12 @@ pub fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
             let ran = console.contains(&format!("test {name} ...")) && console.contains("test result: ok. 1 passed");
             assert!(ran, "the guest exited 0 without running {name}:\n{console}\n{host}");
             eprintln!("{name}: passed in the qemu guest ({:.0} s with the boot)", t.elapsed().as_secs_f64());
-            for line in console.lines().filter(|l| l.starts_with("ipvs:")) {
-                eprintln!("  guest: {line}");
+            // The guest's figures: its lines that start with "ipvs:", and
+            // the churn test's (printed after the test's name).
+            for line in console.lines() {
+                if let Some(at) = line.find("churn ipvs:").or_else(|| line.starts_with("ipvs:").then_some(0)) {
+                    eprintln!("  guest: {}", &line[at..]);
+                }
             }
         }
         Some(97) => {

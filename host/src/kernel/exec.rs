@@ -60,7 +60,8 @@ impl Exec for SystemExec {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_err)?;
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
         // Stdin is written and the outputs drained from threads, so a
         // chatty tool cannot deadlock on a full pipe while this one waits.
         let (status, out, err) = std::thread::scope(|scope| {
@@ -101,6 +102,14 @@ impl Exec for SystemExec {
             (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
         });
         let status = status?;
+        tracing::debug!(
+            program,
+            args = args.len(),
+            stdin_bytes = stdin.map_or(0, <[u8]>::len),
+            ok = status.success(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "ran a tool"
+        );
         if !status.success() {
             let stderr = String::from_utf8_lossy(&err).trim().to_string();
             return Err(Error::Failed {

@@ -27,6 +27,11 @@ const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
+const CTA_FILTER: u16 = 25;
+const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+/// `CTA_FILTER_F_CTA_PROTO_NUM` (net/netfilter/nf_internals.h, ABI since
+/// Linux 5.8): the dump keeps entries of the tuple's protocol.
+const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
 const CTA_PROTOINFO_TCP: u16 = 1;
 const CTA_PROTOINFO_TCP_STATE: u16 = 1;
 const TCP_CONNTRACK_ESTABLISHED: u8 = 3;
@@ -53,6 +58,38 @@ pub fn dump_entries(family: IpFamily) -> Result<Vec<(Tuple, Tuple, bool)>, Error
 /// [`dump_entries`] without the TCP state: (original, reply).
 pub fn dump(family: IpFamily) -> Result<Vec<(Tuple, Tuple)>, Error> {
     Ok(dump_entries(family)?.into_iter().map(|(o, r, _)| (o, r)).collect())
+}
+
+/// The entries of `family`'s table whose protocol is `protocol`, the
+/// kernel filtering the dump (`CTA_FILTER`): on a node whose table holds
+/// mostly TCP, a dump of UDP reads a small part of it. A kernel that
+/// refuses the filter (before 5.8) is dumped whole; a kernel that ignores
+/// it returns more: the entries are filtered here too.
+pub fn dump_protocol(family: IpFamily, protocol: u8) -> Result<Vec<(Tuple, Tuple)>, Error> {
+    let mut w = Writer::new();
+    w.nested(CTA_TUPLE_ORIG, |w| {
+        w.nested(CTA_TUPLE_PROTO, |w| {
+            w.bytes(CTA_PROTO_NUM, &[protocol]);
+        });
+    });
+    w.nested(CTA_FILTER, |w| {
+        w.bytes(CTA_FILTER_ORIG_FLAGS, &CTA_FILTER_F_CTA_PROTO_NUM.to_ne_bytes());
+    });
+    let mut nl = Netlink::open()?;
+    let replies = match nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &w) {
+        Ok(replies) => replies,
+        Err(e) if e.errno().is_some() => {
+            tracing::debug!(%family, "the kernel refused a filtered conntrack dump ({e}): dumping it whole");
+            nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &Writer::new())?
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(replies
+        .iter()
+        .filter_map(|r| parse_entry(r).ok())
+        .filter(|(o, _, _)| o.0 == protocol)
+        .map(|(o, r, _)| (o, r))
+        .collect())
 }
 
 /// Deletes the entries whose original tuples are `tuples`; one already

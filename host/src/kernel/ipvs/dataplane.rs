@@ -49,6 +49,11 @@ pub struct IpvsDataplane {
     unslotted: usize,
     /// What the last successful sync left in the kernel (see `lost`).
     held: Option<Held>,
+    /// The ipset script and the iptables payload written last: a partial
+    /// sync whose own are the same writes neither (endpoint churn changes
+    /// neither, and each is a process; a full sync always writes both).
+    written_sets: Option<String>,
+    written_rules: Option<String>,
 }
 
 /// The kernel objects a sync left, looked up once per sync period: the
@@ -143,6 +148,8 @@ impl IpvsDataplane {
             marks: slots::Marks::default(),
             unslotted: 0,
             held: None,
+            written_sets: None,
+            written_rules: None,
         }
     }
 
@@ -289,14 +296,25 @@ impl IpvsDataplane {
             sets.add(super::sets::Kind::Slotted, super::sets::Entry::IpPort(*address, *protocol, *port));
         }
         let script = sets.restore_script();
-        self.iptables.exec().run("ipset", &["restore"], Some(script.as_bytes()))?;
+        let mut tool_bytes = 0;
+        if full || self.written_sets.as_deref() != Some(script.as_str()) {
+            self.written_sets = None;
+            self.iptables.exec().run("ipset", &["restore"], Some(script.as_bytes()))?;
+            tool_bytes += script.len();
+            self.written_sets = Some(script);
+        }
         let d = crate::kernel::iptables::dialect(settings);
         let frame = super::iptables::frame(settings, &sets, work.rules);
         if full {
             self.iptables.ensure_jumps(&frame.jumps, d)?;
         }
         let (text, _) = payload(&frame, &Default::default(), &[], d, None);
-        self.iptables.apply(&text)?;
+        if full || self.written_rules.as_deref() != Some(text.as_str()) {
+            self.written_rules = None;
+            self.iptables.apply(&text)?;
+            tool_bytes += text.len();
+            self.written_rules = Some(text);
+        }
         if !self.timeouts_set && self.timeouts != Timeouts::default() {
             let t = self.timeouts;
             // The kernel's refusal here must not stop the table's sync.
@@ -350,7 +368,7 @@ impl IpvsDataplane {
         // The ipset and iptables payloads, and one for each IPVS and
         // rtnetlink write.
         Ok(Written {
-            bytes: writes + script.len() + text.len(),
+            bytes: writes + tool_bytes,
             kernel: t.elapsed(),
             iptables_rules: Some((frame.rules.len() - rules, rules)),
             steps: 1,
