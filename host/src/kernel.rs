@@ -154,6 +154,16 @@ impl Dataplane {
         }
     }
 
+    /// What the last sync found gone of what the one before left, and put
+    /// back without a full sync (ipvs mode's partial syncs reconcile with
+    /// the kernel), once.
+    pub fn take_repaired(&mut self) -> Option<String> {
+        match self {
+            Dataplane::Ipvs(d) => d.take_repaired(),
+            Dataplane::Iptables(_) | Dataplane::Nftables(_) => None,
+        }
+    }
+
     /// The most bytes one sync may write to the kernel.
     pub fn with_max_bytes(self, max_bytes: usize) -> Dataplane {
         match self {

@@ -625,6 +625,10 @@ pub fn run(
                         extensions_ms = millis(report.extensions),
                         "synced rules"
                     );
+                    if let Some(what) = proxier.rules_mut().and_then(FamilyProxier::take_repaired) {
+                        tracing::warn!(family = %proxier.family(), "the kernel lost kube-proxy's rules ({what}): this sync wrote them again");
+                        m.rules_lost.inc();
+                    }
                     reconcile_conntrack(proxier, report.full, telemetry);
                 }
                 Err(e) => {

@@ -3,7 +3,8 @@
 //! terminating while it drains, then gone), while two client loops open
 //! connections to the Service. Every endpoint kpx is given stays up while
 //! listed, so any failed connection is a gap in the rules. iptables and
-//! nftables modes here, ipvs mode in the qemu guest (tests/all/ipvs.rs).
+//! nftables modes here, ipvs mode in the qemu guest (tests/all/ipvs.rs,
+//! with the lost-objects check: one boot).
 //!
 //! The test command runs 100 changes a mode; `KPX_CHURN_CHANGES=1000`
 //! runs the long one (docs/RELIABILITY.md has its figures).
@@ -36,7 +37,7 @@ fn changes() -> usize {
     std::env::var("KPX_CHURN_CHANGES").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
 }
 
-fn churn(mode: &str) {
+pub fn churn(mode: &str) {
     let test = format!("churn_under_live_traffic ({mode})");
     let Some(lab) = lab_or_skip(4, &test) else { return };
     let (dir, manifests) = run_dirs(&format!("churn-{mode}"));
@@ -63,10 +64,10 @@ fn churn(mode: &str) {
     // one emulated CPU, 20-50 times slower than this machine: a sync pass
     // takes 0.4-0.8 s there and the clients reach about 100 connections a
     // second (docs/RELIABILITY.md, "Churn"). So there the changes come
-    // every 600 ms and 50 connections a second is the floor; the rest
+    // every second and 50 connections a second is the floor; the rest
     // (no failed connection, a sync per two changes, every pod served)
     // holds as here.
-    let (pace, min_rate) = if guest { (Duration::from_millis(600), 50.0) } else { (STEP, 200.0) };
+    let (pace, min_rate) = if guest { (Duration::from_secs(1), 50.0) } else { (STEP, 200.0) };
     let clients = [ClientLoop::start_with(&lab, WEB, connect), ClientLoop::start_with(&lab, WEB, connect)];
     std::thread::sleep(Duration::from_millis(300));
     let (want, t0) = (changes(), Instant::now());
@@ -137,7 +138,5 @@ fn churn_under_live_traffic_nftables() {
     churn("nftables");
 }
 
-#[test]
-fn churn_under_live_traffic_ipvs() {
-    crate::ipvs::kpx_where_ipvs_is("churn::churn_under_live_traffic_ipvs", &[], || churn("ipvs"));
-}
+// ipvs mode: `ipvs::ipvs_mode_restores_lost_objects_and_keeps_up_with_churn`,
+// one qemu guest boot for both.

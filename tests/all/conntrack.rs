@@ -94,11 +94,14 @@ fn a_udp_flow_leaves_a_removed_endpoint(mode: &str) {
     let (all, udp) = lab
         .node
         .enter(|| {
-            use kpx::kernel::conntrack::table::{dump, dump_protocol};
-            (dump(kpx_rules::model::IpFamily::V4).unwrap(), dump_protocol(kpx_rules::model::IpFamily::V4, 17).unwrap())
+            use kpx::kernel::conntrack::table::{dump, dump_protocols};
+            let v4 = kpx_rules::model::IpFamily::V4;
+            (dump(v4).unwrap(), dump_protocols(v4, &[17]).unwrap())
         })
         .unwrap();
     assert!(all.iter().any(|(o, _)| o.0 == 6), "{mode}: no TCP entry in the table to filter out");
+    let (udp, filtered) = udp;
+    assert!(filtered, "{mode}: this kernel (5.8 or later) did not filter the dump by protocol");
     assert!(udp.iter().all(|(o, _)| o.0 == 17), "{mode}: the UDP dump holds other protocols");
     assert!(udp.iter().any(|(o, _)| o.2 == port), "{mode}: the UDP dump lacks the flow from port {port}: {udp:?}");
     eprintln!("{mode}: the table holds {} entries, the UDP dump {}", all.len(), udp.len());

@@ -101,15 +101,15 @@ impl Exec for SystemExec {
             };
             (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
         });
-        let status = status?;
         tracing::debug!(
             program,
             args = args.len(),
             stdin_bytes = stdin.map_or(0, <[u8]>::len),
-            ok = status.success(),
+            ok = status.as_ref().is_ok_and(|s| s.success()),
             ms = started.elapsed().as_secs_f64() * 1e3,
             "ran a tool"
         );
+        let status = status?;
         if !status.success() {
             let stderr = String::from_utf8_lossy(&err).trim().to_string();
             return Err(Error::Failed {

@@ -523,6 +523,12 @@ impl FamilyProxier {
         }
     }
 
+    /// What this family's last sync found gone of what the one before
+    /// left, and wrote again (see [`crate::kernel::Dataplane::take_repaired`]).
+    pub fn take_repaired(&mut self) -> Option<String> {
+        self.dataplane.take_repaired()
+    }
+
     /// Deletes the conntrack entries the last successful sync made stale
     /// (kernel/conntrack/stale.rs): run after each one in which a UDP or
     /// SCTP destination or the endpoints it sends to changed, and after a

@@ -30,7 +30,7 @@ use std::net::IpAddr;
 
 use kpx_rules::model::{IpFamily, Protocol, ServicePort};
 
-use super::table::{Tuple, dump_protocol, protocol_number};
+use super::table::{Tuple, dump_protocols, protocol_number};
 use crate::kernel::nftables::netlink::Error;
 
 /// A Service destination: protocol number, address (None: any address,
@@ -125,10 +125,8 @@ pub fn reconcile(family: IpFamily, now: &Destinations, before: &mut Destinations
     // filters the dump, so a table of TCP connections is not read.
     let protocols: std::collections::BTreeSet<u8> =
         now.serving.keys().chain(before.serving.keys()).map(|(proto, _, _)| *proto).collect();
-    let mut entries = Vec::new();
-    for protocol in protocols {
-        entries.extend(dump_protocol(family, protocol)?);
-    }
+    let protocols: Vec<u8> = protocols.into_iter().collect();
+    let (entries, _) = dump_protocols(family, &protocols)?;
     let doomed = stale(&entries, now, before);
     let deleted = super::table::delete(family, &doomed)?;
     *before = now.clone();

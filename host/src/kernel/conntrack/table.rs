@@ -60,36 +60,50 @@ pub fn dump(family: IpFamily) -> Result<Vec<(Tuple, Tuple)>, Error> {
     Ok(dump_entries(family)?.into_iter().map(|(o, r, _)| (o, r)).collect())
 }
 
-/// The entries of `family`'s table whose protocol is `protocol`, the
-/// kernel filtering the dump (`CTA_FILTER`): on a node whose table holds
-/// mostly TCP, a dump of UDP reads a small part of it. A kernel that
-/// refuses the filter (before 5.8) is dumped whole; a kernel that ignores
-/// it returns more: the entries are filtered here too.
-pub fn dump_protocol(family: IpFamily, protocol: u8) -> Result<Vec<(Tuple, Tuple)>, Error> {
-    let mut w = Writer::new();
-    w.nested(CTA_TUPLE_ORIG, |w| {
-        w.nested(CTA_TUPLE_PROTO, |w| {
-            w.bytes(CTA_PROTO_NUM, &[protocol]);
-        });
-    });
-    w.nested(CTA_FILTER, |w| {
-        w.bytes(CTA_FILTER_ORIG_FLAGS, &CTA_FILTER_F_CTA_PROTO_NUM.to_ne_bytes());
-    });
-    let mut nl = Netlink::open()?;
-    let replies = match nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &w) {
-        Ok(replies) => replies,
-        Err(e) if e.errno().is_some() => {
-            tracing::debug!(%family, "the kernel refused a filtered conntrack dump ({e}): dumping it whole");
-            nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &Writer::new())?
-        }
-        Err(e) => return Err(e),
+/// The entries of `family`'s table of `protocols`, the kernel filtering
+/// each dump by protocol (`CTA_FILTER`, Linux 5.8 and later): on a node
+/// whose table holds mostly TCP, a dump of UDP reads a small part of it.
+/// Also whether the kernel did filter: one that refuses the filter
+/// (EINVAL, EOPNOTSUPP) is dumped whole, once; one that ignores it (an
+/// attribute it does not know) answers with the whole table, which is
+/// then used for every protocol. The entries are filtered here either way.
+pub fn dump_protocols(family: IpFamily, protocols: &[u8]) -> Result<(Vec<(Tuple, Tuple)>, bool), Error> {
+    let keep = |entries: Vec<(Tuple, Tuple, bool)>| -> Vec<(Tuple, Tuple)> {
+        entries.into_iter().filter(|(o, _, _)| protocols.contains(&o.0)).map(|(o, r, _)| (o, r)).collect()
     };
-    Ok(replies
-        .iter()
-        .filter_map(|r| parse_entry(r).ok())
-        .filter(|(o, _, _)| o.0 == protocol)
-        .map(|(o, r, _)| (o, r))
-        .collect())
+    let parse = |replies: Vec<Vec<u8>>| -> Vec<(Tuple, Tuple, bool)> {
+        replies.iter().filter_map(|r| parse_entry(r).ok()).collect()
+    };
+    let mut nl = Netlink::open()?;
+    let mut out = Vec::new();
+    for &protocol in protocols {
+        let mut w = Writer::new();
+        w.nested(CTA_TUPLE_ORIG, |w| {
+            w.nested(CTA_TUPLE_PROTO, |w| {
+                w.bytes(CTA_PROTO_NUM, &[protocol]);
+            });
+        });
+        w.nested(CTA_FILTER, |w| {
+            w.bytes(CTA_FILTER_ORIG_FLAGS, &CTA_FILTER_F_CTA_PROTO_NUM.to_ne_bytes());
+        });
+        let refused = [nix::errno::Errno::EINVAL as i32, nix::errno::Errno::EOPNOTSUPP as i32];
+        let entries = match nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &w) {
+            Ok(replies) => parse(replies),
+            Err(e) if e.errno().is_some_and(|n| refused.contains(&n)) => {
+                tracing::debug!(%family, "the kernel refused a conntrack dump filtered by protocol ({e}): reading it whole");
+                let whole =
+                    nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &Writer::new())?;
+                return Ok((keep(parse(whole)), false));
+            }
+            Err(e) => return Err(e),
+        };
+        if entries.iter().any(|(o, _, _)| o.0 != protocol) {
+            tracing::debug!(%family, "the kernel ignored a conntrack dump's filter: using the whole table it sent");
+            return Ok((keep(entries), false));
+        }
+        out.extend(keep(entries));
+    }
+    Ok((out, true))
 }
 
 /// Deletes the entries whose original tuples are `tuples`; one already

@@ -54,6 +54,9 @@ pub struct IpvsDataplane {
     /// neither, and each is a process; a full sync always writes both).
     written_sets: Option<String>,
     written_rules: Option<String>,
+    /// What a partial sync found gone of what the last one left, and put
+    /// back (see `take_repaired`).
+    repaired: Option<String>,
 }
 
 /// The kernel objects a sync left, looked up once per sync period: the
@@ -150,19 +153,25 @@ impl IpvsDataplane {
             held: None,
             written_sets: None,
             written_rules: None,
+            repaired: None,
         }
     }
 
     /// What the kernel lost of what the last sync wrote, if anything
     /// (someone ran `ipvsadm -C`, flushed a chain, deleted kube-ipvs0 or
-    /// an address on it, or destroyed an ipset): each sync writes all of
-    /// it again, and a loss makes the next one full (the jumps from
-    /// built-in chains are only checked by full syncs). Upstream's ipvs
-    /// proxier has no canary and finds such losses at its next periodic
-    /// sync; this says so, and counts it. A real server deleted from a
-    /// virtual server that is still there is not looked for (one dump per
-    /// virtual server): the next full sync puts it back.
-    pub fn lost(&self, settings: &Settings) -> Result<Option<String>, Error> {
+    /// an address on it, or destroyed an ipset): checked once per sync
+    /// period, and a loss makes the next sync full (the jumps from
+    /// built-in chains are only written by full syncs). Upstream's ipvs
+    /// proxier has no canary; it writes everything again at every sync.
+    /// Each call also makes the next sync write the ipsets and the
+    /// iptables rules again, so that once per sync period they are put
+    /// back as upstream puts them back (a set's entries or a rule past a
+    /// chain's first are not looked at here). A partial sync puts back
+    /// virtual servers, real servers, kube-ipvs0 and its addresses
+    /// itself, and says so (`take_repaired`).
+    pub fn lost(&mut self, settings: &Settings) -> Result<Option<String>, Error> {
+        self.written_sets = None;
+        self.written_rules = None;
         let Some(held) = &self.held else { return Ok(None) };
         let d = crate::kernel::iptables::dialect(settings);
         let rules: Vec<&kpx_rules::ops::iptables::Rule> = held.rules.iter().collect();
@@ -175,13 +184,16 @@ impl IpvsDataplane {
             let count = held.services.difference(&have).count();
             return Ok(Some(format!("{count} virtual servers are gone, the first {gone}")));
         }
-        let mut rtnl = link::Rtnl::open()?;
-        let Some((index, _)) = rtnl.link(link::KUBE_IPVS0)? else {
-            return Ok(Some(format!("{} is gone", link::KUBE_IPVS0)));
-        };
-        let bound: BTreeSet<IpAddr> = rtnl.addresses(index)?.into_iter().collect();
-        if let Some(gone) = held.addresses.difference(&bound).next() {
-            return Ok(Some(format!("{gone} is no longer on {}", link::KUBE_IPVS0)));
+        // kube-ipvs0 is both families': each looks for its own addresses.
+        if !held.addresses.is_empty() {
+            let mut rtnl = link::Rtnl::open()?;
+            let Some((index, _)) = rtnl.link(link::KUBE_IPVS0)? else {
+                return Ok(Some(format!("{} is gone", link::KUBE_IPVS0)));
+            };
+            let bound: BTreeSet<IpAddr> = rtnl.addresses(index)?.into_iter().collect();
+            if let Some(gone) = held.addresses.difference(&bound).next() {
+                return Ok(Some(format!("{gone} is no longer on {}", link::KUBE_IPVS0)));
+            }
         }
         let names = self.iptables.exec().run("ipset", &["list", "-n"], None)?;
         let present: BTreeSet<&str> = names.lines().map(str::trim).collect();
@@ -189,6 +201,13 @@ impl IpvsDataplane {
             return Ok(Some(format!("the ipset {gone} is gone")));
         }
         Ok(None)
+    }
+
+    /// What the last partial sync found gone of what the sync before left,
+    /// and wrote again (someone cleared IPVS or deleted kube-ipvs0 between
+    /// two periodic checks), once.
+    pub fn take_repaired(&mut self) -> Option<String> {
+        self.repaired.take()
     }
 
     /// Refuses virtual servers outside the state: an address, protocol
@@ -231,6 +250,16 @@ impl IpvsDataplane {
             .filter(|s| self.family.matches(&s.key.address))
             .map(|s| (s.key.clone(), s))
             .collect();
+        // What the last sync left and is gone now (someone cleared IPVS
+        // or deleted kube-ipvs0 since): this sync puts it back, and a
+        // partial one says so (a full one was asked for by the check).
+        let mut gone: Vec<String> = Vec::new();
+        if let (Some(held), false) = (&self.held, full) {
+            let missing = held.services.iter().filter(|k| !current.contains_key(k)).count();
+            if let Some(first) = held.services.iter().find(|k| !current.contains_key(k)) {
+                gone.push(format!("{missing} virtual servers are gone, the first {first}"));
+            }
+        }
         // After a restart, kpx's firewall-mark services tell which real
         // server had which mark: kept, established connections go on.
         if !self.marks.adopted() {
@@ -332,9 +361,17 @@ impl IpvsDataplane {
         // servers exist: traffic to it is local, so IPVS sees it (a port
         // without a virtual server is the node's own).
         let mut rtnl = link::Rtnl::open().map_err(kernel_error)?;
+        let existed = rtnl.link(link::KUBE_IPVS0).map_err(kernel_error)?.is_some();
         let index = rtnl.ensure().map_err(kernel_error)?;
         let bound: BTreeSet<IpAddr> =
             rtnl.addresses(index).map_err(kernel_error)?.into_iter().filter(|ip| self.family.matches(ip)).collect();
+        if let (Some(held), false) = (&self.held, full) {
+            if !existed && !held.addresses.is_empty() {
+                gone.push(format!("{} is gone", link::KUBE_IPVS0));
+            } else if let Some(ip) = held.addresses.difference(&bound).next() {
+                gone.push(format!("{ip} is no longer on {}", link::KUBE_IPVS0));
+            }
+        }
         for ip in wanted.difference(&bound) {
             rtnl.add_address(index, *ip).map_err(kernel_error)?;
             writes += 1;
@@ -342,6 +379,9 @@ impl IpvsDataplane {
         for ip in bound.difference(&wanted) {
             rtnl.delete_address(index, *ip).map_err(kernel_error)?;
             writes += 1;
+        }
+        if !gone.is_empty() {
+            self.repaired = Some(gone.join("; "));
         }
         if let Some(first) = failures.first() {
             // What could be written was; the rest is retried in full.
