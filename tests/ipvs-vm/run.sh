@@ -131,6 +131,8 @@ depmod -b "$R" "$KVER"
 {
   echo '#!/bin/sh'
   echo 'export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp KPX_IN_GUEST=1 RUST_BACKTRACE=1'
+  # A long churn run asked for on the host runs long in the guest too.
+  [ -n "${KPX_CHURN_CHANGES:-}" ] && printf 'export KPX_CHURN_CHANGES=%q\n' "$KPX_CHURN_CHANGES"
   echo 'mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev'
   # /tmp stays the initramfs' own: the binaries may live under it (a clone in /tmp).
   echo 'mkdir -p /run /tmp && mount -t tmpfs tmpfs /run && mkdir -p /run/netns'
