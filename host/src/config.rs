@@ -1604,26 +1604,29 @@ mod tests {
 
     #[test]
     fn the_config_file_names_plugins_in_its_kpx_section() {
-        let dir = std::env::temp_dir().join(format!("kpx-config-kpx-{}", std::process::id()));
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nkpx:\n  schedulerPlugins: [\"mine=/etc/kpx/s.wasm\"]\n  extensions: [\"ratelimit=/etc/kpx/r.wasm,default=5\"]\n  pluginCacheDir: /var/cache/x\n  colour: red\n";
+        with_config_file("kpx", text, |config| {
+            let parsed = cli(&[config]).unwrap();
+            assert!(parsed.warnings.iter().any(|w| w.contains("unknown field kpx.colour")), "{:?}", parsed.warnings);
+            let c = parsed.flags.validate().unwrap();
+            assert_eq!(c.scheduler_plugins, [("mine".to_string(), std::path::PathBuf::from("/etc/kpx/s.wasm"))]);
+            assert_eq!(c.extensions[0].name, "ratelimit");
+            assert_eq!(c.extensions[0].parameters, [("default".to_string(), "5".to_string())]);
+            assert_eq!(c.plugin_cache_dir, std::path::PathBuf::from("/var/cache/x"));
+            // The command line, given too, wins.
+            let c = cli(&[config, "--extension", "count=/x.wasm"]).unwrap().flags.validate().unwrap();
+            assert_eq!(c.extensions.len(), 1);
+            assert_eq!(c.extensions[0].name, "count");
+        });
+    }
+
+    /// `check` with `--config=PATH` of a file holding `text`, removed after.
+    fn with_config_file(tag: &str, text: &str, check: impl FnOnce(&str)) {
+        let dir = std::env::temp_dir().join(format!("kpx-config-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.yaml");
-        std::fs::write(
-            &path,
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nkpx:\n  schedulerPlugins: [\"mine=/etc/kpx/s.wasm\"]\n  extensions: [\"ratelimit=/etc/kpx/r.wasm,default=5\"]\n  pluginCacheDir: /var/cache/x\n  colour: red\n",
-        )
-        .unwrap();
-        let config = format!("--config={}", path.display());
-        let parsed = cli(&[&config]).unwrap();
-        assert!(parsed.warnings.iter().any(|w| w.contains("unknown field kpx.colour")), "{:?}", parsed.warnings);
-        let c = parsed.flags.validate().unwrap();
-        assert_eq!(c.scheduler_plugins, [("mine".to_string(), std::path::PathBuf::from("/etc/kpx/s.wasm"))]);
-        assert_eq!(c.extensions[0].name, "ratelimit");
-        assert_eq!(c.extensions[0].parameters, [("default".to_string(), "5".to_string())]);
-        assert_eq!(c.plugin_cache_dir, std::path::PathBuf::from("/var/cache/x"));
-        // The command line, given too, wins.
-        let c = cli(&[&config, "--extension", "count=/x.wasm"]).unwrap().flags.validate().unwrap();
-        assert_eq!(c.extensions.len(), 1);
-        assert_eq!(c.extensions[0].name, "count");
+        std::fs::write(&path, text).unwrap();
+        check(&format!("--config={}", path.display()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1637,18 +1640,11 @@ mod tests {
         assert_eq!(bound(&["--proxy-mode", "ipvs"]), None);
         assert!(cli(&["--iptables-max-endpoints-per-port", "-1"]).is_err());
 
-        let dir = std::env::temp_dir().join(format!("kpx-config-bound-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.yaml");
-        std::fs::write(
-            &path,
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nkpx:\n  iptablesMaxEndpointsPerPort: 700\n",
-        )
-        .unwrap();
-        let config = format!("--config={}", path.display());
-        assert_eq!(cli(&[&config]).unwrap().flags.validate().unwrap().max_endpoints_per_port, Some(700));
-        let given = cli(&[&config, "--iptables-max-endpoints-per-port=900"]).unwrap();
-        assert_eq!(given.flags.validate().unwrap().max_endpoints_per_port, Some(900));
-        std::fs::remove_dir_all(&dir).unwrap();
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nkpx:\n  iptablesMaxEndpointsPerPort: 700\n";
+        with_config_file("bound", text, |config| {
+            assert_eq!(cli(&[config]).unwrap().flags.validate().unwrap().max_endpoints_per_port, Some(700));
+            let given = cli(&[config, "--iptables-max-endpoints-per-port=900"]).unwrap();
+            assert_eq!(given.flags.validate().unwrap().max_endpoints_per_port, Some(900));
+        });
     }
 }

@@ -69,6 +69,28 @@ struct Held {
     sets: Vec<String>,
 }
 
+impl Held {
+    /// The virtual servers written that the kernel no longer holds.
+    fn services_gone(&self, holds: impl Fn(&ServiceKey) -> bool) -> Option<String> {
+        let first = self.services.iter().find(|k| !holds(k))?;
+        let missing = self.services.iter().filter(|k| !holds(k)).count();
+        Some(format!("{missing} virtual servers are gone, the first {first}"))
+    }
+
+    /// kube-ipvs0, or one of the family's addresses on it, gone (`bound`:
+    /// its addresses; None: no kube-ipvs0). kube-ipvs0 is both families':
+    /// a family with no address on it does not look.
+    fn addresses_gone(&self, bound: Option<&BTreeSet<IpAddr>>) -> Option<String> {
+        match bound {
+            _ if self.addresses.is_empty() => None,
+            None => Some(format!("{} is gone", link::KUBE_IPVS0)),
+            Some(bound) => {
+                self.addresses.difference(bound).next().map(|ip| format!("{ip} is no longer on {}", link::KUBE_IPVS0))
+            }
+        }
+    }
+}
+
 fn kernel_error(e: super::Error) -> SyncError {
     SyncError::Kernel(Error::Ipvs(e))
 }
@@ -180,20 +202,15 @@ impl IpvsDataplane {
         }
         let mut ipvs = Ipvs::open()?;
         let have: BTreeSet<ServiceKey> = ipvs.services()?.into_iter().map(|s| s.key).collect();
-        if let Some(gone) = held.services.difference(&have).next() {
-            let count = held.services.difference(&have).count();
-            return Ok(Some(format!("{count} virtual servers are gone, the first {gone}")));
-        }
-        // kube-ipvs0 is both families': each looks for its own addresses.
+        let mut bound = None;
         if !held.addresses.is_empty() {
             let mut rtnl = link::Rtnl::open()?;
-            let Some((index, _)) = rtnl.link(link::KUBE_IPVS0)? else {
-                return Ok(Some(format!("{} is gone", link::KUBE_IPVS0)));
-            };
-            let bound: BTreeSet<IpAddr> = rtnl.addresses(index)?.into_iter().collect();
-            if let Some(gone) = held.addresses.difference(&bound).next() {
-                return Ok(Some(format!("{gone} is no longer on {}", link::KUBE_IPVS0)));
+            if let Some((index, _)) = rtnl.link(link::KUBE_IPVS0)? {
+                bound = Some(rtnl.addresses(index)?.into_iter().collect::<BTreeSet<IpAddr>>());
             }
+        }
+        if let Some(gone) = held.services_gone(|k| have.contains(k)).or_else(|| held.addresses_gone(bound.as_ref())) {
+            return Ok(Some(gone));
         }
         let names = self.iptables.exec().run("ipset", &["list", "-n"], None)?;
         let present: BTreeSet<&str> = names.lines().map(str::trim).collect();
@@ -253,13 +270,8 @@ impl IpvsDataplane {
         // What the last sync left and is gone now (someone cleared IPVS
         // or deleted kube-ipvs0 since): this sync puts it back, and a
         // partial one says so (a full one was asked for by the check).
-        let mut gone: Vec<String> = Vec::new();
-        if let (Some(held), false) = (&self.held, full) {
-            let missing = held.services.iter().filter(|k| !current.contains_key(k)).count();
-            if let Some(first) = held.services.iter().find(|k| !current.contains_key(k)) {
-                gone.push(format!("{missing} virtual servers are gone, the first {first}"));
-            }
-        }
+        let services_gone =
+            self.held.as_ref().filter(|_| !full).and_then(|h| h.services_gone(|k| current.contains_key(k)));
         // After a restart, kpx's firewall-mark services tell which real
         // server had which mark: kept, established connections go on.
         if !self.marks.adopted() {
@@ -361,17 +373,11 @@ impl IpvsDataplane {
         // servers exist: traffic to it is local, so IPVS sees it (a port
         // without a virtual server is the node's own).
         let mut rtnl = link::Rtnl::open().map_err(kernel_error)?;
-        let existed = rtnl.link(link::KUBE_IPVS0).map_err(kernel_error)?.is_some();
-        let index = rtnl.ensure().map_err(kernel_error)?;
+        let (index, created) = rtnl.ensure().map_err(kernel_error)?;
         let bound: BTreeSet<IpAddr> =
             rtnl.addresses(index).map_err(kernel_error)?.into_iter().filter(|ip| self.family.matches(ip)).collect();
-        if let (Some(held), false) = (&self.held, full) {
-            if !existed && !held.addresses.is_empty() {
-                gone.push(format!("{} is gone", link::KUBE_IPVS0));
-            } else if let Some(ip) = held.addresses.difference(&bound).next() {
-                gone.push(format!("{ip} is no longer on {}", link::KUBE_IPVS0));
-            }
-        }
+        let addresses_gone =
+            self.held.as_ref().filter(|_| !full).and_then(|h| h.addresses_gone((!created).then_some(&bound)));
         for ip in wanted.difference(&bound) {
             rtnl.add_address(index, *ip).map_err(kernel_error)?;
             writes += 1;
@@ -380,9 +386,8 @@ impl IpvsDataplane {
             rtnl.delete_address(index, *ip).map_err(kernel_error)?;
             writes += 1;
         }
-        if !gone.is_empty() {
-            self.repaired = Some(gone.join("; "));
-        }
+        let gone: Vec<String> = services_gone.into_iter().chain(addresses_gone).collect();
+        self.repaired = (!gone.is_empty()).then(|| gone.join("; "));
         if let Some(first) = failures.first() {
             // What could be written was; the rest is retried in full.
             return Err(SyncError::Kernel(Error::IpvsRefused { count: failures.len(), first: first.clone() }));

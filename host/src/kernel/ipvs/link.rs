@@ -101,12 +101,13 @@ impl Rtnl {
     }
 
     /// Creates kube-ipvs0 (a dummy interface, left down as upstream leaves
-    /// it) unless it exists; its index. An interface of that name that is
-    /// not a dummy is refused: kpx would otherwise manage its addresses.
-    pub fn ensure(&mut self) -> Result<u32, Error> {
+    /// it) unless it exists; its index, and whether this call created it.
+    /// An interface of that name that is not a dummy is refused: kpx would
+    /// otherwise manage its addresses.
+    pub fn ensure(&mut self) -> Result<(u32, bool), Error> {
         if let Some((index, dummy)) = self.link(KUBE_IPVS0)? {
             return if dummy {
-                Ok(index)
+                Ok((index, false))
             } else {
                 Err(Error::Protocol(format!("{KUBE_IPVS0} exists and is not a dummy interface")))
             };
@@ -121,7 +122,7 @@ impl Rtnl {
             Err(e) => return Err(e),
         }
         match self.link(KUBE_IPVS0)? {
-            Some((index, true)) => Ok(index),
+            Some((index, true)) => Ok((index, true)),
             _ => Err(Error::Protocol("kube-ipvs0 was created but cannot be found".into())),
         }
     }
