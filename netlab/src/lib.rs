@@ -67,6 +67,58 @@ impl Ns {
         run("ip", &all)
     }
 
+    /// `ip -n <ns> -batch -`: many commands, one process (each line is
+    /// what would follow `ip`); the error names the failing line.
+    pub fn ip_batch(&self, lines: &[String]) -> Result<()> {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["-n", &self.name, "-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut script = lines.join("\n");
+        script.push('\n');
+        // Written whole before waiting (a script is far below a pipe's size
+        // in practice, and ip reads it to the end before exiting).
+        child.stdin.take().expect("piped stdin").write_all(script.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: format!("ip -n {} -batch -, with:\n{script}", self.name),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes sysctls of this namespace (`net.ipv4.ip_forward` written as
+    /// `ipv4/ip_forward`, under /proc/sys/net/) from a thread inside it,
+    /// with no process started.
+    pub fn net_sysctls(&self, settings: &[(String, &'static str)]) -> Result<()> {
+        let settings = settings.to_vec();
+        self.enter(move || -> std::io::Result<()> {
+            for (path, value) in settings {
+                let path = format!("/proc/sys/net/{path}");
+                std::fs::write(&path, value).map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))?;
+            }
+            Ok(())
+        })??;
+        Ok(())
+    }
+
+    /// The interfaces of this namespace (their names, from
+    /// /proc/sys/net/ipv4/conf/ as seen inside it, `all` and `default`
+    /// included).
+    pub fn ipv4_conf_names(&self) -> Result<Vec<String>> {
+        let names = self.enter(|| -> std::io::Result<Vec<String>> {
+            std::fs::read_dir("/proc/sys/net/ipv4/conf")?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })??;
+        Ok(names)
+    }
+
     /// A command to start inside the namespace (for long-running processes).
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new("ip");
