@@ -233,6 +233,105 @@ fn every_iptables_variant_reads_back_from_the_kernel() {
     }
 }
 
+/// kpx's executor inside a namespace that counts the processes it starts.
+struct CountingExec(NsExec, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Exec for CountingExec {
+    fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> kpx::kernel::Result<String> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.run(program, args, stdin)
+    }
+}
+
+/// Each jump from a built-in chain, and how many copies the kernel holds.
+fn jump_copies(kernel: &IptablesKernel, jumps: &[R]) -> Vec<(String, usize)> {
+    let saved = kernel.save().unwrap();
+    jumps
+        .iter()
+        .map(|j| {
+            let T::HostJump(to) = &j.target else { unreachable!("a frame jump is a host jump") };
+            let (line, mut table) = (format!("-A {} ", j.chain), "");
+            let mut n = 0;
+            for l in saved.lines() {
+                if let Some(t) = l.strip_prefix('*') {
+                    table = t;
+                }
+                n += usize::from(table == j.table.name() && l.starts_with(&line) && l.ends_with(&format!(" -j {to}")));
+            }
+            (format!("{} {} -> {to}", j.table.name(), j.chain), n)
+        })
+        .collect()
+}
+
+/// The host's checks of its own rules in few processes: the jumps from
+/// built-in chains made in one `iptables-restore` on a first start, found
+/// in one when all there, and added one by one (never doubled) when some
+/// are missing; the loss check asks about every rule (the frame's and
+/// each variant, hash marks' two lines included) in one `iptables-restore`
+/// of `-C` lines, and names the one rule the kernel lacks.
+#[test]
+fn the_hosts_rule_checks_are_one_process_and_exact() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some((_lab, ns)) = lab("the_hosts_rule_checks_are_one_process_and_exact") else { return };
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let s = settings(family, ProxyMode::Iptables);
+        let (d, frame) = (dialect(&s), ipt_frame(&s));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let kernel = IptablesKernel::new(family, Box::new(CountingExec(NsExec(ns.name.clone()), runs.clone())));
+        let once = |what: &str| {
+            for (jump, n) in jump_copies(&kernel, &frame.jumps) {
+                assert_eq!(n, 1, "{family}, {what}: {jump} held {n} times");
+            }
+        };
+        // A first start: nothing of kpx's in the kernel.
+        kernel.cleanup().unwrap();
+        runs.store(0, Ordering::Relaxed);
+        kernel.ensure_jumps(&frame.jumps, d).unwrap();
+        assert_eq!(runs.swap(0, Ordering::Relaxed), 2, "{family}: a first start's jumps: check, then one restore");
+        once("a first start");
+        // Chains there, jumps not (what the roundtrip leaves): one by one.
+        let rs = every_iptables_variant(family);
+        iptables_roundtrip(&ns, family, &rs).unwrap_or_else(|e| panic!("{family}: {e}"));
+        kernel.ensure_jumps(&frame.jumps, d).unwrap();
+        once("chains without jumps");
+        // One jump gone: put back, the others not doubled.
+        let gone = &frame.jumps[frame.jumps.len() / 2];
+        let delete = |rule: &R| {
+            let mut args: Vec<String> = vec!["-t".into(), rule.table.name().into(), "-D".into(), rule.chain.clone()];
+            args.extend(kpx::kernel::iptables::render::rule_args(rule, d));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            NsExec(ns.name.clone()).run(&kpx::kernel::iptables::tool(family, "iptables"), &args, None).unwrap();
+        };
+        delete(gone);
+        kernel.ensure_jumps(&frame.jumps, d).unwrap();
+        once("one jump deleted");
+        runs.store(0, Ordering::Relaxed);
+        kernel.ensure_jumps(&frame.jumps, d).unwrap();
+        assert_eq!(runs.swap(0, Ordering::Relaxed), 1, "{family}: jumps all there, yet more than one process");
+
+        let rules: Vec<&R> = frame.jumps.iter().chain(&frame.rules).chain(&rs.rules).chain(&frame.trailing).collect();
+        assert!(rules.len() > 20, "{family}: only {} rules", rules.len());
+        assert_eq!(kernel.lost_rules(&rules, d).unwrap(), None, "{family}: all written, none lost");
+        assert_eq!(
+            runs.swap(0, Ordering::Relaxed),
+            1,
+            "{family}: checking {} rules took more than one process",
+            rules.len()
+        );
+        // One rule from the middle taken out of the kernel.
+        let gone = rules[rules.len() / 2];
+        delete(gone);
+        let lost =
+            kernel.lost_rules(&rules, d).unwrap().unwrap_or_else(|| panic!("{family}: a deleted rule not noticed"));
+        let spec = kpx::kernel::iptables::render::rule_args(gone, d).join(" ");
+        assert!(
+            lost.contains(&gone.chain) && lost.contains(&spec),
+            "{family}: {lost}\n want the rule {} {spec}",
+            gone.chain
+        );
+    }
+}
+
 /// Random rulesets per property test: 24 in the test command, more with
 /// `KPX_PROPTEST_CASES` (the long runs in README.md, "Tests").
 fn cases() -> u32 {

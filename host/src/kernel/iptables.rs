@@ -9,7 +9,7 @@ pub mod render;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kpx_rules::model::{IpFamily, Settings};
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem};
@@ -320,11 +320,27 @@ impl IptablesKernel {
     /// Creates the top-level chains and the jumps to them from the built-in
     /// chains (upstream's `iptablesJumpChains`), where missing.
     pub fn ensure_jumps(&self, jumps: &[Rule], d: Dialect) -> Result<()> {
+        let jumps: Vec<(&Rule, &str)> = jumps
+            .iter()
+            .filter_map(|j| match &j.target {
+                kpx_rules::ops::iptables::Target::HostJump(to) => Some((j, to.as_str())),
+                _ => None,
+            })
+            .collect();
+        // Usually all there (every full sync after the first): one process.
+        if self.holds_all(jumps.iter().map(|(j, _)| *j), d)? {
+            return Ok(());
+        }
+        // A first start: none of the chains exists yet, so neither does a
+        // jump; one restore makes them all.
+        if self.create_with_jumps(&jumps, d)? {
+            return Ok(());
+        }
+        // Some there, some not: chain by chain, jump by jump.
         let iptables = self.tool("iptables");
         let mut created = BTreeSet::new();
-        for jump in jumps {
-            let kpx_rules::ops::iptables::Target::HostJump(to) = &jump.target else { continue };
-            if created.insert((jump.table, to.clone())) {
+        for (jump, to) in jumps {
+            if created.insert((jump.table, to)) {
                 self.new_chain(jump.table.name(), to)?;
             }
             let spec = rule_args(jump, d);
@@ -381,6 +397,10 @@ impl IptablesKernel {
     /// -C` each): [`IptablesKernel::lost`] without the canary chains
     /// (ipvs mode has none, as upstream's ipvs proxier).
     pub fn lost_rules(&self, rules: &[&Rule], d: Dialect) -> Result<Option<String>> {
+        if self.holds_all(rules.iter().copied(), d)? {
+            return Ok(None);
+        }
+        // Which one: `iptables -C` each, in order.
         let iptables = self.tool("iptables");
         for rule in rules {
             let spec = rule_args(rule, d);
@@ -396,6 +416,80 @@ impl IptablesKernel {
             }
         }
         Ok(None)
+    }
+
+    /// The chains `jumps` lead to (`-N`) and the jumps (`-I`, in order) in
+    /// one `iptables-restore --noflush`. Each table's part is atomic: it
+    /// fails, writing nothing of that table, where one of its chains
+    /// exists already (and only then could one of its jumps exist), so no
+    /// jump is ever doubled. True when every part was written; on false
+    /// the caller adds what is missing one by one (a part written before
+    /// the failing one is then found there).
+    fn create_with_jumps(&self, jumps: &[(&Rule, &str)], d: Dialect) -> Result<bool> {
+        let mut by_table: BTreeMap<&'static str, (BTreeSet<&str>, String)> = BTreeMap::new();
+        for (jump, to) in jumps {
+            let (chains, lines) = by_table.entry(jump.table.name()).or_default();
+            chains.insert(to);
+            for line in render::rule_lines(jump, d) {
+                let Some(rest) = line.strip_prefix("-A ") else {
+                    return Ok(false);
+                };
+                lines.push_str("-I ");
+                lines.push_str(rest);
+                lines.push('\n');
+            }
+        }
+        let mut script = String::new();
+        for (table, (chains, lines)) in &by_table {
+            script.push_str(&format!("*{table}\n"));
+            for chain in chains {
+                script.push_str(&format!("-N {chain}\n"));
+            }
+            script.push_str(lines);
+            script.push_str("COMMIT\n");
+        }
+        let mut args = WAIT.to_vec();
+        args.push("--noflush");
+        match self.exec.run(&self.tool("iptables-restore"), &args, Some(script.as_bytes())) {
+            Ok(_) => Ok(true),
+            Err(e) if e.cause() == Cause::Locked => Err(e),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Whether the kernel holds every one of `rules`, in one
+    /// `iptables-restore --noflush` of `-C` lines (it fails at the first
+    /// one missing, and writes nothing). Kept from the sync loop's
+    /// checks: one process where `iptables -C` took one per rule (about
+    /// twenty per sync period; each reads the table's chains). False on
+    /// any failure but the lock's, so that callers look rule by rule.
+    fn holds_all<'r>(&self, rules: impl Iterator<Item = &'r Rule>, d: Dialect) -> Result<bool> {
+        let mut by_table: BTreeMap<&'static str, String> = BTreeMap::new();
+        for rule in rules {
+            let text = by_table.entry(rule.table.name()).or_default();
+            for line in render::rule_lines(rule, d) {
+                let Some(rest) = line.strip_prefix("-A ") else {
+                    return Ok(false);
+                };
+                text.push_str("-C ");
+                text.push_str(rest);
+                text.push('\n');
+            }
+        }
+        if by_table.is_empty() {
+            return Ok(true);
+        }
+        let mut script = String::new();
+        for (table, lines) in &by_table {
+            script.push_str(&format!("*{table}\n{lines}COMMIT\n"));
+        }
+        let mut args = WAIT.to_vec();
+        args.push("--noflush");
+        match self.exec.run(&self.tool("iptables-restore"), &args, Some(script.as_bytes())) {
+            Ok(_) => Ok(true),
+            Err(e) if e.cause() == Cause::Locked => Err(e),
+            Err(_) => Ok(false),
+        }
     }
 
     /// `--cleanup`: unlinks every jump kube-proxy keeps in built-in chains
