@@ -13,8 +13,10 @@ use kpx::kernel::ipvs::{Destination, Ipvs, Service, ServiceKey};
 use kpx_netlab::node::NodeLab;
 use kpx_netlab::{Reply, Request};
 
+use std::os::unix::fs::DirBuilderExt;
+
 use crate::support::{
-    ClientLoop, HoldServers, KPX, hold, kpx_args, lab_or_skip, plugin_cache, run_dirs, write_manifest,
+    ClientLoop, GUEST_PLUGIN_CACHE, HoldServers, KPX, hold, kpx_args, lab_or_skip, run_dirs, write_manifest,
 };
 
 const TCP: u16 = 6;
@@ -27,6 +29,12 @@ pub fn in_guest() -> bool {
 /// guest), else inside the qemu guest with `files` copied in; a skip only
 /// when qemu cannot run.
 pub fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
+    where_ipvs_is_sending_back(name, files, None, test)
+}
+
+/// [`where_ipvs_is`], and the guest's newly compiled plugins in
+/// `send_back` (one of `files`) are kept on the host for the next boot.
+fn where_ipvs_is_sending_back(name: &str, files: &[&Path], send_back: Option<&Path>, test: fn()) {
     if in_guest() || Ipvs::open().is_ok() {
         return test();
     }
@@ -34,7 +42,11 @@ pub fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ipvs-vm");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ipvs-vm/run.sh");
     let t = Instant::now();
-    let out = std::process::Command::new(script)
+    let mut command = std::process::Command::new(script);
+    if let Some(dir) = send_back {
+        command.env("KPX_VM_SEND_BACK", dir);
+    }
+    let out = command
         .arg(&work)
         .arg(&exe)
         .args(files)
@@ -165,14 +177,6 @@ fn ipvs_client_in_a_real_kernel() {
 
 /// The compiled-plugin cache the guest's kpx starts from: compiling the
 /// components under software emulation would take minutes.
-pub fn warm_plugin_cache() -> std::path::PathBuf {
-    let dir = std::path::PathBuf::from(plugin_cache());
-    let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), Some(dir.clone())).unwrap();
-    runtime.load_backend("ipvs", kpx::runtime::builtin::get("ipvs").unwrap()).unwrap();
-    runtime.load_scheduler("schedulers", kpx::runtime::builtin::get("schedulers").unwrap()).unwrap();
-    dir
-}
-
 fn ipvs_in(lab: &NodeLab) -> Vec<(Service, Vec<Destination>)> {
     node_ipvs(lab, |ipvs| {
         let mut out = Vec::new();
@@ -578,16 +582,20 @@ fn helper_rules_checks(lab: &NodeLab) {
     assert_eq!(through_vip, Reply::Refused, "KUBE-IPVS-FILTER must reject other ports on Service addresses");
 }
 
-/// [`where_ipvs_is`] for a test that runs kpx: the guest gets kpx, its
-/// compiled plugins and `extra` files.
+/// [`where_ipvs_is`] for a test that runs kpx: the guest gets kpx, the
+/// plugins compiled in earlier guests, and `extra` files.
 pub fn kpx_where_ipvs_is(name: &str, extra: &[std::path::PathBuf], test: fn()) {
-    let mut files: Vec<std::path::PathBuf> = Vec::new();
-    if !in_guest() && Ipvs::open().is_err() {
-        files = vec![std::path::PathBuf::from(KPX), warm_plugin_cache()];
-        files.extend(extra.iter().cloned());
+    if in_guest() || Ipvs::open().is_ok() {
+        return test();
     }
+    // `plugin_cache()` in the guest: created here on first use (0700,
+    // as kpx would), then filled from what the guests send back.
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join(GUEST_PLUGIN_CACHE);
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&cache).expect("the guest's plugin cache");
+    let mut files = vec![std::path::PathBuf::from(KPX), cache.clone()];
+    files.extend(extra.iter().cloned());
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-    where_ipvs_is(name, &refs, test);
+    where_ipvs_is_sending_back(name, &refs, Some(&cache), test);
 }
 
 #[test]

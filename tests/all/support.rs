@@ -55,8 +55,14 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 /// Shared compiled-plugin cache for all tests.
 pub fn plugin_cache() -> String {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache").display().to_string()
+    // The qemu guest's CPU is not this one: it compiles for itself, into
+    // a directory of its own (see `ipvs::kpx_where_ipvs_is`).
+    let name = if std::env::var_os("KPX_IN_GUEST").is_some() { GUEST_PLUGIN_CACHE } else { "plugin-cache" };
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name).display().to_string()
 }
+
+/// The qemu guest's compiled plugins, kept on the host between boots.
+pub const GUEST_PLUGIN_CACHE: &str = "guest-plugin-cache";
 
 /// Writes a file so that the manifest source sees the change at once.
 pub fn write_manifest(path: &Path, text: &str) {

@@ -13,6 +13,13 @@
 # Exit codes: the command's; 97 when qemu cannot run at all here (the
 # caller reports a skip with the reason printed last; 96 instead with
 # KPX_REQUIRE_VM=1); 98 when the guest did not finish.
+#
+# KPX_VM_SEND_BACK=DIR (a directory among the BINARY arguments: kpx's
+# plugin cache): after the command, the guest sends the *.cwasm files it
+# wrote in DIR back over a second serial port, and those the host lacks are added to
+# DIR here. The guest's CPU is not the host's (no AVX-512 under TCG), so
+# it cannot use what the host compiled; with this, each plugin is
+# compiled in a guest once, not at every boot.
 set -euo pipefail
 W=$1; shift
 BINS=()
@@ -140,7 +147,14 @@ depmod -b "$R" "$KVER"
   echo '/usr/sbin/modprobe veth; /usr/sbin/modprobe dummy numdummies=0; /usr/sbin/ip link set lo up'
   echo 'echo "KPX-GUEST-UP $(cut -d" " -f1 /proc/uptime)"'
   printf '%q ' "${CMD[@]}"; echo ' 2>&1'
-  echo 'echo "KPX-GUEST-EXIT=$?"'
+  echo 'code=$?'
+  if [ -n "${KPX_VM_SEND_BACK:-}" ]; then
+    # base64 through the tty (its \r\n endings are undone by the host).
+    # Only what the guest compiled: files newer than /init (the host's
+    # copies keep their older times).
+    printf 'cd %q && new=$(find . -maxdepth 1 -name "*.cwasm" -newer /init) && [ -n "$new" ] && tar cf - $new | base64 > /dev/ttyS1\n' "$KPX_VM_SEND_BACK"
+  fi
+  echo 'echo "KPX-GUEST-EXIT=$code"'
   echo 'sync; poweroff -f; echo o > /proc/sysrq-trigger'
 } > "$R/init"
 chmod 755 "$R/init"
@@ -150,11 +164,27 @@ step "initramfs built ($(du -h "$W/initrd.cpio" | cut -f1))"
 # 4. Boot (TCG: this machine's /dev/kvm cannot run a stock kernel).
 if [ -f "$W/vmlinux-$KVER" ]; then KARGS=(-M pc -kernel "$W/vmlinux-$KVER"); else KARGS=(-M pc -kernel "$K/boot/vmlinuz-$KVER"); fi
 LOG=$W/console.log
+SENT=$W/sent-back.b64; rm -f "$SENT"
 timeout 1500 "${QENV[@]}" "${QEMU[@]}" -accel tcg -cpu max "${KARGS[@]}" -m 2048 -smp 1 -nodefaults -no-reboot \
-  -display none -monitor none -serial stdio -initrd "$W/initrd.cpio" \
+  -display none -monitor none -serial stdio -serial "file:$SENT" -initrd "$W/initrd.cpio" \
   -append "console=ttyS0 panic=-1 rdinit=/init loglevel=4 quiet mitigations=off" < /dev/null > "$LOG" 2>&1 || true
 cat "$LOG"
 step "guest finished"
+if [ -n "${KPX_VM_SEND_BACK:-}" ] && [ -s "$SENT" ]; then
+  # Only new regular *.cwasm files, each renamed into place.
+  T=$W/sent-back; rm -rf "$T"; mkdir -p "$T"
+  if tr -d '\r' < "$SENT" | base64 -d 2>/dev/null | tar -x -C "$T" --no-same-owner 2>/dev/null; then
+    n=0
+    for f in "$T"/*.cwasm; do
+      b=$(basename "$f"); [ -f "$f" ] && [ ! -L "$f" ] && [ ! -e "$KPX_VM_SEND_BACK/$b" ] || continue
+      chmod 600 "$f"; mv "$f" "$KPX_VM_SEND_BACK/.$b.part" && mv "$KPX_VM_SEND_BACK/.$b.part" "$KPX_VM_SEND_BACK/$b" && n=$((n+1))
+    done
+    step "$n compiled plugins kept from the guest"
+  else
+    step "the guest's compiled plugins did not arrive whole: not kept"
+  fi
+  rm -rf "$T"
+fi
 code=$(sed -n 's/.*KPX-GUEST-EXIT=\([0-9]*\).*/\1/p' "$LOG" | tail -1)
 [ -n "$code" ] || exit 98
 exit "$code"
