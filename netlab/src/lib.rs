@@ -79,9 +79,12 @@ impl Ns {
             .spawn()?;
         let mut script = lines.join("\n");
         script.push('\n');
-        // Written whole before waiting (a script is far below a pipe's size
-        // in practice, and ip reads it to the end before exiting).
-        child.stdin.take().expect("piped stdin").write_all(script.as_bytes())?;
+        // Written whole, then closed; an `ip` that exited early (a bad
+        // namespace) says why on stderr, which beats the broken pipe.
+        match child.stdin.take().expect("piped stdin").write_all(script.as_bytes()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+            _ => {}
+        }
         let out = child.wait_with_output()?;
         if !out.status.success() {
             return Err(Error::Command {

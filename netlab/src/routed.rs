@@ -44,7 +44,9 @@ pub fn attach(router: &Ns, router_if: &str, host: &Ns, addresses: &[IpAddr]) -> 
         format!("link set {router_if} up"),
     ];
     // Permanent neighbour entries: the first packet's ICMP error must not
-    // wait for (and be discarded during) neighbour discovery.
+    // wait for (and be discarded during) neighbour discovery. Made before
+    // the host's end is up: a route needs only this end up, and a
+    // permanent entry outlives carrier changes.
     for addr in addresses {
         let len = if addr.is_ipv4() { 32 } else { 128 };
         on_router.push(format!("route add {addr}/{len} dev {router_if}"));

@@ -175,8 +175,6 @@ fn ipvs_client_in_a_real_kernel() {
     where_ipvs_is("ipvs::ipvs_client_in_a_real_kernel", &[], client_checks);
 }
 
-/// The compiled-plugin cache the guest's kpx starts from: compiling the
-/// components under software emulation would take minutes.
 fn ipvs_in(lab: &NodeLab) -> Vec<(Service, Vec<Destination>)> {
     node_ipvs(lab, |ipvs| {
         let mut out = Vec::new();
@@ -592,6 +590,15 @@ pub fn kpx_where_ipvs_is(name: &str, extra: &[std::path::PathBuf], test: fn()) {
     // as kpx would), then filled from what the guests send back.
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join(GUEST_PLUGIN_CACHE);
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&cache).expect("the guest's plugin cache");
+    // Each build of a plugin adds a file; one compiled over a week ago
+    // goes (copied into every boot, the directory would only grow), and a
+    // guest that still needs it compiles it again.
+    let week_ago = std::time::SystemTime::now() - Duration::from_secs(7 * 24 * 3600);
+    for entry in std::fs::read_dir(&cache).expect("the guest's plugin cache").flatten() {
+        if entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < week_ago) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let mut files = vec![std::path::PathBuf::from(KPX), cache.clone()];
     files.extend(extra.iter().cloned());
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();

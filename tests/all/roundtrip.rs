@@ -267,8 +267,8 @@ fn jump_copies(kernel: &IptablesKernel, jumps: &[R]) -> Vec<(String, usize)> {
 /// built-in chains made in one `iptables-restore` on a first start, found
 /// in one when all there, and added one by one (never doubled) when some
 /// are missing; the loss check asks about every rule (the frame's and
-/// each variant, hash marks' two lines included) in one `iptables-restore`
-/// of `-C` lines, and names the one rule the kernel lacks.
+/// each variant) in one `iptables-restore` of `-C` lines, and names the
+/// one rule the kernel lacks, a hash mark's second line included.
 #[test]
 fn the_hosts_rule_checks_are_one_process_and_exact() {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -329,6 +329,21 @@ fn the_hosts_rule_checks_are_one_process_and_exact() {
             "{family}: {lost}\n want the rule {} {spec}",
             gone.chain
         );
+        // A hash mark is two lines: the second alone gone is noticed too.
+        iptables_roundtrip(&ns, family, &rs).unwrap_or_else(|e| panic!("{family}: {e}"));
+        kernel.ensure_jumps(&frame.jumps, d).unwrap();
+        assert_eq!(kernel.lost_rules(&rules, d).unwrap(), None, "{family}: all written again");
+        let hash = rs.rules.iter().find(|r| matches!(r.target, T::HashMark(_))).expect("a hash-mark rule");
+        let second = kpx::kernel::iptables::render::rule_lines(hash, d).remove(1);
+        let words = kpx::kernel::iptables::parse::split_words(&second);
+        let mut args: Vec<&str> = vec!["-t", hash.table.name(), "-D"];
+        args.extend(words.iter().skip(1).map(String::as_str));
+        NsExec(ns.name.clone()).run(&kpx::kernel::iptables::tool(family, "iptables"), &args, None).unwrap();
+        let lost = kernel
+            .lost_rules(&rules, d)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{family}: a hash mark's second line not noticed"));
+        assert!(lost.contains("--hmark-offset 0"), "{family}: {lost}\n want the hash mark's second line: {second}");
     }
 }
 

@@ -16,8 +16,8 @@
 #
 # KPX_VM_SEND_BACK=DIR (a directory among the BINARY arguments: kpx's
 # plugin cache): after the command, the guest sends the *.cwasm files it
-# wrote in DIR back over a second serial port, and those the host lacks are added to
-# DIR here. The guest's CPU is not the host's (no AVX-512 under TCG), so
+# wrote in DIR back over a second serial port, and they are put in DIR
+# here. The guest's CPU is not the host's (no AVX-512 under TCG), so
 # it cannot use what the host compiled; with this, each plugin is
 # compiled in a guest once, not at every boot.
 set -euo pipefail
@@ -146,15 +146,16 @@ depmod -b "$R" "$KVER"
   echo '/usr/sbin/modprobe ip_vs; for s in rr wrr lc wlc sed nq dh sh lblc lblcr mh; do /usr/sbin/modprobe ip_vs_$s; done'
   echo '/usr/sbin/modprobe veth; /usr/sbin/modprobe dummy numdummies=0; /usr/sbin/ip link set lo up'
   echo 'echo "KPX-GUEST-UP $(cut -d" " -f1 /proc/uptime)"'
+  # The guest's own clock marks the start: what is newer was written here.
+  echo 'touch /tmp/.kpx-started'
   printf '%q ' "${CMD[@]}"; echo ' 2>&1'
-  echo 'code=$?'
+  echo 'echo "KPX-GUEST-EXIT=$?"'
   if [ -n "${KPX_VM_SEND_BACK:-}" ]; then
-    # base64 through the tty (its \r\n endings are undone by the host).
-    # Only what the guest compiled: files newer than /init (the host's
-    # copies keep their older times).
-    printf 'cd %q && new=$(find . -maxdepth 1 -name "*.cwasm" -newer /init) && [ -n "$new" ] && tar cf - $new | base64 > /dev/ttyS1\n' "$KPX_VM_SEND_BACK"
+    # What the guest compiled, as base64 through the tty (its \r\n
+    # endings are undone by the host); after the exit code, which the
+    # host has then whatever becomes of this.
+    printf 'cd %q && new=$(find . -maxdepth 1 -name "*.cwasm" -newer /tmp/.kpx-started) && [ -n "$new" ] && tar cf - $new | base64 > /dev/ttyS1\n' "$KPX_VM_SEND_BACK"
   fi
-  echo 'echo "KPX-GUEST-EXIT=$code"'
   echo 'sync; poweroff -f; echo o > /proc/sysrq-trigger'
 } > "$R/init"
 chmod 755 "$R/init"
@@ -165,19 +166,23 @@ step "initramfs built ($(du -h "$W/initrd.cpio" | cut -f1))"
 if [ -f "$W/vmlinux-$KVER" ]; then KARGS=(-M pc -kernel "$W/vmlinux-$KVER"); else KARGS=(-M pc -kernel "$K/boot/vmlinuz-$KVER"); fi
 LOG=$W/console.log
 SENT=$W/sent-back.b64; rm -f "$SENT"
+# Named in a qemu option, where a comma is written twice.
+SENT_OPT=${SENT//,/,,}
 timeout 1500 "${QENV[@]}" "${QEMU[@]}" -accel tcg -cpu max "${KARGS[@]}" -m 2048 -smp 1 -nodefaults -no-reboot \
-  -display none -monitor none -serial stdio -serial "file:$SENT" -initrd "$W/initrd.cpio" \
+  -display none -monitor none -serial stdio -serial "file:$SENT_OPT" -initrd "$W/initrd.cpio" \
   -append "console=ttyS0 panic=-1 rdinit=/init loglevel=4 quiet mitigations=off" < /dev/null > "$LOG" 2>&1 || true
 cat "$LOG"
 step "guest finished"
 if [ -n "${KPX_VM_SEND_BACK:-}" ] && [ -s "$SENT" ]; then
-  # Only new regular *.cwasm files, each renamed into place.
   T=$W/sent-back; rm -rf "$T"; mkdir -p "$T"
-  if tr -d '\r' < "$SENT" | base64 -d 2>/dev/null | tar -x -C "$T" --no-same-owner 2>/dev/null; then
+  if tr -d '\r' < "$SENT" | base64 -d | tar -x -C "$T" --no-same-owner >&2; then
+    # Regular *.cwasm files only, each renamed into place (a newer
+    # compile of the same name replaces the old one).
     n=0
     for f in "$T"/*.cwasm; do
-      b=$(basename "$f"); [ -f "$f" ] && [ ! -L "$f" ] && [ ! -e "$KPX_VM_SEND_BACK/$b" ] || continue
-      chmod 600 "$f"; mv "$f" "$KPX_VM_SEND_BACK/.$b.part" && mv "$KPX_VM_SEND_BACK/.$b.part" "$KPX_VM_SEND_BACK/$b" && n=$((n+1))
+      b=$(basename "$f"); [ -f "$f" ] && [ ! -L "$f" ] || continue
+      chmod 600 "$f" && mv "$f" "$KPX_VM_SEND_BACK/.$b.part" && mv "$KPX_VM_SEND_BACK/.$b.part" "$KPX_VM_SEND_BACK/$b" \
+        && n=$((n+1)) || true
     done
     step "$n compiled plugins kept from the guest"
   else

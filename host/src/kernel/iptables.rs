@@ -378,8 +378,9 @@ impl IptablesKernel {
     /// What of the host's own rules the kernel lost since they were
     /// written, if anything: a canary chain (someone deleted chains), or
     /// one of `rules` (someone flushed chains: the jumps from built-in
-    /// chains, the frame's rules, a hook's first rule), each looked up
-    /// with `iptables -C`. About twenty calls; run once per sync period.
+    /// chains, the frame's rules, a hook's first rule), all looked up in
+    /// one `iptables-restore` ([`IptablesKernel::lost_rules`]). Four
+    /// processes while nothing is lost; run once per sync period.
     pub fn lost(&self, rules: &[&Rule], d: Dialect) -> Result<Option<String>> {
         let iptables = self.tool("iptables");
         for table in CANARY_TABLES {
@@ -393,26 +394,31 @@ impl IptablesKernel {
         self.lost_rules(rules, d)
     }
 
-    /// Which of `rules`, if any, the kernel no longer holds (`iptables
-    /// -C` each): [`IptablesKernel::lost`] without the canary chains
-    /// (ipvs mode has none, as upstream's ipvs proxier).
+    /// Which of `rules`, if any, the kernel no longer holds:
+    /// [`IptablesKernel::lost`] without the canary chains (ipvs mode has
+    /// none, as upstream's ipvs proxier).
     pub fn lost_rules(&self, rules: &[&Rule], d: Dialect) -> Result<Option<String>> {
         if self.holds_all(rules.iter().copied(), d)? {
             return Ok(None);
         }
-        // Which one: `iptables -C` each, in order.
+        // Which one: `iptables -C` each line (a hash mark is two), in order.
         let iptables = self.tool("iptables");
         for rule in rules {
-            let spec = rule_args(rule, d);
-            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", rule.table.name(), "-C", &rule.chain];
-            args.extend(spec.iter().map(String::as_str));
-            if let Err(e) = self.exec.run(&iptables, &args, None) {
-                return match e.cause() {
-                    Cause::Locked => Err(e),
-                    _ => {
-                        Ok(Some(format!("a rule of {} {} is gone: {}", rule.table.name(), rule.chain, spec.join(" "))))
-                    }
-                };
+            for line in render::rule_lines(rule, d) {
+                let spec: Vec<String> = parse::split_words(&line).into_iter().skip(2).collect();
+                let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", rule.table.name(), "-C", &rule.chain];
+                args.extend(spec.iter().map(String::as_str));
+                if let Err(e) = self.exec.run(&iptables, &args, None) {
+                    return match e.cause() {
+                        Cause::Locked => Err(e),
+                        _ => Ok(Some(format!(
+                            "a rule of {} {} is gone: {}",
+                            rule.table.name(),
+                            rule.chain,
+                            spec.join(" ")
+                        ))),
+                    };
+                }
             }
         }
         Ok(None)
@@ -426,69 +432,43 @@ impl IptablesKernel {
     /// the caller adds what is missing one by one (a part written before
     /// the failing one is then found there).
     fn create_with_jumps(&self, jumps: &[(&Rule, &str)], d: Dialect) -> Result<bool> {
-        let mut by_table: BTreeMap<&'static str, (BTreeSet<&str>, String)> = BTreeMap::new();
+        let mut chains: BTreeMap<&'static str, BTreeSet<&str>> = BTreeMap::new();
         for (jump, to) in jumps {
-            let (chains, lines) = by_table.entry(jump.table.name()).or_default();
-            chains.insert(to);
-            for line in render::rule_lines(jump, d) {
-                let Some(rest) = line.strip_prefix("-A ") else {
-                    return Ok(false);
-                };
-                lines.push_str("-I ");
-                lines.push_str(rest);
-                lines.push('\n');
-            }
+            chains.entry(jump.table.name()).or_default().insert(to);
         }
-        let mut script = String::new();
-        for (table, (chains, lines)) in &by_table {
-            script.push_str(&format!("*{table}\n"));
-            for chain in chains {
-                script.push_str(&format!("-N {chain}\n"));
-            }
-            script.push_str(lines);
-            script.push_str("COMMIT\n");
-        }
-        let mut args = WAIT.to_vec();
-        args.push("--noflush");
-        match self.exec.run(&self.tool("iptables-restore"), &args, Some(script.as_bytes())) {
-            Ok(_) => Ok(true),
-            Err(e) if e.cause() == Cause::Locked => Err(e),
-            Err(_) => Ok(false),
-        }
+        let script = restore_script(jumps.iter().map(|(j, _)| *j), "-I", d, |table| {
+            chains.get(table).into_iter().flatten().map(|c| format!("-N {c}\n")).collect()
+        });
+        self.restore_succeeds("creating the chains and jumps at once", &script)
     }
 
     /// Whether the kernel holds every one of `rules`, in one
     /// `iptables-restore --noflush` of `-C` lines (it fails at the first
-    /// one missing, and writes nothing). Kept from the sync loop's
-    /// checks: one process where `iptables -C` took one per rule (about
-    /// twenty per sync period; each reads the table's chains). False on
-    /// any failure but the lock's, so that callers look rule by rule.
+    /// one missing, and writes nothing): one process where an `iptables
+    /// -C` per rule took one each (about twenty per sync period, each
+    /// reading the table's chains). False on any failure but the lock's,
+    /// so that callers look rule by rule.
     fn holds_all<'r>(&self, rules: impl Iterator<Item = &'r Rule>, d: Dialect) -> Result<bool> {
-        let mut by_table: BTreeMap<&'static str, String> = BTreeMap::new();
-        for rule in rules {
-            let text = by_table.entry(rule.table.name()).or_default();
-            for line in render::rule_lines(rule, d) {
-                let Some(rest) = line.strip_prefix("-A ") else {
-                    return Ok(false);
-                };
-                text.push_str("-C ");
-                text.push_str(rest);
-                text.push('\n');
-            }
-        }
-        if by_table.is_empty() {
+        let script = restore_script(rules, "-C", d, |_| String::new());
+        self.restore_succeeds("checking the host's rules at once", &script)
+    }
+
+    /// Runs `script` through `iptables-restore --noflush`: false when it
+    /// failed (logged at debug level: the callers then go rule by rule),
+    /// an error only when the xtables lock stayed taken.
+    fn restore_succeeds(&self, what: &str, script: &str) -> Result<bool> {
+        if script.is_empty() {
             return Ok(true);
-        }
-        let mut script = String::new();
-        for (table, lines) in &by_table {
-            script.push_str(&format!("*{table}\n{lines}COMMIT\n"));
         }
         let mut args = WAIT.to_vec();
         args.push("--noflush");
         match self.exec.run(&self.tool("iptables-restore"), &args, Some(script.as_bytes())) {
             Ok(_) => Ok(true),
             Err(e) if e.cause() == Cause::Locked => Err(e),
-            Err(_) => Ok(false),
+            Err(e) => {
+                tracing::debug!(family = %self.family, "{what} failed, so one by one: {e}");
+                Ok(false)
+            }
         }
     }
 
@@ -587,6 +567,27 @@ impl IptablesKernel {
     pub fn dump(&self, d: Dialect) -> Result<Dump> {
         Ok(parse_dump(&self.save()?, d))
     }
+}
+
+/// An `iptables-restore` script that gives each line of `rules` (each
+/// `-A CHAIN ...`, a hash mark two) as `command CHAIN ...`, a table's
+/// lines after what `head` gives that table; empty for no rules.
+fn restore_script<'r>(
+    rules: impl Iterator<Item = &'r Rule>,
+    command: &str,
+    d: Dialect,
+    head: impl Fn(&str) -> String,
+) -> String {
+    let mut by_table: BTreeMap<&'static str, String> = BTreeMap::new();
+    for rule in rules {
+        let text = by_table.entry(rule.table.name()).or_default();
+        for line in render::rule_lines(rule, d) {
+            text.push_str(command);
+            text.push_str(line.strip_prefix("-A").unwrap_or(&line));
+            text.push('\n');
+        }
+    }
+    by_table.iter().map(|(table, lines)| format!("*{table}\n{}{lines}COMMIT\n", head(table))).collect()
 }
 
 /// `base` (iptables, iptables-save, iptables-restore) for `family`: the
