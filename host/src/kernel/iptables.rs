@@ -460,6 +460,12 @@ impl IptablesKernel {
         if script.is_empty() {
             return Ok(true);
         }
+        // iptables-restore reads a longer line as two (a hook's first
+        // rule may be a plugin's, checked for this when it was written):
+        // such a script goes the argv way, rule by rule, and never here.
+        if script.lines().any(|l| l.len() > MAX_LINE) {
+            return Ok(false);
+        }
         let mut args = WAIT.to_vec();
         args.push("--noflush");
         match self.exec.run(&self.tool("iptables-restore"), &args, Some(script.as_bytes())) {

@@ -290,3 +290,37 @@ fn a_full_sync_leaves_own_chains_held_as_wanted() {
     }
     assert!(p.text.contains(":KUBE-SERVICES - [0:0]"), "the host's chains are written whole");
 }
+
+/// Records the programs it is asked to run; every run succeeds.
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Exec for Recorder {
+    fn run(&self, program: &str, _args: &[&str], _stdin: Option<&[u8]>) -> Result<String> {
+        self.0.lock().unwrap().push(program.to_string());
+        Ok(String::new())
+    }
+}
+
+/// iptables-restore would read a line over its buffer as two: a rule that
+/// renders longer than [`MAX_LINE`] is checked with `iptables -C` (its
+/// words as arguments), never in the batched restore.
+#[test]
+fn an_over_long_rule_is_never_checked_through_iptables_restore() {
+    use kpx_rules::ops::iptables::{AddressMatch, Match, Target};
+    let runs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kernel = IptablesKernel::new(IpFamily::V4, Box::new(Recorder(runs.clone())));
+    let d = dialect(&settings());
+    let short = Rule::chain(Table::Nat, "KUBE-SVC-X").with(Match::comment("short")).target(Target::Return);
+    let mut long = Rule::chain(Table::Nat, "KUBE-SVC-X");
+    for i in 0..600 {
+        let cidr = format!("10.{}.{}.0/24", i / 256, i % 256).parse().unwrap();
+        long = long.with(Match::Destination(AddressMatch { negate: false, cidr }));
+    }
+    let long = long.target(Target::Return);
+    assert!(render::rule_lines(&long, d)[0].len() > MAX_LINE);
+    assert_eq!(kernel.lost_rules(&[&short], d).unwrap(), None);
+    assert_eq!(*runs.lock().unwrap(), ["iptables-restore"], "a short rule: one restore");
+    runs.lock().unwrap().clear();
+    assert_eq!(kernel.lost_rules(&[&short, &long], d).unwrap(), None);
+    assert_eq!(*runs.lock().unwrap(), ["iptables", "iptables"], "with an over-long rule: iptables -C each");
+}
