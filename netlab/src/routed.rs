@@ -3,7 +3,6 @@
 //! gateway addresses 169.254.0.1 and fe80::1 (the same on every link).
 
 use std::net::IpAddr;
-
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::{Ns, Result};

@@ -58,7 +58,7 @@ pub fn churn(mode: &str) {
     // SYN can wait past the 1 s that Linux waits before sending it again:
     // there a connect gets 3 s, and a resent SYN is a slow connection,
     // counted, not a failed one (as the ipvs restart test does).
-    let guest = crate::ipvs::in_guest();
+    let guest = crate::support::in_guest();
     let connect = if guest { Duration::from_secs(3) } else { Duration::from_secs(1) };
     // The guest runs kpx, its tools, both client loops and the backends on
     // one emulated CPU, 20-50 times slower than this machine: a sync pass

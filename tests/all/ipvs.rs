@@ -12,17 +12,17 @@ use kpx::kernel::ipvs::msg::SVC_F_PERSISTENT;
 use kpx::kernel::ipvs::{Destination, Ipvs, Service, ServiceKey};
 use kpx_netlab::node::NodeLab;
 use kpx_netlab::{Reply, Request};
-
 use std::os::unix::fs::DirBuilderExt;
 
 use crate::support::{
-    ClientLoop, GUEST_PLUGIN_CACHE, HoldServers, KPX, hold, kpx_args, lab_or_skip, run_dirs, write_manifest,
+    ClientLoop, GUEST_PLUGIN_CACHE, HoldServers, KPX, hold, in_guest, kpx_args, lab_or_skip, run_dirs, write_manifest,
 };
 
 const TCP: u16 = 6;
 
-pub fn in_guest() -> bool {
-    std::env::var_os("KPX_IN_GUEST").is_some()
+/// Whether IPVS is here: this is the guest, or this kernel has ip_vs.
+fn ipvs_here() -> bool {
+    in_guest() || Ipvs::open().is_ok()
 }
 
 /// Runs `test` where IPVS is: here if this kernel has it (or this is the
@@ -35,7 +35,7 @@ pub fn where_ipvs_is(name: &str, files: &[&Path], test: fn()) {
 /// [`where_ipvs_is`], and the guest's newly compiled plugins in
 /// `send_back` (one of `files`) are kept on the host for the next boot.
 fn where_ipvs_is_sending_back(name: &str, files: &[&Path], send_back: Option<&Path>, test: fn()) {
-    if in_guest() || Ipvs::open().is_ok() {
+    if ipvs_here() {
         return test();
     }
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -583,7 +583,7 @@ fn helper_rules_checks(lab: &NodeLab) {
 /// [`where_ipvs_is`] for a test that runs kpx: the guest gets kpx, the
 /// plugins compiled in earlier guests, and `extra` files.
 pub fn kpx_where_ipvs_is(name: &str, extra: &[std::path::PathBuf], test: fn()) {
-    if in_guest() || Ipvs::open().is_ok() {
+    if ipvs_here() {
         return test();
     }
     // `plugin_cache()` in the guest: created here on first use (0700,

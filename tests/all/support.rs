@@ -57,8 +57,13 @@ fn temp_dir(tag: &str) -> PathBuf {
 pub fn plugin_cache() -> String {
     // The qemu guest's CPU is not this one: it compiles for itself, into
     // a directory of its own (see `ipvs::kpx_where_ipvs_is`).
-    let name = if std::env::var_os("KPX_IN_GUEST").is_some() { GUEST_PLUGIN_CACHE } else { "plugin-cache" };
+    let name = if in_guest() { GUEST_PLUGIN_CACHE } else { "plugin-cache" };
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(name).display().to_string()
+}
+
+/// Whether this runs inside the qemu guest (tests/ipvs-vm/run.sh).
+pub fn in_guest() -> bool {
+    std::env::var_os("KPX_IN_GUEST").is_some()
 }
 
 /// The qemu guest's compiled plugins, kept on the host between boots.

@@ -405,7 +405,7 @@ impl IptablesKernel {
         let iptables = self.tool("iptables");
         for rule in rules {
             for line in render::rule_lines(rule, d) {
-                let spec: Vec<String> = parse::split_words(&line).into_iter().skip(2).collect();
+                let spec = render::line_args(&line);
                 let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", rule.table.name(), "-C", &rule.chain];
                 args.extend(spec.iter().map(String::as_str));
                 if let Err(e) = self.exec.run(&iptables, &args, None) {

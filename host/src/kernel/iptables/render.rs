@@ -219,8 +219,13 @@ pub fn write_rule(out: &mut String, rule: &Rule, d: Dialect) {
 
 /// The jump rule's arguments for `iptables -C/-I/-D` (after `-A CHAIN`).
 pub fn rule_args(rule: &Rule, d: Dialect) -> Vec<String> {
-    let line = rule_lines(rule, d).remove(0);
-    super::parse::split_words(&line).into_iter().skip(2).collect()
+    line_args(&rule_lines(rule, d).remove(0))
+}
+
+/// One of [`rule_lines`] as arguments for `iptables -C/-I/-D` (the words
+/// after `-A CHAIN`).
+pub fn line_args(line: &str) -> Vec<String> {
+    super::parse::split_words(line).into_iter().skip(2).collect()
 }
 
 /// What the host's chains held after the last write: each one's rule
