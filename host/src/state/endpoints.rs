@@ -1,6 +1,12 @@
 //! EndpointSlices to the endpoints of one service port (upstream's
 //! EndpointSliceCache): first address of each endpoint, de-duplicated by
-//! address:port (a local copy wins), sorted.
+//! address:port, sorted. Of two endpoints with one address:port, one that
+//! is not terminating replaces one that is, whichever slice or node each
+//! comes from: a pod network may give a new pod the address of one still
+//! terminating (upstream's `endpointslicecache.go` since v1.36,
+//! kubernetes/kubernetes#135593; before, the first copy or the node-local
+//! one won). Otherwise the later copy in slice order wins when it is not
+//! terminating, and the first one stays when both are.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -69,7 +75,7 @@ pub fn for_port(
                 node_hints: hints.map(|h| h.for_nodes.clone()).unwrap_or_default(),
             };
             let key = (ip, port_number as u16);
-            if is_local || !found.contains_key(&key) {
+            if !endpoint.endpoint.conditions.terminating || !found.contains_key(&key) {
                 found.insert(key, endpoint);
             }
         }

@@ -148,3 +148,47 @@ fn other_nodes_are_ignored() {
     assert_eq!(node.zone, "z1");
     assert_eq!(node.pod_cidrs.len(), 1);
 }
+
+/// A pod network may give a new pod the address of a pod that is still
+/// terminating (kubernetes/kubernetes#135266): the endpoint that is not
+/// terminating is the one programmed, in whichever order the two come and
+/// whichever node each runs on (upstream's `endpointslicecache.go` since
+/// kubernetes/kubernetes#135593).
+#[test]
+fn a_reused_address_goes_to_the_endpoint_that_is_not_terminating() {
+    let slice = |name: &str, endpoints: &str| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns1, labels: {{kubernetes.io/service-name: svc1}}}}\naddressType: IPv4\nports: [{{name: p80, port: 80}}]\nendpoints: {endpoints}\n"
+        )
+    };
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: svc1, namespace: ns1}\nspec: {clusterIP: 172.30.0.41, ports: [{name: p80, port: 80}]}\n";
+    let ghost =
+        "{addresses: [10.180.0.1], nodeName: node-a, conditions: {ready: false, serving: false, terminating: true}}";
+    let fresh = "{addresses: [10.180.0.1], nodeName: node-b, conditions: {ready: true}}";
+    for (what, slices) in [
+        ("ghost first, one slice", slice("a", &format!("[{ghost}, {fresh}]"))),
+        ("ghost last, one slice", slice("a", &format!("[{fresh}, {ghost}]"))),
+        ("ghost in the first slice", slice("a", &format!("[{ghost}]")) + &slice("b", &format!("[{fresh}]"))),
+        ("ghost in the last slice", slice("a", &format!("[{fresh}]")) + &slice("b", &format!("[{ghost}]"))),
+    ] {
+        let state = state_from(&format!("{service}{slices}"));
+        let ports = state.service_ports(IpFamily::V4, &name("ns1", "svc1"));
+        let eps = &ports[0].endpoints;
+        assert_eq!(eps.len(), 1, "{what}: one endpoint per address:port");
+        let c = &eps[0].conditions;
+        assert!(c.ready && !c.terminating && !c.is_local, "{what}: the running pod on node-b wins, got {c:?}");
+        assert_eq!(ports[0].cluster_endpoints, [0], "{what}: the Service has a ready endpoint");
+    }
+    // Two terminating copies: the first stays (upstream's order rule).
+    let draining = |node: &str, serving: bool| {
+        format!(
+            "{{addresses: [10.180.0.1], nodeName: {node}, conditions: {{ready: false, serving: {serving}, terminating: true}}}}"
+        )
+    };
+    let state = state_from(&format!(
+        "{service}{}",
+        slice("a", &format!("[{}, {}]", draining("node-b", true), draining("node-a", false)))
+    ));
+    let ports = state.service_ports(IpFamily::V4, &name("ns1", "svc1"));
+    assert!(ports[0].endpoints[0].conditions.serving, "of two terminating copies the first stays");
+}
