@@ -257,7 +257,26 @@ fn choose_default_mode(config: &mut Config) {
 /// `--init-only`: the setup that needs full root privileges (conntrack
 /// sysctls), then exit.
 pub fn init(config: &Config) {
-    crate::kernel::conntrack::apply(&config.conntrack, config.conntrack_tcp_be_liberal, &Sysctl::default());
+    crate::kernel::conntrack::apply(
+        &config.conntrack,
+        config.conntrack_tcp_be_liberal,
+        &crate::kernel::conntrack::Globals::default(),
+    );
+}
+
+/// upstream's iptables proxier: whether the node's conntrack is liberal
+/// decides the INVALID drop, read after the sysctls are written (so
+/// `--conntrack-tcp-be-liberal`, or an operator's own setting, counts).
+fn read_node_tcp_be_liberal(config: &mut Config) {
+    let liberal = Sysctl::default()
+        .get("net.netfilter.nf_conntrack_tcp_be_liberal")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|v| v != 0);
+    if liberal && config.mode == ProxyMode::Iptables {
+        tracing::info!("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets");
+    }
+    config.node_tcp_be_liberal = liberal;
 }
 
 /// `--write-config-to`: the configuration in effect, as a
@@ -303,6 +322,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     };
     let (extensions, extension_digests) = load_extensions(&plugin_runtime, &config)?;
     init(&config);
+    read_node_tcp_be_liberal(&mut config);
     remove_other_modes(config.mode, config.masquerade_bit);
     // Extensions no longer configured: their objects would keep acting on
     // destinations the state no longer vouches for.

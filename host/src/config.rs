@@ -376,8 +376,9 @@ pub struct Flags {
     pub log_backtrace_at: Option<String>,
     #[arg(long = "log-file-max-size", hide = true)]
     pub log_file_max_size: Option<u64>,
-    #[arg(long = "log-flush-frequency", hide = true)]
-    pub log_flush_frequency: Option<String>,
+    /// Maximum number of seconds between log flushes (kpx writes each log line at once: accepted and checked, no effect).
+    #[arg(long = "log-flush-frequency", default_value = "5s", allow_hyphen_values = true)]
+    pub log_flush_frequency: String,
     #[arg(long = "log-text-info-buffer-size", hide = true)]
     pub log_text_info_buffer_size: Option<String>,
 
@@ -410,7 +411,13 @@ pub struct Config {
     /// iptables mode's bound on the endpoints one service port programs
     /// (`--iptables-max-endpoints-per-port`); None: no bound, or another mode.
     pub max_endpoints_per_port: Option<usize>,
+    /// `--conntrack-tcp-be-liberal`: kpx sets nf_conntrack_tcp_be_liberal.
     pub conntrack_tcp_be_liberal: bool,
+    /// Whether the node's nf_conntrack_tcp_be_liberal is set, read once
+    /// after the sysctls are written (`app::run`), as upstream's iptables
+    /// proxier reads it: iptables mode then drops no INVALID packets.
+    /// Until read, what the flag makes it.
+    pub node_tcp_be_liberal: bool,
     pub conntrack: Conntrack,
     pub cleanup: bool,
     /// --bind-address when it names an address.
@@ -659,6 +666,7 @@ impl Flags {
             "log_file" => self.log_file = other.log_file.clone(),
             "log_dir" => self.log_dir = other.log_dir.clone(),
             "logging_format" => self.logging_format = other.logging_format.clone(),
+            "log_flush_frequency" => self.log_flush_frequency = other.log_flush_frequency.clone(),
             "manifests" => self.manifests = other.manifests.clone(),
             "backend_plugin" => self.backend_plugin = other.backend_plugin.clone(),
             "backend_param" => self.backend_param = other.backend_param.clone(),
@@ -924,9 +932,15 @@ impl Flags {
             ("stderrthreshold", self.stderrthreshold.is_some()),
             ("log-backtrace-at", self.log_backtrace_at.is_some()),
             ("log-file-max-size", self.log_file_max_size.is_some()),
-            ("log-flush-frequency", self.log_flush_frequency.is_some()),
             ("log-text-info-buffer-size", self.log_text_info_buffer_size.is_some()),
         ];
+        // Upstream refuses a flush frequency that is not positive since
+        // v1.35 (kubernetes/kubernetes#133540).
+        match parse_duration(&self.log_flush_frequency) {
+            Ok(d) if !d.is_zero() => {}
+            Ok(_) => return Err(invalid("log-flush-frequency", &self.log_flush_frequency, "must be positive")),
+            Err(e) => return Err(invalid("log-flush-frequency", &self.log_flush_frequency, e)),
+        }
         for (flag, given) in cosmetic {
             if given {
                 tracing::info!(
@@ -1168,6 +1182,7 @@ impl Flags {
             max_endpoints_per_port: (mode == ProxyMode::Iptables && self.iptables_max_endpoints_per_port > 0)
                 .then_some(self.iptables_max_endpoints_per_port),
             conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            node_tcp_be_liberal: self.conntrack_tcp_be_liberal,
             conntrack,
             cleanup: self.cleanup,
             bind_address,
@@ -1538,10 +1553,26 @@ mod tests {
             (vec!["--conntrack-tcp-timeout-close-wait", "-1s"], "conntrack-tcp-timeout-close-wait"),
             (vec!["--conntrack-udp-timeout", "x"], "conntrack-udp-timeout"),
             (vec!["--conntrack-udp-timeout-stream", "5"], "conntrack-udp-timeout-stream"),
+            (vec!["--log-flush-frequency", "0"], "log-flush-frequency"),
+            (vec!["--log-flush-frequency", "-1s"], "log-flush-frequency"),
         ] {
             let err = flags(&args).validate().unwrap_err().to_string();
             assert!(err.contains(&format!("--{flag}")), "{err}");
         }
+    }
+
+    /// kube-proxy's --help lists --log-flush-frequency (component-base's
+    /// logs flags); kpx's does too, with upstream's default.
+    #[test]
+    fn help_lists_log_flush_frequency() {
+        use clap::CommandFactory;
+        let help = Flags::command().render_long_help().to_string();
+        assert!(help.contains("--log-flush-frequency"), "{help}");
+        assert!(help.contains("Maximum number of seconds between log flushes"), "{help}");
+        assert!(help.contains("[default: 5s]"), "{help}");
+        let config =
+            Cli::from_args(["kpx", "--log-flush-frequency=2s", "--hostname-override=n"].map(Into::into)).unwrap().flags;
+        assert_eq!(config.log_flush_frequency, "2s");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
     // serves them through its OUTPUT redirects).
     s.localhost_nodeports =
         config.localhost_nodeports && matches!(config.mode, ProxyMode::Iptables | ProxyMode::Userspace);
-    s.conntrack_tcp_be_liberal = config.conntrack_tcp_be_liberal;
+    s.conntrack_tcp_be_liberal = config.node_tcp_be_liberal;
     s.local_traffic = match &config.detect_local_mode {
         DetectLocalMode::None => LocalTraffic::None,
         DetectLocalMode::ClusterCidr => cidrs(config.cluster_cidrs.iter().copied(), family),

@@ -62,7 +62,7 @@ fn every_manifest_parses_as_its_type() {
     let subject = &binding.subjects.expect("a subject")[0];
     assert_eq!((subject.name.as_str(), subject.namespace.as_deref()), ("kpx", sa.metadata.namespace.as_deref()));
     let ds: DaemonSet = typed("DaemonSet");
-    let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
+    let pod = ds.spec.template.spec.expect("pod spec");
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.service_account_name.as_deref(), Some("kpx"));
     let container = &pod.containers[0];
@@ -85,7 +85,7 @@ fn the_daemonset_command_runs_on_the_configmap() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.conf"), config).unwrap();
     let ds: DaemonSet = typed("DaemonSet");
-    let command = ds.spec.unwrap().template.spec.unwrap().containers[0].command.clone().unwrap();
+    let command = ds.spec.template.spec.unwrap().containers[0].command.clone().unwrap();
     // The DaemonSet's command, with the mount and the node name substituted.
     let args: Vec<String> = command
         .iter()

@@ -211,6 +211,39 @@ fn conntrack_tcp_be_liberal_sets_the_sysctl_and_keeps_invalid_packets() {
     assert!(request(&lab, Proto::Tcp, WEB).server().is_none(), "the service still answers after --cleanup");
 }
 
+/// upstream's iptables proxier decides the INVALID drop from the node's
+/// nf_conntrack_tcp_be_liberal as it finds it after the sysctls are set:
+/// an operator's own setting counts as the flag does.
+#[test]
+fn a_node_with_liberal_conntrack_gets_no_invalid_drop() {
+    let Some(lab) = lab_or_skip(1, "a_node_with_liberal_conntrack_gets_no_invalid_drop") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("node-liberal");
+    write_web(&manifests, &[&lab.backends[0].ip]);
+    let args = kpx_args(&manifests, &[]);
+    for (liberal, dropped) in [("0", true), ("1", false)] {
+        lab.node
+            .exec(&["sysctl", "-q", "-w", &format!("net.netfilter.nf_conntrack_tcp_be_liberal={liberal}")])
+            .unwrap();
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join(format!("kpx-{liberal}.log"))).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let rules = kernel_rules(&lab);
+        assert_eq!(
+            rules.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID"),
+            dropped,
+            "be_liberal={liberal}:\n{rules}"
+        );
+        if !dropped {
+            assert!(
+                kpx.log().contains("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets")
+            );
+        }
+        assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));
+        drop(kpx);
+    }
+}
+
 /// `--iptables-max-endpoints-per-port 2` with three ready endpoints: each
 /// port is served by two of them (the same two for TCP and UDP: the
 /// choice hashes address and target port), the warning names each port,

@@ -28,6 +28,10 @@ fn nftables_traffic_trace_and_cleanup() {
     assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));
     assert_eq!(request(&lab, Proto::Udp, WEB).server(), Some("be1"));
     assert_eq!(request(&lab, Proto::Tcp, "10.96.0.11:80"), Reply::Refused);
+    // As upstream's nftables mode (kubernetes/kubernetes#122663): no
+    // `ct state invalid drop`, liberal conntrack or not.
+    let table = lab.node.exec(&["nft", "list", "table", "ip", "kube-proxy"]).unwrap();
+    assert!(!table.contains("invalid"), "nftables mode drops INVALID packets:\n{table}");
 
     // An endpoint added: an incremental transaction, in traffic within 2 s.
     let t0 = Instant::now();

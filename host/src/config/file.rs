@@ -376,6 +376,18 @@ impl KubeProxyConfiguration {
                 flags.verbosity = v;
             }
             set_str(&mut flags.logging_format, &l.format);
+            // Upstream's `flushFrequency`: a duration string, or
+            // nanoseconds; zero is the default (5s), as component-base's
+            // defaulting makes it.
+            match &l.flush_frequency {
+                Some(serde_json::Value::String(d)) if super::parse_duration(d).map_or(true, |d| !d.is_zero()) => {
+                    flags.log_flush_frequency = d.clone()
+                }
+                Some(serde_json::Value::Number(n)) if n.as_i64() != Some(0) => {
+                    flags.log_flush_frequency = format!("{}ns", n.as_i64().unwrap_or(-1));
+                }
+                _ => {}
+            }
         }
     }
 }

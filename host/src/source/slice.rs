@@ -150,8 +150,10 @@ impl Slice {
         // old one's allocation, 350 bytes per endpoint, which is the point
         // of this type to give back.
         let fqdn = s.address_type == "FQDN";
-        let mut endpoints = Vec::with_capacity(s.endpoints.len());
-        endpoints.extend(s.endpoints.into_iter().map(|e| {
+        // `endpoints` is optional since v1.36 (kubernetes/kubernetes#136111).
+        let listed = s.endpoints.unwrap_or_default();
+        let mut endpoints = Vec::with_capacity(listed.len());
+        endpoints.extend(listed.into_iter().map(|e| {
             SliceEndpoint::new(
                 fqdn,
                 e.addresses.first().and_then(|a| a.parse().ok()),

@@ -115,13 +115,10 @@ fn rules(settings: &Settings, cluster: &Cluster) -> Vec<Rule> {
         jump("filter-input", "nodeport-endpoints-check").with(new_state()),
         jump("filter-input", "service-endpoints-check").with(new_state()),
     ];
-    if !settings.conntrack_tcp_be_liberal {
-        out.push(
-            Rule::new("filter-forward")
-                .with(Match::CtState { negate: false, states: CtStates::INVALID })
-                .verdict(Verdict::Drop),
-        );
-    }
+    // No `ct state invalid drop`: upstream's nftables mode leaves INVALID
+    // packets alone (kubernetes/kubernetes#122663: the workaround "caused
+    // other problems in some clusters"; --conntrack-tcp-be-liberal is the
+    // fix it points to). iptables mode keeps it (kernel::iptables::frame).
     out.extend([
         jump("filter-forward", "service-endpoints-check").with(new_state()),
         jump("filter-forward", "cluster-ips-check").with(new_state()),
@@ -187,4 +184,26 @@ fn rules(settings: &Settings, cluster: &Cluster) -> Vec<Rule> {
         Rule::new("masquerading").statement(Statement::Masquerade { fully_random: settings.masquerade_random_fully }),
     ]);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// upstream's nftables mode installs no `ct state invalid drop`
+    /// (kubernetes/kubernetes#122663), whatever the conntrack settings.
+    #[test]
+    fn no_rule_drops_invalid_packets() {
+        for liberal in [false, true] {
+            let mut settings = Settings::new(IpFamily::V4, kpx_rules::model::ProxyMode::Nftables);
+            settings.conntrack_tcp_be_liberal = liberal;
+            for rule in rules(&settings, &Cluster::default()) {
+                let invalid = rule
+                    .matches
+                    .iter()
+                    .any(|m| matches!(m, Match::CtState { states, .. } if states.contains(CtStates::INVALID)));
+                assert!(!invalid, "{rule:?}");
+            }
+        }
+    }
 }

@@ -368,7 +368,8 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
         "FQDN" => None,
         other => return Err(format!("addressType: {other:?} is not IPv4, IPv6 or FQDN")),
     };
-    for (i, ep) in slice.endpoints.iter().enumerate() {
+    // `endpoints` may be left out (optional since v1.36, kubernetes/kubernetes#136111).
+    for (i, ep) in slice.endpoints.iter().flatten().enumerate() {
         if ep.addresses.is_empty() {
             return Err(format!("endpoints[{i}].addresses must not be empty"));
         }
