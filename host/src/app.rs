@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
 
-use crate::config::{Config, Source};
+use crate::config::{Config, Source, gates};
 use crate::kernel::iptables::{IptablesDataplane, IptablesKernel};
 use crate::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
@@ -299,6 +299,11 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     set_oom_score_adj(config.extra.oom_score_adj);
     choose_default_mode(&mut config);
     if config.mode == ProxyMode::Ipvs {
+        // upstream's words since v1.35 (KEP-5495), at error level; its
+        // Node event is not sent (kpx's role has no Events).
+        tracing::error!(
+            "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
+        );
         // Upstream falls back to iptables here; kpx refuses instead: an
         // operator who asked for IPVS gets it or a clear failure.
         if let Err(e) = crate::kernel::ipvs::Ipvs::open() {
@@ -452,7 +457,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         files.push((Role::Extension { index, name: e.name.clone() }, e.path.clone(), digest));
     }
     let watcher = Watcher::new(plugin_runtime, files);
-    sync::run(State::new(config.node_name.clone()), rx, proxiers, periods, &telemetry, Some(watcher));
+    let external_ips = config.extra.feature_gates.enabled(gates::ALLOW_SERVICE_EXTERNAL_IPS);
+    if !external_ips {
+        tracing::warn!("the AllowServiceExternalIPs feature gate is off: Services' externalIPs are not programmed");
+    }
+    let state = State::new(config.node_name.clone()).allow_external_ips(external_ips);
+    sync::run(state, rx, proxiers, periods, &telemetry, Some(watcher));
     Err(source_stopped(thread))
 }
 

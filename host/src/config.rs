@@ -3,7 +3,7 @@
 
 mod duration;
 pub mod file;
-mod gates;
+pub mod gates;
 
 pub use duration::{format_duration, parse_duration};
 
@@ -477,7 +477,7 @@ pub struct Ipvs {
 pub struct Extra {
     /// Written to /proc/self/oom_score_adj at start.
     pub oom_score_adj: i32,
-    pub feature_gates: std::collections::BTreeMap<String, bool>,
+    pub feature_gates: gates::Gates,
     /// A server that cannot bind ends kpx (else it is logged and skipped).
     pub bind_address_hard_fail: bool,
     /// Set the kernel up (conntrack sysctls) and exit.
@@ -1126,6 +1126,14 @@ impl Flags {
             ("metrics-port", self.metrics_port),
         )?;
         let extra = self.check_compatibility_flags()?;
+        if mode == ProxyMode::Ipvs && !extra.feature_gates.enabled(gates::KUBE_PROXY_IPVS) {
+            // KEP-5495: with the gate off, ipvs is refused as an unknown mode.
+            return Err(invalid(
+                "proxy-mode",
+                "ipvs",
+                "the KubeProxyIPVS feature gate is off (ipvs mode is deprecated since v1.35; use nftables)",
+            ));
+        }
         let mut scheduler_plugins: Vec<(String, PathBuf)> = Vec::new();
         for value in &self.scheduler_plugin {
             let (name, file) = value
@@ -1553,6 +1561,8 @@ mod tests {
             (vec!["--conntrack-tcp-timeout-close-wait", "-1s"], "conntrack-tcp-timeout-close-wait"),
             (vec!["--conntrack-udp-timeout", "x"], "conntrack-udp-timeout"),
             (vec!["--conntrack-udp-timeout-stream", "5"], "conntrack-udp-timeout-stream"),
+            (vec!["--proxy-mode", "ipvs", "--feature-gates", "KubeProxyIPVS=false"], "proxy-mode"),
+            (vec!["--feature-gates", "PreferSameTrafficDistribution=false"], "feature-gates"),
             (vec!["--log-flush-frequency", "0"], "log-flush-frequency"),
             (vec!["--log-flush-frequency", "-1s"], "log-flush-frequency"),
         ] {

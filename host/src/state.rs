@@ -138,6 +138,9 @@ pub struct State {
     service_cidrs: BTreeMap<String, Vec<model::Cidr>>,
     changes: Changes,
     synced: bool,
+    /// The `AllowServiceExternalIPs` feature gate: off, Services'
+    /// externalIPs are left out of every service port.
+    external_ips: bool,
 }
 
 impl State {
@@ -151,7 +154,16 @@ impl State {
             service_cidrs: BTreeMap::new(),
             changes: Changes::default(),
             synced: false,
+            external_ips: true,
         }
+    }
+
+    /// Whether Services' `spec.externalIPs` are programmed (the
+    /// `AllowServiceExternalIPs` feature gate; upstream's
+    /// `ServicePort.ExternalIPs()` is empty when it is off, in every mode).
+    pub fn allow_external_ips(mut self, allowed: bool) -> State {
+        self.external_ips = allowed;
+        self
     }
 
     pub fn node_name(&self) -> &str {
@@ -306,6 +318,7 @@ impl State {
         services::service_ports(
             svc,
             family,
+            self.external_ips,
             |port| endpoints::for_port(slices, family, port, &self.node_name),
             |svc_port, eps| topology::categorize(svc_port, eps, &self.node_name, &zone),
         )

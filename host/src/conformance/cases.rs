@@ -206,7 +206,9 @@ impl Case {
 
     /// The state the case's manifests and node produce.
     pub fn state(&self) -> Result<State, String> {
-        let mut state = State::new(self.node.name.clone());
+        let config = self.config(std::path::Path::new("."), &[])?;
+        let external_ips = config.extra.feature_gates.enabled(crate::config::gates::ALLOW_SERVICE_EXTERNAL_IPS);
+        let mut state = State::new(self.node.name.clone()).allow_external_ips(external_ips);
         for text in [self.manifests.as_str(), &self.node_manifest()] {
             let (objects, errors) = parse_documents(text);
             if let Some(e) = errors.first() {

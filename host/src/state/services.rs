@@ -40,6 +40,7 @@ fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> 
 pub fn service_ports(
     svc: &Service,
     family: IpFamily,
+    external_ips_allowed: bool,
     endpoints_for: impl Fn(&K8sPort) -> Vec<HintedEndpoint>,
     categorize: impl Fn(&mut model::ServicePort, Vec<HintedEndpoint>),
 ) -> Vec<model::ServicePort> {
@@ -92,7 +93,11 @@ pub fn service_ports(
                 cluster_ip: Some(cluster_ip),
                 port: port.port as u16,
                 node_port: port.node_port.unwrap_or(0) as u16,
-                external_ips: ips_of(family, spec.external_ips.iter().flatten()),
+                external_ips: if external_ips_allowed {
+                    ips_of(family, spec.external_ips.iter().flatten())
+                } else {
+                    Vec::new()
+                },
                 load_balancer_ips: lb_ips.clone(),
                 load_balancer_source_ranges: source_ranges.clone(),
                 external_traffic_policy: spec.external_traffic_policy,
