@@ -393,7 +393,7 @@ fn state_of(objects: Vec<kpx::source::Object>) -> (State, Vec<ServicePort>) {
 fn node_settings(mode: &str) -> Result<(Node, Settings)> {
     let config = config(mode)?;
     let node = Node { name: NODE.into(), addresses: vec!["192.168.0.2".parse()?], ..Default::default() };
-    let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &[]);
+    let settings = kpx::settings::settings_for(&config, IpFamily::V4, &node, &node.addresses);
     Ok((node, settings))
 }
 

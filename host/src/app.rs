@@ -432,8 +432,11 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let health = ProxyHealth::new(2 * config.sync_period, families);
     let telemetry = Arc::new(Telemetry::new(health, config.mode, config.configz().to_string()));
     // No address selected (or none readable): every address, as upstream
-    // falls back to.
-    let selected = if config.nodeport_addresses.match_all() { Vec::new() } else { nodeport_listen_addresses(&config) };
+    // falls back to. `primary` is not known before the Node: every
+    // address too (docs/UPSTREAM.md).
+    let npa = &config.nodeport_addresses;
+    let every = npa.primary || npa.cidrs.is_empty() || npa.cidrs.iter().any(|c| c.prefix_len == 0);
+    let selected = if every { Vec::new() } else { nodeport_listen_addresses(&config) };
     let service_health = if selected.is_empty() { Bind::All } else { Bind::Addresses(selected) };
     crate::serve::start(
         telemetry.clone(),

@@ -154,7 +154,7 @@ pub struct Flags {
     #[arg(long = "pod-interface-name-prefix", default_value = "")]
     pub pod_interface_name_prefix: String,
 
-    /// Comma-separated CIDRs (or "primary") of the node addresses that accept NodePort traffic; empty means all local addresses.
+    /// A list of CIDR ranges that contain valid node IPs, and any of the keywords 'primary' (the node's primary IPs, from the Node object), 'localhost' (the node's loopback addresses) and 'all' (all addresses), in any combination. Connections to NodePort services are only accepted on node IPs in one of the ranges. Empty: all local addresses in iptables and ipvs modes, 'primary' in nftables mode. In nftables mode, with the KubeProxyNFTablesLocalhostNodePorts feature gate (on by default), localhost node ports are rejected, or relayed by kpx when an explicitly loopback range (such as 'localhost') is given.
     #[arg(long = "nodeport-addresses", default_value = "", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
 
@@ -535,17 +535,57 @@ pub struct Conntrack {
     pub udp_stream: std::time::Duration,
 }
 
-/// --nodeport-addresses.
+/// --nodeport-addresses: CIDRs and upstream's keywords (KEP-6032, v1.37):
+/// `primary` (the node's primary address of each family), `localhost`
+/// (127.0.0.0/8 and ::1/128) and `all` (0.0.0.0/0 and ::/0), in any mix.
+/// Each family uses its own CIDRs; a family with none, or with a /0,
+/// accepts node ports on every address (upstream's `NewNodePortAddresses`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodePortAddresses {
+    /// The CIDRs, `localhost` and `all` expanded.
     pub cidrs: Vec<Cidr>,
-    /// "primary" was given: the node's primary IP of each family.
+    /// `primary` was given (resolved per family once the Node is known).
     pub primary: bool,
+    /// The values as given (for /configz and /flagz).
+    pub given: Vec<String>,
 }
 
 impl NodePortAddresses {
-    pub fn match_all(&self) -> bool {
+    /// Parses the flag's values: keywords (case-sensitive, each at most
+    /// once, as upstream's validation) and CIDRs.
+    pub fn parse<'a>(items: impl IntoIterator<Item = &'a str>) -> std::result::Result<NodePortAddresses, String> {
+        let mut out = NodePortAddresses::default();
+        for item in items.into_iter().map(str::trim).filter(|s| !s.is_empty()) {
+            let keyword = matches!(item, "primary" | "localhost" | "all");
+            if keyword && out.given.iter().any(|g| g == item) {
+                return Err(format!("duplicate value {item:?}"));
+            }
+            match item {
+                "primary" => out.primary = true,
+                "localhost" => {
+                    out.cidrs.extend(["127.0.0.0/8", "::1/128"].map(|c| c.parse::<Cidr>().expect("loopback")))
+                }
+                "all" => out.cidrs.extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<Cidr>().expect("everything"))),
+                cidr => out.cidrs.push(cidr.parse().map_err(|e| {
+                    format!("{cidr:?}: {e}: must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'")
+                })?),
+            }
+            out.given.push(item.to_string());
+        }
+        Ok(out)
+    }
+
+    /// Nothing given: every address (iptables and ipvs modes; nftables
+    /// mode defaults to `primary`).
+    pub fn is_empty(&self) -> bool {
         self.cidrs.is_empty() && !self.primary
+    }
+
+    /// Whether some CIDR of `family`'s is loopback itself (its network
+    /// address is): KEP-6032's "explicit loopback" that starts nftables
+    /// mode's localhost node-port relay. `all` is not one.
+    pub fn explicit_loopback(&self, family: kpx_rules::model::IpFamily) -> bool {
+        self.cidrs.iter().any(|c| c.family() == family && c.network().is_loopback())
     }
 }
 
@@ -706,11 +746,7 @@ impl Config {
             DetectLocalMode::BridgeInterface(b) => ("BridgeInterface", b.as_str(), ""),
             DetectLocalMode::InterfaceNamePrefix(p) => ("InterfaceNamePrefix", "", p.as_str()),
         };
-        let mut node_port_addresses: Vec<String> =
-            self.nodeport_addresses.cidrs.iter().map(|c| c.to_string()).collect();
-        if self.nodeport_addresses.primary {
-            node_port_addresses.push("primary".into());
-        }
+        let node_port_addresses = &self.nodeport_addresses.given;
         let client = match &self.source {
             Source::Api(api) => serde_json::json!({
                 "kubeconfig": api.kubeconfig.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
@@ -1015,22 +1051,8 @@ impl Flags {
                 ));
             }
         };
-        let mut nodeport_addresses = NodePortAddresses::default();
-        for item in self.nodeport_addresses.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
-            if item == "primary" {
-                nodeport_addresses.primary = true;
-                continue;
-            }
-            let cidr: Cidr = item.parse().map_err(|e| invalid("nodeport-addresses", item, format!("{e}")))?;
-            nodeport_addresses.cidrs.push(cidr);
-        }
-        if nodeport_addresses.primary && !nodeport_addresses.cidrs.is_empty() {
-            return Err(invalid(
-                "nodeport-addresses",
-                &self.nodeport_addresses.join(","),
-                "\"primary\" cannot be combined with CIDRs",
-            ));
-        }
+        let nodeport_addresses = NodePortAddresses::parse(self.nodeport_addresses.iter().map(String::as_str))
+            .map_err(|e| invalid("nodeport-addresses", &self.nodeport_addresses.join(","), e))?;
         let non_negative = |flag: &'static str, value: i32| {
             u32::try_from(value).map_err(|_| invalid(flag, &value.to_string(), "must be greater than or equal to 0"))
         };
@@ -1249,6 +1271,7 @@ fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kpx_rules::model::IpFamily;
 
     fn cli(args: &[&str]) -> std::result::Result<Cli, CliError> {
         Cli::from_args(std::iter::once("kpx").chain(args.iter().copied()).map(std::ffi::OsString::from))
@@ -1535,7 +1558,7 @@ mod tests {
         assert_eq!(c.node_name, "node-a");
         assert!(c.localhost_nodeports);
         assert!(!c.conntrack_tcp_be_liberal);
-        assert!(c.nodeport_addresses.match_all());
+        assert!(c.nodeport_addresses.is_empty());
         assert_eq!(c.bind_address, None);
     }
 
@@ -1553,7 +1576,8 @@ mod tests {
             (vec!["--detect-local-mode", "InterfaceNamePrefix"], "pod-interface-name-prefix"),
             (vec!["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "a/b"], "pod-bridge-interface"),
             (vec!["--nodeport-addresses", "10.0.0.0/33"], "nodeport-addresses"),
-            (vec!["--nodeport-addresses", "primary,10.0.0.0/8"], "nodeport-addresses"),
+            (vec!["--nodeport-addresses", "primary,10.0.0.0/8,primary"], "nodeport-addresses"),
+            (vec!["--nodeport-addresses", "Localhost"], "nodeport-addresses"),
             (vec!["--bind-address", "node-a"], "bind-address"),
             (vec!["--conntrack-max-per-core", "-1"], "conntrack-max-per-core"),
             (vec!["--conntrack-min", "-5"], "conntrack-min"),
@@ -1610,6 +1634,34 @@ mod tests {
         assert!(c.nodeport_addresses.primary);
         let c = flags(&["--detect-local-mode", "ClusterCIDR"]).validate().unwrap();
         assert_eq!(c.detect_local_mode, DetectLocalMode::None, "upstream: no --cluster-cidr, no detection");
+    }
+
+    /// KEP-6032 (v1.37): `primary`, `localhost` and `all`, alone or mixed
+    /// with each other and with CIDRs; a keyword at most once.
+    #[test]
+    fn nodeport_address_keywords_mix_with_cidrs() {
+        let parse = |s: &str| NodePortAddresses::parse(s.split(','));
+        let npa = parse("primary,localhost,192.168.0.0/16").unwrap();
+        assert!(npa.primary);
+        let cidrs: Vec<String> = npa.cidrs.iter().map(|c| c.to_string()).collect();
+        assert_eq!(cidrs, ["127.0.0.0/8", "::1/128", "192.168.0.0/16"]);
+        assert_eq!(npa.given, ["primary", "localhost", "192.168.0.0/16"]);
+        assert!(npa.explicit_loopback(IpFamily::V4) && npa.explicit_loopback(IpFamily::V6));
+        let all = parse("all").unwrap();
+        assert_eq!(all.cidrs.iter().map(|c| c.prefix_len).collect::<Vec<_>>(), [0, 0]);
+        assert!(!all.explicit_loopback(IpFamily::V4), "0.0.0.0/0 holds loopback but is not loopback");
+        assert!(parse("127.0.0.1/32").unwrap().explicit_loopback(IpFamily::V4));
+        assert!(!parse("127.0.0.1/32").unwrap().explicit_loopback(IpFamily::V6));
+        assert!(parse("").unwrap().is_empty());
+        let err = parse("localhost,all,localhost").unwrap_err();
+        assert!(err.contains("duplicate value \"localhost\""), "{err}");
+        let err = parse("Localhost").unwrap_err();
+        assert!(err.contains("one of the keywords 'primary', 'localhost', 'all'"), "{err}");
+        // The flag as a whole: mixed values are valid; /configz shows them as given.
+        let c = flags(&["--nodeport-addresses", "primary,10.0.0.0/8"]).validate().unwrap();
+        assert!(c.nodeport_addresses.primary && c.nodeport_addresses.cidrs.len() == 1);
+        let z = c.configz();
+        assert_eq!(z["kubeproxy.config.k8s.io"]["nodePortAddresses"], serde_json::json!(["primary", "10.0.0.0/8"]));
     }
 
     #[test]

@@ -47,39 +47,42 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
     }
     // The operator's parameters of the backend (--backend-param).
     s.extra.extend(config.backend_params.iter().map(|(k, v)| (format!("param.{k}"), v.clone())));
+    s.nodeport_addresses = nodeport_addresses(config, family, node, local_addresses);
+    s
+}
+
+/// The node addresses of `family` that accept node ports, as upstream's
+/// `NodePortAddresses` selects them: the family's CIDRs (`primary` being
+/// the node's primary address of the family, unless loopback) matched
+/// against the node's interface addresses; a family with no CIDR, or with
+/// a /0, accepts them on every address. ipvs mode with nothing given: every
+/// address but loopback, listed (its virtual servers need addresses).
+fn nodeport_addresses(config: &Config, family: IpFamily, node: &Node, local: &[IpAddr]) -> NodePortAddresses {
     let npa = &config.nodeport_addresses;
-    let nftables = config.mode == ProxyMode::Nftables;
-    if config.mode == ProxyMode::Ipvs && npa.cidrs.is_empty() && !npa.primary {
-        // Upstream's ipvs mode: node ports on every address of the node
-        // but loopback (the caller leaves kube-ipvs0's out).
-        let mut all: Vec<Cidr> = local_addresses
-            .iter()
-            .filter(|ip| family.matches(ip) && !ip.is_loopback())
-            .map(|ip| host_cidr(*ip))
-            .collect();
+    if config.mode == ProxyMode::Ipvs && npa.is_empty() {
+        let mut all: Vec<Cidr> =
+            local.iter().filter(|ip| family.matches(ip) && !ip.is_loopback()).map(|ip| host_cidr(*ip)).collect();
         all.sort_by_key(|c| c.addr);
         all.dedup();
-        s.nodeport_addresses = NodePortAddresses::Only(all);
-        return s;
+        return NodePortAddresses::Only(all);
     }
-    let everything = npa.cidrs.iter().any(|c| c.family() == family && c.prefix_len == 0);
-    if nftables && everything {
-        // Upstream's nftables mode: 0.0.0.0/0 or ::/0 means every local address.
-        s.nodeport_addresses = NodePortAddresses::All;
-    } else if npa.primary || (nftables && npa.cidrs.is_empty()) {
-        // Upstream's nftables mode defaults to the primary addresses.
-        let primary = primary_address(config, node, family).map(host_cidr);
-        s.nodeport_addresses = NodePortAddresses::Only(primary.into_iter().collect());
-    } else if !npa.cidrs.is_empty() {
-        let mut chosen: Vec<Cidr> = local_addresses
-            .iter()
-            .filter(|ip| family.matches(ip) && npa.cidrs.iter().any(|c| c.contains(ip)))
-            .map(|ip| host_cidr(*ip))
-            .collect();
-        chosen.dedup();
-        s.nodeport_addresses = NodePortAddresses::Only(chosen);
+    // upstream's nftables mode defaults to `primary`.
+    let primary = npa.primary || (config.mode == ProxyMode::Nftables && npa.is_empty());
+    let mut wanted: Vec<Cidr> = npa.cidrs.iter().filter(|c| c.family() == family).copied().collect();
+    if primary && let Some(ip) = primary_address(config, node, family).filter(|ip| !ip.is_loopback()) {
+        wanted.push(host_cidr(ip));
     }
-    s
+    if wanted.is_empty() || wanted.iter().any(|c| c.prefix_len == 0) {
+        return NodePortAddresses::All;
+    }
+    let mut chosen: Vec<Cidr> = local
+        .iter()
+        .filter(|ip| family.matches(ip) && wanted.iter().any(|c| c.contains(ip)))
+        .map(|ip| host_cidr(*ip))
+        .collect();
+    chosen.sort_by_key(|c| c.addr);
+    chosen.dedup();
+    NodePortAddresses::Only(chosen)
 }
 
 fn cidrs(all: impl Iterator<Item = Cidr>, family: IpFamily) -> LocalTraffic {
@@ -94,4 +97,61 @@ pub fn node_for_plugins(config: &Config, mut node: Node, family: IpFamily) -> No
         node.addresses.insert(0, primary);
     }
     node
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Flags;
+    use clap::Parser;
+
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["kpx", "--hostname-override", "node-a"];
+        all.extend_from_slice(args);
+        Flags::try_parse_from(all).unwrap().validate().unwrap()
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    fn only(list: &[&str]) -> NodePortAddresses {
+        NodePortAddresses::Only(list.iter().map(|a| host_cidr(a.parse().unwrap())).collect())
+    }
+
+    /// upstream's `NewNodePortAddresses` per family, with KEP-6032's
+    /// keywords: a family without a CIDR accepts every address.
+    #[test]
+    fn nodeport_addresses_per_family_as_upstream() {
+        let node = Node { addresses: ips(&["192.168.0.2", "fd00::2"]), ..Default::default() };
+        let local = ips(&["127.0.0.1", "::1", "192.168.0.2", "192.168.1.2", "10.9.0.1", "fd00::2", "fd00:1::2"]);
+        let npa = |mode: &str, flag: &str, family: IpFamily| {
+            let mut args = vec!["--proxy-mode", mode];
+            if !flag.is_empty() {
+                args.extend(["--nodeport-addresses", flag]);
+            }
+            settings_for(&config(&args), family, &node, &local).nodeport_addresses
+        };
+        use IpFamily::{V4, V6};
+        // Nothing given: every address in iptables mode, the primary in nftables mode.
+        assert_eq!(npa("iptables", "", V4), NodePortAddresses::All);
+        assert_eq!(npa("nftables", "", V4), only(&["192.168.0.2"]));
+        assert_eq!(npa("nftables", "", V6), only(&["fd00::2"]));
+        // CIDRs of one family leave the other accepting everywhere.
+        assert_eq!(npa("iptables", "192.168.0.0/16", V4), only(&["192.168.0.2", "192.168.1.2"]));
+        assert_eq!(npa("iptables", "192.168.0.0/16", V6), NodePortAddresses::All);
+        // Keywords mixed with CIDRs.
+        assert_eq!(npa("nftables", "primary,10.0.0.0/8", V4), only(&["10.9.0.1", "192.168.0.2"]));
+        assert_eq!(npa("nftables", "primary,localhost", V4), only(&["127.0.0.1", "192.168.0.2"]));
+        assert_eq!(npa("nftables", "primary,localhost", V6), only(&["::1", "fd00::2"]));
+        assert_eq!(npa("iptables", "all", V4), NodePortAddresses::All);
+        assert_eq!(npa("nftables", "localhost,all", V6), NodePortAddresses::All);
+        // A primary address that no interface holds selects nothing.
+        let elsewhere = Node { addresses: ips(&["203.0.113.9"]), ..Default::default() };
+        let c = config(&["--proxy-mode", "nftables"]);
+        assert_eq!(settings_for(&c, V4, &elsewhere, &local).nodeport_addresses, only(&[]));
+        // No primary of a family (a single-stack Node): that family accepts everywhere.
+        let v4_only = Node { addresses: ips(&["192.168.0.2"]), ..Default::default() };
+        assert_eq!(settings_for(&c, V6, &v4_only, &local).nodeport_addresses, NodePortAddresses::All);
+    }
 }

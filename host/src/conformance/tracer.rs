@@ -42,7 +42,10 @@ pub fn inputs(case: &Case, mode: ProxyMode, family: IpFamily, params: &[String])
     let config = case.config(std::path::Path::new("/dev/null"), &args)?;
     let state = case.state()?;
     let node = node_for_plugins(&config, state.node(family), family);
-    let settings = settings_for(&config, family, &node, &case.node.addresses);
+    // The node's interfaces: its addresses and loopback.
+    let mut local = case.node.addresses.clone();
+    local.extend(["127.0.0.1", "::1"].map(|a| a.parse::<std::net::IpAddr>().expect("loopback")));
+    let settings = settings_for(&config, family, &node, &local);
     let cluster = state.cluster(family);
     let ports = case.service_ports(&state, family);
     Ok(Inputs { settings, node, cluster, ports })

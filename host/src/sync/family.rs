@@ -371,6 +371,13 @@ impl FamilyProxier {
         }
     }
 
+    /// Whether --nodeport-addresses names `primary` (nftables mode's
+    /// default): the primary address is matched against the node's own.
+    fn uses_primary(&self) -> bool {
+        let npa = &self.config.nodeport_addresses;
+        npa.primary || (self.config.mode == ProxyMode::Nftables && npa.is_empty())
+    }
+
     /// The sysctls these settings need (upstream sets them at start).
     fn ensure_sysctls(&self) {
         let mut wanted = Vec::new();
@@ -410,7 +417,7 @@ impl FamilyProxier {
         // ipvs mode serves node ports on the node's addresses: read at
         // every sync (as upstream), those of kube-ipvs0 and link-local
         // ones left out.
-        if ipvs || (full && !self.config.nodeport_addresses.cidrs.is_empty()) {
+        if ipvs || (full && !self.config.nodeport_addresses.cidrs.is_empty()) || (full && self.uses_primary()) {
             let kube_ipvs0 = if ipvs { crate::kernel::ipvs::link::index_of_kube_ipvs0() } else { None };
             match interfaces::local_addresses_by_interface() {
                 Ok(addresses) => {

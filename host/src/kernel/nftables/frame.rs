@@ -55,9 +55,11 @@ pub fn frame(settings: &Settings, cluster: &Cluster) -> Vec<Op> {
     out.extend(rules(settings, cluster).into_iter().map(Op::AddRule));
     let only: Vec<Element> = match &settings.nodeport_addresses {
         NodePortAddresses::All => Vec::new(),
+        // Never loopback: nftables cannot DNAT it (upstream's nodeport-ips
+        // leaves it out too); localhost node ports are the relay's.
         NodePortAddresses::Only(cidrs) => cidrs
             .iter()
-            .filter(|c| c.family() == settings.family)
+            .filter(|c| c.family() == settings.family && !c.addr.is_loopback())
             .map(|c| Element { key: vec![Value::Address(c.addr)], data: None })
             .collect(),
     };
