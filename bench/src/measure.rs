@@ -335,13 +335,13 @@ fn render(settings: &Settings, ruleset: &Ruleset, models: &mut Models, full: boo
                 models.sizes = sizing::full_sizes(declared, &models.counts, &Default::default());
             }
             let mut out = Batch::new();
+            let hints = kpx::kernel::nftables::typeof_udata::hints(&tx.ops);
+            let sets = kpx::kernel::nftables::Sets { decls: &decls, sizes: &models.sizes, hints: &hints };
             if full {
                 out.push(add_table());
-                messages(&mut out, settings.family, mark, &frame, &decls, &models.sizes, MAX_BYTES)
-                    .map_err(anyhow::Error::msg)?;
+                messages(&mut out, settings.family, mark, &frame, &sets, MAX_BYTES).map_err(anyhow::Error::msg)?;
             }
-            messages(&mut out, settings.family, mark, &tx.ops, &decls, &models.sizes, MAX_BYTES)
-                .map_err(anyhow::Error::msg)?;
+            messages(&mut out, settings.family, mark, &tx.ops, &sets, MAX_BYTES).map_err(anyhow::Error::msg)?;
             Written::Nftables(out)
         }
     };

@@ -65,9 +65,9 @@ fn views(state: &mut State) {
     for name in &names {
         for family in [IpFamily::V4, IpFamily::V6] {
             let _ = state.service_ports(family, name);
+            let _ = state.no_local_endpoints(name, family);
         }
         let _ = state.endpoints_map(name);
-        let _ = state.no_local_endpoints(name);
     }
     let _ = state.health_checks();
     for family in [IpFamily::V4, IpFamily::V6] {

@@ -251,6 +251,11 @@ fn choose_default_mode(config: &mut Config) {
     let route_localnet = Path::new("/proc/sys/net/ipv4/conf/all/route_localnet").exists();
     let (mode, why) = default_mode(iptables, route_localnet);
     tracing::info!(mode = %mode, "--proxy-mode is blank: {mode} ({why})");
+    // KEP-5343 (v1.37): kube-proxy warns that its Linux default is to
+    // move from iptables to nftables; kpx follows when it does.
+    tracing::warn!(
+        "--proxy-mode is not set: the default proxy mode on Linux (iptables) will change to nftables in a future release; set --proxy-mode (or mode in the configuration file) to the mode you want"
+    );
     config.mode = mode;
 }
 
@@ -328,6 +333,15 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let (extensions, extension_digests) = load_extensions(&plugin_runtime, &config)?;
     init(&config);
     read_node_tcp_be_liberal(&mut config);
+    if config.mode == ProxyMode::Iptables {
+        // upstream's iptables mode counts in two nfacct objects where the
+        // node has nfacct; without, its rules and metrics go without.
+        use crate::kernel::nfacct;
+        match nfacct::ensure(&[nfacct::CT_STATE_INVALID_DROPPED, nfacct::LOCALHOST_NODEPORTS_ACCEPTED]) {
+            Ok(()) => config.nfacct = true,
+            Err(e) => tracing::warn!("nfacct objects cannot be made, nfacct based metrics won't be available: {e}"),
+        }
+    }
     remove_other_modes(config.mode, config.masquerade_bit);
     // Extensions no longer configured: their objects would keep acting on
     // destinations the state no longer vouches for.
@@ -343,7 +357,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let config = Arc::new(config);
     // userspace mode's relays: a runtime of their own, apart from the
     // sync loop (kept alive by this frame while kpx runs).
-    let relaying = config.mode == ProxyMode::Userspace || config.userspace.localhost_nodeports_proxy;
+    let relaying = config.mode == ProxyMode::Userspace || families().into_iter().any(|f| config.localhost_relay(f));
     let relay_runtime = match relaying {
         true => Some(
             tokio::runtime::Builder::new_multi_thread()
@@ -359,58 +373,59 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     };
     let picker = Arc::new(Picker::new(schedulers.clone()));
     let relays = relay_runtime.as_ref().map(|r| Relays::new(r.handle().clone(), config.userspace.udp_timeout));
-    let proxiers: Vec<Proxier> =
-        match &relays {
-            Some(relays) if config.mode == ProxyMode::Userspace => {
-                tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
-                families()
-                    .into_iter()
-                    .map(|family| {
-                        Proxier::Userspace(Box::new(UserspaceProxier::new(
-                            config.clone(),
-                            family,
-                            relays.clone(),
-                            picker.clone(),
-                            IptablesKernel::new(family, Box::new(SystemExec::default())),
-                        )))
-                    })
-                    .collect()
-            }
-            _ => {
-                let plugin = backend.expect("loaded above in the rule modes");
-                tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
-                families()
-                    .into_iter()
-                    .map(|family| {
-                        Proxier::Rules(
-                        Box::new(FamilyProxier::new(
-                            config.clone(),
-                            family,
-                            plugin.clone(),
-                            Planner::new(config.mode, family, schedulers.clone()),
-                            dataplane(&config, family).with_max_bytes(
-                                usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
+    let proxiers: Vec<Proxier> = match &relays {
+        Some(relays) if config.mode == ProxyMode::Userspace => {
+            tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
+            families()
+                .into_iter()
+                .map(|family| {
+                    Proxier::Userspace(Box::new(UserspaceProxier::new(
+                        config.clone(),
+                        family,
+                        relays.clone(),
+                        picker.clone(),
+                        IptablesKernel::new(family, Box::new(SystemExec::default())),
+                    )))
+                })
+                .collect()
+        }
+        _ => {
+            let plugin = backend.expect("loaded above in the rule modes");
+            tracing::info!(mode = %config.mode, plugin = plugin.name(), node = %config.node_name, "starting");
+            families()
+                .into_iter()
+                .map(|family| {
+                    Proxier::Rules(
+                        Box::new(
+                            FamilyProxier::new(
+                                config.clone(),
+                                family,
+                                plugin.clone(),
+                                Planner::new(config.mode, family, schedulers.clone()),
+                                dataplane(&config, family).with_max_bytes(
+                                    usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
+                                ),
+                                Sysctl::default(),
+                            )
+                            .with_extensions(
+                                extensions
+                                    .iter()
+                                    .map(|e| crate::extension::ExtensionProxier::new(e.clone(), family, config.mode))
+                                    .collect(),
                             ),
-                            Sysctl::default(),
-                        )
-                        .with_extensions(
-                            extensions
-                                .iter()
-                                .map(|e| crate::extension::ExtensionProxier::new(e.clone(), family, config.mode))
-                                .collect(),
-                        )),
-                        // Localhost node ports are IPv4's (127.0.0.1), as upstream's.
-                        relays.as_ref().filter(|_| family == IpFamily::V4).map(|r| {
+                        ),
+                        relays.as_ref().filter(|_| config.localhost_relay(family)).map(|r| {
                             tracing::info!(
-                                "node ports on 127.0.0.1 are served by kpx's TCP relay (--localhost-nodeports-proxy)"
+                                family = %family,
+                                "localhost node ports are relayed by kpx (--nodeport-addresses names loopback)"
                             );
-                            Box::new(LocalhostNodePorts::new(r.clone(), picker.clone()))
+                            Box::new(LocalhostNodePorts::new(family, r.clone(), picker.clone()))
                         }),
                     )
-                    })
-                    .collect()
-            }
-        };
+                })
+                .collect()
+        }
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = match &config.source {
         Source::Manifests(path) => {
@@ -430,7 +445,17 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let families: Vec<IpFamily> = proxiers.iter().map(Proxier::family).collect();
     // upstream: a change not programmed within twice the sync period is unhealthy.
     let health = ProxyHealth::new(2 * config.sync_period, families);
-    let telemetry = Arc::new(Telemetry::new(health, config.mode, config.configz().to_string()));
+    let optional = crate::serve::metrics::Optional { nfacct: config.nfacct };
+    let gates = &config.extra.feature_gates;
+    let (flagz, statusz) = (gates.enabled(gates::COMPONENT_FLAGZ), gates.enabled(gates::COMPONENT_STATUSZ));
+    let mut paths = vec!["/configz", "/healthz", "/metrics", "/proxyMode"];
+    paths.extend(flagz.then_some("/flagz"));
+    paths.extend(statusz.then_some("/statusz"));
+    paths.sort_unstable();
+    let pages = crate::serve::zpages::Zpages::new(config.flagz.clone(), env!("CARGO_PKG_VERSION"), paths);
+    let zpages = crate::serve::Zpages { pages, flagz, statusz };
+    let telemetry =
+        Arc::new(Telemetry::new(health, config.mode, optional, config.configz().to_string()).with_zpages(zpages));
     // No address selected (or none readable): every address, as upstream
     // falls back to. `primary` is not known before the Node: every
     // address too (docs/UPSTREAM.md).
@@ -612,6 +637,7 @@ mod tests {
         let telemetry = Telemetry::new(
             ProxyHealth::new(std::time::Duration::from_secs(2), Vec::new()),
             ProxyMode::Iptables,
+            Default::default(),
             "{}".into(),
         );
         sync::run(

@@ -322,11 +322,11 @@ pub struct Flags {
     #[arg(long = "udp-timeout", default_value = "250ms", allow_hyphen_values = true)]
     pub udp_timeout: String,
 
-    /// kpx: in iptables mode, the most endpoints one service port programs (0: no bound). Every rule in the nat table costs each later change of any Service (the kernel validates every reachable rule at each commit); over the bound a port keeps its local endpoints and a stable share of the others, and says so in the log and in kpx_endpoints_not_programmed.
-    #[arg(long = "iptables-max-endpoints-per-port", default_value_t = 5000)]
+    /// kpx: in iptables mode, the most endpoints one service port programs (0, the default: every endpoint, as kube-proxy). Every rule in the nat table costs each later change of any Service (the kernel validates every reachable rule at each commit: with 100,000 endpoints behind one port, another Service's change takes 5x as long); over the bound a port keeps its local endpoints and a stable share of the others, and says so in the log and in kpx_endpoints_not_programmed.
+    #[arg(long = "iptables-max-endpoints-per-port", default_value_t = 0)]
     pub iptables_max_endpoints_per_port: usize,
 
-    /// kpx: in nftables mode, serve node ports on 127.0.0.1 through kpx's own TCP relay (nftables cannot DNAT 127.0.0.1; upstream's nftables mode has no localhost node ports).
+    /// kpx, deprecated: in nftables mode, adds 'localhost' to --nodeport-addresses (upstream's way since v1.37), so that kpx's TCP relay serves node ports on 127.0.0.1 and ::1.
     #[arg(long = "localhost-nodeports-proxy", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub localhost_nodeports_proxy: bool,
 
@@ -385,6 +385,11 @@ pub struct Flags {
     /// Number for the log level verbosity (0-10).
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     pub verbosity: u8,
+
+    /// Every flag with its value as given, or its default, for /flagz
+    /// (filled by [`Cli::from_args`]).
+    #[arg(skip)]
+    pub flagz: Vec<(String, String)>,
 }
 
 /// The validated configuration.
@@ -418,7 +423,12 @@ pub struct Config {
     /// proxier reads it: iptables mode then drops no INVALID packets.
     /// Until read, what the flag makes it.
     pub node_tcp_be_liberal: bool,
+    /// Whether the node has the nfacct objects iptables mode counts in
+    /// (made at start, `app::run`).
+    pub nfacct: bool,
     pub conntrack: Conntrack,
+    /// Every flag with its value as given or its default (/flagz).
+    pub flagz: Vec<(String, String)>,
     pub cleanup: bool,
     /// --bind-address when it names an address.
     pub bind_address: Option<std::net::IpAddr>,
@@ -589,6 +599,27 @@ impl NodePortAddresses {
     }
 }
 
+/// Every listed flag with its value as given on the command line, or its
+/// default (upstream's /flagz: command-line values, not the configuration
+/// in effect).
+fn flag_values(matches: &clap::ArgMatches) -> Vec<(String, String)> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    for arg in Flags::command().get_arguments().filter(|a| !a.is_hide_set()) {
+        let Some(long) = arg.get_long() else { continue };
+        let given = matches
+            .try_get_raw(arg.get_id().as_str())
+            .ok()
+            .flatten()
+            .map(|values| values.map(|v| v.to_string_lossy().into_owned()).collect::<Vec<_>>().join(","));
+        let value = given.unwrap_or_else(|| {
+            arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect::<Vec<_>>().join(",")
+        });
+        out.push((long.to_string(), value));
+    }
+    out
+}
+
 /// Go's `strconv.ParseBool`, which Kubernetes' boolean flags use.
 pub fn go_bool(text: &str) -> std::result::Result<bool, String> {
     match text {
@@ -639,6 +670,7 @@ impl Cli {
         use clap::{CommandFactory, FromArgMatches};
         let matches = Cli::command().try_get_matches_from(normalize_args(args))?;
         let mut cli = Cli::from_arg_matches(&matches)?;
+        cli.flags.flagz = flag_values(&matches);
         if cli.command.is_some() || cli.flags.config.is_empty() {
             return Ok(cli);
         }
@@ -734,6 +766,29 @@ fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> Error 
 }
 
 impl Config {
+    /// Whether kpx relays node ports on `family`'s loopback address: nftables
+    /// mode, the `KubeProxyNFTablesLocalhostNodePorts` gate on, and
+    /// --nodeport-addresses naming a loopback range of the family (KEP-6032).
+    pub fn localhost_relay(&self, family: kpx_rules::model::IpFamily) -> bool {
+        self.mode == ProxyMode::Nftables
+            && self.extra.feature_gates.enabled(gates::NFTABLES_LOCALHOST_NODEPORTS)
+            && self.nodeport_addresses.explicit_loopback(family)
+    }
+
+    /// The protocols whose node ports on `family`'s loopback are refused and
+    /// counted (KEP-6032): UDP and SCTP, and TCP too unless relayed.
+    pub fn localhost_rejects(&self, family: kpx_rules::model::IpFamily) -> Vec<kpx_rules::model::Protocol> {
+        use kpx_rules::model::Protocol;
+        if self.mode != ProxyMode::Nftables || !self.extra.feature_gates.enabled(gates::NFTABLES_LOCALHOST_NODEPORTS) {
+            return Vec::new();
+        }
+        if self.localhost_relay(family) {
+            vec![Protocol::Udp, Protocol::Sctp]
+        } else {
+            vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+        }
+    }
+
     /// `/configz`: the configuration in effect, under upstream's
     /// `KubeProxyConfiguration` field names.
     pub fn configz(&self) -> serde_json::Value {
@@ -1196,6 +1251,24 @@ impl Flags {
                 "only for --proxy-mode nftables (iptables mode serves localhost node ports itself; ipvs mode has none)",
             ));
         }
+        let mut nodeport_addresses = nodeport_addresses;
+        if userspace.localhost_nodeports_proxy {
+            // kpx's flag from before KEP-6032 (v1.37): what upstream's
+            // `--nodeport-addresses primary,localhost` does now, with the
+            // same relay. It adds `localhost` (to `primary`, the default).
+            tracing::warn!(
+                "--localhost-nodeports-proxy is deprecated: it adds 'localhost' to --nodeport-addresses, which is how kube-proxy (v1.37+) and kpx serve localhost node ports in nftables mode"
+            );
+            if nodeport_addresses.is_empty() {
+                nodeport_addresses.primary = true;
+                nodeport_addresses.given.push("primary".into());
+            }
+            if !nodeport_addresses.given.iter().any(|g| g == "localhost") {
+                let more = NodePortAddresses::parse(["localhost"]).expect("a keyword");
+                nodeport_addresses.cidrs.extend(more.cidrs);
+                nodeport_addresses.given.push("localhost".into());
+            }
+        }
         Ok(Config {
             mode,
             mode_defaulted: self.proxy_mode.is_empty(),
@@ -1213,7 +1286,9 @@ impl Flags {
                 .then_some(self.iptables_max_endpoints_per_port),
             conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal,
             node_tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            nfacct: false,
             conntrack,
+            flagz: self.flagz.clone(),
             cleanup: self.cleanup,
             bind_address,
             masquerade_all: self.masquerade_all,
@@ -1726,7 +1801,8 @@ mod tests {
     #[test]
     fn the_endpoint_bound_is_iptables_modes_and_0_lifts_it() {
         let bound = |args: &[&str]| flags(args).validate().unwrap().max_endpoints_per_port;
-        assert_eq!(bound(&["--proxy-mode", "iptables"]), Some(5000));
+        assert_eq!(bound(&["--proxy-mode", "iptables"]), None, "upstream's default: every endpoint");
+        assert_eq!(bound(&["--proxy-mode", "iptables", "--iptables-max-endpoints-per-port", "5000"]), Some(5000));
         assert_eq!(bound(&["--proxy-mode", "iptables", "--iptables-max-endpoints-per-port", "20000"]), Some(20000));
         assert_eq!(bound(&["--proxy-mode", "iptables", "--iptables-max-endpoints-per-port", "0"]), None);
         assert_eq!(bound(&["--proxy-mode", "nftables"]), None);

@@ -8,6 +8,7 @@ pub mod exec;
 pub mod interfaces;
 pub mod iptables;
 pub mod ipvs;
+pub mod nfacct;
 pub mod nftables;
 pub mod nla;
 pub mod sysctl;
@@ -62,6 +63,16 @@ pub enum Cause {
 }
 
 impl Error {
+    /// The tool that failed, when a tool did.
+    pub fn program(&self) -> Option<&str> {
+        match self {
+            Error::Spawn { program, .. } | Error::Timeout { program, .. } | Error::Failed { program, .. } => {
+                Some(program)
+            }
+            _ => None,
+        }
+    }
+
     pub fn cause(&self) -> Cause {
         match self {
             Error::Failed { cause, .. } => *cause,
@@ -111,6 +122,8 @@ pub struct Written {
     /// iptables and ipvs modes: the iptables rules kube-proxy owns now,
     /// (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,
+    /// iptables mode: the rules this sync wrote, (filter, nat).
+    pub iptables_written: Option<(usize, usize)>,
     /// Kernel transactions the sync took (nftables: 2 when made before
     /// broken, [`nftables::steps`]; else 1).
     pub steps: u8,
@@ -130,7 +143,9 @@ pub struct StateView<'a> {
     pub local_addresses: &'a [std::net::IpAddr],
 }
 
-/// The running mode's kernel side.
+/// The running mode's kernel side (one per family, made once: the
+/// variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Dataplane {
     Iptables(iptables::IptablesDataplane),
     Nftables(nftables::NftablesDataplane),

@@ -1,7 +1,7 @@
 //! kpx's HTTP endpoints, as kube-proxy serves them:
 //! - `/healthz` and `/livez` on --healthz-bind-address (0.0.0.0:10256);
-//! - `/metrics`, `/proxyMode`, `/configz` and `/healthz` on
-//!   --metrics-bind-address (127.0.0.1:10249);
+//! - `/metrics`, `/proxyMode`, `/configz`, `/flagz`, `/statusz` and
+//!   `/healthz` on --metrics-bind-address (127.0.0.1:10249);
 //! - a listener per `healthCheckNodePort` of the Services with an
 //!   `externalTrafficPolicy: Local`.
 //!
@@ -12,6 +12,7 @@ pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod service_health;
+pub mod zpages;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use health::{ProxyHealth, Stamp};
-use http::Answer;
+use http::{Answer, Asked};
 use metrics::{CodeLabel, Metrics};
 use service_health::{Bind, Checks};
 
@@ -39,16 +40,42 @@ pub struct Telemetry {
     checks: watch::Sender<Checks>,
     proxy_mode: String,
     configz: String,
+    zpages: Zpages,
+}
+
+/// `/flagz` and `/statusz`, each while its gate is on.
+pub struct Zpages {
+    pub pages: zpages::Zpages,
+    pub flagz: bool,
+    pub statusz: bool,
+}
+
+impl Default for Zpages {
+    fn default() -> Self {
+        Zpages { pages: zpages::Zpages::new(Vec::new(), "", Vec::new()), flagz: false, statusz: false }
+    }
 }
 
 impl Telemetry {
-    pub fn new(health: ProxyHealth, proxy_mode: kpx_rules::model::ProxyMode, configz: String) -> Telemetry {
+    /// `/flagz` and `/statusz` served.
+    pub fn with_zpages(mut self, zpages: Zpages) -> Telemetry {
+        self.zpages = zpages;
+        self
+    }
+
+    pub fn new(
+        health: ProxyHealth,
+        proxy_mode: kpx_rules::model::ProxyMode,
+        optional: metrics::Optional,
+        configz: String,
+    ) -> Telemetry {
         Telemetry {
             health,
-            metrics: Metrics::new(proxy_mode),
+            metrics: Metrics::with(proxy_mode, optional),
             checks: watch::channel(Checks::new()).0,
             proxy_mode: proxy_mode.as_str().to_string(),
             configz,
+            zpages: Zpages::default(),
         }
     }
 
@@ -69,8 +96,8 @@ impl Telemetry {
     }
 
     /// The health server's routes.
-    pub fn health_answer(&self, path: &str) -> Answer {
-        match path {
+    pub fn health_answer(&self, asked: &Asked) -> Answer {
+        match asked.path {
             "/healthz" => self.counted(true, self.health.healthz(Stamp::now())),
             "/livez" => self.counted(false, self.health.livez(Stamp::now())),
             _ => Answer::not_found(),
@@ -78,8 +105,8 @@ impl Telemetry {
     }
 
     /// The metrics server's routes.
-    pub fn metrics_answer(&self, path: &str) -> Answer {
-        match path {
+    pub fn metrics_answer(&self, asked: &Asked) -> Answer {
+        match asked.path {
             "/metrics" => Answer {
                 status: 200,
                 content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -88,6 +115,8 @@ impl Telemetry {
             },
             "/proxyMode" => Answer::text(200, self.proxy_mode.clone()),
             "/configz" => Answer::json(200, self.configz.clone()),
+            "/flagz" if self.zpages.flagz => self.zpages.pages.flagz(asked.accept),
+            "/statusz" if self.zpages.statusz => self.zpages.pages.statusz(asked.accept, std::time::SystemTime::now()),
             "/healthz" => Answer::text(200, "ok".into()),
             _ => Answer::not_found(),
         }
@@ -108,7 +137,7 @@ pub struct Endpoints {
 /// How often a server that could not bind tries again (upstream: 5 s).
 const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
-type Route = fn(&Telemetry, &str) -> Answer;
+type Route = fn(&Telemetry, &Asked) -> Answer;
 
 /// Serves one endpoint; if its address cannot be bound now, retries every
 /// [`BIND_RETRY`], as upstream does when --bind-address-hard-fail is off.
@@ -132,7 +161,7 @@ async fn serve_when_bound(
         }
     }
     let l = tokio::net::TcpListener::from_std(listener.expect("bound")).expect("a listener inside the runtime");
-    http::serve(l, Arc::new(move |p: &str| route(&telemetry, p)), never).await;
+    http::serve(l, Arc::new(move |a: &Asked| route(&telemetry, a)), never).await;
 }
 
 /// Opens the listeners and serves them on a thread of their own for as

@@ -48,6 +48,8 @@ pub fn settings_for(config: &Config, family: IpFamily, node: &Node, local_addres
     // The operator's parameters of the backend (--backend-param).
     s.extra.extend(config.backend_params.iter().map(|(k, v)| (format!("param.{k}"), v.clone())));
     s.nodeport_addresses = nodeport_addresses(config, family, node, local_addresses);
+    s.localhost_nodeport_rejects = config.localhost_rejects(family);
+    s.nfacct = config.nfacct && config.mode == ProxyMode::Iptables;
     s
 }
 

@@ -347,15 +347,13 @@ impl State {
     /// Service ports of a Service (any family) with endpoints but none
     /// this node may use under a Local policy: (internal, external), as
     /// upstream's `sync_proxy_rules_no_local_endpoints_total` counts them.
-    pub fn no_local_endpoints(&self, name: &ServiceName) -> (usize, usize) {
+    pub fn no_local_endpoints(&self, name: &ServiceName, family: IpFamily) -> (usize, usize) {
         let (mut internal, mut external) = (0, 0);
-        for family in [IpFamily::V4, IpFamily::V6] {
-            for port in self.service_ports(family, name) {
-                let Some(v) = port.view(family) else { continue };
-                if v.has_endpoints && v.local_endpoints.is_empty() {
-                    internal += usize::from(v.internal_local);
-                    external += usize::from(v.externally_accessible && v.external_local);
-                }
+        for port in self.service_ports(family, name) {
+            let Some(v) = port.view(family) else { continue };
+            if v.has_endpoints && v.local_endpoints.is_empty() {
+                internal += usize::from(v.internal_local);
+                external += usize::from(v.externally_accessible && v.external_local);
             }
         }
         (internal, external)

@@ -30,6 +30,20 @@ impl Proxier {
         }
     }
 
+    /// Whether it skips the periodic full sync: iptables mode in large
+    /// cluster mode (more than 1,000 endpoints), as upstream since v1.37.
+    fn skips_periodic_full(&self) -> bool {
+        matches!(self, Proxier::Rules(p, _) if p.mode() == ProxyMode::Iptables && p.large_cluster())
+    }
+
+    /// Whether its next sync is full whatever the pass asks.
+    fn needs_full(&self) -> bool {
+        match self {
+            Proxier::Rules(p, _) => p.needs_full(),
+            Proxier::Userspace(_) => false,
+        }
+    }
+
     fn uses_load(&self) -> bool {
         matches!(self, Proxier::Rules(p, _) if p.uses_load())
     }
@@ -117,13 +131,15 @@ impl Proxier {
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use kpx_rules::model::ProxyMode;
+use kpx_rules::model::{IpFamily, ProxyMode};
 
 use crate::kernel::SyncError;
 use crate::reload::{Loaded, Replacement, Role, Watcher};
 use crate::serve::Telemetry;
 use crate::serve::health::Stamp;
-use crate::serve::metrics::{PluginLabel, PolicyLabel, ReloadLabel, TableLabel};
+use crate::serve::metrics::{
+    FamilyLabel, PluginLabel, PolicyLabel, ProtocolLabel, ReloadLabel, TableLabel, family_name,
+};
 use crate::source::{Event, Kind, Object, ObjectRef};
 use crate::state::{Changes, State};
 
@@ -216,20 +232,26 @@ struct Pending {
     services: std::collections::BTreeSet<ObjectRef>,
     endpoints: std::collections::BTreeSet<ObjectRef>,
     /// When the EndpointSlice controller saw each pending change
-    /// (`endpoints.kubernetes.io/last-change-trigger-time`).
-    triggers: Vec<std::time::SystemTime>,
+    /// (`endpoints.kubernetes.io/last-change-trigger-time`), and the
+    /// family of the slice's addresses (that family's proxier programs it).
+    triggers: Vec<(IpFamily, std::time::SystemTime)>,
 }
 
 /// Change times kept between good syncs at most.
 const MAX_TRIGGERS: usize = 10_000;
 
-/// An EndpointSlice's change time, if it carries one.
-fn trigger_time(event: &Event) -> Option<std::time::SystemTime> {
+/// An EndpointSlice's change time, if it carries one, with its family.
+fn trigger_time(event: &Event) -> Option<(IpFamily, std::time::SystemTime)> {
     let Event::Apply(Object::EndpointSlice(slice)) = event else { return None };
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        _ => return None,
+    };
     let text = slice.meta.annotations.as_ref()?.get(crate::source::api::TRIGGER_TIME)?;
     let time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time =
         serde_json::from_value(serde_json::Value::String(text.clone())).ok()?;
-    Some(time.0.into())
+    Some((family, time.0.into()))
 }
 
 impl Pending {
@@ -237,7 +259,7 @@ impl Pending {
         // As upstream: changes from before kpx started (an initial list)
         // say nothing about programming latency. A long failing streak
         // keeps a bounded sample.
-        if let Some(t) = trigger_time(event).filter(|t| *t >= started)
+        if let Some(t) = trigger_time(event).filter(|(_, t)| *t >= started)
             && self.triggers.len() < MAX_TRIGGERS
         {
             self.triggers.push(t);
@@ -266,9 +288,10 @@ impl Pending {
     /// A good sync programmed everything pending.
     fn clear(&mut self, telemetry: &Telemetry) {
         let now = std::time::SystemTime::now();
-        for t in self.triggers.drain(..) {
+        for (family, t) in self.triggers.drain(..) {
             if let Ok(latency) = now.duration_since(t) {
-                telemetry.metrics.network_programming.observe(latency.as_secs_f64());
+                let h = telemetry.metrics.network_programming.get_or_create(&FamilyLabel::of(family));
+                h.observe(latency.as_secs_f64());
             }
         }
         *self = Pending::default();
@@ -278,24 +301,35 @@ impl Pending {
 }
 
 /// Service ports with a Local policy and endpoints, none of them on this
-/// node, per Service (kept for the Services that changed).
+/// node, per family and Service (kept for the Services that changed).
 #[derive(Default)]
 struct NoLocal {
-    by_service: std::collections::BTreeMap<crate::state::ServiceName, (usize, usize)>,
+    by_service: std::collections::BTreeMap<(IpFamily, crate::state::ServiceName), (usize, usize)>,
 }
 
 impl NoLocal {
-    fn update(&mut self, state: &State, changes: &Changes, telemetry: &Telemetry) {
-        for name in changes.services.keys() {
-            match state.no_local_endpoints(name) {
-                (0, 0) => self.by_service.remove(name),
-                counts => self.by_service.insert(name.clone(), counts),
+    fn update(&mut self, state: &State, changes: &Changes, families: &[IpFamily], telemetry: &Telemetry) {
+        for &family in families {
+            for name in changes.services.keys() {
+                let key = (family, name.clone());
+                match state.no_local_endpoints(name, family) {
+                    (0, 0) => self.by_service.remove(&key),
+                    counts => self.by_service.insert(key, counts),
+                };
+            }
+            let (internal, external) = self
+                .by_service
+                .iter()
+                .filter(|((f, _), _)| *f == family)
+                .fold((0, 0), |(i, e), (_, (a, b))| (i + a, e + b));
+            let m = &telemetry.metrics.no_local_endpoints;
+            let label = |policy: &str| PolicyLabel {
+                ip_family: family_name(family).to_string(),
+                traffic_policy: policy.to_string(),
             };
+            m.get_or_create(&label("internal")).set(internal as i64);
+            m.get_or_create(&label("external")).set(external as i64);
         }
-        let (internal, external) = self.by_service.values().fold((0, 0), |(i, e), (a, b)| (i + a, e + b));
-        let m = &telemetry.metrics.no_local_endpoints;
-        m.get_or_create(&PolicyLabel { traffic_policy: "internal".into() }).set(internal as i64);
-        m.get_or_create(&PolicyLabel { traffic_policy: "external".into() }).set(external as i64);
     }
 }
 
@@ -331,21 +365,96 @@ impl PluginCounts {
     }
 }
 
-/// A failed sync, counted as upstream (and kpx) count them.
-fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error) {
+/// nftables mode's localhost node ports on /metrics (KEP-6032): the
+/// relay's listeners and failures after each pass, and the packets the
+/// host's rules refused, read from their counter objects as deltas.
+#[derive(Default)]
+struct LocalhostSeries {
+    rejected: std::collections::BTreeMap<(IpFamily, kpx_rules::model::Protocol), u64>,
+}
+
+impl LocalhostSeries {
+    fn after_pass(proxiers: &mut [Proxier], telemetry: &Telemetry) {
+        let m = &telemetry.metrics;
+        for p in proxiers.iter_mut() {
+            if let Proxier::Rules(_, Some(l)) = p {
+                let family = FamilyLabel::of(l.family());
+                m.localhost_nodeport_listeners.get_or_create(&family).set(l.listening() as i64);
+                m.localhost_nodeport_listener_failures.get_or_create(&family).inc_by(l.take_failures());
+            }
+        }
+    }
+
+    fn read(&mut self, proxiers: &mut [Proxier], telemetry: &Telemetry) {
+        for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
+            let family = p.family();
+            for (protocol, packets) in p.localhost_rejected() {
+                let last = self.rejected.insert((family, protocol), packets).unwrap_or(0);
+                // A counter made anew starts again from 0.
+                let delta = if packets >= last { packets - last } else { packets };
+                let label = ProtocolLabel {
+                    ip_family: family_name(family).to_string(),
+                    protocol: protocol.to_string().to_uppercase(),
+                };
+                telemetry.metrics.localhost_nodeport_rejected.get_or_create(&label).inc_by(delta);
+            }
+        }
+    }
+}
+
+/// upstream's nfacct counters on /metrics (iptables mode), read as deltas.
+#[derive(Default)]
+struct NfacctSeries {
+    last: std::collections::BTreeMap<String, u64>,
+}
+
+impl NfacctSeries {
+    fn read(&mut self, telemetry: &Telemetry) {
+        use crate::kernel::nfacct;
+        let packets = match nfacct::packets() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("cannot read the nfacct counters: {e}");
+                return;
+            }
+        };
+        let m = &telemetry.metrics;
+        for (name, counter) in [
+            (nfacct::CT_STATE_INVALID_DROPPED, &m.ct_state_invalid_dropped),
+            (nfacct::LOCALHOST_NODEPORTS_ACCEPTED, &m.localhost_nodeports_accepted),
+        ] {
+            let Some(&now) = packets.get(name) else { continue };
+            let last = self.last.insert(name.to_string(), now).unwrap_or(0);
+            counter.inc_by(if now >= last { now - last } else { now });
+        }
+    }
+}
+
+/// A failed sync, counted as upstream (and kpx) count them; `partial`:
+/// the sync tried was a partial one.
+fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error, partial: bool) {
     let m = &telemetry.metrics;
     let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
+    let family = FamilyLabel::of(proxier.family());
+    // upstream's iptables proxier: any failed partial sync.
+    if partial && matches!(proxier.mode(), ProxyMode::Iptables) {
+        m.iptables_partial_restore_failures.get_or_create(&family).inc();
+    }
     match e {
         // Traps are counted from the plugin's own counter (PluginCounts).
         family::Error::Plugin(_) => {}
-        family::Error::Sync { source: SyncError::Kernel(_), .. } => match proxier.mode() {
+        family::Error::Sync { source: SyncError::Kernel(k), .. } => match proxier.mode() {
             ProxyMode::Iptables | ProxyMode::Userspace => {
-                m.iptables_restore_failures.inc();
+                m.iptables_restore_failures.get_or_create(&family).inc();
             }
             ProxyMode::Nftables => {
-                m.nftables_sync_failures.inc();
+                m.nftables_sync_failures.get_or_create(&family).inc();
             }
             ProxyMode::Ipvs => {
+                // upstream's ipvs mode counts its iptables-restore failures.
+                if k.program().is_some_and(|p| p.contains("iptables-restore")) {
+                    m.iptables_restore_failures.get_or_create(&family).inc();
+                }
                 m.ipvs_sync_failures.inc();
             }
         },
@@ -472,7 +581,11 @@ pub fn run(
     let mut plugin_counts = PluginCounts::default();
     let mut iptables_rules: std::collections::BTreeMap<kpx_rules::model::IpFamily, (usize, usize)> = Default::default();
     let mut next_load = Instant::now() + planner::LOAD_INTERVAL;
-    let counting = proxiers.iter().filter_map(Proxier::rules).any(FamilyProxier::has_extensions);
+    let nfacct = proxiers.iter().filter_map(Proxier::rules).any(FamilyProxier::counts_in_nfacct);
+    let counting = nfacct
+        || proxiers.iter().filter_map(Proxier::rules).any(|p| p.has_extensions() || p.mode() == ProxyMode::Nftables);
+    let mut localhost = LocalhostSeries::default();
+    let mut nfacct_series = NfacctSeries::default();
     let mut next_count = Instant::now() + EXTENSION_COUNTER_INTERVAL;
     // The kernel's rules are checked once per sync period (upstream's
     // canary), at most once a second: at most one period after someone
@@ -480,6 +593,7 @@ pub fn run(
     let canary_period = periods.max.max(Duration::from_secs(1));
     let mut next_canary = Instant::now() + canary_period;
     let mut extension_series = crate::serve::metrics::ExtensionSeries::default();
+    let families: Vec<IpFamily> = proxiers.iter().map(Proxier::family).collect();
     loop {
         let received = if state.is_synced() {
             let now = Instant::now();
@@ -516,8 +630,9 @@ pub fn run(
                     let now = Stamp::now();
                     for proxier in &proxiers {
                         telemetry.health.queued(proxier.family(), now);
+                        let family = FamilyLabel::of(proxier.family());
+                        telemetry.metrics.last_queued_timestamp.get_or_create(&family).set(unix_now());
                     }
-                    telemetry.metrics.last_queued_timestamp.set(unix_now());
                 }
                 if node && let Some(n) = state.node_object() {
                     telemetry.health.sync_node(n);
@@ -569,13 +684,20 @@ pub fn run(
                 failed.extend(p.extension_failures());
             }
             extension_series.update(&telemetry.metrics, counted, failed);
+            localhost.read(&mut proxiers, telemetry);
+            if nfacct {
+                nfacct_series.read(telemetry);
+            }
         }
         if schedule.next(now) > now {
             continue;
         }
         let start = Instant::now();
         changes.merge(state.take_changes());
-        let mut full = schedule.wants_full(start);
+        // The periodic full sync (FULL_SYNC_PERIOD); a loss the canary
+        // found makes one required.
+        let periodic = schedule.wants_full(start);
+        let mut full = false;
         if start >= next_canary {
             next_canary = start + canary_period;
             for p in proxiers.iter_mut().filter_map(Proxier::rules_mut) {
@@ -588,24 +710,37 @@ pub fn run(
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
             let names: Vec<String> = changes.services.keys().map(ToString::to_string).collect();
-            tracing::debug!(full, node = changes.node, cluster = changes.cluster, services = ?names, "sync pass");
+            tracing::debug!(full, periodic, node = changes.node, cluster = changes.cluster, services = ?names, "sync pass");
         }
+        let mut skipped_periodic = false;
         let mut ok = true;
         let m = &telemetry.metrics;
         for proxier in &mut proxiers {
             let t = Instant::now();
+            let family = FamilyLabel::of(proxier.family());
+            // upstream's iptables mode skips the periodic full sync in
+            // large cluster mode (kubernetes/kubernetes#138571, v1.37).
+            let skips = periodic && !full && proxier.skips_periodic_full();
+            skipped_periodic |= skips;
+            let full = full || (periodic && !skips);
+            let partial = !full && !proxier.needs_full();
             let result = proxier.sync(&state, &changes, full);
             let took = t.elapsed().as_secs_f64();
-            m.sync_duration.observe(took);
+            m.sync_duration.get_or_create(&family).observe(took);
             match &result {
-                Ok(r) if r.full => m.full_sync_duration.observe(took),
-                Ok(_) => m.partial_sync_duration.observe(took),
+                Ok(r) if r.full => m.full_sync_duration.get_or_create(&family).observe(took),
+                Ok(_) => m.partial_sync_duration.get_or_create(&family).observe(took),
                 Err(_) => {}
             }
             match result {
                 Ok(report) => {
                     telemetry.health.updated(proxier.family(), Stamp::now());
-                    m.last_sync_timestamp.set(unix_now());
+                    m.last_sync_timestamp.get_or_create(&family).set(unix_now());
+                    if let Some((filter, nat)) = report.iptables_written {
+                        let table = |t: &str| TableLabel { ip_family: family.ip_family.clone(), table: t.into() };
+                        m.iptables_last.get_or_create(&table("filter")).set(filter as i64);
+                        m.iptables_last.get_or_create(&table("nat")).set(nat as i64);
+                    }
                     m.plugin_render_duration.observe(report.plugin.as_secs_f64());
                     m.validation_duration.observe(report.check.as_secs_f64());
                     if let Some(rules) = report.iptables_rules {
@@ -633,17 +768,18 @@ pub fn run(
                 }
                 Err(e) => {
                     ok = false;
-                    count_failure(telemetry, proxier, &e);
+                    count_failure(telemetry, proxier, &e, partial);
                     tracing::error!(family = %proxier.family(), "sync failed, keeping the last good rules: {e}");
                 }
             }
         }
         let written = Instant::now();
-        // The rules kube-proxy owns on the node: iptables' and ip6tables'.
-        if !iptables_rules.is_empty() {
-            let (filter, nat) = iptables_rules.values().fold((0, 0), |(f, n), (a, b)| (f + a, n + b));
-            m.iptables_total.get_or_create(&TableLabel { table: "filter".into() }).set(filter as i64);
-            m.iptables_total.get_or_create(&TableLabel { table: "nat".into() }).set(nat as i64);
+        LocalhostSeries::after_pass(&mut proxiers, telemetry);
+        // The rules kube-proxy owns on the node, per family.
+        for (family, (filter, nat)) in &iptables_rules {
+            let table = |t: &str| TableLabel { ip_family: family_name(*family).to_string(), table: t.into() };
+            m.iptables_total.get_or_create(&table("filter")).set(*filter as i64);
+            m.iptables_total.get_or_create(&table("nat")).set(*nat as i64);
         }
         // A failed pass keeps its changes (with their earliest `previous`)
         // for the retry; the families that synced apply them again, which
@@ -652,7 +788,7 @@ pub fn run(
             // Health-check ports and local endpoints change only with the
             // state: the periodic syncs of an idle proxy skip the walk.
             if !changes.is_empty() {
-                no_local.update(&state, &changes, telemetry);
+                no_local.update(&state, &changes, &families, telemetry);
                 telemetry.set_checks(state.health_checks());
             }
             changes = Changes::default();
@@ -687,12 +823,17 @@ pub fn run(
         // (a family after a failure runs full on a partial pass).
         tracing::info!(
             ok,
-            full,
+            full = full || periodic,
             elapsed_ms = millis(start.elapsed()),
             after_ms = millis(written.elapsed()),
             "sync pass done"
         );
-        schedule.done(Instant::now(), ok, full);
+        // A pass due for the periodic full sync starts the next period,
+        // whether each family made it or (large cluster mode) skipped it.
+        if skipped_periodic {
+            tracing::debug!("iptables mode in large cluster mode: no periodic full sync (as kube-proxy since v1.37)");
+        }
+        schedule.done(Instant::now(), ok, full || periodic);
     }
 }
 
@@ -705,10 +846,11 @@ fn reconcile_conntrack(proxier: &mut Proxier, full: bool, telemetry: &Telemetry)
     let t = Instant::now();
     let Some(result) = p.reconcile_conntrack(full) else { return };
     let m = &telemetry.metrics;
-    m.conntrack_reconcile_duration.observe(t.elapsed().as_secs_f64());
+    let label = FamilyLabel::of(family);
+    m.conntrack_reconcile_duration.get_or_create(&label).observe(t.elapsed().as_secs_f64());
     match result {
         Ok(r) => {
-            m.conntrack_deleted.inc_by(r.deleted as u64);
+            m.conntrack_deleted.get_or_create(&label).inc_by(r.deleted as u64);
             if r.deleted > 0 {
                 tracing::info!(%family, read = r.read, deleted = r.deleted, elapsed_ms = millis(t.elapsed()), "deleted stale conntrack entries");
             }

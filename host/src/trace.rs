@@ -221,6 +221,7 @@ pub fn nft_text(rule: &nft::Rule) -> String {
         Statement::MasqueradeMark => "meta mark set meta mark | masquerade".to_string(),
         Statement::AffinityUpdate(set) => format!("update @{set} {{ saddr }}"),
         Statement::MarkXor(v) => format!("meta mark set meta mark ^ {v:#x}"),
+        Statement::NamedCounter(name) => format!("counter name \"{name}\""),
         Statement::Masquerade { fully_random } => {
             format!("masquerade{}", if *fully_random { " fully-random" } else { "" })
         }

@@ -547,6 +547,13 @@ pub struct Settings {
     pub localhost_nodeports: bool,
     pub conntrack_tcp_be_liberal: bool,
     pub extra: Vec<(String, String)>,
+    /// Host only (not in the contract): nftables mode's node ports on
+    /// loopback refused and counted, by protocol (KEP-6032); TCP is left
+    /// out when kpx relays localhost node ports.
+    pub localhost_nodeport_rejects: Vec<Protocol>,
+    /// Host only: iptables mode counts its INVALID drops and localhost
+    /// node-port connections in nfacct objects (the node has nfacct).
+    pub nfacct: bool,
 }
 
 impl Settings {
@@ -563,6 +570,8 @@ impl Settings {
             localhost_nodeports: true,
             conntrack_tcp_be_liberal: false,
             extra: Vec::new(),
+            localhost_nodeport_rejects: Vec::new(),
+            nfacct: false,
         }
     }
 

@@ -338,6 +338,8 @@ macro_rules! wit_conversions {
                     localhost_nodeports: s.localhost_nodeports,
                     conntrack_tcp_be_liberal: s.conntrack_tcp_be_liberal,
                     extra: s.extra,
+                    localhost_nodeport_rejects: Vec::new(),
+                    nfacct: false,
                 }
             }
 

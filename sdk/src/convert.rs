@@ -132,7 +132,11 @@ fn ipt_match(m: ipt::Match) -> Result<wipt::Match> {
         ipt::Match::RecentSet { name } => wipt::Match::RecentSet(name),
         ipt::Match::HashSlot(s) => wipt::Match::HashSlot(s),
         ipt::Match::Comment(c) => wipt::Match::Comment(c),
-        host @ (ipt::Match::Set { .. } | ipt::Match::PhysdevIsIn { .. } | ipt::Match::IpvsVirtual { .. }) => {
+        host @ (ipt::Match::Set { .. }
+        | ipt::Match::PhysdevIsIn { .. }
+        | ipt::Match::IpvsVirtual { .. }
+        | ipt::Match::Nfacct(_)
+        | ipt::Match::ConntrackOriginalDestination(_)) => {
             return Err(format!("{host:?} is written by the host only; the contract has no such match"));
         }
     })
@@ -200,7 +204,7 @@ fn host_set(h: nft::HostSet) -> Result<wnft::HostSet> {
         nft::HostSet::FirewallIps => wnft::HostSet::FirewallIps,
         nft::HostSet::FirewallAllow => wnft::HostSet::FirewallAllow,
         nft::HostSet::Hairpin => wnft::HostSet::Hairpin,
-        nft::HostSet::NodePortIps => {
+        nft::HostSet::NodePortIps | nft::HostSet::LocalhostNodePortRejects => {
             return Err(format!("set {} is filled by the host only", h.name()));
         }
     })
@@ -276,7 +280,7 @@ fn statement(s: nft::Statement) -> Result<wnft::Statement> {
         nft::Statement::Counter => wnft::Statement::Counter,
         nft::Statement::MasqueradeMark => wnft::Statement::MasqueradeMark,
         nft::Statement::AffinityUpdate(set) => wnft::Statement::AffinityUpdate(set),
-        host @ (nft::Statement::MarkXor(_) | nft::Statement::Masquerade { .. }) => {
+        host @ (nft::Statement::MarkXor(_) | nft::Statement::NamedCounter(_) | nft::Statement::Masquerade { .. }) => {
             return Err(format!("{host:?} is written by the host only; the contract has no such statement"));
         }
     })

@@ -294,3 +294,44 @@ fn a_port_over_the_endpoint_bound_is_served_by_a_stable_share() {
         kpx.log()
     );
 }
+
+/// upstream's nfacct counters (iptables mode): the INVALID drop and
+/// localhost node-port connections count in nfacct objects, which
+/// /metrics reports (`kubeproxy_iptables_*_packets_total`).
+#[test]
+fn nfacct_counts_localhost_nodeport_connections() {
+    let Some(lab) = lab_or_skip(1, "nfacct_counts_localhost_nodeport_connections") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("nfacct");
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: test}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.40\n  ports:\n  - {name: tcp, port: 80, nodePort: 30080, protocol: TCP}\n";
+    write_manifest(&manifests.join("np.yaml"), &format!("{service}---\n{}", slice("np", &[&lab.backends[0].ip])));
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &kpx_args(&manifests, &[]), &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    // (iptables-save prints two spaces after --nfacct-name.)
+    let rules = kernel_rules(&lab);
+    assert!(
+        rules.contains("--ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP"),
+        "{rules}"
+    );
+    assert!(rules.contains("--ctorigdst 127.0.0.0/8 -m nfacct --nfacct-name  localhost_nps_accepted_pkts"), "{rules}");
+    let metric = |name: &str| {
+        let (_, text) = crate::servers::wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+    };
+    let accepted = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = metric(accepted).expect("the family is served where nfacct works");
+    for _ in 0..3 {
+        let reply = kpx_netlab::tcp_request(&lab.node, "127.0.0.1:30080", Duration::from_secs(2));
+        assert_eq!(reply.server(), Some("be1"), "localhost node port: {reply:?}");
+    }
+    // A connection to the node's own address is not a localhost one.
+    let own = format!("{}:30080", kpx_netlab::node::NODE_IP);
+    assert_eq!(kpx_netlab::tcp_request(&lab.node, &own, Duration::from_secs(2)).server(), Some("be1"));
+    // Read every 2 s.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(metric(accepted), Some(before + 3.0), "three localhost connections, their first packets");
+    assert_eq!(metric("kubeproxy_iptables_ct_state_invalid_dropped_packets_total"), Some(0.0));
+    drop(kpx);
+}

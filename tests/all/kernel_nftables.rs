@@ -128,3 +128,68 @@ fn nftables_traffic_trace_and_cleanup() {
     assert!(!tables.contains("kube-proxy"), "{tables}");
     assert!(tables.contains("table ip someone-else"), "--cleanup removed a foreign table: {tables}");
 }
+
+/// An operator saving and restoring the node's firewall
+/// (`nft list ruleset > saved; nft -f saved`) with kpx's nftables mode
+/// running: every kind of object it writes, in both families (endpoint
+/// maps picked by numgen, slot tables by numgen and jhash, affinity,
+/// source ranges, node ports and the localhost refusals with their
+/// counters, and extensions' tables) loads back into a fresh namespace,
+/// lists again as the same text, and `nft -j` reads it.
+#[test]
+fn the_nodes_saved_ruleset_loads_back() {
+    let Some(lab) = lab_or_skip(2, "the_nodes_saved_ruleset_loads_back") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("relist");
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    use crate::schedulers::write_service;
+    write_service(&manifests, "plain", "10.96.0.30", &[], &eps, &[]);
+    write_service(&manifests, "rr", "10.96.0.31", &[("kpx.dev/scheduler", "rr")], &eps, &[]);
+    write_service(&manifests, "maglev", "10.96.0.32", &[("kpx.dev/scheduler", "maglev")], &eps, &[]);
+    write_service(&manifests, "sh", "10.96.0.33", &[("kpx.dev/scheduler", "sh")], &eps, &[]);
+    write_service(
+        &manifests,
+        "limited",
+        "10.96.0.34",
+        &[("ext.kpx.dev/ratelimit.new-connections-per-second", "5")],
+        &eps,
+        &[],
+    );
+    let v4 = |ips: &[&str]| ips.iter().map(|ip| format!("  - {{addresses: [\"{ip}\"]}}\n")).collect::<String>();
+    let more = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: sticky, namespace: test}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.35\n  clusterIPs: [10.96.0.35, \"fd00:96::35\"]\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  sessionAffinity: ClientIP\n  loadBalancerSourceRanges: [192.168.100.0/24, \"fd00:100::/64\"]\n  ports:\n  - {{name: tcp, port: 80, targetPort: 8080, nodePort: 30090, protocol: TCP}}\n  - {{name: udp, port: 53, targetPort: 8080, nodePort: 30091, protocol: UDP}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 198.51.100.7}}, {{ip: \"2001:db8:51::7\"}}]}}}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v4, namespace: test, labels: {{kubernetes.io/service-name: sticky}}}}\naddressType: IPv4\nports: [{{name: tcp, port: 8080, protocol: TCP}}, {{name: udp, port: 8080, protocol: UDP}}]\nendpoints:\n{}---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v6, namespace: test, labels: {{kubernetes.io/service-name: sticky}}}}\naddressType: IPv6\nports: [{{name: tcp, port: 8080, protocol: TCP}}, {{name: udp, port: 8080, protocol: UDP}}]\nendpoints:\n  - {{addresses: [\"fd00:244:1::5\"], nodeName: node}}\n  - {{addresses: [\"fd00:244:2::5\"]}}\n",
+        v4(&eps)
+    );
+    write_manifest(&manifests.join("sticky.yaml"), &more);
+    let example = |f: &str| format!("{}/{f}", env!("KPX_TEST_PLUGIN_DIR"));
+    let ratelimit = format!("ratelimit={}", example("kpx_example_ratelimit.wasm"));
+    let conncount = format!("conncount={}", example("kpx_example_conncount.wasm"));
+    let args =
+        kpx_args(&manifests, &["--proxy-mode", "nftables", "--extension", &ratelimit, "--extension", &conncount]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv6", 1, Duration::from_secs(30)), "{}", kpx.log());
+    // Traffic first, so that counters and affinity sets hold something.
+    assert!(request(&lab, Proto::Tcp, "10.96.0.35:80").server().is_some(), "{}", kpx.log());
+    let _ = kpx_netlab::tcp_request(&lab.node, "127.0.0.1:30090", Duration::from_secs(1));
+    let listing = lab.node.exec(&["nft", "list", "ruleset"]).unwrap();
+    for kind in [
+        "table ip kube-proxy",
+        "table ip6 kube-proxy",
+        "table ip kpx-ratelimit",
+        "table ip kpx-conncount",
+        "typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . tcp dport",
+        "typeof numgen inc mod 2 : verdict",
+        // maglev's slots over jhash, which nft cannot list as typeof.
+        "typeof numgen random mod 32 . numgen random mod 32 : verdict",
+        "counter localhost-nodeport-reject-tcp",
+        "flags interval",
+        "timeout 3h",
+    ] {
+        assert!(listing.contains(kind), "the ruleset has no {kind:?}:\n{listing}");
+    }
+    crate::support::nft_relist(&listing).unwrap_or_else(|e| panic!("{e}\n(saved from)\n{listing}"));
+    drop(kpx);
+}

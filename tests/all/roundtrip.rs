@@ -544,7 +544,9 @@ fn nftables_write_and_read(ns: &Ns, s: &Settings, tx: &nft::Transaction) -> Resu
     let (family, mark) = (s.family, s.masquerade_mark());
     let lookup = |r: &SetRef| decls.get(r.name()).cloned();
     let mut batch = Batch::from_iter([encode::add_table()]);
-    messages(&mut batch, family, mark, &ops, &lookup, &Default::default(), usize::MAX)?;
+    let hints = kpx::kernel::nftables::typeof_udata::hints(&ops);
+    let sets = kpx::kernel::nftables::Sets { decls: &lookup, sizes: &Default::default(), hints: &hints };
+    messages(&mut batch, family, mark, &ops, &sets, usize::MAX)?;
     let name = ns.name.clone();
     let decls2 = decls.clone();
     let read = ns
@@ -836,10 +838,13 @@ fn nft_reads_every_nftables_variant_as_meant() {
         "IP daddr . meta l4proto . th dport vmap @dispatch",
         "numgen inc mod 4 vmap @slots",
         "jhash IP daddr mod 9 seed 0x1 vmap @slots",
-        // Integer keys are host-order registers: slot 1 is 0x00000001.
-        "elements = { 0x00000000 : jump b, 0x00000001 : goto c, 0x00000002 : accept, 0x00000003 : drop, 0x00000004 : return,",
-        "0x00000005 : goto reject-chain }",
-        "SVC . tcp . 80 . 0x00000001 : EP . 8081",
+        // A set with a number in its key says what fills it (nft's
+        // `typeof`, from the rule that looks it up): nft can read it back.
+        "typeof numgen inc mod 4 : verdict",
+        "typeof IP daddr . meta l4proto . th dport . numgen random mod 3 : IP daddr . tcp dport",
+        "elements = { 0 : jump b, 1 : goto c, 2 : accept, 3 : drop, 4 : return,",
+        "5 : goto reject-chain }",
+        "SVC . tcp . 80 . 1 : EP . 8081",
         "elements = { SVC . tcp . 80 : goto b }",
         "elements = { SVC . tcp . 80 . NET }",
     ];
@@ -869,6 +874,8 @@ fn nft_reads_every_nftables_variant_as_meant() {
             let want = words.iter().fold(line.to_string(), |l, (k, v)| l.replace(k, v));
             assert!(listing.contains(&want), "{family}: nft does not list {want:?}:\n{listing}");
         }
+        // And the listing loads back (an operator's save and restore).
+        crate::support::nft_relist(&listing).unwrap_or_else(|e| panic!("{family}: {e}"));
     }
 }
 

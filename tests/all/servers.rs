@@ -1,6 +1,6 @@
 //! kpx's HTTP endpoints, scraped from a real kpx reading the list/watch
-//! server: `/healthz` and `/livez` (not ready until the initial lists are
-//! in; the node's deletion taint), `/metrics` values after real syncs,
+//! server: `/healthz` and `/livez` (not ready until the Node is known; the
+//! node's deletion taint; upstream's JSON bodies), `/metrics` values after real syncs,
 //! `/proxyMode`, `/configz`, and a Service's health-check node port as a
 //! cloud load balancer probes it.
 
@@ -118,12 +118,14 @@ fn servers_answer(mode: &str) {
     // A second on, the lists are still held back by the server's delay.
     std::thread::sleep(Duration::from_secs(1));
     let before = get(&lab.node, health, "/healthz").expect("/healthz answers");
-    assert_eq!(before.0, 503, "{mode}: ready before the initial lists: {before:?}");
-    assert!(body.starts_with("{\"lastUpdated\": \"") && body.contains("\",\"currentTime\": \""), "{code} {body}");
+    // upstream's NodeEligible is false while the Node is unknown.
+    assert_eq!(before.0, 503, "{mode}: ready before the Node is known: {before:?}");
+    assert!(body.starts_with("{\"lastUpdated\":\"") && body.contains("\",\"currentTime\":\""), "{code} {body}");
+    assert!(body.ends_with(",\"healthy\":true}"), "alive, nothing synced yet: {body}");
     server.set_delay(Duration::ZERO);
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{mode}:\n{}", kpx.log());
     let (_, body) = wait_status(&lab.node, health, "/healthz", 200);
-    assert!(body.ends_with("\"nodeEligible\": true}"), "{body}");
+    assert!(body.contains("\"nodeEligible\":true,\"healthy\":true,\"status\":{\"IPv4\":{"), "{body}");
 
     // The health-check node port, probed from outside the node.
     let probe = format!("{}:31000", kpx_netlab::node::NODE_IP);
@@ -143,12 +145,22 @@ fn servers_answer(mode: &str) {
     // Metrics after real syncs.
     let metrics = "127.0.0.1:10249";
     let (_, text) = wait_status(&lab.node, metrics, "/metrics", 200);
-    let last = sample(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds").expect("last sync timestamp");
+    // Per family, as upstream's proxiers label them (ip_family).
+    let v4 = "ip_family=\"IPv4\"";
+    let last = sample(&text, &format!("kubeproxy_sync_proxy_rules_last_timestamp_seconds{{{v4}}}"))
+        .expect("last sync timestamp");
+    assert!(
+        sample(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"}").is_some(),
+        "{mode}: IPv6's proxier reports its own:\n{text}"
+    );
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     assert!(now - last < 60.0 && last <= now + 1.0, "{mode}: last sync {last}, now {now}");
-    let syncs = sample(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count").expect("sync count");
+    let syncs =
+        sample(&text, &format!("kubeproxy_sync_proxy_rules_duration_seconds_count{{{v4}}}")).expect("sync count");
     assert!(syncs >= 2.0, "{mode}: {syncs} syncs counted");
-    assert!(sample(&text, "kubeproxy_sync_full_proxy_rules_duration_seconds_count").unwrap_or(0.0) >= 1.0);
+    assert!(
+        sample(&text, &format!("kubeproxy_sync_full_proxy_rules_duration_seconds_count{{{v4}}}")).unwrap_or(0.0) >= 1.0
+    );
     let endpoint_changes =
         sample(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total").expect("endpoint changes");
     assert!(endpoint_changes >= 2.0, "{mode}: {endpoint_changes} endpoint changes (two slices were written)");
@@ -156,14 +168,19 @@ fn servers_answer(mode: &str) {
     // The first slice changed an hour before kpx started (it came with the
     // initial list: upstream leaves such changes out); the second changed
     // 1 s before it was written: one latency of 1-2 s and a little.
-    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_count"), Some(1.0), "{mode}:\n{text}");
-    assert_eq!(sample(&text, "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.5\"}"), Some(0.0), "{text}");
-    let sum = sample(&text, "kubeproxy_network_programming_duration_seconds_sum").unwrap_or(0.0);
+    // The slice is IPv4's: IPv4's proxier programmed it.
+    let programming = |what: &str| sample(&text, &format!("kubeproxy_network_programming_duration_seconds_{what}"));
+    assert_eq!(programming(&format!("count{{{v4}}}")), Some(1.0), "{mode}:\n{text}");
+    // (The client writes `le` first.)
+    assert_eq!(programming(&format!("bucket{{le=\"0.5\",{v4}}}")), Some(0.0), "{text}");
+    assert_eq!(programming(&format!("bucket{{le=\"0.0\",{v4}}}")), Some(0.0), "upstream's leading 0 bucket:\n{text}");
+    assert_eq!(programming("count{ip_family=\"IPv6\"}"), None, "{mode}: no IPv6 change was programmed");
+    let sum = programming(&format!("sum{{{v4}}}")).unwrap_or(0.0);
     assert!((1.0..10.0).contains(&sum), "{mode}: network programming took {sum} s");
     // lb's only endpoint is on another node now: one external Local
     // policy without local endpoints.
     let no_local = |p: &str| {
-        sample(&text, &format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{traffic_policy=\"{p}\"}}"))
+        sample(&text, &format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{{v4},traffic_policy=\"{p}\"}}"))
     };
     assert_eq!((no_local("internal"), no_local("external")), (Some(0.0), Some(1.0)), "{mode}:\n{text}");
     let plugin = |m: &str| sample(&text, &format!("{m}{{plugin=\"{mode}\"}}")).unwrap_or(0.0);
@@ -175,23 +192,29 @@ fn servers_answer(mode: &str) {
         "iptables" => ("kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "nftables_sync_failures"),
         _ => ("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "iptables_restore_failures"),
     };
-    assert_eq!(sample(&text, own), Some(0.0), "{mode}: {own}");
+    // No failure, no series yet (a labelled family prints nothing until
+    // its first label set, as upstream's vectors).
+    assert_eq!(sample(&text, &format!("{own}{{{v4}}}")), None, "{mode}: {own}");
     if mode == "iptables" {
-        // The rules kube-proxy owns, per table, as the kernel lists them
-        // (IPv4 and IPv6).
-        let dump = lab.node.exec(&["iptables-save"]).unwrap() + &lab.node.exec(&["ip6tables-save"]).unwrap();
-        let mut table = "";
-        let mut counted = std::collections::BTreeMap::new();
-        for line in dump.lines() {
-            if let Some(t) = line.strip_prefix('*') {
-                table = t;
-            } else if line.starts_with("-A KUBE-") {
-                *counted.entry(table.to_string()).or_insert(0.0) += 1.0;
+        // The rules kube-proxy owns, per family and table, as the kernel
+        // lists them.
+        for (family, save) in [("IPv4", "iptables-save"), ("IPv6", "ip6tables-save")] {
+            let dump = lab.node.exec(&[save]).unwrap();
+            let mut table = "";
+            let mut counted = std::collections::BTreeMap::new();
+            for line in dump.lines() {
+                if let Some(t) = line.strip_prefix('*') {
+                    table = t;
+                } else if line.starts_with("-A KUBE-") {
+                    *counted.entry(table.to_string()).or_insert(0.0) += 1.0;
+                }
             }
-        }
-        for t in ["filter", "nat"] {
-            let metric = sample(&text, &format!("kubeproxy_sync_proxy_rules_iptables_total{{table=\"{t}\"}}"));
-            assert_eq!(metric, counted.get(t).copied(), "{t}:\n{dump}");
+            for t in ["filter", "nat"] {
+                let name = format!("kubeproxy_sync_proxy_rules_iptables_total{{ip_family=\"{family}\",table=\"{t}\"}}");
+                assert_eq!(sample(&text, &name), counted.get(t).copied(), "{family} {t}:\n{dump}");
+            }
+            let last = format!("kubeproxy_sync_proxy_rules_iptables_last{{ip_family=\"{family}\",table=\"nat\"}}");
+            assert!(sample(&text, &last).is_some(), "{family}: rules the last sync wrote:\n{text}");
         }
     }
     assert!(!text.contains(other), "{mode}: the other mode's metric is exported");
@@ -210,7 +233,7 @@ fn servers_answer(mode: &str) {
         )
         .unwrap();
     let (_, body) = wait_status(&lab.node, health, "/healthz", 503);
-    assert!(body.ends_with("\"nodeEligible\": false}"), "{body}");
+    assert!(body.contains("\"nodeEligible\":false,\"healthy\":true"), "{body}");
     assert_eq!(get(&lab.node, health, "/livez").map(|(s, _)| s), Some(200));
     assert!(kpx.is_running(), "{}", kpx.log());
 }

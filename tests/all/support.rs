@@ -295,3 +295,37 @@ pub fn hold(lab: &NodeLab, to: &str) -> (String, std::net::TcpStream) {
     std::io::BufReader::new(stream.try_clone().unwrap()).read_line(&mut line).expect("the server's name");
     (line.trim().to_string(), stream)
 }
+
+/// A node's ruleset saved and restored as an operator would
+/// (`nft list ruleset > saved; nft -f saved`): `listing` loads into a
+/// fresh namespace, lists again as the same text, and `nft -j` reads it.
+/// A fresh namespace holds the rules `listing` names and nothing else.
+pub fn nft_relist(listing: &str) -> Result<(), String> {
+    let mut lab = kpx_netlab::Lab::new().map_err(|e| e.to_string())?;
+    let ns = lab.add("relist").map_err(|e| e.to_string())?;
+    let file = temp_dir("relist").join("saved.nft");
+    std::fs::write(&file, listing).map_err(|e| e.to_string())?;
+    ns.exec(&["nft", "-f", file.to_str().unwrap()]).map_err(|e| format!("nft -f of the listing: {e}"))?;
+    let again = ns.exec(&["nft", "list", "ruleset"]).map_err(|e| e.to_string())?;
+    // An affinity element's time left runs on between the two listings.
+    let steady = |text: &str| -> String {
+        let mut out = String::new();
+        let mut words = text.split_inclusive(' ').peekable();
+        while let Some(w) = words.next() {
+            out.push_str(w);
+            if w == "expires " {
+                let left = words.next().unwrap_or("");
+                out.push_str(left.trim_start_matches(|c: char| c.is_ascii_alphanumeric()));
+            }
+        }
+        out
+    };
+    let (listing, again) = (steady(listing), steady(&again));
+    if again != listing {
+        let first = listing.lines().zip(again.lines()).find(|(a, b)| a != b);
+        return Err(format!("listed again, the ruleset differs (first at {first:?}):\n{again}"));
+    }
+    let json = ns.exec(&["nft", "-j", "list", "ruleset"]).map_err(|e| format!("nft -j: {e}"))?;
+    serde_json::from_str::<serde_json::Value>(&json).map_err(|e| format!("nft -j printed no JSON: {e}"))?;
+    Ok(())
+}

@@ -295,47 +295,140 @@ fn userspace_lc_sed_nq_place_each_connection_by_the_live_counts() {
     }
 }
 
-/// A NodePort Service `np` (TCP 80 → 8080, node port 30080).
-fn write_nodeport(manifests: &std::path::Path, ips: &[&str]) {
-    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: test}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.40\n  ports:\n  - {name: tcp, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}\n";
-    write_manifest(&manifests.join("np.yaml"), &format!("{service}---\n{}", slice("np", ips)));
+/// A dual-stack NodePort Service `np` (TCP 80 → 8080 over IPv4, 8081 over
+/// IPv6, node port 30080) with both families' endpoints, and one without
+/// endpoints (`none`, node port 30081).
+fn write_dual_stack_nodeports(manifests: &std::path::Path, v4: &[&str], v6: &[&str]) {
+    let eps = |ips: &[&str]| ips.iter().map(|ip| format!("  - {{addresses: [\"{ip}\"]}}\n")).collect::<String>();
+    let text = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: np, namespace: test}}\nspec:\n  type: NodePort\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.0.40\n  clusterIPs: [10.96.0.40, \"fd00:96::40\"]\n  ports:\n  - {{name: tcp, port: 80, nodePort: 30080, protocol: TCP}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: np-v4, namespace: test, labels: {{kubernetes.io/service-name: np}}}}\naddressType: IPv4\nports: [{{name: tcp, port: 8080, protocol: TCP}}]\nendpoints:\n{}---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: np-v6, namespace: test, labels: {{kubernetes.io/service-name: np}}}}\naddressType: IPv6\nports: [{{name: tcp, port: 8081, protocol: TCP}}]\nendpoints:\n{}---\n\
+apiVersion: v1\nkind: Service\nmetadata: {{name: none, namespace: test}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.41\n  ports:\n  - {{name: tcp, port: 80, nodePort: 30081, protocol: TCP}}\n  - {{name: udp, port: 53, nodePort: 30082, protocol: UDP}}\n",
+        eps(v4),
+        eps(v6)
+    );
+    write_manifest(&manifests.join("np.yaml"), &text);
 }
 
-/// nftables mode cannot DNAT 127.0.0.1; with --localhost-nodeports-proxy
-/// kpx's relay answers the node ports there, and without it nothing does.
+/// A series' value on /metrics (0 when absent).
+fn metric_value(lab: &kpx_netlab::node::NodeLab, series: &str) -> f64 {
+    let (_, text) = crate::servers::wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Localhost node ports in nftables mode, as upstream's v1.38 (KEP-6032;
+/// the KubeProxyNFTablesLocalhostNodePorts gate, on by default): refused
+/// and counted on 127.0.0.1 and ::1 unless --nodeport-addresses names
+/// loopback; then relayed by kpx to the endpoints, over IPv4 and IPv6,
+/// while a Service without endpoints gets no listener and UDP stays
+/// refused. kpx's old --localhost-nodeports-proxy adds `localhost`; with
+/// the gate off, loopback is left alone.
 #[test]
-fn nftables_localhost_nodeports_through_the_relay_behind_a_flag() {
-    let Some(lab) = lab_or_skip(2, "nftables_localhost_nodeports_through_the_relay_behind_a_flag") else {
+fn nftables_localhost_nodeports_as_kep_6032() {
+    let Some(lab) = lab_or_skip(2, "nftables_localhost_nodeports_as_kep_6032") else {
         return;
     };
-    let ips: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
-    let localhost = Request { to: "127.0.0.1:30080".parse().unwrap(), from: None, timeout: Duration::from_secs(1) };
-    for flag in [false, true] {
-        let (dir, manifests) = run_dirs("localhost-proxy");
-        write_nodeport(&manifests, &ips);
-        // Node ports on every address but loopback (nftables mode's default
-        // is the primary address, and this lab has no Node object).
-        let mut extra = vec!["--proxy-mode", "nftables", "--nodeport-addresses", "0.0.0.0/0"];
-        if flag {
-            extra.push("--localhost-nodeports-proxy");
-        }
-        let args = kpx_args(&manifests, &extra);
+    // IPv6 on the backends' links, and an echo server each on [::]:8081.
+    let mut servers = Vec::new();
+    let mut v6 = Vec::new();
+    for (i, b) in lab.backends.iter().enumerate() {
+        let i = i + 1;
+        lab.node
+            .ip(&["-6", "addr", "add", &format!("fd00:244:{i}::1/64"), "dev", &format!("eth-be{i}"), "nodad"])
+            .unwrap();
+        b.ns.ip(&["-6", "addr", "add", &format!("fd00:244:{i}::5/64"), "dev", "eth0", "nodad"]).unwrap();
+        b.ns.ip(&["-6", "route", "add", "default", "via", &format!("fd00:244:{i}::1")]).unwrap();
+        servers.push(kpx_netlab::EchoServer::start(&b.ns, &b.name, "[::]:8081").unwrap());
+        v6.push(format!("fd00:244:{i}::5"));
+    }
+    lab.node.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]).unwrap();
+    let v4: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let v6: Vec<&str> = v6.iter().map(String::as_str).collect();
+    let all: std::collections::BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    // A refusal on ::1 reaches the connecting socket while connect()
+    // still holds it (a soft error): the connection fails at the SYN's
+    // retransmission, 1 s later. 3 s lets it.
+    let at = |to: &str| Request { to: to.parse().unwrap(), from: None, timeout: Duration::from_secs(3) };
+    let seen =
+        |to: &str| -> std::collections::BTreeSet<String> { (0..8).map(|_| answer(at(to).tcp(&lab.node)).0).collect() };
+    let refused: std::collections::BTreeSet<String> = ["Refused".to_string()].into();
+    let rejected = |family: &str, protocol: &str| {
+        metric_value(
+            &lab,
+            &format!(
+                "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{{ip_family=\"{family}\",protocol=\"{protocol}\"}}"
+            ),
+        )
+    };
+    for (case, extra) in [
+        ("default", vec!["--nodeport-addresses", "0.0.0.0/0,::/0"]),
+        ("localhost", vec!["--nodeport-addresses", "0.0.0.0/0,::/0,localhost"]),
+        ("old flag", vec!["--nodeport-addresses", "0.0.0.0/0,::/0", "--localhost-nodeports-proxy"]),
+        (
+            "gate off",
+            vec![
+                "--nodeport-addresses",
+                "0.0.0.0/0,::/0,localhost",
+                "--feature-gates",
+                "KubeProxyNFTablesLocalhostNodePorts=false",
+            ],
+        ),
+    ] {
+        let (dir, manifests) = run_dirs("localhost-np");
+        write_dual_stack_nodeports(&manifests, &v4, &v6);
+        let mut args_extra = vec!["--proxy-mode", "nftables"];
+        args_extra.extend(extra);
+        let args = kpx_args(&manifests, &args_extra);
         let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
-        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
-        // The node port on the node's own address works either way.
-        let own = Request { to: format!("{}:30080", kpx_netlab::node::NODE_IP).parse().unwrap(), ..localhost };
-        assert!(matches!(own.tcp(&lab.client), Reply::Answer { .. }));
-        let seen: std::collections::BTreeSet<String> = (0..6).map(|_| answer(localhost.tcp(&lab.node)).0).collect();
-        if flag {
-            let want: std::collections::BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
-            assert_eq!(seen, want, "127.0.0.1:30080 relayed to both endpoints\n{}", kpx.log());
-        } else {
-            assert_eq!(
-                seen.into_iter().collect::<Vec<_>>(),
-                ["Refused"],
-                "upstream's nftables mode: no localhost node ports"
-            );
+        assert!(kpx.wait_for_log("synced rules family=IPv6", 1, Duration::from_secs(20)), "{case}: {}", kpx.log());
+        // The node port on the node's own address works in every case.
+        let own = format!("{}:30080", kpx_netlab::node::NODE_IP);
+        assert!(matches!(at(&own).tcp(&lab.client), Reply::Answer { .. }), "{case}");
+        let table = lab.node.exec(&["nft", "list", "ruleset"]).unwrap();
+        match case {
+            "default" => {
+                assert_eq!(seen("127.0.0.1:30080"), refused, "{case}: refused on 127.0.0.1\n{}", kpx.log());
+                assert_eq!(answer(at("[::1]:30080").tcp(&lab.node)).0, "Refused", "{case}: refused on ::1");
+                assert!(table.contains("chain localhost-nodeport-reject-tcp"), "{case}:\n{table}");
+                // Read from the counter objects every 2 s.
+                std::thread::sleep(Duration::from_millis(2500));
+                assert!(rejected("IPv4", "TCP") >= 8.0, "{case}: IPv4 TCP refusals counted");
+                assert!(rejected("IPv6", "TCP") >= 1.0, "{case}: IPv6 TCP refusals counted");
+                assert_eq!(
+                    metric_value(&lab, "kubeproxy_nftables_localhost_nodeport_listeners{ip_family=\"IPv4\"}"),
+                    0.0
+                );
+            }
+            "localhost" | "old flag" => {
+                assert_eq!(seen("127.0.0.1:30080"), all, "{case}: 127.0.0.1 relayed to both endpoints\n{}", kpx.log());
+                assert_eq!(seen("[::1]:30080"), all, "{case}: ::1 relayed over IPv6");
+                assert_eq!(seen("127.0.0.1:30081"), refused, "{case}: no endpoints, no listener");
+                assert!(!table.contains("chain localhost-nodeport-reject-tcp"), "{case}: TCP is the relay's:\n{table}");
+                assert!(table.contains("chain localhost-nodeport-reject-udp"), "{case}: UDP still refused:\n{table}");
+                assert_eq!(at("127.0.0.1:30082").udp(&lab.node), Reply::Refused, "{case}");
+                std::thread::sleep(Duration::from_millis(2500));
+                assert!(rejected("IPv4", "UDP") >= 1.0, "{case}: the UDP refusal counted");
+                assert_eq!(
+                    metric_value(&lab, "kubeproxy_nftables_localhost_nodeport_listeners{ip_family=\"IPv4\"}"),
+                    1.0
+                );
+                assert_eq!(
+                    metric_value(&lab, "kubeproxy_nftables_localhost_nodeport_listeners{ip_family=\"IPv6\"}"),
+                    1.0
+                );
+                if case == "old flag" {
+                    assert!(kpx.log().contains("--localhost-nodeports-proxy is deprecated"), "{}", kpx.log());
+                }
+            }
+            _ => {
+                assert!(!table.contains("localhost-nodeport-reject"), "{case}: no refusals without the gate:\n{table}");
+                assert_eq!(seen("127.0.0.1:30080"), refused, "{case}: nothing listens or DNATs on loopback");
+            }
         }
+        drop(kpx);
     }
 }
 
@@ -374,6 +467,8 @@ fn a_blank_proxy_mode_falls_back_to_userspace_on_an_old_iptables() {
         log.contains("--proxy-mode is blank: userspace (iptables 1.4.10 is older than 1.4.11"),
         "the choice and its reason are logged:\n{log}"
     );
+    // KEP-5343 (v1.37): a defaulted mode is warned about.
+    assert!(log.contains("WARN") && log.contains("--proxy-mode is not set: the default proxy mode on Linux"), "{log}");
     assert!(kernel_rules(&lab).contains("KUBE-PORTALS-CONTAINER"));
     let seen = servers_seen(&lab, Proto::Tcp, WEB, 4);
     assert_eq!(seen.len(), 2, "{seen:?}");

@@ -151,7 +151,8 @@ fn kernel_has(lab: &kpx_netlab::node::NodeLab, mode: &str, ip: &str) -> bool {
     rules.contains(ip)
 }
 
-/// kpx's default `--iptables-max-endpoints-per-port`.
+/// The `--iptables-max-endpoints-per-port` these runs set (kpx's default
+/// is upstream's: no bound).
 const IPTABLES_BOUND: usize = 5000;
 
 /// How many DNAT rules of the nat table go to the big objects' endpoints
@@ -193,7 +194,11 @@ fn bounds(mode: &str, which: Objects) {
     let Some(lab) = lab_or_skip(2, &format!("adversarial_objects_are_bounded ({mode})")) else { return };
     let (dir, manifests) = run_dirs(&format!("bounds-{mode}"));
     write_web(&manifests, &[&lab.backends[0].ip]);
-    let args = kpx_args(&manifests, &["--proxy-mode", mode, "--iptables-min-sync-period", "0s"]);
+    let bound = IPTABLES_BOUND.to_string();
+    let args = kpx_args(
+        &manifests,
+        &["--proxy-mode", mode, "--iptables-min-sync-period", "0s", "--iptables-max-endpoints-per-port", &bound],
+    );
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)), "{}", kpx.log());
     let s = scale();
@@ -232,7 +237,7 @@ fn bounds(mode: &str, which: Objects) {
         let took = apply(&mut kpx, &big, Some(text), what);
         let t = Instant::now();
         // In iptables mode a port programs at most IPTABLES_BOUND
-        // endpoints (kpx's default --iptables-max-endpoints-per-port).
+        // endpoints (--iptables-max-endpoints-per-port).
         let bounded = mode == "iptables" && *vip == "10.96.1.5" && 100_000 / s > IPTABLES_BOUND;
         let whole = || {
             kernel_has(&lab, mode, vip)

@@ -135,7 +135,9 @@ fn checking_and_encoding_elements_takes_a_bounded_multiple_of_their_words() {
     let decls = |_: &SetRef| Some(map.clone());
     let (encoded, encoding) = peak_during(|| {
         let mut batch = Batch::new();
-        messages(&mut batch, IpFamily::V4, 0x4000, &tx.ops, &decls, &Default::default(), usize::MAX).map(|()| batch)
+        let (sizes, hints) = (Default::default(), Default::default());
+        let sets = kpx::kernel::nftables::Sets { decls: &decls, sizes: &sizes, hints: &hints };
+        messages(&mut batch, IpFamily::V4, 0x4000, &tx.ops, &sets, usize::MAX).map(|()| batch)
     });
     let netlink = encoded.expect("encoded").bytes();
     println!(
@@ -185,8 +187,9 @@ fn the_netlink_batch_is_held_to_the_byte_budget() {
     }
     let ops = vec![Op::AddElements(w.finish())];
     let decls = |_: &SetRef| Some(map.clone());
-    let (result, peak) =
-        peak_during(|| messages(&mut Batch::new(), IpFamily::V4, 0x4000, &ops, &decls, &Default::default(), BUDGET));
+    let (sizes, hints) = (Default::default(), Default::default());
+    let sets = kpx::kernel::nftables::Sets { decls: &decls, sizes: &sizes, hints: &hints };
+    let (result, peak) = peak_during(|| messages(&mut Batch::new(), IpFamily::V4, 0x4000, &ops, &sets, BUDGET));
     let err = result.expect_err("over the budget");
     println!("{N} goto elements: refused ({err}) with {peak} bytes allocated");
     assert!(err.contains("more than the limit"), "{err}");

@@ -51,14 +51,14 @@ fn main() -> std::io::Result<()> {
                 Op::AddRule(r) => vec![encode::add_rule(family, lab.masquerade_mark(), r).expect("encodes")],
                 Op::AddSet(d) => {
                     sets.insert(d.name.clone(), d.clone());
-                    vec![encode::add_set(family, d, 1, None)]
+                    vec![encode::add_set(family, d, 1, None, None)]
                 }
                 Op::AddChain(c) => vec![encode::add_chain(c)],
                 // A set's elements right after it, as a dump gives them.
                 Op::AddElements(e) => {
                     let Some(decl) = sets.get(e.set.name()) else { continue };
                     let elements = decode_elements(decl, family, e).expect("the generator's elements decode");
-                    let mut set = encode::add_set(family, decl, 1, None);
+                    let mut set = encode::add_set(family, decl, 1, None, None);
                     push_message(&mut datagram, set.msg_type, &std::mem::take(&mut set.attrs.buf));
                     encode::elements(e.set.name(), decl.interval, &elements, true)
                 }

@@ -177,7 +177,8 @@ fn walker(rendered: &Rendered, case: &Case) -> Result<Option<Walk>, String> {
             Some(Box::new(move |p| trace::iptables::trace_iptables(&tables, &node, p).map_err(|e| e.to_string())))
         }
         Ruleset::Nftables(tx) => {
-            let model = nftables::trace_model(&rendered.settings, &rendered.cluster, tx).map_err(|e| e.to_string())?;
+            let model = nftables::trace_model(&rendered.settings, &rendered.cluster, &rendered.ports, tx)
+                .map_err(|e| e.to_string())?;
             Some(Box::new(move |p| trace::nftables::trace_nftables(&model, &node, p).map_err(|e| e.to_string())))
         }
         Ruleset::Ipvs(_) => None,

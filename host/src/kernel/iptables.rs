@@ -605,6 +605,23 @@ pub fn tool(family: IpFamily, base: &str) -> String {
     }
 }
 
+/// The rules an iptables-restore payload appends or inserts, (filter, nat).
+pub fn rules_in(payload: &str) -> (usize, usize) {
+    let (mut filter, mut nat, mut table) = (0, 0, "");
+    for line in payload.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim();
+        } else if line.starts_with("-A ") || line.starts_with("-I ") {
+            match table {
+                "filter" => filter += 1,
+                "nat" => nat += 1,
+                _ => {}
+            }
+        }
+    }
+    (filter, nat)
+}
+
 /// iptables mode for one family: checks, renders and writes each sync,
 /// and remembers what it wrote.
 pub struct IptablesDataplane {
@@ -702,6 +719,10 @@ impl IptablesDataplane {
             self.kernel.apply(run)?;
         }
         let bytes = prepared.bytes();
+        let written = prepared.runs().fold((0, 0), |(f, n), run| {
+            let (a, b) = rules_in(run);
+            (f + a, n + b)
+        });
         let Prepared { checked, frame, host_chains, hooks, .. } = prepared;
         kernel += t.elapsed();
         self.model.commit(checked);
@@ -713,6 +734,6 @@ impl IptablesDataplane {
         }
         self.written = Some(Previous { host_chains, hooks });
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        Ok(Written { bytes, kernel, iptables_rules: Some(rules), steps: 1 })
+        Ok(Written { bytes, kernel, iptables_rules: Some(rules), iptables_written: Some(written), steps: 1 })
     }
 }

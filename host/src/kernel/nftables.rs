@@ -14,12 +14,13 @@ pub mod netlink;
 pub mod sizing;
 pub mod steps;
 pub mod sys;
+pub mod typeof_udata;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kpx_rules::model::{Cluster, IpFamily, Settings};
+use kpx_rules::model::{Cluster, IpFamily, Protocol, Settings};
 use kpx_rules::ops::nftables::{BaseChain, Element, Op, Rule, SetDecl, SetRef, TABLE, Transaction, each_element};
 
 use super::{Error, Result, SyncError, Written};
@@ -269,7 +270,9 @@ pub(crate) fn prepare(
     let checked: Checked = check(ctx, tx)?;
     let mut batch = Batch::new();
     let decls = set_declarations(tx, ctx.model);
-    messages(&mut batch, settings.family, settings.masquerade_mark(), &tx.ops, &decls, &HashMap::new(), max_bytes)
+    let hints = typeof_udata::hints(&tx.ops);
+    let sets = Sets { decls: &decls, sizes: &HashMap::new(), hints: &hints };
+    messages(&mut batch, settings.family, settings.masquerade_mark(), &tx.ops, &sets, max_bytes)
         .map_err(|reason| encoding_refused(ctx.plugin, reason))?;
     Ok((checked, batch))
 }
@@ -296,9 +299,19 @@ fn set_declarations<'a>(tx: &'a Transaction, model: &'a Model) -> impl Fn(&SetRe
     }
 }
 
+/// What a sync's messages read of its sets: their declarations, their
+/// sizes ([`sizing`]) and what fills their keys ([`typeof_udata`], read
+/// from the whole transaction, so that a set a first step declares
+/// carries the `typeof` of the rule the second step adds).
+pub struct Sets<'a> {
+    pub decls: &'a dyn Fn(&SetRef) -> Option<SetDecl>,
+    pub sizes: &'a HashMap<String, u32>,
+    pub hints: &'a HashMap<String, typeof_udata::Typeof>,
+}
+
 /// The messages of a transaction's operations (the frame's and the
 /// plugin's), appended to `out`, elements read by the declarations known
-/// to this sync, sets declared with their `sizes` ([`sizing`]). They may
+/// to this sync, sets declared with their sizes and `typeof`. They may
 /// not add up to more than `max_bytes`: a plugin's few words can name long
 /// chains, and the host's rendering is held to the plugin's output cap.
 pub fn messages(
@@ -306,26 +319,24 @@ pub fn messages(
     family: IpFamily,
     masquerade_mark: u32,
     ops: &[Op],
-    decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
-    sizes: &HashMap<String, u32>,
+    sets: &Sets,
     max_bytes: usize,
 ) -> std::result::Result<(), String> {
-    messages_until(out, family, masquerade_mark, ops, decls, sizes, max_bytes, None)
+    messages_until(out, family, masquerade_mark, ops, sets, max_bytes, None)
 }
 
 /// [`messages`], stopped (with an error) once `cancel` is set: an encoder
 /// running beside the checks ends when they refuse the transaction.
-#[allow(clippy::too_many_arguments)]
 fn messages_until(
     out: &mut Batch,
     family: IpFamily,
     masquerade_mark: u32,
     ops: &[Op],
-    decls: &dyn Fn(&SetRef) -> Option<SetDecl>,
-    sizes: &HashMap<String, u32>,
+    sets: &Sets,
     max_bytes: usize,
     cancel: Option<&AtomicBool>,
 ) -> std::result::Result<(), String> {
+    let Sets { decls, sizes, hints } = *sets;
     let mut set_id = 0;
     let start = out.bytes();
     let count = |out: &Batch| -> std::result::Result<(), String> {
@@ -354,7 +365,7 @@ fn messages_until(
             Op::DeleteChain(c) => put(out, encode::delete_chain(c))?,
             Op::AddSet(d) => {
                 set_id += 1;
-                put(out, encode::add_set(family, d, set_id, sizes.get(&d.name).copied()))?;
+                put(out, encode::add_set(family, d, set_id, sizes.get(&d.name).copied(), hints.get(&d.name)))?;
             }
             Op::FlushSet(s) => put(out, encode::flush_set(s))?,
             Op::DeleteSet(s) => put(out, encode::delete_set(s))?,
@@ -406,13 +417,21 @@ const ELEMENTS_PER_CHECK: usize = 4096;
 
 /// What the table holds after a full sync writes `tx`: the frame and the
 /// plugin's transaction, as the tracer's model.
-pub fn trace_model(
+pub fn trace_model<'a>(
     settings: &Settings,
     cluster: &Cluster,
+    ports: impl IntoIterator<Item = &'a kpx_rules::model::ServicePort>,
     tx: &Transaction,
 ) -> std::result::Result<kpx_rules::trace::nftables::Model, kpx_rules::trace::TraceError> {
     let mut model = kpx_rules::trace::nftables::Model::new(settings.family, settings.masquerade_mark());
-    model.apply(&Transaction { ops: frame::frame(settings, cluster) })?;
+    let mut ops = frame::frame(settings, cluster);
+    let node_ports: BTreeSet<(Protocol, u16)> = ports
+        .into_iter()
+        .filter(|p| p.node_port != 0 && p.view(settings.family).is_some())
+        .map(|p| (p.protocol, p.node_port))
+        .collect();
+    ops.extend(frame::localhost_reject_elements(settings, node_ports, true));
+    model.apply(&Transaction { ops })?;
     model.apply(tx)?;
     Ok(model)
 }
@@ -431,6 +450,14 @@ pub struct NftablesDataplane {
     synced: bool,
     /// What the table holds, for a sync's first step ([`steps`]).
     held: steps::Held,
+    /// The node ports the loopback reject map holds ([`frame::localhost_reject_elements`]).
+    localhost_rejects: BTreeSet<(Protocol, u16)>,
+}
+
+/// A sync's changes to the loopback reject map, and what it holds after.
+struct RejectChanges {
+    ops: Vec<Op>,
+    after: BTreeSet<(Protocol, u16)>,
 }
 
 impl NftablesDataplane {
@@ -443,7 +470,88 @@ impl NftablesDataplane {
             counts: sizing::Counts::default(),
             synced: false,
             held: steps::Held::default(),
+            localhost_rejects: BTreeSet::new(),
         }
+    }
+
+    /// What the loopback reject map needs after this sync: every node port
+    /// of a refused protocol on a full one; on a partial one, those that
+    /// came or left (the state's scope says which), so that its cost is
+    /// what changed.
+    fn reject_changes(&self, settings: &Settings, scope: &Scope, full: bool) -> RejectChanges {
+        let refused = |np: &(Protocol, u16)| settings.localhost_nodeport_rejects.contains(&np.0);
+        if full {
+            let after: BTreeSet<(Protocol, u16)> = scope.node_ports.iter().filter(refused).collect();
+            let ops = frame::localhost_reject_elements(settings, after.iter().copied(), true).into_iter().collect();
+            return RejectChanges { ops, after };
+        }
+        let mut after = self.localhost_rejects.clone();
+        let gone: Vec<(Protocol, u16)> = scope
+            .node_ports
+            .removed()
+            .filter(|np| !scope.node_ports.contains(np) && after.contains(np))
+            .copied()
+            .collect();
+        let came: Vec<(Protocol, u16)> = scope
+            .node_ports_added
+            .iter()
+            .filter(|np| scope.node_ports.contains(np) && refused(np) && !after.contains(np))
+            .copied()
+            .collect();
+        for np in &gone {
+            after.remove(np);
+        }
+        after.extend(came.iter().copied());
+        let mut ops: Vec<Op> = frame::localhost_reject_elements(settings, gone, false).into_iter().collect();
+        ops.extend(frame::localhost_reject_elements(settings, came, true));
+        RejectChanges { ops, after }
+    }
+
+    /// The counter objects of the loopback reject chains a full sync is
+    /// about to write, made first (an existing one keeps its count).
+    fn ensure_reject_counters(kernel: &mut NftablesKernel, settings: &Settings) -> Result<()> {
+        if settings.localhost_nodeport_rejects.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::from_iter([encode::add_table()]);
+        for p in &settings.localhost_nodeport_rejects {
+            batch.push(encode::add_object(TABLE, frame::localhost_reject_chain(*p), encode::Object::Counter));
+        }
+        kernel.apply(&mut batch)
+    }
+
+    /// After a full sync: the counter objects of reject chains it no
+    /// longer declares (their chains are gone with it) are deleted.
+    fn remove_stale_reject_counters(&mut self, settings: &Settings) -> Result<()> {
+        let Some(contents) = self.kernel.table_contents(TABLE)? else { return Ok(()) };
+        let stale: Vec<&str> = frame::LOCALHOST_REJECT_CHAINS
+            .iter()
+            .filter(|(p, name)| {
+                !settings.localhost_nodeport_rejects.contains(p)
+                    && contents.objects.iter().any(|(o, kind)| o == name && *kind == sys::NFT_OBJECT_COUNTER)
+            })
+            .map(|(_, name)| *name)
+            .collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let mut batch: Batch =
+            stale.iter().map(|name| encode::delete_object(TABLE, name, sys::NFT_OBJECT_COUNTER)).collect();
+        self.kernel.apply(&mut batch)
+    }
+
+    /// Packets refused on loopback node ports so far, by protocol (the
+    /// counter objects of the reject chains).
+    pub fn localhost_rejected(&mut self) -> Result<Vec<(Protocol, u64)>> {
+        let counters = match self.kernel.counters(TABLE) {
+            Ok(c) => c,
+            Err(e) if e.cause() == super::Cause::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        Ok(frame::LOCALHOST_REJECT_CHAINS
+            .iter()
+            .filter_map(|(p, name)| counters.iter().find(|(n, _)| n == name).map(|(_, packets)| (*p, *packets)))
+            .collect())
     }
 
     /// The most netlink bytes a sync may write (the plugin output cap).
@@ -514,8 +622,14 @@ impl NftablesDataplane {
         let ctx = Context { plugin, family, scope, model: &self.model, full };
         let mut kernel = std::time::Duration::ZERO;
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
-        let frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
+        let mut frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
+        let rejects = self.reject_changes(settings, scope, full);
+        if full {
+            frame.extend(rejects.ops.iter().cloned());
+        }
+        let host_ops: &[Op] = if full { &[] } else { &rejects.ops };
         let decls = set_declarations(tx, &self.model);
+        let hints = typeof_udata::hints(&tx.ops);
         // A full sync reads what the table holds first: its sets' sizes
         // are kept where they still fit, and it is emptied below.
         let held = if full {
@@ -533,6 +647,11 @@ impl NftablesDataplane {
         let (first, ops): (Vec<Op>, Cow<[Op]>) = match (!full).then(|| steps::split_partial(family, &tx.ops, &decls)) {
             Some(Some((first, rest))) => (first, Cow::Owned(rest)),
             _ => (Vec::new(), Cow::Borrowed(&tx.ops)),
+        };
+        // The host's own changes of a partial sync go with the rest.
+        let ops: Cow<[Op]> = match host_ops {
+            [] => ops,
+            more => Cow::Owned(ops.iter().chain(more).cloned().collect()),
         };
         let mut counts = if full { sizing::Counts::default() } else { self.counts.clone() };
         counts.begin();
@@ -558,9 +677,11 @@ impl NftablesDataplane {
             let mut body = Batch::new();
             if full {
                 body.push(encode::add_table());
-                messages_until(&mut body, family, mark, &frame, &decls, sized, max_bytes, cancel)?;
+                let sets = Sets { decls: &decls, sizes: sized, hints: &hints };
+                messages_until(&mut body, family, mark, &frame, &sets, max_bytes, cancel)?;
             }
-            messages_until(&mut body, family, mark, &ops, &decls, sized, max_bytes, cancel)?;
+            let sets = Sets { decls: &decls, sizes: sized, hints: &hints };
+            messages_until(&mut body, family, mark, &ops, &sets, max_bytes, cancel)?;
             Ok(body)
         };
         // A large transaction is checked and encoded at once, on two
@@ -600,7 +721,8 @@ impl NftablesDataplane {
             reconciled = Some(messages);
         }
         let mut first_batch = Batch::new();
-        if let Err(e) = messages(&mut first_batch, family, mark, &first, &decls, &sizes, max_bytes) {
+        let sets = Sets { decls: &decls, sizes: &sizes, hints: &hints };
+        if let Err(e) = messages(&mut first_batch, family, mark, &first, &sets, max_bytes) {
             // A partial sync's first step is part of what was checked.
             if !full {
                 return Err(refuse(e));
@@ -609,6 +731,9 @@ impl NftablesDataplane {
             first.clear();
         }
         let t = std::time::Instant::now();
+        if full {
+            Self::ensure_reject_counters(&mut self.kernel, settings)?;
+        }
         // Unknown from here until the write succeeds.
         let mut record = std::mem::take(&mut self.held);
         let mut bytes = 0;
@@ -640,15 +765,19 @@ impl NftablesDataplane {
         batch.append(body);
         bytes += batch.bytes();
         self.kernel.apply(&mut batch)?;
-        kernel += t.elapsed();
-        record.record(family, &[&frame, &tx.ops], &decls, full);
+        record.record(family, &[&frame, &tx.ops, host_ops], &decls, full);
         self.held = record;
         drop(decls);
+        self.localhost_rejects = rejects.after;
+        if full && let Err(e) = self.remove_stale_reject_counters(settings) {
+            tracing::warn!(family = %family, "cannot remove the counters of loopback node ports no longer refused: {e}");
+        }
+        kernel += t.elapsed();
         self.counts = counts;
         self.sizes = sizes;
         self.model.commit(checked);
         self.synced |= full;
-        Ok(Written { bytes, kernel, iptables_rules: None, steps: 1 + u8::from(first_written) })
+        Ok(Written { bytes, kernel, iptables_rules: None, iptables_written: None, steps: 1 + u8::from(first_written) })
     }
 }
 

@@ -1,9 +1,11 @@
-//! The proxy's health, as upstream's `ProxyHealthServer` keeps it: a
-//! family is unhealthy when a change has waited for its rules longer than
-//! the health timeout (2 × the sync period); `/healthz` also fails while
-//! the Node is being deleted or carries the cluster autoscaler's
-//! `ToBeDeletedByClusterAutoscaler` taint, and (kpx) until every family
-//! has programmed its first full sync after the initial lists.
+//! The proxy's health, as upstream's `ProxyHealthServer` keeps it
+//! (pkg/proxy/healthcheck/proxy_health.go at 81810de6): a family is
+//! unhealthy when a change has waited for its rules longer than the health
+//! timeout (2 × the sync period); a family that has not synced yet is
+//! healthy ("while it's starting up"). `/healthz` also fails while the Node
+//! is unknown, being deleted or carries the cluster autoscaler's
+//! `ToBeDeletedByClusterAutoscaler` taint. The bodies are upstream's JSON
+//! (`ProxyHealth`, times in RFC 3339 with nanoseconds).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -15,7 +17,7 @@ use kpx_rules::model::IpFamily;
 /// The autoscaler's taint on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
-/// A point in time as both clocks saw it (Go prints both).
+/// A point in time on the wall clock and the monotonic one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
     pub wall: SystemTime,
@@ -32,28 +34,35 @@ impl Stamp {
 struct Inner {
     last_updated: BTreeMap<IpFamily, Stamp>,
     oldest_pending: BTreeMap<IpFamily, Stamp>,
-    node_eligible: bool,
+    /// None until the Node is seen (upstream: not eligible then).
+    node_eligible: Option<bool>,
 }
 
 #[derive(Debug)]
 pub struct ProxyHealth {
     timeout: Duration,
-    families: Vec<IpFamily>,
-    /// Go's monotonic readings count from the process's start.
-    started: Instant,
     inner: Mutex<Inner>,
 }
 
+/// upstream's `ProxyHealth` as a probe reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Health {
+    healthy: bool,
+    last_updated: Option<SystemTime>,
+    /// (family, last update, healthy) of each family that synced.
+    status: Vec<(IpFamily, SystemTime, bool)>,
+}
+
 impl ProxyHealth {
-    pub fn new(timeout: Duration, families: Vec<IpFamily>) -> ProxyHealth {
+    /// The families are those kpx proxies (kept for the caller's sake:
+    /// upstream's health knows a family once it has synced).
+    pub fn new(timeout: Duration, _families: Vec<IpFamily>) -> ProxyHealth {
         ProxyHealth {
             timeout,
-            families,
-            started: Instant::now(),
             inner: Mutex::new(Inner {
                 last_updated: BTreeMap::new(),
                 oldest_pending: BTreeMap::new(),
-                node_eligible: true,
+                node_eligible: None,
             }),
         }
     }
@@ -78,102 +87,97 @@ impl ProxyHealth {
             .as_ref()
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
-        self.inner.lock().expect("health lock").node_eligible = !deleting && !tainted;
+        self.inner.lock().expect("health lock").node_eligible = Some(!deleting && !tainted);
     }
 
+    /// upstream's `NodeEligible`: known, not being deleted, not tainted.
     pub fn node_eligible(&self) -> bool {
-        self.inner.lock().expect("health lock").node_eligible
+        self.inner.lock().expect("health lock").node_eligible == Some(true)
     }
 
-    /// Upstream's `isHealthy`: (healthy, the last update time it reports).
-    fn health(&self, now: Stamp) -> (bool, Option<Stamp>) {
+    /// upstream's `Health`.
+    fn health(&self, now: Stamp) -> Health {
         let inner = self.inner.lock().expect("health lock");
-        let mut last: Option<Stamp> = None;
+        let mut out = Health { healthy: true, last_updated: None, status: Vec::new() };
         for (family, updated) in &inner.last_updated {
-            if last.is_none_or(|l| updated.wall > l.wall) {
-                last = Some(*updated);
+            if out.last_updated.is_none_or(|l| updated.wall > l) {
+                out.last_updated = Some(updated.wall);
             }
-            match inner.oldest_pending.get(family) {
-                Some(pending) if now.mono.saturating_duration_since(pending.mono) >= self.timeout => {
-                    return (false, Some(*updated));
-                }
-                _ => {}
+            let late = inner
+                .oldest_pending
+                .get(family)
+                .is_some_and(|pending| now.mono.saturating_duration_since(pending.mono) >= self.timeout);
+            if late {
+                out.healthy = false;
             }
+            out.status.push((*family, updated.wall, !late));
         }
-        // A family that never synced, with a change waiting too long.
-        for (family, pending) in &inner.oldest_pending {
-            if !inner.last_updated.contains_key(family)
-                && now.mono.saturating_duration_since(pending.mono) >= self.timeout
-            {
-                return (false, last);
-            }
-        }
-        (true, last)
+        out
     }
 
     /// Whether the rules are up to date (what health-check node ports
     /// report as `serviceProxyHealthy`).
     pub fn is_healthy(&self, now: Stamp) -> bool {
-        self.health(now).0
-    }
-
-    /// Every family has programmed its first sync.
-    pub fn ready(&self) -> bool {
-        let inner = self.inner.lock().expect("health lock");
-        self.families.iter().all(|f| inner.last_updated.contains_key(f))
+        self.health(now).healthy
     }
 
     /// `/healthz`: status and upstream's body.
     pub fn healthz(&self, now: Stamp) -> (u16, String) {
         let eligible = self.node_eligible();
-        let (healthy, last) = self.health(now);
-        let healthy = healthy && eligible && self.ready();
-        let last = if healthy { Some(now) } else { last };
-        let body = format!(
-            "{{\"lastUpdated\": {:?},\"currentTime\": {:?}, \"nodeEligible\": {eligible}}}",
-            self.go_time(last),
-            self.go_time(Some(now))
-        );
-        (if healthy { 200 } else { 503 }, body)
+        let health = self.health(now);
+        let healthy = health.healthy && eligible;
+        (if healthy { 200 } else { 503 }, body(&health, healthy, Some(eligible), now))
     }
 
-    /// `/livez`: as /healthz without the node's state (and without the
-    /// first-sync wait: a proxy still reading its initial lists is alive).
+    /// `/livez`: as /healthz without the node's state.
     pub fn livez(&self, now: Stamp) -> (u16, String) {
-        let (healthy, last) = self.health(now);
-        let last = if healthy { Some(now) } else { last };
-        let body =
-            format!("{{\"lastUpdated\": {:?},\"currentTime\": {:?}}}", self.go_time(last), self.go_time(Some(now)));
-        (if healthy { 200 } else { 503 }, body)
-    }
-
-    /// Go's `time.Time.String()` of a reading taken by `time.Now()`.
-    fn go_time(&self, t: Option<Stamp>) -> String {
-        match t {
-            None => "0001-01-01 00:00:00 +0000 UTC".into(),
-            Some(t) => {
-                let mono = t.mono.saturating_duration_since(self.started);
-                format!("{} m=+{}.{:09}", go_wall(t.wall), mono.as_secs(), mono.subsec_nanos())
-            }
-        }
+        let health = self.health(now);
+        let healthy = health.healthy;
+        (if healthy { 200 } else { 503 }, body(&health, healthy, None, now))
     }
 }
 
-/// `2006-01-02 15:04:05.999999999 -0700 MST` in UTC (trailing zeros of the
-/// fraction dropped, as Go does).
-pub fn go_wall(t: SystemTime) -> String {
+/// upstream's `json.Marshal(ProxyHealth)`: lastUpdated (now when
+/// healthy), currentTime, nodeEligible (/healthz only), healthy, and the
+/// families' status (left out before any has synced).
+fn body(h: &Health, healthy: bool, eligible: Option<bool>, now: Stamp) -> String {
+    let last = if healthy { Some(now.wall) } else { h.last_updated };
+    let mut out = format!("{{\"lastUpdated\":\"{}\",\"currentTime\":\"{}\"", rfc3339(last), rfc3339(Some(now.wall)));
+    if let Some(e) = eligible {
+        out.push_str(&format!(",\"nodeEligible\":{e}"));
+    }
+    out.push_str(&format!(",\"healthy\":{}", h.healthy));
+    if !h.status.is_empty() {
+        let families: Vec<String> = h
+            .status
+            .iter()
+            .map(|(f, at, ok)| {
+                let name = crate::serve::metrics::family_name(*f);
+                format!("\"{name}\":{{\"lastUpdated\":\"{}\",\"healthy\":{ok}}}", rfc3339(Some(*at)))
+            })
+            .collect();
+        out.push_str(&format!(",\"status\":{{{}}}", families.join(",")));
+    }
+    out.push('}');
+    out
+}
+
+/// Go's RFC 3339 with nanoseconds (`time.RFC3339Nano`, as JSON writes a
+/// `time.Time`) in UTC; the zero time when there is none.
+pub fn rfc3339(t: Option<SystemTime>) -> String {
+    let Some(t) = t else { return "0001-01-01T00:00:00Z".into() };
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    let mut out = format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60);
+    let mut out = format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60);
     let nanos = since.subsec_nanos();
     if nanos != 0 {
         let frac = format!("{nanos:09}");
         out.push('.');
         out.push_str(frac.trim_end_matches('0'));
     }
-    out.push_str(" +0000 UTC");
+    out.push('Z');
     out
 }
 
@@ -199,32 +203,59 @@ mod tests {
         Stamp { wall: base.wall + Duration::from_secs(secs), mono: base.mono + Duration::from_secs(secs) }
     }
 
-    #[test]
-    fn go_time_format() {
-        let t = SystemTime::UNIX_EPOCH + Duration::new(1_795_456_740, 120_000_000);
-        assert_eq!(go_wall(t), "2026-11-23 17:59:00.12 +0000 UTC");
-        assert_eq!(go_wall(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29 00:00:00 +0000 UTC");
+    fn node(json: serde_json::Value) -> Node {
+        serde_json::from_value(json).unwrap()
     }
 
+    #[test]
+    fn rfc3339_as_go_writes_json_times() {
+        let t = SystemTime::UNIX_EPOCH + Duration::new(1_795_456_740, 120_000_000);
+        assert_eq!(rfc3339(Some(t)), "2026-11-23T17:59:00.12Z");
+        assert_eq!(rfc3339(Some(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400))), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(None), "0001-01-01T00:00:00Z");
+    }
+
+    /// upstream's proxy_health.go at 81810de6: healthy while starting up
+    /// (no family synced yet), unhealthy when a synced family's oldest
+    /// change waited past the timeout; the body is its ProxyHealth JSON.
     #[test]
     fn unhealthy_when_a_change_waits_past_the_timeout() {
         let h = ProxyHealth::new(Duration::from_secs(60), vec![IpFamily::V4]);
         let t0 = Stamp::now();
-        assert_eq!(h.healthz(t0).0, 503, "not ready before the first sync");
-        assert_eq!(h.livez(t0).0, 200, "alive while starting");
+        assert_eq!(h.healthz(t0).0, 503, "the Node is not known yet");
+        h.sync_node(&node(serde_json::json!({"metadata": {"name": "n"}})));
+        let (code, body) = h.healthz(t0);
+        assert_eq!(code, 200, "healthy while starting up: {body}");
+        assert_eq!(
+            body,
+            format!(
+                "{{\"lastUpdated\":\"{0}\",\"currentTime\":\"{0}\",\"nodeEligible\":true,\"healthy\":true}}",
+                rfc3339(Some(t0.wall))
+            )
+        );
         h.queued(IpFamily::V4, t0);
-        assert_eq!(h.livez(at(t0, 59)).0, 200);
-        assert_eq!(h.livez(at(t0, 61)).0, 503, "first sync overdue");
+        assert_eq!(h.livez(at(t0, 61)).0, 200, "a family that never synced is starting up");
         h.updated(IpFamily::V4, at(t0, 61));
         let (code, body) = h.healthz(at(t0, 62));
         assert_eq!(code, 200, "{body}");
-        assert!(body.starts_with("{\"lastUpdated\": \"") && body.ends_with("\", \"nodeEligible\": true}"), "{body}");
+        let synced = rfc3339(Some(at(t0, 61).wall));
+        assert!(
+            body.ends_with(&format!(
+                ",\"healthy\":true,\"status\":{{\"IPv4\":{{\"lastUpdated\":\"{synced}\",\"healthy\":true}}}}}}"
+            )),
+            "{body}"
+        );
         h.queued(IpFamily::V4, at(t0, 100));
         h.queued(IpFamily::V4, at(t0, 150));
         assert_eq!(h.healthz(at(t0, 159)).0, 200, "the oldest pending change counts");
         assert_eq!(h.healthz(at(t0, 160)).0, 503);
         let (_, body) = h.livez(at(t0, 160));
-        assert!(body.contains(&go_wall(at(t0, 61).wall)), "unhealthy: reports the last update: {body}");
+        assert!(
+            body.starts_with(&format!("{{\"lastUpdated\":\"{synced}\"")),
+            "unhealthy: reports the last update: {body}"
+        );
+        assert!(!body.contains("nodeEligible"), "{body}");
+        assert!(body.contains("\"IPv4\":{\"lastUpdated\"") && body.contains("\"healthy\":false}"), "{body}");
         h.updated(IpFamily::V4, at(t0, 161));
         assert_eq!(h.healthz(at(t0, 162)).0, 200);
     }
@@ -234,21 +265,15 @@ mod tests {
         let h = ProxyHealth::new(Duration::from_secs(60), vec![IpFamily::V4]);
         let t0 = Stamp::now();
         h.updated(IpFamily::V4, t0);
-        let tainted: Node = serde_json::from_value(serde_json::json!({
+        h.sync_node(&node(serde_json::json!({
             "metadata": {"name": "n"},
             "spec": {"taints": [{"key": TO_BE_DELETED_TAINT, "effect": "NoSchedule"}]}
-        }))
-        .unwrap();
-        h.sync_node(&tainted);
+        })));
         let (code, body) = h.healthz(t0);
         assert_eq!(code, 503);
-        assert!(body.ends_with("\"nodeEligible\": false}"), "{body}");
+        assert!(body.contains("\"nodeEligible\":false,\"healthy\":true"), "{body}");
         assert_eq!(h.livez(t0).0, 200);
-        let deleting: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n", "deletionTimestamp": "2026-11-23T00:00:00Z"}
-        }))
-        .unwrap();
-        h.sync_node(&deleting);
+        h.sync_node(&node(serde_json::json!({"metadata": {"name": "n", "deletionTimestamp": "2026-11-23T00:00:00Z"}})));
         assert_eq!(h.healthz(t0).0, 503);
         h.sync_node(&Node::default());
         assert_eq!(h.healthz(t0).0, 200);

@@ -76,7 +76,14 @@ impl Answer {
     }
 }
 
-pub type Handler = Arc<dyn Fn(&str) -> Answer + Send + Sync>;
+/// What a request asks for: its path, and the media types it accepts.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub path: &'a str,
+    pub accept: Option<&'a str>,
+}
+
+pub type Handler = Arc<dyn Fn(&Asked) -> Answer + Send + Sync>;
 
 fn respond(a: Answer) -> Response<Full<Bytes>> {
     let mut b = Response::builder().status(a.status).header("Content-Type", a.content_type);
@@ -118,7 +125,8 @@ pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, mut stop
         tokio::spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let answer = handler(req.uri().path());
+                let accept = req.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok());
+                let answer = handler(&Asked { path: req.uri().path(), accept });
                 async move { Ok::<_, Infallible>(respond(answer)) }
             });
             let conn = hyper::server::conn::http1::Builder::new()

@@ -94,7 +94,7 @@ pub async fn run(telemetry: Arc<Telemetry>, mut checks: watch::Receiver<Checks>,
                     let mut tasks = Vec::new();
                     for l in listeners {
                         let (t, c, n) = (telemetry.clone(), checks.clone(), name.clone());
-                        let handler: http::Handler = Arc::new(move |_path: &str| {
+                        let handler: http::Handler = Arc::new(move |_asked: &http::Asked| {
                             let count = c.borrow().get(&n).map_or(0, |(_, e)| *e);
                             let healthy = t.health.is_healthy(Stamp::now());
                             let status = if count > 0 && healthy { 200 } else { 503 };

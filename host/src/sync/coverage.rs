@@ -42,7 +42,8 @@ pub fn covered(
             Box::new(move |p| trace::iptables::trace_iptables(&tables, &node, p).map_err(|e| e.to_string()))
         }
         Ruleset::Nftables(tx) => {
-            let model = nftables::trace_model(settings, cluster, tx).map_err(|e| e.to_string())?;
+            let model = nftables::trace_model(settings, cluster, crate::state::ports_in(ports), tx)
+                .map_err(|e| e.to_string())?;
             Box::new(move |p| trace::nftables::trace_nftables(&model, &node, p).map_err(|e| e.to_string()))
         }
         Ruleset::Ipvs(rs) => {

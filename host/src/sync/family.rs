@@ -56,6 +56,8 @@ pub struct Report {
     pub extensions: std::time::Duration,
     /// iptables mode: the rules kube-proxy owns now, (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,
+    /// iptables mode: the rules this sync wrote, (filter, nat).
+    pub iptables_written: Option<(usize, usize)>,
     /// Kernel transactions of the rule write (nftables: 2 when made
     /// before broken).
     pub steps: u8,
@@ -404,6 +406,33 @@ impl FamilyProxier {
         }
     }
 
+    /// upstream's large cluster mode: more than 1,000 endpoints in all
+    /// (`largeClusterEndpointsThreshold`).
+    pub fn large_cluster(&self) -> bool {
+        self.sent.endpoints > kpx_rules::iptables::LARGE_CLUSTER_ENDPOINTS
+    }
+
+    /// Whether its rules count in nfacct objects (iptables mode).
+    pub fn counts_in_nfacct(&self) -> bool {
+        self.settings.nfacct
+    }
+
+    /// nftables mode: the packets refused on loopback node ports so far,
+    /// by protocol (none in the other modes).
+    pub fn localhost_rejected(&mut self) -> Vec<(kpx_rules::model::Protocol, u64)> {
+        let Dataplane::Nftables(d) = &mut self.dataplane else { return Vec::new() };
+        d.localhost_rejected().unwrap_or_else(|e| {
+            tracing::debug!(family = %self.family, "cannot read the localhost node-port counters: {e}");
+            Vec::new()
+        })
+    }
+
+    /// Whether its next sync is full whatever is asked (the first, and
+    /// after a failure).
+    pub fn needs_full(&self) -> bool {
+        self.need_full
+    }
+
     /// One sync. `full` asks for a full render; a failure makes the next
     /// sync full too.
     pub fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
@@ -511,6 +540,7 @@ impl FamilyProxier {
             kernel: written.kernel,
             extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
+            iptables_written: written.iptables_written,
             steps: written.steps,
         })
     }
@@ -754,6 +784,8 @@ struct Sent {
     scope: Scope,
     /// Ports plus endpoints: what the plugin's fuel scales with.
     objects: usize,
+    /// Endpoints of every port (upstream's large cluster mode counts them).
+    endpoints: usize,
 }
 
 impl Sent {
@@ -783,6 +815,8 @@ impl Sent {
         let objects = port.size();
         self.scope.count(family, port, add);
         self.objects = if add { self.objects + objects } else { self.objects - objects };
+        let endpoints = port.endpoints.len();
+        self.endpoints = if add { self.endpoints + endpoints } else { self.endpoints - endpoints };
     }
 }
 
@@ -812,5 +846,26 @@ mod tests {
         assert!(!sent.scope.endpoints.contains(&ep("10.1.0.2")));
         assert!(sent.remove(v4, "ns/a"));
         assert_eq!((sent.objects, sent.scope.endpoints.len()), (0, 0));
+    }
+
+    /// upstream's large cluster mode counts every port's endpoints
+    /// (`totalEndpoints > largeClusterEndpointsThreshold`, 1,000): the sum
+    /// follows updates and removals.
+    #[test]
+    fn sent_counts_endpoints_for_large_cluster_mode() {
+        let v4 = IpFamily::V4;
+        let ips =
+            |n: usize, base: u8| (0..n).map(|i| format!("10.{base}.{}.{}", i / 250, i % 250 + 1)).collect::<Vec<_>>();
+        let mut sent = Sent::default();
+        let a = ips(600, 1);
+        let b = ips(401, 2);
+        sent.insert(v4, port("a", &a.iter().map(String::as_str).collect::<Vec<_>>()));
+        sent.insert(v4, port("b", &b.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert_eq!(sent.endpoints, 1001);
+        assert!(sent.endpoints > kpx_rules::iptables::LARGE_CLUSTER_ENDPOINTS);
+        sent.insert(v4, port("b", &b[..400].iter().map(String::as_str).collect::<Vec<_>>()));
+        assert_eq!(sent.endpoints, 1000, "an update replaces the port's count");
+        assert!(sent.remove(v4, "ns/a"));
+        assert_eq!(sent.endpoints, 400);
     }
 }

@@ -301,6 +301,7 @@ impl UserspaceProxier {
             kernel: t.elapsed(),
             extensions: Duration::ZERO,
             iptables_rules: Some((frame.rules.len() - nat, nat)),
+            iptables_written: Some(crate::kernel::iptables::rules_in(&text)),
             steps: 1,
         })
     }

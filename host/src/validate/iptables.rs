@@ -542,6 +542,9 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
             Match::Set { .. } | Match::PhysdevIsIn { .. } | Match::IpvsVirtual { .. } => {
                 return Err("ipset, physdev and ipvs matches are the host's (ipvs mode)".into());
             }
+            Match::Nfacct(_) | Match::ConntrackOriginalDestination(_) => {
+                return Err("nfacct and conntrack original-destination matches are the host's".into());
+            }
             Match::HashSlot(slot) if *slot >= ctx.dialect.masquerade_mark => {
                 return Err(format!(
                     "hash slot {slot} is not below the masquerade mark {:#x}",

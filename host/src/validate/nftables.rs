@@ -457,6 +457,14 @@ fn check_declaration(family: IpFamily, d: &SetDecl) -> Result<(), String> {
     if regs > 16 {
         return Err("a set key fits 16 registers of 32 bits".into());
     }
+    if d.key.contains(&KeyType::Integer) && d.key.len() > crate::kernel::nftables::typeof_udata::MAX_TYPEOF_FIELDS {
+        // Its `typeof` would be cut: the node's saved ruleset (`nft list
+        // ruleset > f; nft -f f`) would no longer load.
+        return Err(format!(
+            "a set whose key has an integer field has at most {} fields (nft cannot read a longer one back)",
+            crate::kernel::nftables::typeof_udata::MAX_TYPEOF_FIELDS
+        ));
+    }
     let cidrs = d.key.iter().filter(|k| **k == KeyType::Cidr).count();
     if cidrs > 0 && !d.interval {
         return Err("a cidr key field needs an interval set".into());
@@ -548,7 +556,9 @@ fn check_rule(p: &mut Pending, rule: &Rule) -> Result<(), String> {
                 Some(d) if d.timeout_seconds.is_some() => {}
                 _ => return Err(format!("{set} is not one of the plugin's affinity sets")),
             },
-            Statement::MarkXor(_) | Statement::Masquerade { .. } => return Err("that statement is the host's".into()),
+            Statement::MarkXor(_) | Statement::NamedCounter(_) | Statement::Masquerade { .. } => {
+                return Err("that statement is the host's".into());
+            }
         }
     }
     match &rule.verdict {
@@ -594,8 +604,10 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
     if decl.timeout_seconds.is_some() {
         return Err("affinity sets are filled by the kernel only".into());
     }
-    if matches!(e.set, SetRef::Host(HostSet::NodePortIps)) {
-        return Err("nodeport-ips is filled by the host only".into());
+    if let SetRef::Host(h) = e.set
+        && !h.plugin_fills()
+    {
+        return Err(format!("{} is filled by the host only", h.name()));
     }
     if e.chains.len() > e.words.len() {
         return Err("more chain names than words".into());
@@ -688,7 +700,9 @@ fn element_refs(set: &SetRef, el: &Element, scope: Option<&Scope>) -> Result<Vec
             }
             _ => return Err("a hairpin element is one endpoint address, twice".into()),
         },
-        HostSet::NodePortIps => return Err("nodeport-ips is filled by the host only".into()),
+        HostSet::NodePortIps | HostSet::LocalhostNodePortRejects => {
+            return Err(format!("{} is filled by the host only", h.name()));
+        }
     })
 }
 

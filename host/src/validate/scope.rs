@@ -189,6 +189,9 @@ pub type EndpointAddr = (IpAddr, u16);
 pub struct Scope {
     pub destinations: Counted<Destination>,
     pub node_ports: Counted<(Protocol, u16)>,
+    /// Node ports that came (back) since the last [`Scope::forget_removed`]:
+    /// with `node_ports.removed()`, what a sync changed of them.
+    pub node_ports_added: HashSet<(Protocol, u16)>,
     pub health_check_ports: Counted<u16>,
     pub cluster_ips: Counted<IpAddr>,
     pub endpoints: Counted<EndpointAddr>,
@@ -219,7 +222,14 @@ impl Scope {
         }
         if port.node_port != 0 {
             let np = (proto, port.node_port);
-            if add { self.node_ports.add(np) } else { self.node_ports.remove(&np) }
+            if add {
+                if !self.node_ports.contains(&np) {
+                    self.node_ports_added.insert(np);
+                }
+                self.node_ports.add(np)
+            } else {
+                self.node_ports.remove(&np)
+            }
         }
         if port.health_check_node_port != 0 {
             let hc = port.health_check_node_port;
@@ -244,6 +254,7 @@ impl Scope {
     pub fn forget_removed(&mut self) {
         self.destinations.forget_removed();
         self.node_ports.forget_removed();
+        self.node_ports_added.clear();
         self.health_check_ports.forget_removed();
         self.cluster_ips.forget_removed();
         self.endpoints.forget_removed();

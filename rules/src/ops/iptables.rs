@@ -277,6 +277,12 @@ pub enum Match {
         protocol: Protocol,
         port: u16,
     },
+    /// Host only: `-m nfacct --nfacct-name NAME`: counts the packet in an
+    /// nfacct object (always matches).
+    Nfacct(String),
+    /// Host only: `-m conntrack --ctorigdst CIDR`: the connection's
+    /// original destination (before DNAT) is in CIDR.
+    ConntrackOriginalDestination(Cidr),
 }
 
 impl Match {

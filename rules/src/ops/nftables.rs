@@ -97,10 +97,13 @@ pub enum HostSet {
     Hairpin,
     /// Host only: --nodeport-addresses.
     NodePortIps,
+    /// Host only: node ports refused on loopback (KEP-6032), each to its
+    /// protocol's counting reject chain.
+    LocalhostNodePortRejects,
 }
 
 impl HostSet {
-    pub const ALL: [HostSet; 9] = [
+    pub const ALL: [HostSet; 10] = [
         HostSet::ClusterIps,
         HostSet::ServiceIps,
         HostSet::ServiceNodePorts,
@@ -110,6 +113,7 @@ impl HostSet {
         HostSet::FirewallAllow,
         HostSet::Hairpin,
         HostSet::NodePortIps,
+        HostSet::LocalhostNodePortRejects,
     ];
 
     pub fn name(self) -> &'static str {
@@ -123,6 +127,7 @@ impl HostSet {
             HostSet::FirewallAllow => "firewall-allow",
             HostSet::Hairpin => "hairpin",
             HostSet::NodePortIps => "nodeport-ips",
+            HostSet::LocalhostNodePortRejects => "localhost-nodeport-reject-ports",
         }
     }
 
@@ -131,7 +136,7 @@ impl HostSet {
     }
 
     pub fn plugin_fills(self) -> bool {
-        self != HostSet::NodePortIps
+        !matches!(self, HostSet::NodePortIps | HostSet::LocalhostNodePortRejects)
     }
 
     /// Its declaration.
@@ -171,6 +176,9 @@ impl HostSet {
                 (&[Address, Address], None, false, "endpoint . endpoint: traffic an endpoint sends itself")
             }
             HostSet::NodePortIps => (&[Address], None, false, "IPs that accept NodePort traffic"),
+            HostSet::LocalhostNodePortRejects => {
+                (&[Protocol, Port], Some(DataType::Verdict), false, "localhost NodePorts rejected by kube-proxy")
+            }
         };
         SetDecl {
             name: self.name().to_string(),
@@ -674,6 +682,8 @@ pub enum Statement {
     AffinityUpdate(String),
     /// Host only: `meta mark set meta mark xor VALUE`.
     MarkXor(u32),
+    /// Host only: `counter name "NAME"`, a counter object of the table.
+    NamedCounter(String),
     /// Host only: `masquerade [fully-random]` (ends the rule).
     Masquerade {
         fully_random: bool,

@@ -86,6 +86,10 @@ impl Walker<'_> {
                 // Only ipvs mode's host rules test ipsets, and the tracer
                 // runs iptables mode's rules, where the validator refuses them.
                 Match::Set { .. } | Match::IpvsVirtual { .. } => false,
+                Match::Nfacct(_) => true,
+                // The traced packet is the connection's first: its
+                // original destination is the packet's.
+                Match::ConntrackOriginalDestination(cidr) => cidr.contains(&p.dst),
             };
             if !hit {
                 return Some(false);
@@ -235,6 +239,15 @@ pub fn trace_iptables(tables: &Tables, node: &Node, packet: &Packet) -> Result<T
                 walker.run_builtin(Table::Nat, "POSTROUTING", flow)?
             };
             for (flow, _) in outcomes {
+                if packet.from_node && node.is_local(&dst) {
+                    // The node's packet to itself comes back in through
+                    // loopback: filter INPUT sees it.
+                    for (flow, exit) in walker.run_builtin(Table::Filter, "INPUT", flow)? {
+                        let masq = exit == Exit::Accept && flow.masquerade;
+                        trace.paths.push((ending(exit, &flow), masq, flow.path));
+                    }
+                    continue;
+                }
                 trace.paths.push((ending(Exit::Accept, &flow), flow.masquerade, flow.path));
             }
         }

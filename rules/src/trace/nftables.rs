@@ -250,7 +250,7 @@ impl Walker<'_> {
         flow.path.push(Step { table: TABLE.into(), chain: chain.into(), index: start });
         for s in &rule.statements {
             match s {
-                Statement::Counter | Statement::AffinityUpdate(_) => {}
+                Statement::Counter | Statement::NamedCounter(_) | Statement::AffinityUpdate(_) => {}
                 Statement::MasqueradeMark => flow.mark |= self.model.masquerade_mark,
                 Statement::MarkXor(v) => flow.mark ^= v,
                 Statement::Masquerade { .. } => {
@@ -359,8 +359,12 @@ pub fn trace_nftables(model: &Model, node: &Node, packet: &Packet) -> Result<Tra
             trace.paths.push((ending(exit, &flow), false, flow.path));
             continue;
         }
-        let local = !packet.from_node && node.is_local(&flow.dst(packet).0);
-        let after: &[NfHook] = if packet.from_node {
+        let local = node.is_local(&flow.dst(packet).0);
+        let after: &[NfHook] = if packet.from_node && local {
+            // The node's packet to itself comes back in through loopback:
+            // filter input sees it (kube-proxy's input checks included).
+            &[NfHook::Postrouting, NfHook::Input]
+        } else if packet.from_node {
             &[NfHook::Postrouting]
         } else if local {
             &[NfHook::Input]

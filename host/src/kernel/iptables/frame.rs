@@ -102,11 +102,12 @@ pub fn frame(settings: &Settings) -> Frame {
         );
     }
     if !settings.conntrack_tcp_be_liberal {
-        rules.push(
-            Rule::chain(Filter, "KUBE-FORWARD")
-                .with(Match::Conntrack { negate: false, states: CtStates::INVALID })
-                .target(Target::Drop),
-        );
+        let mut drop =
+            Rule::chain(Filter, "KUBE-FORWARD").with(Match::Conntrack { negate: false, states: CtStates::INVALID });
+        if settings.nfacct {
+            drop = drop.with(Match::Nfacct(crate::kernel::nfacct::CT_STATE_INVALID_DROPPED.to_string()));
+        }
+        rules.push(drop.target(Target::Drop));
     }
     rules.push(
         Rule::chain(Filter, "KUBE-FORWARD")
@@ -120,6 +121,18 @@ pub fn frame(settings: &Settings) -> Frame {
             .with(Match::Conntrack { negate: false, states: CtStates::RELATED | CtStates::ESTABLISHED })
             .target(Target::Accept),
     );
+    if settings.nfacct && localhost_nodeports(settings) {
+        // upstream counts localhost node-port connections with a copy of
+        // each node-port rule for 127.0.0.0/8; the host counts the same
+        // connections here: DNATed from a loopback destination (only a
+        // node port does that), first packets only (the nat table's).
+        rules.push(
+            Rule::chain(Nat, "KUBE-POSTROUTING")
+                .with(Match::Conntrack { negate: false, states: CtStates::DNAT })
+                .with(Match::ConntrackOriginalDestination("127.0.0.0/8".parse().expect("cidr")))
+                .with(Match::Nfacct(crate::kernel::nfacct::LOCALHOST_NODEPORTS_ACCEPTED.to_string())),
+        );
+    }
     rules.push(
         Rule::chain(Nat, "KUBE-POSTROUTING")
             .with(Match::Mark { negate: true, value: mark, mask: mark })

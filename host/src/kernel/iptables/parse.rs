@@ -277,6 +277,7 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
                         | "set"
                         | "physdev"
                         | "ipvs"
+                        | "nfacct"
                 ) {
                     return Err(format!("match module {module:?} is not one kpx writes"));
                 }
@@ -299,6 +300,10 @@ fn parse_rule(table: Table, chain: &str, words: &[String], d: Dialect) -> Result
             "--ctstate" if module == "conntrack" => {
                 rule.matches.push(Match::Conntrack { negate, states: parse_states(value(i)?)? })
             }
+            "--ctorigdst" if module == "conntrack" && !negate => {
+                rule.matches.push(Match::ConntrackOriginalDestination(parse_cidr(value(i)?)?))
+            }
+            "--nfacct-name" if module == "nfacct" && !negate => rule.matches.push(Match::Nfacct(value(i)?.to_string())),
             "--mark" if module == "mark" => {
                 let (value, mask) = parse_mark(value(i)?)?;
                 rule.matches.push(Match::Mark { negate, value, mask });

@@ -105,6 +105,13 @@ fn render_match(out: &mut String, m: &Match, protocol: Option<Protocol>, d: Dial
         Match::PhysdevIsIn { negate } => {
             let _ = write!(out, " -m physdev {}--physdev-is-in", not(*negate));
         }
+        // The names are the host's own constants (kernel::nfacct).
+        Match::Nfacct(name) => {
+            let _ = write!(out, " -m nfacct --nfacct-name {name}");
+        }
+        Match::ConntrackOriginalDestination(cidr) => {
+            let _ = write!(out, " -m conntrack --ctorigdst {cidr}");
+        }
         // libxt_ipvs prints the protocol as a number, then the address
         // with its mask, then the port.
         Match::IpvsVirtual { address, protocol, port } => {

@@ -139,6 +139,28 @@ fn tcp_be_liberal_keeps_invalid_packets() {
     assert!(!render(&s, vec![]).1.contains("INVALID"));
 }
 
+/// Where the node has nfacct, upstream's two counters: the INVALID drop
+/// counts in ct_state_invalid_dropped_pkts, and localhost node-port
+/// connections in localhost_nps_accepted_pkts (IPv4, localhost node ports on).
+#[test]
+fn nfacct_counts_invalid_drops_and_localhost_nodeports() {
+    let mut s = settings();
+    let (_, text) = render(&s, vec![]);
+    assert!(!text.contains("nfacct"), "no nfacct objects, no nfacct matches:\n{text}");
+    s.nfacct = true;
+    let (_, text) = render(&s, vec![]);
+    assert!(
+        text.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-A KUBE-POSTROUTING -m conntrack --ctstate DNAT -m conntrack --ctorigdst 127.0.0.0/8 -m nfacct --nfacct-name localhost_nps_accepted_pkts\n"),
+        "{text}"
+    );
+    s.localhost_nodeports = false;
+    assert!(!render(&s, vec![]).1.contains("localhost_nps_accepted_pkts"));
+}
+
 #[test]
 fn localhost_nodeports_need_the_localnet_firewall_jumps() {
     let to_firewall = |s: &Settings| {

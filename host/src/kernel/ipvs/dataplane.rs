@@ -416,6 +416,7 @@ impl IpvsDataplane {
             bytes: writes + tool_bytes,
             kernel: t.elapsed(),
             iptables_rules: Some((frame.rules.len() - rules, rules)),
+            iptables_written: None,
             steps: 1,
         })
     }

@@ -109,7 +109,7 @@ pub fn set(payload: &[u8]) -> Result<SetInfo> {
 
 /// The shape a declaration gets in the kernel with `size`.
 pub fn shape_of(family: IpFamily, d: &SetDecl, size: Option<u32>) -> Result<SetShape> {
-    let msg = super::encode::add_set(family, d, 1, size);
+    let msg = super::encode::add_set(family, d, 1, size, None);
     let info = set(&msg.attrs.buf)?;
     Ok(info.shape)
 }
@@ -564,6 +564,12 @@ impl Reader {
             }
             "reject" => self.rule.verdict = Verdict::Reject,
             "counter" => self.rule.statements.push(Statement::Counter),
+            "objref" => {
+                if u(NFTA_OBJREF_IMM_TYPE)? != NFT_OBJECT_COUNTER {
+                    return Err("an object reference kpx does not write".into());
+                }
+                self.rule.statements.push(Statement::NamedCounter(need(a, NFTA_OBJREF_IMM_NAME, name)?.string()?));
+            }
             "dynset" => {
                 if u(NFTA_DYNSET_OP)? != NFT_DYNSET_OP_UPDATE {
                     return Err("a dynset kpx does not write".into());

@@ -15,6 +15,7 @@ use kpx_rules::ops::{CtStates, sanitize_comment};
 
 use super::netlink::Message;
 use super::sys::*;
+use super::typeof_udata::Typeof;
 use crate::kernel::nla::Writer;
 
 /// nft's longest comment.
@@ -190,8 +191,9 @@ fn key_type(family: IpFamily, k: KeyType) -> (u32, usize) {
         KeyType::Address | KeyType::Cidr => (addr, len),
         KeyType::Protocol => (TYPE_INET_PROTOCOL, 1),
         KeyType::Port => (TYPE_INET_SERVICE, 2),
-        // A 32-bit number in host order; nft shows it as a mark.
-        KeyType::Integer => (TYPE_MARK, 4),
+        // A 32-bit number in host order: nft's `integer`, which only a
+        // `typeof` (the set's user data) lets it read back.
+        KeyType::Integer => (TYPE_INTEGER, 4),
     }
 }
 
@@ -201,8 +203,9 @@ fn concat_type(ids: impl IntoIterator<Item = u32>) -> u32 {
 }
 
 /// `id` names the set within its batch (the kernel requires one); `size`
-/// is its table's size and its most elements ([`super::sizing`]).
-pub fn add_set(family: IpFamily, d: &SetDecl, id: u32, size: Option<u32>) -> Message {
+/// is its table's size and its most elements ([`super::sizing`]); `hint`
+/// what fills its key, for nft's `typeof` ([`super::typeof_udata`]).
+pub fn add_set(family: IpFamily, d: &SetDecl, id: u32, size: Option<u32>, hint: Option<&Typeof>) -> Message {
     let mut w = Writer::new();
     table_attr(&mut w, NFTA_SET_TABLE);
     w.str(NFTA_SET_NAME, &d.name);
@@ -252,16 +255,8 @@ pub fn add_set(family: IpFamily, d: &SetDecl, id: u32, size: Option<u32>) -> Mes
             }
         });
     }
-    let mut userdata = Vec::new();
-    if d.key == [KeyType::Integer] {
-        // An integer key is a register in host byte order (numgen, jhash,
-        // mark); nft prints it as a number only when told so.
-        userdata.extend([NFTNL_UDATA_SET_KEYBYTEORDER, 4]);
-        userdata.extend(BYTEORDER_HOST_ENDIAN.to_ne_bytes());
-    }
-    if let Some(c) = &d.comment {
-        userdata.extend(udata(NFTNL_UDATA_SET_COMMENT, &sanitize_comment(c, MAX_COMMENT)));
-    }
+    let comment = d.comment.as_deref().map(|c| sanitize_comment(c, MAX_COMMENT));
+    let userdata = super::typeof_udata::userdata(family, d, hint, comment.as_deref());
     if !userdata.is_empty() {
         w.bytes(NFTA_SET_USERDATA, &userdata);
     }
@@ -679,6 +674,9 @@ pub fn add_rule(family: IpFamily, masquerade_mark: u32, rule: &Rule) -> Result<M
                 });
             }
             Statement::MarkXor(v) => e.mark_set(u32::MAX, *v),
+            Statement::NamedCounter(name) => e.expr("objref", |w| {
+                w.u32_be(NFTA_OBJREF_IMM_TYPE, NFT_OBJECT_COUNTER).str(NFTA_OBJREF_IMM_NAME, name);
+            }),
             Statement::Masquerade { fully_random } => {
                 let flags = if *fully_random { NF_NAT_RANGE_PROTO_RANDOM_FULLY } else { 0 };
                 e.expr("masq", |w| {

@@ -4,11 +4,11 @@
 //! and endpoint checks, ServiceCIDR drops). A plugin fills the host's
 //! sets and maps and adds chains of its own that the dispatch maps lead to.
 
-use kpx_rules::model::{Cidr, Cluster, IpFamily, NodePortAddresses, Settings};
+use kpx_rules::model::{Cidr, Cluster, IpFamily, NodePortAddresses, Protocol, Settings};
 use kpx_rules::ops::CtStates;
 use kpx_rules::ops::nftables::{
     AddressField, BaseChain, ChainKind, Element, HostSet, KeyExpr, Match, NfHook, Op, Rule, SetRef, Statement, Value,
-    Verdict,
+    Verdict, VerdictKind,
 };
 
 pub use super::encode::REJECT_CHAIN;
@@ -42,16 +42,58 @@ pub const CHAINS: [&str; 8] = [
     "masquerading",
 ];
 
+/// The chains that refuse node ports on loopback, by protocol (KEP-6032);
+/// each counts in the counter object of its own name.
+pub const LOCALHOST_REJECT_CHAINS: [(Protocol, &str); 3] = [
+    (Protocol::Tcp, "localhost-nodeport-reject-tcp"),
+    (Protocol::Udp, "localhost-nodeport-reject-udp"),
+    (Protocol::Sctp, "localhost-nodeport-reject-sctp"),
+];
+
+/// The reject chain (and counter) of a protocol.
+pub fn localhost_reject_chain(p: Protocol) -> &'static str {
+    LOCALHOST_REJECT_CHAINS.iter().find(|(q, _)| *q == p).map(|(_, c)| *c).expect("every protocol has one")
+}
+
 /// Whether a chain or set name is the host's.
 pub fn is_host_name(name: &str) -> bool {
-    BASE_CHAINS.iter().any(|b| b.name == name) || CHAINS.contains(&name) || HostSet::from_name(name).is_some()
+    BASE_CHAINS.iter().any(|b| b.name == name)
+        || CHAINS.contains(&name)
+        || LOCALHOST_REJECT_CHAINS.iter().any(|(_, c)| *c == name)
+        || HostSet::from_name(name).is_some()
+}
+
+/// The reject map's elements for these node ports (those of the
+/// protocols `settings` refuses on loopback), added or deleted; None
+/// when there are none.
+pub fn localhost_reject_elements(
+    settings: &Settings,
+    node_ports: impl IntoIterator<Item = (Protocol, u16)>,
+    add: bool,
+) -> Option<Op> {
+    let mut w =
+        kpx_rules::ops::nftables::ElementWriter::new(settings.family, SetRef::Host(HostSet::LocalhostNodePortRejects));
+    for (p, port) in node_ports.into_iter().filter(|(p, _)| settings.localhost_nodeport_rejects.contains(p)) {
+        w.protocol(p).word(u32::from(port)).verdict(VerdictKind::Goto, Some(localhost_reject_chain(p)));
+    }
+    if w.is_empty() {
+        return None;
+    }
+    Some(if add { Op::AddElements(w.finish()) } else { Op::DeleteElements(w.finish()) })
 }
 
 /// The host's objects for these settings and ServiceCIDRs, as operations.
 pub fn frame(settings: &Settings, cluster: &Cluster) -> Vec<Op> {
     let mut out: Vec<Op> = BASE_CHAINS.iter().map(|b| Op::AddBaseChain(*b)).collect();
     out.extend(CHAINS.iter().map(|c| Op::AddChain(c.to_string())));
-    out.extend(HostSet::ALL.iter().map(|s| Op::AddSet(s.declaration())));
+    out.extend(
+        settings.localhost_nodeport_rejects.iter().map(|p| Op::AddChain(localhost_reject_chain(*p).to_string())),
+    );
+    // The loopback reject map only while something is refused (as upstream
+    // deletes it): with the gate off, nothing of it is in the table.
+    let wanted =
+        |s: &&HostSet| **s != HostSet::LocalhostNodePortRejects || !settings.localhost_nodeport_rejects.is_empty();
+    out.extend(HostSet::ALL.iter().filter(wanted).map(|s| Op::AddSet(s.declaration())));
     out.extend(rules(settings, cluster).into_iter().map(Op::AddRule));
     let only: Vec<Element> = match &settings.nodeport_addresses {
         NodePortAddresses::All => Vec::new(),
@@ -83,22 +125,24 @@ fn jump(chain: &str, to: &str) -> Rule {
     Rule::new(chain).verdict(Verdict::Jump(to.to_string()))
 }
 
+/// The family's loopback range.
+fn loopback(family: IpFamily) -> Cidr {
+    match family {
+        IpFamily::V4 => "127.0.0.0/8",
+        IpFamily::V6 => "::1/128",
+    }
+    .parse()
+    .expect("loopback")
+}
+
 /// Packets to node-port addresses: every local address but loopback, or
 /// --nodeport-addresses.
 fn node_port_capture(settings: &Settings) -> Vec<Match> {
     match settings.nodeport_addresses {
-        NodePortAddresses::All => {
-            let loopback: Cidr = match settings.family {
-                IpFamily::V4 => "127.0.0.0/8",
-                IpFamily::V6 => "::1/128",
-            }
-            .parse()
-            .expect("loopback");
-            vec![
-                Match::FibLocal { field: AddressField::Destination, negate: false },
-                Match::Address { field: AddressField::Destination, negate: true, cidr: loopback },
-            ]
-        }
+        NodePortAddresses::All => vec![
+            Match::FibLocal { field: AddressField::Destination, negate: false },
+            Match::Address { field: AddressField::Destination, negate: true, cidr: loopback(settings.family) },
+        ],
         NodePortAddresses::Only(_) => vec![Match::Lookup {
             keys: vec![KeyExpr::Address(AddressField::Destination)],
             set: SetRef::Host(HostSet::NodePortIps),
@@ -140,7 +184,24 @@ fn rules(settings: &Settings, cluster: &Cluster) -> Vec<Rule> {
     );
     let mut check = Rule::new("nodeport-endpoints-check");
     check.matches = node_port_capture(settings);
-    out.push(check.verdict(Verdict::Vmap { keys: node_port, map: host(HostSet::NoEndpointNodePorts) }));
+    out.push(check.verdict(Verdict::Vmap { keys: node_port.clone(), map: host(HostSet::NoEndpointNodePorts) }));
+    // Node ports on loopback, which nothing DNATs (KEP-6032): refused and
+    // counted by protocol, unless kpx's relay listens there (TCP).
+    if !settings.localhost_nodeport_rejects.is_empty() {
+        out.push(
+            Rule::new("nodeport-endpoints-check")
+                .with(Match::Address {
+                    field: AddressField::Destination,
+                    negate: false,
+                    cidr: loopback(settings.family),
+                })
+                .verdict(Verdict::Vmap { keys: node_port, map: host(HostSet::LocalhostNodePortRejects) }),
+        );
+    }
+    for p in &settings.localhost_nodeport_rejects {
+        let chain = localhost_reject_chain(*p);
+        out.push(Rule::new(chain).statement(Statement::NamedCounter(chain.to_string())).verdict(Verdict::Reject));
+    }
     out.push(Rule::new(REJECT_CHAIN).verdict(Verdict::Reject));
     let mut allowed = destination.clone();
     allowed.push(KeyExpr::Address(AddressField::Source));

@@ -324,7 +324,11 @@ impl Encoder {
                 let s = self.string(c, "text")?;
                 self.w.words.extend([COMMENT, s]);
             }
-            host @ (Match::Set { .. } | Match::PhysdevIsIn { .. } | Match::IpvsVirtual { .. }) => {
+            host @ (Match::Set { .. }
+            | Match::PhysdevIsIn { .. }
+            | Match::IpvsVirtual { .. }
+            | Match::Nfacct(_)
+            | Match::ConntrackOriginalDestination(_)) => {
                 return Err(WordsError {
                     place: Place::Rule { rule, word: 0 },
                     why: format!("{host:?} is written by the host only; the contract has no such match"),
