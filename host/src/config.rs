@@ -699,6 +699,7 @@ impl Cli {
                 .into_iter()
                 .map(|f| format!("--config {path}: unknown field {f} ignored (kube-proxy decodes leniently too)")),
         );
+        flags.flagz = std::mem::take(&mut cli.flags.flagz);
         cli.flags = flags;
         Ok(cli)
     }
@@ -1259,6 +1260,11 @@ impl Flags {
             tracing::warn!(
                 "--localhost-nodeports-proxy is deprecated: it adds 'localhost' to --nodeport-addresses, which is how kube-proxy (v1.37+) and kpx serve localhost node ports in nftables mode"
             );
+            if !extra.feature_gates.enabled(gates::NFTABLES_LOCALHOST_NODEPORTS) {
+                tracing::warn!(
+                    "--localhost-nodeports-proxy has no effect: the KubeProxyNFTablesLocalhostNodePorts feature gate is off"
+                );
+            }
             if nodeport_addresses.is_empty() {
                 nodeport_addresses.primary = true;
                 nodeport_addresses.given.push("primary".into());
@@ -1537,6 +1543,11 @@ mod tests {
         assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
         assert!(!c.masquerade_all, "--masquerade-all is ignored with --config");
         assert_eq!(c.verbosity, 4, "logging flags still apply");
+        // /flagz lists the command line as given, --config or not.
+        let flag = |name: &str| c.flagz.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(flag("hostname-override"), Some("node-7"));
+        assert_eq!(flag("masquerade-all"), Some("true"));
+        assert_eq!(flag("iptables-sync-period"), Some("30s"), "a flag not given shows its default");
         assert_eq!((c.sync_period, c.min_sync_period), (Duration::from_secs(30), Duration::from_secs(1)));
         assert_eq!(c.masquerade_bit, 14);
         assert!(c.localhost_nodeports);

@@ -32,6 +32,27 @@ impl fmt::Display for Protocol {
     }
 }
 
+/// An address as Kubernetes' `ParseIPSloppy` reads one: an IPv4 address
+/// may have leading zeros in its parts, read as decimal (`10.096.0.010` is
+/// 10.96.0.10). The API server has refused them in new objects since
+/// v1.36 (StrictIPCIDRValidation), but older objects keep them, and
+/// kube-proxy programs them.
+pub fn parse_ip_sloppy(text: &str) -> Option<std::net::IpAddr> {
+    let text = text.trim();
+    if let Ok(ip) = text.parse() {
+        return Some(ip);
+    }
+    let parts: Vec<&str> = text.split('.').collect();
+    if parts.len() != 4 || parts.iter().any(|p| p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    let mut octets = [0u8; 4];
+    for (o, p) in octets.iter_mut().zip(&parts) {
+        *o = p.parse().ok()?;
+    }
+    Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(octets)))
+}
+
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IpFamily {
@@ -617,6 +638,20 @@ pub trait Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kubernetes' ParseIPSloppy (upstream's TestBadIPs programs
+    /// 172.30.0.041 as 172.30.0.41).
+    #[test]
+    fn sloppy_addresses_read_as_kubernetes_reads_them() {
+        let ip = |s: &str| parse_ip_sloppy(s).map(|a| a.to_string());
+        assert_eq!(ip("172.30.0.041").as_deref(), Some("172.30.0.41"));
+        assert_eq!(ip("010.180.000.001").as_deref(), Some("10.180.0.1"));
+        assert_eq!(ip(" 10.0.0.1 ").as_deref(), Some("10.0.0.1"));
+        assert_eq!(ip("fd00::1").as_deref(), Some("fd00::1"));
+        for bad in ["1.2.3", "1.2.3.256", "1.2.3.0001", "1.2.3.x", "", "1..2.3"] {
+            assert_eq!(ip(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     #[cfg(target_pointer_width = "64")]

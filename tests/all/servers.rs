@@ -223,6 +223,17 @@ fn servers_answer(mode: &str) {
     let configz: Value = serde_json::from_str(&configz).expect("configz is JSON");
     assert_eq!(configz["kubeproxy.config.k8s.io"]["mode"], mode);
     assert_eq!(configz["kubeproxy.config.k8s.io"]["healthzBindAddress"], "0.0.0.0:10256");
+    assert_eq!(configz["kubeproxy.config.k8s.io"]["kind"], "KubeProxyConfiguration");
+    assert_eq!(configz["kubeproxy.config.k8s.io"]["apiVersion"], "kubeproxy.config.k8s.io/v1alpha1");
+    // component-base's zpages (ComponentFlagz, ComponentStatusz: beta, on).
+    let (_, flagz) = wait_status(&lab.node, metrics, "/flagz", 200);
+    let warning = "Warning: This endpoint is not meant to be machine parseable";
+    assert!(flagz.starts_with(&format!("\nkube-proxy flags\n{warning}")), "{flagz}");
+    assert!(flagz.lines().any(|l| l.starts_with("hostname-override") && l.ends_with("node")), "{flagz}");
+    let (_, statusz) = wait_status(&lab.node, metrics, "/statusz", 200);
+    assert!(statusz.starts_with(&format!("\nkube-proxy statusz\n{warning}")), "{statusz}");
+    let paths = statusz.lines().find(|l| l.starts_with("Paths")).unwrap_or_default();
+    assert!(paths.ends_with("/configz /flagz /healthz /metrics /proxyMode /statusz"), "{statusz}");
 
     // The autoscaler taints the node for deletion: /healthz fails, /livez not.
     server

@@ -292,7 +292,7 @@ fn bounds(mode: &str, which: Objects) {
     let log = kpx.log();
     let refused: Vec<&str> = log.lines().filter(|l| l.contains("rejected")).collect();
     assert!(
-        refused.iter().all(|l| l.contains(&too_long) && l.contains("DNS-1035")) && refused.is_empty() != refused_seen,
+        refused.iter().all(|l| l.contains(&too_long) && l.contains("DNS-1123")) && refused.is_empty() != refused_seen,
         "{mode}: the over-long name, and nothing else, is refused by name:\n{log}"
     );
     assert!(!log.contains("sync failed"), "{mode}: a sync failed:\n{log}");

@@ -20,8 +20,9 @@ use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
 use render::{Dialect, HostChains, payload, payload_keeping, rule_args};
 
-/// upstream's wait flags: wait 5 s for the xtables lock, polling every 100 ms.
-pub const WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
+/// upstream's wait flag: wait 5 s for the xtables lock (the wait
+/// interval, `-W`, went in v1.34: kubernetes/kubernetes#131961).
+pub const WAIT: [&str; 2] = ["-w", "5"];
 
 /// Upstream's canary chain and the tables it is in (`ipt.Monitor`).
 pub const CANARY_CHAIN: &str = "KUBE-PROXY-CANARY";

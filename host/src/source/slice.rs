@@ -156,7 +156,7 @@ impl Slice {
         endpoints.extend(listed.into_iter().map(|e| {
             SliceEndpoint::new(
                 fqdn,
-                e.addresses.first().and_then(|a| a.parse().ok()),
+                e.addresses.first().and_then(|a| kpx_rules::model::parse_ip_sloppy(a)),
                 e.conditions,
                 placements.of(e.node_name.map(String::into_boxed_str), e.zone.map(String::into_boxed_str), e.hints),
             )

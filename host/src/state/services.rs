@@ -32,7 +32,12 @@ fn parse_protocol(p: Option<&str>) -> Protocol {
 }
 
 fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<IpAddr> {
-    list.into_iter().filter_map(|s| s.as_ref().trim().parse::<IpAddr>().ok()).filter(|ip| family.matches(ip)).collect()
+    // Kubernetes' ParseIPSloppy: leading zeros of an old object's IPv4
+    // address are read as decimal, as upstream's proxy reads them.
+    list.into_iter()
+        .filter_map(|s| kpx_rules::model::parse_ip_sloppy(s.as_ref()))
+        .filter(|ip| family.matches(ip))
+        .collect()
 }
 
 /// The Service's ports for one family; `endpoints_for` gives each port's

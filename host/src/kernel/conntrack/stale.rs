@@ -10,17 +10,19 @@
 //!
 //! - its original destination is a Service destination (a cluster,
 //!   external or load-balancer IP and the port, or any address on the
-//!   node port) whose rules send to some endpoints, and its reply comes
-//!   from none of them: the endpoint it was sent to left or is no longer
-//!   serving, or the entry was made before the Service had an endpoint
-//!   (no DNAT: the reply "comes from" the Service's own address);
-//! - or its original destination was a Service destination at the last
-//!   reconcile and is none now (the Service left, or its cluster IP,
-//!   external IPs, load-balancer IPs or node port changed), and it was
-//!   DNATed there.
-//!
-//! Destinations whose Service has no endpoint are left alone (upstream's
-//! rule): their entries go when the first endpoint appears.
+//!   node port) and its reply comes from none of the port's serving
+//!   endpoints (all of them, whatever the traffic policies and topology
+//!   pick): the endpoint it was sent to left or is no longer serving, or
+//!   the entry was made before the Service had an endpoint (no DNAT: the
+//!   reply "comes from" the Service's own address). A Service without
+//!   serving endpoints loses every entry to its addresses
+//!   (kubernetes/kubernetes#139629), not those to its node port (a node
+//!   port's entries are told apart by the port alone);
+//! - or its original destination was a Service address at the last
+//!   reconcile and is none now: the Service left, or its cluster IP,
+//!   external IPs or load-balancer IPs changed (#141371, v1.38). A node
+//!   port that is gone loses the entries kpx DNATed there (kpx's: upstream
+//!   leaves them to expire).
 //!
 //! TCP is left alone: a TCP connection to a departed endpoint fails on
 //! its own and its client reconnects through the rules.
@@ -55,7 +57,7 @@ impl Destinations {
             let Some(view) = port.view(family) else { continue };
             let proto = protocol_number(port.protocol);
             let endpoints: HashSet<(IpAddr, u16)> =
-                view.cluster_endpoints.iter().chain(&view.local_endpoints).map(|e| (e.ip, e.port)).collect();
+                port.endpoints.iter().filter(|e| e.conditions.serving).map(|e| (e.ip, e.port)).collect();
             let addresses = std::iter::once(view.cluster_ip).chain(view.external_ips.iter().copied());
             let addresses = addresses.chain(view.load_balancer_ips.iter().copied());
             let mut add = |dest: Destination| d.serving.entry(dest).or_default().extend(endpoints.iter().copied());
@@ -73,11 +75,14 @@ impl Destinations {
         self.serving.is_empty()
     }
 
-    /// The endpoints the rules send `orig`'s destination to, if it is a
-    /// Service destination.
-    fn serving(&self, orig: &Tuple) -> Option<&HashSet<(IpAddr, u16)>> {
+    /// The serving endpoints of `orig`'s destination, if it is a Service
+    /// destination, and whether it is one as a node port.
+    fn serving(&self, orig: &Tuple) -> Option<(bool, &HashSet<(IpAddr, u16)>)> {
         let (proto, _, _, dst, dport) = *orig;
-        self.serving.get(&(proto, Some(dst), dport)).or_else(|| self.serving.get(&(proto, None, dport)))
+        match self.serving.get(&(proto, Some(dst), dport)) {
+            Some(e) => Some((false, e)),
+            None => self.serving.get(&(proto, None, dport)).map(|e| (true, e)),
+        }
     }
 }
 
@@ -96,8 +101,16 @@ pub fn stale<'a>(
         let from = (reply.1, reply.2);
         let dnat = from != (orig.3, orig.4);
         let delete = match now.serving(orig) {
-            Some(endpoints) => !endpoints.is_empty() && !endpoints.contains(&from),
-            None => dnat && before.serving(orig).is_some(),
+            // A node port with no endpoints keeps its entries (upstream
+            // clears only service IPs then); otherwise an entry not to a
+            // serving endpoint goes.
+            Some((true, endpoints)) if endpoints.is_empty() => false,
+            Some((_, endpoints)) => !endpoints.contains(&from),
+            None => match before.serving(orig) {
+                Some((false, _)) => true,
+                Some((true, _)) => dnat,
+                None => false,
+            },
         };
         if delete {
             out.push(*orig);
@@ -182,15 +195,46 @@ mod tests {
         assert_eq!(doomed, [1000, 1001, 1002, 1004]);
     }
 
+    /// kubernetes/kubernetes#139629: a UDP Service without serving
+    /// endpoints loses every entry to its addresses, not to its node port.
     #[test]
-    fn a_service_without_endpoints_is_left_alone() {
+    fn a_service_without_endpoints_loses_its_addresses_entries() {
         let now = Destinations::of(&[dns(&[])], IpFamily::V4);
-        let entries = [flow(UDP, 1000, "10.96.0.10", 53, ("10.96.0.10", 53))];
-        assert!(stale(&entries, &now, &now).is_empty());
+        let entries = [
+            flow(UDP, 1000, "10.96.0.10", 53, ("10.96.0.10", 53)),
+            flow(UDP, 1001, "10.96.0.10", 53, ("10.244.1.5", 5353)),
+            flow(UDP, 1002, "192.168.0.2", 30053, ("10.244.1.5", 5353)),
+        ];
+        let doomed: Vec<u16> = stale(&entries, &now, &now).iter().map(|t| t.2).collect();
+        assert_eq!(doomed, [1000, 1001]);
     }
 
+    /// Upstream's reconciler counts every serving endpoint, whichever the
+    /// rules pick (topology, traffic policies): a terminating one still
+    /// serving keeps its entries; one no longer serving loses them.
     #[test]
-    fn entries_to_a_destination_that_is_gone_go_when_they_were_dnated() {
+    fn every_serving_endpoint_keeps_its_entries() {
+        let mut p = dns(&["10.244.1.5", "10.244.2.5", "10.244.3.5"]);
+        p.cluster_endpoints = vec![0];
+        p.endpoints[1].conditions.ready = false;
+        p.endpoints[1].conditions.terminating = true;
+        p.endpoints[2].conditions.ready = false;
+        p.endpoints[2].conditions.serving = false;
+        p.endpoints[2].conditions.terminating = true;
+        let now = Destinations::of(&[p], IpFamily::V4);
+        let entries = [
+            flow(UDP, 1000, "10.96.0.10", 53, ("10.244.2.5", 5353)),
+            flow(UDP, 1001, "10.96.0.10", 53, ("10.244.3.5", 5353)),
+        ];
+        let doomed: Vec<u16> = stale(&entries, &now, &now).iter().map(|t| t.2).collect();
+        assert_eq!(doomed, [1001]);
+    }
+
+    /// A deleted (or moved) UDP Service's addresses lose every entry
+    /// (kubernetes/kubernetes#141371); a node port that is gone, the
+    /// entries kpx DNATed there.
+    #[test]
+    fn entries_to_a_destination_that_is_gone_go() {
         let before = Destinations::of(&[dns(&["10.244.1.5"])], IpFamily::V4);
         let mut moved = dns(&["10.244.1.5"]);
         moved.cluster_ip = Some(ip("10.96.0.20"));
@@ -199,12 +243,14 @@ mod tests {
         let entries = [
             flow(UDP, 1000, "10.96.0.10", 53, ("10.244.1.5", 5353)),
             flow(UDP, 1001, "192.168.0.2", 30053, ("10.244.1.5", 5353)),
-            // Never DNATed there: someone else's traffic, kept.
+            // The old address's entries go, DNATed or not.
             flow(UDP, 1002, "10.96.0.10", 53, ("10.96.0.10", 53)),
             flow(UDP, 1003, "10.96.0.20", 53, ("10.244.1.5", 5353)),
+            // On the old node port, never DNATed: someone else's, kept.
+            flow(UDP, 1004, "192.168.0.2", 30053, ("192.168.0.2", 30053)),
         ];
         let doomed: Vec<u16> = stale(&entries, &now, &before).iter().map(|t| t.2).collect();
-        assert_eq!(doomed, [1000, 1001]);
+        assert_eq!(doomed, [1000, 1001, 1002]);
     }
 
     #[test]

@@ -197,7 +197,7 @@ impl<'de> Deserialize<'de> for Address {
             }
 
             fn visit_str<E: serde::de::Error>(self, a: &str) -> Result<Address, E> {
-                Ok(Address(a.parse().ok()))
+                Ok(Address(kpx_rules::model::parse_ip_sloppy(a)))
             }
         }
         d.deserialize_str(Parse)
@@ -381,6 +381,12 @@ mod tests {
         let text = r#"{"addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.\u0031"]}]}"#;
         let wire = Slice::from(serde_json::from_str::<WireSlice>(text).unwrap());
         assert_eq!(wire.endpoints[0].address, Some("10.0.0.1".parse().unwrap()));
+        // An old object's leading zeros, read as Kubernetes' ParseIPSloppy
+        // reads them (both paths agree).
+        let (k8s, wire) = both(serde_json::json!({"metadata": {"name": "x"}, "addressType": "IPv4",
+                                                  "endpoints": [{"addresses": ["010.180.0.041"]}]}));
+        assert_eq!(wire, k8s);
+        assert_eq!(wire.endpoints[0].address, Some("10.180.0.41".parse().unwrap()));
         for bad in [
             serde_json::json!({"addressType": "IPv4", "endpoints": 5}),
             serde_json::json!({"addressType": "IPv4", "endpoints": [{"addresses": "10.0.0.1"}]}),

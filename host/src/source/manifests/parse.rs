@@ -237,9 +237,9 @@ fn typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
 /// The API server's rules for a name (apimachinery's validation).
 #[derive(Debug, Clone, Copy)]
 enum NameRule {
-    /// DNS-1035 label: Service names.
-    Dns1035Label,
-    /// DNS-1123 label: namespaces, port names.
+    /// DNS-1123 label: Service names (RelaxedServiceNameValidation, on
+    /// since v1.36: a DNS-1035 label before, no leading digit), namespaces,
+    /// port names.
     Dns1123Label,
     /// DNS-1123 subdomain: EndpointSlice, Node and ServiceCIDR names.
     Dns1123Subdomain,
@@ -249,23 +249,19 @@ enum NameRule {
 /// comments and object names, so kpx holds them to what the API server
 /// accepts rather than to what a file may contain.
 fn name_problem(name: &str, rule: NameRule) -> Option<String> {
-    let label = |l: &str, first_letter: bool| {
+    let label = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
             && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && l.starts_with(|c: char| if first_letter { c.is_ascii_lowercase() } else { c.is_ascii_alphanumeric() })
+            && l.starts_with(|c: char| c.is_ascii_alphanumeric())
             && l.ends_with(|c: char| c.is_ascii_alphanumeric())
     };
     let ok = match rule {
-        NameRule::Dns1035Label => label(name, true),
-        NameRule::Dns1123Label => label(name, false),
-        NameRule::Dns1123Subdomain => name.len() <= 253 && name.split('.').all(|l| label(l, false)),
+        NameRule::Dns1123Label => label(name),
+        NameRule::Dns1123Subdomain => name.len() <= 253 && name.split('.').all(label),
     };
     (!ok).then(|| {
         let what = match rule {
-            NameRule::Dns1035Label => {
-                "a DNS-1035 label (at most 63 characters: a-z, 0-9 and '-', starting with a letter, ending with a letter or digit)"
-            }
             NameRule::Dns1123Label => {
                 "a DNS-1123 label (at most 63 characters: a-z, 0-9 and '-', starting and ending with a letter or digit)"
             }
@@ -326,7 +322,7 @@ fn check_protocol(what: &str, protocol: Option<&str>) -> Result<(), String> {
 }
 
 fn check_service(mut svc: Service) -> Result<Service, String> {
-    check_name(&mut svc.metadata, true, NameRule::Dns1035Label)?;
+    check_name(&mut svc.metadata, true, NameRule::Dns1123Label)?;
     let spec = svc.spec.as_ref().ok_or("spec is required")?;
     let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
     for ip in ips {

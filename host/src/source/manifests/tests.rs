@@ -383,6 +383,11 @@ spec: {clusterIP: 10.96.0.13, ports: [{port: 80}]}
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: "-dash"}
+spec: {clusterIP: 10.96.0.15, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
 metadata: {name: multi}
 spec: {clusterIP: 10.96.0.14, ports: [{name: "HTTP\n", port: 80}, {name: dns, port: 53}]}
 ---
@@ -399,12 +404,14 @@ metadata: {name: node-1.example.com}
 "#;
     let (objects, errors) = parse_documents(text);
     let refs: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
-    assert_eq!(refs, ["Node node-1.example.com"], "{errors:?}");
+    // A Service name may start with a digit since v1.36
+    // (RelaxedServiceNameValidation: a DNS-1123 label).
+    assert_eq!(refs, ["Service default/9lives", "Node node-1.example.com"], "{errors:?}");
     let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     let expect = [
-        "metadata.name: \"web\\\" -j ACCEPT\" is not a DNS-1035 label",
+        "metadata.name: \"web\\\" -j ACCEPT\" is not a DNS-1123 label",
         "metadata.namespace: \"Shop;x\" is not a DNS-1123 label",
-        "metadata.name: \"9lives\" is not a DNS-1035 label",
+        "metadata.name: \"-dash\" is not a DNS-1123 label",
         "spec.ports[0].name: \"HTTP\\n\" is not a DNS-1123 label",
         "ports[0].name: \"a b\" is not a DNS-1123 label",
     ];
