@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
 
-use crate::config::{Config, Source, gates};
+use crate::config::{Config, IptablesBackend, Source, gates};
+use crate::kernel::iptables::backend::{self, Backend};
 use crate::kernel::iptables::{IptablesDataplane, IptablesKernel};
 use crate::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
@@ -190,18 +191,34 @@ pub fn families() -> Vec<IpFamily> {
     out
 }
 
+/// The iptables binaries kpx runs (`--iptables-backend`): named, or
+/// read from the node's tables as kube-proxy's image does
+/// ([`backend::detect`]); logged with the reason.
+pub fn iptables_backend(config: &Config) -> Backend {
+    let (chosen, why) = match config.iptables_backend {
+        Some(IptablesBackend::System) => (Backend::System, "--iptables-backend=system".to_string()),
+        Some(IptablesBackend::Nft) => (Backend::Nft, "--iptables-backend=nft".to_string()),
+        Some(IptablesBackend::Legacy) => (Backend::Legacy, "--iptables-backend=legacy".to_string()),
+        None => backend::detect(&SystemExec::default()),
+    };
+    tracing::info!(backend = %chosen, "iptables backend: {} ({why})", chosen.tool(IpFamily::V4, "iptables"));
+    chosen
+}
+
+/// The iptables tools of `family` with `backend`.
+fn iptables(family: IpFamily, backend: Backend) -> IptablesKernel {
+    IptablesKernel::new(family, Box::new(SystemExec::default())).with_backend(backend)
+}
+
 /// The mode's kernel side for one family (the rule modes).
-fn dataplane(config: &Config, family: IpFamily) -> Dataplane {
+fn dataplane(config: &Config, family: IpFamily, backend: Backend) -> Dataplane {
     match config.mode {
-        ProxyMode::Iptables => {
-            Dataplane::Iptables(IptablesDataplane::new(IptablesKernel::new(family, Box::new(SystemExec::default()))))
-        }
+        ProxyMode::Iptables => Dataplane::Iptables(IptablesDataplane::new(iptables(family, backend))),
         ProxyMode::Nftables => Dataplane::Nftables(NftablesDataplane::new(NftablesKernel::new(family))),
         ProxyMode::Ipvs => {
             let i = &config.ipvs;
             let timeouts = Timeouts { tcp: i.tcp_timeout, tcp_fin: i.tcpfin_timeout, udp: i.udp_timeout };
-            let iptables = IptablesKernel::new(family, Box::new(SystemExec::default()));
-            Dataplane::Ipvs(IpvsDataplane::new(family, iptables, i.exclude_cidrs.clone(), timeouts))
+            Dataplane::Ipvs(IpvsDataplane::new(family, iptables(family, backend), i.exclude_cidrs.clone(), timeouts))
         }
         ProxyMode::Userspace => unreachable!("userspace mode has no backend dataplane"),
     }
@@ -242,12 +259,13 @@ pub fn default_mode(iptables: Result<String, String>, route_localnet: bool) -> (
 }
 
 /// Applies [`default_mode`] to a blank `--proxy-mode` on this node.
-fn choose_default_mode(config: &mut Config) {
+fn choose_default_mode(config: &mut Config, backend: Backend) {
     if !config.mode_defaulted {
         return;
     }
     use crate::kernel::Exec;
-    let iptables = SystemExec::default().run("iptables", &["--version"], None).map_err(|e| e.to_string());
+    let tool = backend.tool(IpFamily::V4, "iptables");
+    let iptables = SystemExec::default().run(&tool, &["--version"], None).map_err(|e| e.to_string());
     let route_localnet = Path::new("/proc/sys/net/ipv4/conf/all/route_localnet").exists();
     let (mode, why) = default_mode(iptables, route_localnet);
     tracing::info!(mode = %mode, "--proxy-mode is blank: {mode} ({why})");
@@ -302,7 +320,8 @@ fn set_oom_score_adj(value: i32) {
 /// Runs kpx until the source stops, which is an error.
 pub fn run(mut config: Config) -> Result<(), Error> {
     set_oom_score_adj(config.extra.oom_score_adj);
-    choose_default_mode(&mut config);
+    let tables = iptables_backend(&config);
+    choose_default_mode(&mut config, tables);
     if config.mode == ProxyMode::Ipvs {
         // upstream's words since v1.35 (KEP-5495), at error level; its
         // Node event is not sent (kpx's role has no Events).
@@ -342,12 +361,12 @@ pub fn run(mut config: Config) -> Result<(), Error> {
             Err(e) => tracing::warn!("nfacct objects cannot be made, nfacct based metrics won't be available: {e}"),
         }
     }
-    remove_other_modes(config.mode, config.masquerade_bit);
+    remove_other_modes(config.mode, config.masquerade_bit, tables);
     // Extensions no longer configured: their objects would keep acting on
     // destinations the state no longer vouches for.
     let configured: Vec<String> = config.extensions.iter().map(|e| e.name.clone()).collect();
     for family in families() {
-        match crate::extension::remove(family, config.mode, &configured) {
+        match crate::extension::remove(family, tables, config.mode, &configured) {
             Ok(names) if names.is_empty() => {}
             Ok(names) => tracing::info!(%family, "removed the objects of extensions no longer configured: {names:?}"),
             Err(e) => tracing::warn!(%family, "cannot remove the objects of extensions no longer configured: {e}"),
@@ -384,7 +403,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                         family,
                         relays.clone(),
                         picker.clone(),
-                        IptablesKernel::new(family, Box::new(SystemExec::default())),
+                        iptables(family, tables),
                     )))
                 })
                 .collect()
@@ -402,7 +421,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                                 family,
                                 plugin.clone(),
                                 Planner::new(config.mode, family, schedulers.clone()),
-                                dataplane(&config, family).with_max_bytes(
+                                dataplane(&config, family, tables).with_max_bytes(
                                     usize::try_from(config.plugin_limits.max_output_bytes).unwrap_or(usize::MAX),
                                 ),
                                 Sysctl::default(),
@@ -410,7 +429,9 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                             .with_extensions(
                                 extensions
                                     .iter()
-                                    .map(|e| crate::extension::ExtensionProxier::new(e.clone(), family, config.mode))
+                                    .map(|e| {
+                                        crate::extension::ExtensionProxier::new(e.clone(), family, config.mode, tables)
+                                    })
                                     .collect(),
                             ),
                         ),
@@ -522,7 +543,7 @@ fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
 /// (as upstream does): userspace mode removes the rule modes' chains, the
 /// nftables table and IPVS virtual servers; the others remove userspace
 /// mode's chains. Failures are logged: the mode's own sync goes on.
-fn remove_other_modes(mode: ProxyMode, masquerade_bit: u8) {
+fn remove_other_modes(mode: ProxyMode, masquerade_bit: u8, backend: Backend) {
     if mode == ProxyMode::Userspace {
         // IPVS virtual servers and kube-ipvs0 would keep answering (and
         // make the Service addresses local); then upstream's ipsets.
@@ -532,7 +553,7 @@ fn remove_other_modes(mode: ProxyMode, masquerade_bit: u8) {
         }
     }
     for family in families() {
-        let kernel = IptablesKernel::new(family, Box::new(SystemExec::default()));
+        let kernel = iptables(family, backend);
         let removed = if mode == ProxyMode::Userspace { kernel.remove_rule_modes() } else { kernel.remove_userspace() };
         match removed {
             Ok(0) => {}
@@ -571,13 +592,14 @@ fn raise_open_files_limit() {
 /// families), its nftables tables, and its IPVS virtual servers (outside
 /// `--ipvs-exclude-cidrs`) with kube-ipvs0, then returns.
 pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
+    let backend = iptables_backend(config);
     match crate::kernel::ipvs::dataplane::cleanup(&config.ipvs.exclude_cidrs, 1 << config.masquerade_bit) {
         Ok(0) => {}
         Ok(n) => tracing::info!(services = n, "removed IPVS virtual servers and kube-ipvs0"),
         Err(e) => tracing::warn!("cannot remove IPVS virtual servers: {e}"),
     }
     for family in families() {
-        let removed = IptablesKernel::new(family, Box::new(SystemExec::default())).cleanup()?;
+        let removed = iptables(family, backend).cleanup()?;
         tracing::info!(%family, chains = removed, "removed iptables rules");
     }
     // After the rules that test them: a set in use cannot be destroyed.
@@ -587,7 +609,7 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
         Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
-        match crate::extension::remove(family, ProxyMode::Userspace, &[]) {
+        match crate::extension::remove(family, backend, ProxyMode::Userspace, &[]) {
             Ok(names) if names.is_empty() => {}
             Ok(names) => tracing::info!(%family, "removed the objects of extensions {names:?}"),
             Err(e) => tracing::warn!(%family, "cannot remove the extensions' objects: {e}"),

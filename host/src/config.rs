@@ -75,6 +75,9 @@ pub struct TraceArgs {
     /// The masquerade mark bit kpx runs with (--iptables-masquerade-bit).
     #[arg(long = "iptables-masquerade-bit", default_value_t = 14)]
     pub masquerade_bit: u8,
+    /// The iptables kpx runs with (--iptables-backend): auto, nft, legacy or system.
+    #[arg(long = "iptables-backend", default_value = "auto", value_parser = ["auto", "nft", "legacy", "system"])]
+    pub iptables_backend: String,
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -326,6 +329,10 @@ pub struct Flags {
     #[arg(long = "iptables-max-endpoints-per-port", default_value_t = 0)]
     pub iptables_max_endpoints_per_port: usize,
 
+    /// kpx: the iptables kpx runs: auto (the default: as kube-proxy's image chooses, nft where kubelet's KUBE-IPTABLES-HINT chain is in nft's mangle table, legacy where it is in legacy's, else the backend holding more rules, nft on a tie), nft (iptables-nft), legacy (iptables-legacy), or system (iptables as found on PATH).
+    #[arg(long = "iptables-backend", default_value = "auto", value_parser = ["auto", "nft", "legacy", "system"])]
+    pub iptables_backend: String,
+
     /// kpx, deprecated: in nftables mode, adds 'localhost' to --nodeport-addresses (upstream's way since v1.37), so that kpx's TCP relay serves node ports on 127.0.0.1 and ::1.
     #[arg(long = "localhost-nodeports-proxy", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = clap::ArgAction::Set)]
     pub localhost_nodeports_proxy: bool,
@@ -416,6 +423,8 @@ pub struct Config {
     /// iptables mode's bound on the endpoints one service port programs
     /// (`--iptables-max-endpoints-per-port`); None: no bound, or another mode.
     pub max_endpoints_per_port: Option<usize>,
+    /// `--iptables-backend`; None: auto, decided at start (`app::run`).
+    pub iptables_backend: Option<IptablesBackend>,
     /// `--conntrack-tcp-be-liberal`: kpx sets nf_conntrack_tcp_be_liberal.
     pub conntrack_tcp_be_liberal: bool,
     /// Whether the node's nf_conntrack_tcp_be_liberal is set, read once
@@ -448,6 +457,17 @@ pub struct Config {
     pub plugin_cache_dir: PathBuf,
     pub plugin_limits: crate::runtime::Limits,
     pub verbosity: u8,
+}
+
+/// The iptables binaries (`--iptables-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IptablesBackend {
+    /// `iptables`, as found on PATH.
+    System,
+    /// `iptables-nft`.
+    Nft,
+    /// `iptables-legacy`.
+    Legacy,
 }
 
 /// userspace mode's flags (`--proxy-port-range`, `--udp-timeout`) and
@@ -752,6 +772,7 @@ impl Flags {
             "iptables_max_endpoints_per_port" => {
                 self.iptables_max_endpoints_per_port = other.iptables_max_endpoints_per_port
             }
+            "iptables_backend" => self.iptables_backend = other.iptables_backend.clone(),
             "config" => self.config = other.config.clone(),
             "cleanup" => self.cleanup = other.cleanup,
             "write_config_to" => self.write_config_to = other.write_config_to.clone(),
@@ -1252,6 +1273,14 @@ impl Flags {
                 "only for --proxy-mode nftables (iptables mode serves localhost node ports itself; ipvs mode has none)",
             ));
         }
+        // (A --config file's value has not met clap's list.)
+        let iptables_backend = match self.iptables_backend.as_str() {
+            "auto" => None,
+            "nft" => Some(IptablesBackend::Nft),
+            "legacy" => Some(IptablesBackend::Legacy),
+            "system" => Some(IptablesBackend::System),
+            other => return Err(invalid("iptables-backend", other, "want auto, nft, legacy or system")),
+        };
         let mut nodeport_addresses = nodeport_addresses;
         if userspace.localhost_nodeports_proxy {
             // kpx's flag from before KEP-6032 (v1.37): what upstream's
@@ -1290,6 +1319,7 @@ impl Flags {
             localhost_nodeports: self.iptables_localhost_nodeports,
             max_endpoints_per_port: (mode == ProxyMode::Iptables && self.iptables_max_endpoints_per_port > 0)
                 .then_some(self.iptables_max_endpoints_per_port),
+            iptables_backend,
             conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal,
             node_tcp_be_liberal: self.conntrack_tcp_be_liberal,
             nfacct: false,
@@ -1825,6 +1855,30 @@ mod tests {
             assert_eq!(cli(&[config]).unwrap().flags.validate().unwrap().max_endpoints_per_port, Some(700));
             let given = cli(&[config, "--iptables-max-endpoints-per-port=900"]).unwrap();
             assert_eq!(given.flags.validate().unwrap().max_endpoints_per_port, Some(900));
+        });
+    }
+
+    #[test]
+    fn the_iptables_backend_is_auto_unless_named() {
+        let backend = |args: &[&str]| flags(args).validate().map(|c| c.iptables_backend);
+        assert_eq!(backend(&[]).unwrap(), None, "auto: decided at start");
+        assert_eq!(backend(&["--iptables-backend", "legacy"]).unwrap(), Some(IptablesBackend::Legacy));
+        assert_eq!(backend(&["--iptables-backend=nft"]).unwrap(), Some(IptablesBackend::Nft));
+        assert_eq!(backend(&["--iptables-backend=system"]).unwrap(), Some(IptablesBackend::System));
+        assert!(cli(&["--iptables-backend=xtables"]).is_err());
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nkpx:\n  iptablesBackend: legacy\n";
+        with_config_file("backend", text, |config| {
+            assert_eq!(
+                cli(&[config]).unwrap().flags.validate().unwrap().iptables_backend,
+                Some(IptablesBackend::Legacy)
+            );
+            let given = cli(&[config, "--iptables-backend=nft"]).unwrap();
+            assert_eq!(given.flags.validate().unwrap().iptables_backend, Some(IptablesBackend::Nft));
+        });
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nkpx:\n  iptablesBackend: xtables\n";
+        with_config_file("backend-bad", text, |config| {
+            let e = cli(&[config]).unwrap().flags.validate().unwrap_err().to_string();
+            assert!(e.contains("--iptables-backend") && e.contains("xtables"), "{e}");
         });
     }
 }

@@ -32,18 +32,19 @@ pub fn advance(last: &mut RawCounts, now: RawCounts) -> std::collections::BTreeM
 
 use kpx_rules::model::{IpFamily, ProxyMode};
 
+use crate::kernel::iptables::backend::Backend;
 use crate::kernel::{Exec, Result};
 
 /// Every extension's objects in `family` but those of `keep` in the
 /// running mode (`--cleanup`: none kept), found by the names the host
 /// gives them: tables `kpx-<name>`, chains `KUBE-X-<NAME>-*`. The
 /// extensions removed.
-pub fn remove(family: IpFamily, mode: ProxyMode, keep: &[String]) -> Result<Vec<String>> {
+pub fn remove(family: IpFamily, backend: Backend, mode: ProxyMode, keep: &[String]) -> Result<Vec<String>> {
     let keep_iptables: &[String] = if mode == ProxyMode::Iptables { keep } else { &[] };
     let keep_nftables: &[String] = if mode == ProxyMode::Nftables { keep } else { &[] };
     let exec = || Box::new(crate::kernel::SystemExec::default());
     let mut names = std::collections::BTreeSet::new();
-    let tool = crate::kernel::iptables::tool(family, "iptables-save");
+    let tool = backend.tool(family, "iptables-save");
     for table in ["mangle", "filter"] {
         // No iptables at all: nothing of ours there.
         let Ok(text) = exec().run(&tool, &["-t", table], None) else { continue };
@@ -60,7 +61,7 @@ pub fn remove(family: IpFamily, mode: ProxyMode, keep: &[String]) -> Result<Vec<
     // One extension's failure does not keep the others' objects.
     let (mut removed, mut first_error) = (Vec::new(), None);
     for name in &names {
-        match iptables::IptablesWriter::new(name, family, exec()).cleanup() {
+        match iptables::IptablesWriter::new(name, family, exec()).with_backend(backend).cleanup() {
             Ok(_) => removed.push(name.clone()),
             Err(e) => first_error = first_error.or(Some(e)),
         }

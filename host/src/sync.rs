@@ -452,7 +452,8 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error, pa
             }
             ProxyMode::Ipvs => {
                 // upstream's ipvs mode counts its iptables-restore failures.
-                if k.program().is_some_and(|p| p.contains("iptables-restore")) {
+                // (iptables-restore, iptables-nft-restore, ip6tables-legacy-restore...)
+                if k.program().is_some_and(|p| p.contains("tables") && p.ends_with("-restore")) {
                     m.iptables_restore_failures.get_or_create(&family).inc();
                 }
                 m.ipvs_sync_failures.inc();

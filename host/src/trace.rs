@@ -63,8 +63,16 @@ pub fn run(args: &TraceArgs) -> Result<String, Error> {
     match mode {
         ProxyMode::Iptables => {
             let d = Dialect { family, masquerade_mark: mark };
+            use crate::kernel::iptables::backend::{Backend, detect};
+            let backend = match args.iptables_backend.as_str() {
+                "nft" => Backend::Nft,
+                "legacy" => Backend::Legacy,
+                "system" => Backend::System,
+                _ => detect(&crate::kernel::SystemExec::default()).0,
+            };
             let kernel =
-                crate::kernel::iptables::IptablesKernel::new(family, Box::new(crate::kernel::SystemExec::default()));
+                crate::kernel::iptables::IptablesKernel::new(family, Box::new(crate::kernel::SystemExec::default()))
+                    .with_backend(backend);
             let dump = crate::kernel::iptables::parse::parse_dump(&kernel.save()?, d);
             explain_iptables(&dump, d, &node, &packet)
         }

@@ -136,7 +136,23 @@ fn the_dockerfile_is_well_formed() {
         assert!(!stages.is_empty(), "{op} before FROM");
     }
     assert_eq!(stages.len(), 2, "multi-stage: a build stage and the runtime image");
-    assert!(text.contains("iptables") && text.contains("nftables"), "the image carries iptables and nftables");
+    // What every mode needs: iptables (both backends: Debian's package),
+    // ipset for ipvs mode, and kube-proxy's image's kmod and nft.
+    let runtime = text.rsplit("\nFROM ").next().unwrap();
+    let install = runtime.split("apt-get install").nth(1).expect("the runtime image installs packages");
+    let packages: BTreeSet<&str> =
+        install.split("&&").next().unwrap().split_whitespace().filter(|w| !w.starts_with('-') && *w != "\\").collect();
+    for needed in ["iptables", "ipset", "kmod", "nftables"] {
+        assert!(packages.contains(needed), "the runtime image lacks {needed}: {packages:?}");
+    }
+    // kpx picks the node's iptables backend itself: nothing pins one.
+    let code: String = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+    assert!(!code.contains("update-alternatives") && !code.contains("iptables-wrapper"), "the image pins a backend");
+    let manifests = std::fs::read_to_string(deploy_dir().join("kpx.yaml")).unwrap();
+    assert!(
+        !manifests.contains("iptables-backend") && !manifests.contains("iptablesBackend"),
+        "kpx.yaml pins a backend"
+    );
     assert!(text.contains("cargo build --release -p kpx-host"));
     assert!(text.contains("ln -s kpx /usr/local/bin/kube-proxy"), "kubeadm's command path must work");
 }

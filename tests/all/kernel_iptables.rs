@@ -335,3 +335,64 @@ fn nfacct_counts_localhost_nodeport_connections() {
     assert_eq!(metric("kubeproxy_iptables_ct_state_invalid_dropped_packets_total"), Some(0.0));
     drop(kpx);
 }
+
+/// The image's backend choice (`--iptables-backend=auto`, kube-proxy's
+/// image's iptables-wrappers v2 logic) on a node that holds legacy rules
+/// and on one that holds nft rules: kpx writes where kubelet's marker
+/// chain is, or where the rules are when there is none; its rules work
+/// there (a real request) and nothing lands in the other backend.
+#[test]
+fn the_iptables_backend_is_the_nodes_as_the_image_chooses() {
+    if std::process::Command::new("iptables-legacy").arg("--version").output().is_err() {
+        // The tests' setup installs Debian's iptables, which has both.
+        panic!("iptables-legacy is missing: run cargo xtask setup");
+    }
+    let legacy_rule = ["-t", "filter", "-A", "INPUT", "-s", "192.0.2.1/32", "-j", "DROP"];
+    let hint = ["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"];
+    // (name, what the node holds: tool and arguments, the backend kpx picks, why)
+    type Setup<'a> = Vec<(&'a str, &'a [&'a str])>;
+    let cases: [(&str, Setup, &str, &str); 3] = [
+        (
+            "legacy-hint",
+            vec![("iptables-legacy", &hint[..])],
+            "legacy",
+            "kubelet's KUBE-IPTABLES-HINT chain is in iptables-legacy's tables",
+        ),
+        (
+            "nft-hint",
+            vec![("iptables-nft", &hint[..]), ("iptables-legacy", &legacy_rule[..])],
+            "nft",
+            "kubelet's KUBE-IPTABLES-HINT chain is in iptables-nft's mangle table",
+        ),
+        (
+            "legacy-rules",
+            vec![("iptables-legacy", &legacy_rule[..])],
+            "legacy",
+            "no kubelet marker chain; iptables-legacy holds more rules (1) than iptables-nft (0)",
+        ),
+    ];
+    for (tag, setup, chosen, why) in cases {
+        let Some(lab) = lab_or_skip(1, "the_iptables_backend_is_the_nodes_as_the_image_chooses") else {
+            return;
+        };
+        for (tool, args) in &setup {
+            let mut all = vec![*tool];
+            all.extend_from_slice(args);
+            lab.node.exec(&all).unwrap_or_else(|e| panic!("{tag}: {all:?}: {e}"));
+        }
+        let (dir, manifests) = run_dirs(&format!("backend-{tag}"));
+        write_web(&manifests, &[&lab.backends[0].ip]);
+        let mut kpx = start(&lab, &dir);
+        assert!(kpx.wait_for_log("synced rules family=IPv6", 1, Duration::from_secs(20)), "{tag}:\n{}", kpx.log());
+        assert!(kpx.log().contains(&format!("iptables backend: iptables-{chosen} ({why})")), "{tag}:\n{}", kpx.log());
+        let other = if chosen == "nft" { "legacy" } else { "nft" };
+        for family in ["iptables", "ip6tables"] {
+            let ours = lab.node.exec(&[&format!("{family}-{chosen}-save")]).unwrap();
+            assert!(ours.contains(":KUBE-SERVICES"), "{tag}: {family}-{chosen}-save:\n{ours}");
+            let theirs = lab.node.exec(&[&format!("{family}-{other}-save")]).unwrap();
+            assert!(!theirs.contains("KUBE-"), "{tag}: kpx wrote to {family}-{other}:\n{theirs}");
+        }
+        assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"), "{tag}");
+        drop(kpx);
+    }
+}

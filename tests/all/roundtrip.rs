@@ -300,7 +300,9 @@ fn the_hosts_rule_checks_are_one_process_and_exact() {
             let mut args: Vec<String> = vec!["-t".into(), rule.table.name().into(), "-D".into(), rule.chain.clone()];
             args.extend(kpx::kernel::iptables::render::rule_args(rule, d));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            NsExec(ns.name.clone()).run(&kpx::kernel::iptables::tool(family, "iptables"), &args, None).unwrap();
+            NsExec(ns.name.clone())
+                .run(&kpx::kernel::iptables::backend::Backend::System.tool(family, "iptables"), &args, None)
+                .unwrap();
         };
         delete(gone);
         kernel.ensure_jumps(&frame.jumps, d).unwrap();
@@ -338,7 +340,9 @@ fn the_hosts_rule_checks_are_one_process_and_exact() {
         let words = kpx::kernel::iptables::parse::split_words(&second);
         let mut args: Vec<&str> = vec!["-t", hash.table.name(), "-D"];
         args.extend(words.iter().skip(1).map(String::as_str));
-        NsExec(ns.name.clone()).run(&kpx::kernel::iptables::tool(family, "iptables"), &args, None).unwrap();
+        NsExec(ns.name.clone())
+            .run(&kpx::kernel::iptables::backend::Backend::System.tool(family, "iptables"), &args, None)
+            .unwrap();
         let lost = kernel
             .lost_rules(&rules, d)
             .unwrap()

@@ -175,6 +175,8 @@ pub struct Kpx {
     pub plugin_cache_dir: Option<String>,
     /// `--iptables-max-endpoints-per-port`.
     pub iptables_max_endpoints_per_port: Option<usize>,
+    /// `--iptables-backend`.
+    pub iptables_backend: Option<String>,
     /// Fields this version does not know.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
@@ -267,6 +269,9 @@ impl KubeProxyConfiguration {
             }
             if let Some(n) = k.iptables_max_endpoints_per_port {
                 flags.iptables_max_endpoints_per_port = n;
+            }
+            if let Some(b) = k.iptables_backend.as_deref().filter(|b| !b.is_empty()) {
+                flags.iptables_backend = b.to_string();
             }
         }
         if let Some(gates) = &self.feature_gates {

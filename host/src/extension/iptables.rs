@@ -17,6 +17,7 @@ use kpx_rules::ops::extension::{Action, Attachment};
 
 use super::layout::{Destination, Layout, Test};
 use crate::kernel::iptables::WAIT;
+use crate::kernel::iptables::backend::Backend;
 use crate::kernel::{Cause, Exec, Result};
 
 /// Where an attachment's chains live, and the built-in chains that jump
@@ -217,17 +218,25 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
 pub struct IptablesWriter {
     name: String,
     family: IpFamily,
+    backend: Backend,
     exec: Box<dyn Exec>,
     written: Option<Written>,
 }
 
 impl IptablesWriter {
+    /// The tools on PATH ([`Backend::System`]).
     pub fn new(name: &str, family: IpFamily, exec: Box<dyn Exec>) -> IptablesWriter {
-        IptablesWriter { name: name.to_string(), family, exec, written: None }
+        IptablesWriter { name: name.to_string(), family, backend: Backend::System, exec, written: None }
+    }
+
+    /// The tools of `backend` instead.
+    pub fn with_backend(mut self, backend: Backend) -> IptablesWriter {
+        self.backend = backend;
+        self
     }
 
     fn tool(&self, base: &str) -> String {
-        crate::kernel::iptables::tool(self.family, base)
+        self.backend.tool(self.family, base)
     }
 
     /// The extension's chains the kernel holds, per table, as a previous

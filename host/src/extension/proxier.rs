@@ -11,6 +11,7 @@ use kpx_rules::ops::extension::Ruleset;
 use super::iptables::IptablesWriter;
 use super::layout::{self, Counter, Layout};
 use super::nftables::NftablesWriter;
+use crate::kernel::iptables::backend::Backend;
 use crate::kernel::{SyncError, SystemExec};
 use crate::runtime::{self, ExtensionInstance, ExtensionPlugin};
 use crate::sync::family::Error;
@@ -102,11 +103,14 @@ const MAX_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ExtensionProxier {
     /// `mode` is iptables or nftables (the caller refuses the others).
-    pub fn new(configured: Configured, family: IpFamily, mode: ProxyMode) -> ExtensionProxier {
+    /// `backend`: the iptables tools in iptables mode.
+    pub fn new(configured: Configured, family: IpFamily, mode: ProxyMode, backend: Backend) -> ExtensionProxier {
         let failures = u64::from(configured.plugin.is_none());
         let writer = match mode {
             ProxyMode::Nftables => Writer::Nftables(NftablesWriter::new(&configured.name, family)),
-            _ => Writer::Iptables(IptablesWriter::new(&configured.name, family, Box::new(SystemExec::default()))),
+            _ => Writer::Iptables(
+                IptablesWriter::new(&configured.name, family, Box::new(SystemExec::default())).with_backend(backend),
+            ),
         };
         ExtensionProxier {
             configured,

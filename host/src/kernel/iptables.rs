@@ -3,6 +3,7 @@
 //! the jumps from built-in chains kept in place, and the kernel's chains
 //! read back (iptables-save) to find stale ones.
 
+pub mod backend;
 pub mod frame;
 pub mod parse;
 pub mod render;
@@ -301,12 +302,20 @@ pub fn trace_tables(
 /// The iptables tools of one family.
 pub struct IptablesKernel {
     family: IpFamily,
+    backend: backend::Backend,
     exec: Box<dyn Exec>,
 }
 
 impl IptablesKernel {
+    /// The tools on PATH ([`backend::Backend::System`]).
     pub fn new(family: IpFamily, exec: Box<dyn Exec>) -> IptablesKernel {
-        IptablesKernel { family, exec }
+        IptablesKernel { family, backend: backend::Backend::System, exec }
+    }
+
+    /// The tools of `backend` instead.
+    pub fn with_backend(mut self, backend: backend::Backend) -> IptablesKernel {
+        self.backend = backend;
+        self
     }
 
     /// The executor, for the node's other kernel reads.
@@ -315,7 +324,7 @@ impl IptablesKernel {
     }
 
     fn tool(&self, base: &str) -> String {
-        tool(self.family, base)
+        self.backend.tool(self.family, base)
     }
 
     /// Creates the top-level chains and the jumps to them from the built-in
@@ -595,15 +604,6 @@ fn restore_script<'r>(
         }
     }
     by_table.iter().map(|(table, lines)| format!("*{table}\n{}{lines}COMMIT\n", head(table))).collect()
-}
-
-/// `base` (iptables, iptables-save, iptables-restore) for `family`: the
-/// ip6tables one for IPv6.
-pub fn tool(family: IpFamily, base: &str) -> String {
-    match family {
-        IpFamily::V4 => base.to_string(),
-        IpFamily::V6 => base.replacen("iptables", "ip6tables", 1),
-    }
 }
 
 /// The rules an iptables-restore payload appends or inserts, (filter, nat).
