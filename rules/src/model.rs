@@ -177,6 +177,18 @@ impl fmt::Display for CidrParseError {
 
 impl std::error::Error for CidrParseError {}
 
+impl Cidr {
+    /// A CIDR as Kubernetes' `ParseCIDRSloppy` reads one: the address as
+    /// [`parse_ip_sloppy`] reads it (`203.0.113.000/025` is
+    /// 203.0.113.0/25), for old objects' values.
+    pub fn parse_sloppy(text: &str) -> Result<Cidr, CidrParseError> {
+        let err = || CidrParseError(text.to_string());
+        let (addr, len) = text.trim().split_once('/').ok_or_else(err)?;
+        let addr = parse_ip_sloppy(addr).ok_or_else(err)?;
+        format!("{addr}/{len}").parse().map_err(|_| err())
+    }
+}
+
 impl std::str::FromStr for Cidr {
     type Err = CidrParseError;
 
@@ -650,6 +662,14 @@ mod tests {
         assert_eq!(ip("fd00::1").as_deref(), Some("fd00::1"));
         for bad in ["1.2.3", "1.2.3.256", "1.2.3.0001", "1.2.3.x", "", "1..2.3"] {
             assert_eq!(ip(bad), None, "{bad}");
+        }
+        // And CIDRs (ParseCIDRSloppy), as TestBadIPs' source range.
+        let cidr = |s: &str| Cidr::parse_sloppy(s).map(|c| c.to_string()).ok();
+        assert_eq!(cidr("203.0.113.000/025").as_deref(), Some("203.0.113.0/25"));
+        assert_eq!(cidr(" 10.0.0.0/8").as_deref(), Some("10.0.0.0/8"));
+        assert_eq!(cidr("fd00::/64").as_deref(), Some("fd00::/64"));
+        for bad in ["203.0.113.000", "203.0.113.0/33", "203.0.113.0/x", "1.2.3/8"] {
+            assert_eq!(cidr(bad), None, "{bad}");
         }
     }
 

@@ -85,6 +85,10 @@ pub struct Flow {
     /// Repeated connections from one client stay on one endpoint.
     #[serde(default)]
     pub sticky: bool,
+    /// Why no real packet can make this flow (the tracer alone checks
+    /// it): e.g. a source that is the destination address itself.
+    #[serde(default)]
+    pub traced_only: Option<String>,
 }
 
 fn tcp() -> String {

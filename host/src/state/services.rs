@@ -72,7 +72,7 @@ pub fn service_ports(
         .load_balancer_source_ranges
         .iter()
         .flatten()
-        .filter_map(|r| r.trim().parse::<Cidr>().ok())
+        .filter_map(|r| Cidr::parse_sloppy(r).ok())
         .filter(|c| c.family() == family)
         .collect();
     let affinity = if spec.client_ip_affinity {
@@ -139,7 +139,7 @@ pub fn node_model(node: Option<&Node>, node_name: &str, family: IpFamily) -> mod
     }
     if let Some(spec) = &node.spec {
         let cidrs = spec.pod_cidrs.iter().flatten().chain(spec.pod_cidr.iter());
-        for cidr in cidrs.filter_map(|c| c.parse::<Cidr>().ok()) {
+        for cidr in cidrs.filter_map(|c| Cidr::parse_sloppy(c).ok()) {
             if cidr.family() == family && !out.pod_cidrs.contains(&cidr) {
                 out.pod_cidrs.push(cidr);
             }

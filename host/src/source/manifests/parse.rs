@@ -1,7 +1,7 @@
 //! Parsing and checking manifest documents. Each document is checked on
 //! its own: a bad one is reported, the others still count.
 
-use std::net::IpAddr;
+use kpx_rules::model::parse_ip_sloppy as sloppy;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -326,12 +326,13 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
     let spec = svc.spec.as_ref().ok_or("spec is required")?;
     let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
     for ip in ips {
-        if !(ip.is_empty() || ip == "None" || ip.parse::<IpAddr>().is_ok()) {
+        // Old objects' leading zeros read as Kubernetes' ParseIPSloppy.
+        if !(ip.is_empty() || ip == "None" || sloppy(ip).is_some()) {
             return Err(format!("spec.clusterIP: {ip:?} is not an IP address"));
         }
     }
     for ip in spec.external_ips.iter().flatten() {
-        ip.parse::<IpAddr>().map_err(|_| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
+        sloppy(ip).ok_or_else(|| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
     }
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = std::collections::BTreeSet::new();
@@ -371,8 +372,7 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
         }
         if let Some(want_v6) = want_v6 {
             for a in &ep.addresses {
-                let ip: IpAddr =
-                    a.parse().map_err(|_| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
+                let ip = sloppy(a).ok_or_else(|| format!("endpoints[{i}].addresses: {a:?} is not an IP address"))?;
                 if ip.is_ipv6() != want_v6 {
                     return Err(format!(
                         "endpoints[{i}].addresses: {a:?} does not match addressType {}",
@@ -400,7 +400,7 @@ fn check_node(mut node: Node) -> Result<Node, String> {
 fn check_service_cidr(mut cidr: ServiceCIDR) -> Result<ServiceCIDR, String> {
     check_name(&mut cidr.metadata, false, NameRule::Dns1123Subdomain)?;
     for (i, c) in cidr.spec.iter().flat_map(|s| s.cidrs.iter().flatten()).enumerate() {
-        c.parse::<kpx_rules::model::Cidr>().map_err(|e| format!("spec.cidrs[{i}]: {e}"))?;
+        kpx_rules::model::Cidr::parse_sloppy(c).map_err(|e| format!("spec.cidrs[{i}]: {e}"))?;
     }
     Ok(cidr)
 }
