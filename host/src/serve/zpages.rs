@@ -4,9 +4,9 @@
 //! serves them beside /metrics). Text for people by default, with
 //! upstream's warning and a delimiter picked at random once, so that
 //! nothing parses it; the versioned JSON (`config.k8s.io/v1beta1` or
-//! `v1alpha1`, `Flagz` / `Statusz`) when asked for by media type
-//! parameters; 406 for anything else (a bare `application/json`
-//! included), as upstream.
+//! `v1alpha1`, `Flagz` / `Statusz`), or the same as YAML (v1.36), when
+//! asked for by media type parameters; 406 for anything else (a bare
+//! `application/json` included), as upstream.
 
 use std::time::SystemTime;
 
@@ -39,8 +39,12 @@ pub struct Zpages {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Format {
     Text,
-    /// JSON of this version.
-    Json(&'static str),
+    /// The versioned object of this version, as JSON (`yaml: false`) or
+    /// YAML (v1.36: "Enabled YAML support for /statusz and /flagz").
+    Object {
+        version: &'static str,
+        yaml: bool,
+    },
 }
 
 impl Zpages {
@@ -69,11 +73,12 @@ impl Zpages {
                 }
                 Answer::text(200, out)
             }
-            Some(Format::Json(version)) => {
+            Some(Format::Object { version, yaml }) => {
                 let flags: serde_json::Map<String, serde_json::Value> =
                     self.flags.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-                json(
+                object(
                     version,
+                    yaml,
                     serde_json::json!({
                         "kind": "Flagz",
                         "apiVersion": format!("config.k8s.io/{version}"),
@@ -100,8 +105,9 @@ impl Zpages {
                 out.push_str(&format!("Paths{d} {}\n", self.paths.join(" ")));
                 Answer::text(200, out)
             }
-            Some(Format::Json(version)) => json(
+            Some(Format::Object { version, yaml }) => object(
                 version,
+                yaml,
                 serde_json::json!({
                     "kind": "Statusz",
                     "apiVersion": format!("config.k8s.io/{version}"),
@@ -122,8 +128,14 @@ fn header(what: &str) -> String {
     format!("\n{COMPONENT} {what}\n{WARNING}\n\n")
 }
 
-fn json(version: &'static str, body: serde_json::Value) -> Answer {
-    let mut a = Answer::json(200, body.to_string());
+fn object(version: &'static str, yaml: bool, body: serde_json::Value) -> Answer {
+    let mut a = match yaml {
+        false => Answer::json(200, body.to_string()),
+        true => {
+            let text = serde_saphyr::to_string(&body).expect("a JSON value is YAML");
+            Answer { content_type: "application/yaml", ..Answer::text(200, text) }
+        }
+    };
     if version != VERSIONS[0] {
         a.headers.push(("Warning", format!("299 - \"config.k8s.io/{version} is deprecated; use {}\"", VERSIONS[0])));
     }
@@ -133,7 +145,10 @@ fn json(version: &'static str, body: serde_json::Value) -> Answer {
 fn not_acceptable(kind: &str) -> Answer {
     Answer::text(
         406,
-        format!("only text/plain or application/json;v={};g=config.k8s.io;as={kind} are served\n", VERSIONS.join("|")),
+        format!(
+            "only text/plain, or application/json or application/yaml with ;v={};g=config.k8s.io;as={kind}, are served\n",
+            VERSIONS.join("|")
+        ),
     )
 }
 
@@ -152,12 +167,12 @@ fn negotiate(accept: Option<&str>, kind: &str) -> Option<Format> {
         let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         match media.as_str() {
             "text/plain" | "text/*" | "*/*" => return Some(Format::Text),
-            "application/json" => {
+            "application/json" | "application/yaml" => {
                 if param("g") == Some("config.k8s.io")
                     && param("as") == Some(kind)
                     && let Some(v) = VERSIONS.iter().find(|v| param("v") == Some(**v))
                 {
-                    return Some(Format::Json(v));
+                    return Some(Format::Object { version: v, yaml: media == "application/yaml" });
                 }
             }
             _ => {}
@@ -224,6 +239,12 @@ mod tests {
             assert_eq!(z.flagz(Some(refused)).status, 406, "{refused}");
         }
         assert_eq!(z.flagz(Some("application/json;v=v9;g=config.k8s.io;as=Flagz, */*")).status, 200, "falls to text");
+        // The same objects as YAML.
+        let y = z.statusz(Some("application/yaml;v=v1beta1;g=config.k8s.io;as=Statusz"), SystemTime::now());
+        assert_eq!((y.status, y.content_type), (200, "application/yaml"));
+        let v: serde_json::Value = serde_saphyr::from_str(&y.body).unwrap();
+        assert_eq!((v["kind"].as_str(), v["apiVersion"].as_str()), (Some("Statusz"), Some("config.k8s.io/v1beta1")));
+        assert_eq!(z.flagz(Some("application/yaml")).status, 406, "YAML too only with its parameters");
     }
 
     #[test]
