@@ -361,6 +361,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
             Err(e) => tracing::warn!("nfacct objects cannot be made, nfacct based metrics won't be available: {e}"),
         }
     }
+    remove_other_backend(tables);
     remove_other_modes(config.mode, config.masquerade_bit, tables);
     // Extensions no longer configured: their objects would keep acting on
     // destinations the state no longer vouches for.
@@ -465,7 +466,10 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     .expect("spawn the source thread");
     let families: Vec<IpFamily> = proxiers.iter().map(Proxier::family).collect();
     // upstream: a change not programmed within twice the sync period is unhealthy.
-    let health = ProxyHealth::new(2 * config.sync_period, families);
+    let health = match config.source {
+        Source::Manifests(_) => ProxyHealth::new(2 * config.sync_period, families).node_optional(),
+        Source::Api(_) => ProxyHealth::new(2 * config.sync_period, families),
+    };
     let optional = crate::serve::metrics::Optional { nfacct: config.nfacct };
     let gates = &config.extra.feature_gates;
     let (flagz, statusz) = (gates.enabled(gates::COMPONENT_FLAGZ), gates.enabled(gates::COMPONENT_STATUSZ));
@@ -539,6 +543,43 @@ fn source_stopped(thread: std::thread::JoinHandle<()>) -> Error {
     Error::SourceStopped(why)
 }
 
+/// What kube-proxy (or an earlier kpx) left in the iptables backend kpx
+/// does not use, removed at start: its chains there would keep catching
+/// Services' packets beside kpx's own (an image that always wrote through
+/// iptables-nft, on a node whose kubelet uses legacy). Read without
+/// creating a table; nothing is done when that backend's tools are
+/// missing or it holds none of kube-proxy's chains.
+fn remove_other_backend(chosen: Backend) {
+    let other = match chosen {
+        Backend::Nft => Backend::Legacy,
+        Backend::Legacy => Backend::Nft,
+        Backend::System => return,
+    };
+    for family in families() {
+        let kernel = iptables(family, other);
+        match kernel.holds_own_chains() {
+            Ok(true) => {}
+            Ok(false) | Err(crate::kernel::Error::Spawn { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(%family, "cannot read {}: {e}", other.tool(family, "iptables-save"));
+                continue;
+            }
+        }
+        match kernel.cleanup() {
+            Ok(n) => tracing::warn!(
+                %family,
+                chains = n,
+                "removed kube-proxy's chains from {}: kpx writes through {}",
+                other.tool(family, "iptables"),
+                chosen.tool(family, "iptables")
+            ),
+            Err(e) => {
+                tracing::warn!(%family, "cannot remove kube-proxy's chains from {}: {e}", other.tool(family, "iptables"))
+            }
+        }
+    }
+}
+
 /// What the other modes left on this node, removed before this one starts
 /// (as upstream does): userspace mode removes the rule modes' chains, the
 /// nftables table and IPVS virtual servers; the others remove userspace
@@ -593,6 +634,7 @@ fn raise_open_files_limit() {
 /// `--ipvs-exclude-cidrs`) with kube-ipvs0, then returns.
 pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
     let backend = iptables_backend(config);
+    remove_other_backend(backend);
     match crate::kernel::ipvs::dataplane::cleanup(&config.ipvs.exclude_cidrs, 1 << config.masquerade_bit) {
         Ok(0) => {}
         Ok(n) => tracing::info!(services = n, "removed IPVS virtual servers and kube-ipvs0"),

@@ -622,7 +622,8 @@ pub fn run(
                 let (mut changed, mut node) = (false, false);
                 for event in std::iter::once(event).chain(std::iter::from_fn(|| events.try_recv().ok())) {
                     pending.note(&event, telemetry, started);
-                    node |= matches!(&event, Event::Apply(Object::Node(_)));
+                    node |= matches!(&event, Event::Apply(Object::Node(_)))
+                        || matches!(&event, Event::Delete(r) if r.kind == crate::source::Kind::Node);
                     changed |= state.apply(event);
                 }
                 // Upstream queues nothing before its initial lists are in:
@@ -635,8 +636,11 @@ pub fn run(
                         telemetry.metrics.last_queued_timestamp.get_or_create(&family).set(unix_now());
                     }
                 }
-                if node && let Some(n) = state.node_object() {
-                    telemetry.health.sync_node(n);
+                if node {
+                    match state.node_object() {
+                        Some(n) => telemetry.health.sync_node(n),
+                        None => telemetry.health.forget_node(),
+                    }
                 }
                 schedule.pending |= changed;
                 continue;

@@ -54,10 +54,22 @@ impl EchoServer {
     /// Serves TCP and UDP on `addr` (e.g. "0.0.0.0:8080") inside `ns`.
     pub fn start(ns: &Ns, name: &str, addr: &str) -> Result<EchoServer> {
         let addr: SocketAddr = addr.parse().map_err(|e| crate::Error::Unavailable(format!("{addr}: {e}")))?;
-        let (tcp, udp, sctp) =
-            ns.enter(move || -> std::io::Result<(TcpListener, UdpSocket, Option<TcpListener>)> {
-                Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?, sctp_listener(addr).ok()))
-            })??;
+        // An address just added may not be bindable yet (an IPv6 address
+        // is tentative until the kernel has set it up: EADDRNOTAVAIL, seen
+        // once in a full test run under load); up to 2 s for it.
+        let bind = move || -> std::io::Result<(TcpListener, UdpSocket, Option<TcpListener>)> {
+            Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?, sctp_listener(addr).ok()))
+        };
+        let mut tries = 0;
+        let (tcp, udp, sctp) = loop {
+            match ns.enter(bind)? {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable && tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => break other?,
+            }
+        };
         udp.set_read_timeout(Some(Duration::from_millis(50)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();

@@ -91,7 +91,12 @@ fn a_failing_iptables_restore_keeps_the_rules_and_is_retried_in_full() {
     std::process::Command::new("chmod").args(["+x", wrapper.to_str().unwrap()]).status().unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let period = format!("{}s", PERIOD.as_secs());
-    let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--iptables-sync-period", &period]);
+    // The wrapper is the iptables on PATH: kpx must not pick a backend's
+    // own binary (iptables-nft-restore) past it.
+    let args = kpx_args(
+        &manifests,
+        &["--proxy-mode", "iptables", "--iptables-sync-period", &period, "--iptables-backend", "system"],
+    );
     let mut kpx = lab.start_kpx_with_env(KPX.as_ref(), &args, &dir.join("kpx.log"), &[("PATH", &path)]).unwrap();
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
     assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"));

@@ -340,7 +340,9 @@ fn nfacct_counts_localhost_nodeport_connections() {
 /// image's iptables-wrappers v2 logic) on a node that holds legacy rules
 /// and on one that holds nft rules: kpx writes where kubelet's marker
 /// chain is, or where the rules are when there is none; its rules work
-/// there (a real request) and nothing lands in the other backend.
+/// there (a real request) and nothing lands in the other backend. What an
+/// earlier image left in the other backend (a stale DNAT for the very
+/// Service, in kube-proxy's chains) is removed at start.
 #[test]
 fn the_iptables_backend_is_the_nodes_as_the_image_chooses() {
     if std::process::Command::new("iptables-legacy").arg("--version").output().is_err() {
@@ -349,12 +351,37 @@ fn the_iptables_backend_is_the_nodes_as_the_image_chooses() {
     }
     let legacy_rule = ["-t", "filter", "-A", "INPUT", "-s", "192.0.2.1/32", "-j", "DROP"];
     let hint = ["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"];
+    let stale_chain = ["-t", "nat", "-N", "KUBE-SERVICES"];
+    let stale_jump = ["-t", "nat", "-I", "OUTPUT", "-j", "KUBE-SERVICES"];
+    let stale_prerouting = ["-t", "nat", "-I", "PREROUTING", "-j", "KUBE-SERVICES"];
+    let stale_dnat = [
+        "-t",
+        "nat",
+        "-A",
+        "KUBE-SERVICES",
+        "-d",
+        "10.96.0.10/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "80",
+        "-j",
+        "DNAT",
+        "--to-destination",
+        "192.0.2.99:8080",
+    ];
     // (name, what the node holds: tool and arguments, the backend kpx picks, why)
     type Setup<'a> = Vec<(&'a str, &'a [&'a str])>;
     let cases: [(&str, Setup, &str, &str); 3] = [
         (
             "legacy-hint",
-            vec![("iptables-legacy", &hint[..])],
+            vec![
+                ("iptables-legacy", &hint[..]),
+                ("iptables-nft", &stale_chain[..]),
+                ("iptables-nft", &stale_dnat[..]),
+                ("iptables-nft", &stale_jump[..]),
+                ("iptables-nft", &stale_prerouting[..]),
+            ],
             "legacy",
             "kubelet's KUBE-IPTABLES-HINT chain is in iptables-legacy's tables",
         ),
@@ -390,8 +417,12 @@ fn the_iptables_backend_is_the_nodes_as_the_image_chooses() {
             let ours = lab.node.exec(&[&format!("{family}-{chosen}-save")]).unwrap();
             assert!(ours.contains(":KUBE-SERVICES"), "{tag}: {family}-{chosen}-save:\n{ours}");
             let theirs = lab.node.exec(&[&format!("{family}-{other}-save")]).unwrap();
-            assert!(!theirs.contains("KUBE-"), "{tag}: kpx wrote to {family}-{other}:\n{theirs}");
+            assert!(!theirs.contains("KUBE-"), "{tag}: kube-proxy's chains in {family}-{other}:\n{theirs}");
         }
+        if tag == "legacy-hint" {
+            assert!(kpx.log().contains("removed kube-proxy's chains from iptables-nft"), "{}", kpx.log());
+        }
+        // The stale DNAT (to 192.0.2.99) would take the request, were it left.
         assert_eq!(request(&lab, Proto::Tcp, WEB).server(), Some("be1"), "{tag}");
         drop(kpx);
     }

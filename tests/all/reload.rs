@@ -221,7 +221,10 @@ fn a_replacement_whose_first_write_fails_is_rolled_back() {
     let file = dir.join("backend.wasm");
     std::fs::write(&file, kpx::runtime::builtin::get("iptables").unwrap()).unwrap();
     write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
-    let args = kpx_args(&manifests, &["--proxy-mode", "iptables", "--backend-plugin", file.to_str().unwrap()]);
+    // The wrapper is the iptables on PATH (not iptables-nft-restore).
+    let plugin = file.to_str().unwrap();
+    let args =
+        kpx_args(&manifests, &["--proxy-mode", "iptables", "--backend-plugin", plugin, "--iptables-backend", "system"]);
     let mut kpx =
         lab.start_kpx_with_env(KPX.as_ref(), &args, &dir.join("kpx.log"), &[("PATH", &path)]).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());

@@ -458,7 +458,8 @@ fn a_blank_proxy_mode_falls_back_to_userspace_on_an_old_iptables() {
     .unwrap();
     std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let args = kpx_args(&manifests, &[]);
+    // The shim is the iptables on PATH (not iptables-nft).
+    let args = kpx_args(&manifests, &["--iptables-backend", "system"]);
     let mut kpx =
         lab.start_kpx_with_env(KPX.as_ref(), &args, &dir.join("kpx.log"), &[("PATH", &path)]).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());

@@ -488,65 +488,76 @@ impl IptablesKernel {
         }
     }
 
-    /// `--cleanup`: unlinks every jump kube-proxy keeps in built-in chains
-    /// (iptables and ipvs modes), then flushes and deletes the chains
-    /// kube-proxy (and kpx) create. Chains of other software are left
-    /// alone. Returns the chains removed.
+    /// `--cleanup`: unlinks every jump to the chains kube-proxy (and kpx)
+    /// create, then flushes and deletes them, in every mode's names.
+    /// Chains of other software are left alone. Returns the chains
+    /// removed.
     pub fn cleanup(&self) -> Result<usize> {
-        let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps());
-        let ours = |chain: &str| own_chain_name_problem(chain).is_none() || is_host_chain(chain);
-        let removed = self.remove(jumps.chain(crate::userspace::rules::jumps()).collect(), ours)?;
+        let removed = self.remove(|chain| own_chain_name_problem(chain).is_none() || is_host_chain(chain))?;
+        // The canary where it is: one save of every table that exists, as
+        // `iptables-legacy -t mangle` would create the table.
+        let all = self.exec.run(&self.tool("iptables-save"), &[], None)?;
         let iptables = self.tool("iptables");
-        for table in CANARY_TABLES {
-            // Absent already: nothing to remove.
-            let _ = self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table, "-X", CANARY_CHAIN], None);
+        let mut table = "";
+        for line in all.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t.trim();
+            } else if line.strip_prefix(':').and_then(|l| l.split_whitespace().next()) == Some(CANARY_CHAIN) {
+                // Gone meanwhile (or someone's rule in it): nothing to do.
+                let _ = self.exec.run(&iptables, &[WAIT[0], WAIT[1], "-t", table, "-X", CANARY_CHAIN], None);
+            }
         }
         Ok(removed)
+    }
+
+    /// Whether these tools' tables hold a chain kube-proxy (or kpx) makes.
+    /// Read with one save of every table, naming none: `iptables-legacy
+    /// -t TABLE` would create the table.
+    pub fn holds_own_chains(&self) -> Result<bool> {
+        let text = self.exec.run(&self.tool("iptables-save"), &[], None)?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
+            .any(|c| own_chain_name_problem(c).is_none() || is_host_chain(c)))
     }
 
     /// At the start of userspace mode: what the iptables and ipvs modes
     /// left (upstream cleans the other modes' leftovers too); userspace
     /// mode's own chains stay.
     pub fn remove_rule_modes(&self) -> Result<usize> {
-        let jumps = frame::all_jumps().into_iter().chain(super::ipvs::iptables::jumps()).collect();
         let userspace = |c: &str| USERSPACE_HOST_CHAINS.iter().any(|(_, u)| *u == c);
-        self.remove(jumps, |c| own_chain_name_problem(c).is_none() || (is_host_chain(c) && !userspace(c)))
+        self.remove(|c| own_chain_name_problem(c).is_none() || (is_host_chain(c) && !userspace(c)))
     }
 
     /// At the start of the other modes: what userspace mode left.
     pub fn remove_userspace(&self) -> Result<usize> {
-        self.remove(crate::userspace::rules::jumps(), |c| USERSPACE_HOST_CHAINS.iter().any(|(_, u)| *u == c))
+        self.remove(|c| USERSPACE_HOST_CHAINS.iter().any(|(_, u)| *u == c))
     }
 
-    /// Unlinks `jumps` and deletes the chains `ours` names, when the
-    /// kernel has any of them (a jump cannot outlive its chain).
-    fn remove(&self, jumps: Vec<Rule>, ours: impl Fn(&str) -> bool) -> Result<usize> {
-        let iptables = self.tool("iptables");
-        let d = Dialect { family: self.family, masquerade_mark: 1 << 14 };
-        let dump = self.dump(d)?;
-        if !Table::ALL.into_iter().any(|t| dump.chains(t).any(|c| ours(c))) {
-            return Ok(0);
-        }
-        for jump in jumps {
-            let spec = rule_args(&jump, d);
-            let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", jump.table.name(), "-D", &jump.chain];
-            args.extend(spec.iter().map(String::as_str));
-            // Delete every copy; stop at the first "no such rule".
-            for _ in 0..16 {
-                if self.exec.run(&iptables, &args, None).is_err() {
-                    break;
-                }
-            }
-        }
+    /// Deletes the chains `ours` names, with every rule of another chain
+    /// that jumps to one of them (as the kernel holds it, whichever
+    /// release of kube-proxy or kpx wrote it), in one restore per family.
+    fn remove(&self, ours: impl Fn(&str) -> bool) -> Result<usize> {
         let mut removed = 0;
         let mut text = String::new();
         for table in Table::ALL {
-            let mine: Vec<&String> = dump.chains(table).filter(|c| ours(c)).collect();
+            let save = self.exec.run(&self.tool("iptables-save"), &["-t", table.name()], None)?;
+            let mine: Vec<&str> = save
+                .lines()
+                .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
+                .filter(|c| ours(c))
+                .collect();
             if mine.is_empty() {
                 continue;
             }
             removed += mine.len();
             text.push_str(&format!("*{}\n", table.name()));
+            for rule in save.lines().filter_map(|l| l.strip_prefix("-A ")) {
+                let chain = rule.split_whitespace().next().unwrap_or("");
+                if !ours(chain) && jump_target(rule).is_some_and(&ours) {
+                    text.push_str(&format!("-D {rule}\n"));
+                }
+            }
             for chain in &mine {
                 text.push_str(&format!(":{chain} - [0:0]\n"));
             }
@@ -604,6 +615,13 @@ fn restore_script<'r>(
         }
     }
     by_table.iter().map(|(table, lines)| format!("*{table}\n{}{lines}COMMIT\n", head(table))).collect()
+}
+
+/// The chain an iptables-save rule line jumps or goes to (`-j`/`-g`).
+fn jump_target(rule: &str) -> Option<&str> {
+    let mut words = rule.split_whitespace();
+    words.find(|w| *w == "-j" || *w == "-g")?;
+    words.next()
 }
 
 /// The rules an iptables-restore payload appends or inserts, (filter, nat).

@@ -41,6 +41,11 @@ struct Inner {
 #[derive(Debug)]
 pub struct ProxyHealth {
     timeout: Duration,
+    /// Whether an unknown Node makes /healthz fail: upstream's (its
+    /// node manager waits for the Node before the proxy starts), and kpx's
+    /// with the API. A `--manifests` source may hold no Node at all: then
+    /// the node is eligible until a Node document says otherwise.
+    node_required: bool,
     inner: Mutex<Inner>,
 }
 
@@ -59,12 +64,24 @@ impl ProxyHealth {
     pub fn new(timeout: Duration, _families: Vec<IpFamily>) -> ProxyHealth {
         ProxyHealth {
             timeout,
+            node_required: true,
             inner: Mutex::new(Inner {
                 last_updated: BTreeMap::new(),
                 oldest_pending: BTreeMap::new(),
                 node_eligible: None,
             }),
         }
+    }
+
+    /// An unknown Node does not fail /healthz (a `--manifests` source).
+    pub fn node_optional(mut self) -> ProxyHealth {
+        self.node_required = false;
+        self
+    }
+
+    /// The Node is gone (deleted, or left out of the manifests).
+    pub fn forget_node(&self) {
+        self.inner.lock().expect("health lock").node_eligible = None;
     }
 
     /// A change for `family` waits to be programmed (the oldest one counts).
@@ -90,9 +107,10 @@ impl ProxyHealth {
         self.inner.lock().expect("health lock").node_eligible = Some(!deleting && !tainted);
     }
 
-    /// upstream's `NodeEligible`: known, not being deleted, not tainted.
+    /// upstream's `NodeEligible`: known, not being deleted, not tainted
+    /// (unknown counts as eligible where the Node is optional).
     pub fn node_eligible(&self) -> bool {
-        self.inner.lock().expect("health lock").node_eligible == Some(true)
+        self.inner.lock().expect("health lock").node_eligible.unwrap_or(!self.node_required)
     }
 
     /// upstream's `Health`.
@@ -276,6 +294,23 @@ mod tests {
         h.sync_node(&node(serde_json::json!({"metadata": {"name": "n", "deletionTimestamp": "2026-11-23T00:00:00Z"}})));
         assert_eq!(h.healthz(t0).0, 503);
         h.sync_node(&Node::default());
+        assert_eq!(h.healthz(t0).0, 200);
+        // A Node deleted outright: unknown again, so not eligible.
+        h.forget_node();
+        assert_eq!(h.healthz(t0).0, 503);
+    }
+
+    /// A `--manifests` source may hold no Node: eligible until a Node
+    /// document says otherwise (and again once it is gone).
+    #[test]
+    fn without_a_required_node_an_unknown_one_is_eligible() {
+        let h = ProxyHealth::new(Duration::from_secs(60), vec![IpFamily::V4]).node_optional();
+        let t0 = Stamp::now();
+        h.updated(IpFamily::V4, t0);
+        assert_eq!(h.healthz(t0).0, 200);
+        h.sync_node(&node(serde_json::json!({"metadata": {"name": "n", "deletionTimestamp": "2026-11-23T00:00:00Z"}})));
+        assert_eq!(h.healthz(t0).0, 503);
+        h.forget_node();
         assert_eq!(h.healthz(t0).0, 200);
     }
 }

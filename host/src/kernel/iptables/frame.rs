@@ -74,13 +74,6 @@ fn jumps(settings: &Settings) -> Vec<Rule> {
     out
 }
 
-/// Every jump either family may have, for --cleanup.
-pub fn all_jumps() -> Vec<Rule> {
-    let mut settings = Settings::new(IpFamily::V4, kpx_rules::model::ProxyMode::Iptables);
-    settings.localhost_nodeports = true;
-    jumps(&settings)
-}
-
 /// The frame for these settings.
 pub fn frame(settings: &Settings) -> Frame {
     use Table::{Filter, Nat};
