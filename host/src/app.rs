@@ -439,7 +439,7 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                         relays.as_ref().filter(|_| config.localhost_relay(family)).map(|r| {
                             tracing::info!(
                                 family = %family,
-                                "localhost node ports are relayed by kpx (--nodeport-addresses names loopback)"
+                                "localhost node ports are relayed by kpx (--nodeport-addresses names loopback); each connection goes to the endpoint the Service's scheduler picks (kpx.dev/scheduler), where kube-proxy picks at random"
                             );
                             Box::new(LocalhostNodePorts::new(family, r.clone(), picker.clone()))
                         }),

@@ -596,7 +596,8 @@ impl NodePortAddresses {
                     out.cidrs.extend(["127.0.0.0/8", "::1/128"].map(|c| c.parse::<Cidr>().expect("loopback")))
                 }
                 "all" => out.cidrs.extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<Cidr>().expect("everything"))),
-                cidr => out.cidrs.push(cidr.parse().map_err(|e| {
+                // upstream validates with ParseCIDRSloppy (leading zeros).
+                cidr => out.cidrs.push(Cidr::parse_sloppy(cidr).map_err(|e| {
                     format!("{cidr:?}: {e}: must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'")
                 })?),
             }
@@ -1010,7 +1011,7 @@ impl Flags {
             return Err(invalid("ipvs-sync-period", &self.ipvs_sync_period, "must be greater than 0"));
         }
         for c in self.ipvs_exclude_cidrs.iter().filter(|c| !c.is_empty()) {
-            c.parse::<Cidr>().map_err(|e| invalid("ipvs-exclude-cidrs", c, e.to_string()))?;
+            Cidr::parse_sloppy(c).map_err(|e| invalid("ipvs-exclude-cidrs", c, e.to_string()))?;
         }
         if !self.proxy_port_range.is_empty() && !port_range_ok(&self.proxy_port_range) {
             return Err(invalid(
@@ -1086,7 +1087,8 @@ impl Flags {
         };
         let mut cluster_cidrs: Vec<Cidr> = Vec::new();
         for part in self.cluster_cidr.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let cidr: Cidr = part.parse().map_err(|e| invalid("cluster-cidr", &self.cluster_cidr, format!("{e}")))?;
+            let cidr =
+                Cidr::parse_sloppy(part).map_err(|e| invalid("cluster-cidr", &self.cluster_cidr, format!("{e}")))?;
             if cluster_cidrs.iter().any(|c| c.family() == cidr.family()) {
                 return Err(invalid("cluster-cidr", &self.cluster_cidr, "at most one CIDR per IP family"));
             }
@@ -1192,7 +1194,7 @@ impl Flags {
                 .ipvs_exclude_cidrs
                 .iter()
                 .filter(|c| !c.is_empty())
-                .map(|c| c.parse::<Cidr>().map_err(|e| invalid("ipvs-exclude-cidrs", c, e.to_string())))
+                .map(|c| Cidr::parse_sloppy(c).map_err(|e| invalid("ipvs-exclude-cidrs", c, e.to_string())))
                 .collect::<Result<_>>()?,
             tcp_timeout: seconds("ipvs-tcp-timeout", &self.ipvs_tcp_timeout)?,
             tcpfin_timeout: seconds("ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout)?,

@@ -35,7 +35,15 @@ pub enum Error {
     /// The tool refused: its exit status and what it said, read once by
     /// [`exec::classify`].
     #[error("{program} failed ({status}): {stderr}")]
-    Failed { program: String, status: String, stderr: String, cause: Cause },
+    Failed {
+        program: String,
+        status: String,
+        stderr: String,
+        cause: Cause,
+        /// What it printed before it failed (a save that fails on one
+        /// table has printed the others).
+        stdout: String,
+    },
     /// nf_tables refused over netlink (the kernel's own errno).
     #[error(transparent)]
     Netlink(#[from] nftables::netlink::Error),
@@ -127,6 +135,10 @@ pub struct Written {
     /// Kernel transactions the sync took (nftables: 2 when made before
     /// broken, [`nftables::steps`]; else 1).
     pub steps: u8,
+    /// nftables mode: the cleanup after the write failed (the objects of
+    /// what is no longer wanted stay; upstream's
+    /// `nftables_cleanup_failures_total`).
+    pub cleanup_failed: bool,
 }
 
 /// What a sync's kernel side reads of the state besides the plugin's

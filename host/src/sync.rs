@@ -723,11 +723,8 @@ pub fn run(
         for proxier in &mut proxiers {
             let t = Instant::now();
             let family = FamilyLabel::of(proxier.family());
-            // upstream's iptables mode skips the periodic full sync in
-            // large cluster mode (kubernetes/kubernetes#138571, v1.37).
-            let skips = periodic && !full && proxier.skips_periodic_full();
+            let (full, skips) = full_this_pass(full, periodic, proxier.skips_periodic_full());
             skipped_periodic |= skips;
-            let full = full || (periodic && !skips);
             let partial = !full && !proxier.needs_full();
             let result = proxier.sync(&state, &changes, full);
             let took = t.elapsed().as_secs_f64();
@@ -741,6 +738,9 @@ pub fn run(
                 Ok(report) => {
                     telemetry.health.updated(proxier.family(), Stamp::now());
                     m.last_sync_timestamp.get_or_create(&family).set(unix_now());
+                    if report.cleanup_failed {
+                        m.nftables_cleanup_failures.get_or_create(&family).inc();
+                    }
                     if let Some((filter, nat)) = report.iptables_written {
                         let table = |t: &str| TableLabel { ip_family: family.ip_family.clone(), table: t.into() };
                         m.iptables_last.get_or_create(&table("filter")).set(filter as i64);
@@ -864,9 +864,26 @@ fn reconcile_conntrack(proxier: &mut Proxier, full: bool, telemetry: &Telemetry)
     }
 }
 
+/// Whether a proxier's sync in this pass is full, and whether it skipped
+/// the periodic one: a forced full sync (a loss the canary found) always
+/// is; the periodic one unless the proxier skips it (upstream's iptables
+/// mode in large cluster mode, kubernetes/kubernetes#138571, v1.37).
+fn full_this_pass(forced: bool, periodic: bool, skips_periodic: bool) -> (bool, bool) {
+    let skips = periodic && !forced && skips_periodic;
+    (forced || (periodic && !skips), skips)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_cluster_mode_skips_only_the_periodic_full_sync() {
+        assert_eq!(full_this_pass(false, true, false), (true, false), "the hourly full sync");
+        assert_eq!(full_this_pass(false, true, true), (false, true), "skipped in large cluster mode");
+        assert_eq!(full_this_pass(true, true, true), (true, false), "a loss still forces one");
+        assert_eq!(full_this_pass(false, false, true), (false, false));
+    }
 
     #[test]
     fn schedule_honours_min_and_max_periods_and_backs_off() {

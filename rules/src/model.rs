@@ -32,9 +32,9 @@ impl fmt::Display for Protocol {
     }
 }
 
-/// An address as Kubernetes' `ParseIPSloppy` reads one: an IPv4 address
-/// may have leading zeros in its parts, read as decimal (`10.096.0.010` is
-/// 10.96.0.10). The API server has refused them in new objects since
+/// An address as Kubernetes' `ParseIPSloppy` reads one (Go 1.16's
+/// parser, forked): an IPv4 address may have leading zeros in its parts,
+/// any number of them, read as decimal (`10.096.0.010` is 10.96.0.10). The API server has refused them in new objects since
 /// v1.36 (StrictIPCIDRValidation), but older objects keep them, and
 /// kube-proxy programs them.
 pub fn parse_ip_sloppy(text: &str) -> Option<std::net::IpAddr> {
@@ -43,7 +43,7 @@ pub fn parse_ip_sloppy(text: &str) -> Option<std::net::IpAddr> {
         return Some(ip);
     }
     let parts: Vec<&str> = text.split('.').collect();
-    if parts.len() != 4 || parts.iter().any(|p| p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit())) {
+    if parts.len() != 4 || parts.iter().any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
         return None;
     }
     let mut octets = [0u8; 4];
@@ -660,7 +660,8 @@ mod tests {
         assert_eq!(ip("010.180.000.001").as_deref(), Some("10.180.0.1"));
         assert_eq!(ip(" 10.0.0.1 ").as_deref(), Some("10.0.0.1"));
         assert_eq!(ip("fd00::1").as_deref(), Some("fd00::1"));
-        for bad in ["1.2.3", "1.2.3.256", "1.2.3.0001", "1.2.3.x", "", "1..2.3"] {
+        assert_eq!(ip("1.2.3.0001").as_deref(), Some("1.2.3.1"), "Go's dtoi takes any number of zeros");
+        for bad in ["1.2.3", "1.2.3.256", "1.2.3.00256", "1.2.3.x", "", "1..2.3", "1.2.3.+1"] {
             assert_eq!(ip(bad), None, "{bad}");
         }
         // And CIDRs (ParseCIDRSloppy), as TestBadIPs' source range.

@@ -106,11 +106,14 @@ impl Gates {
         let Some(g) = GATES.iter().find(|g| g.name == name) else {
             return false;
         };
-        match g.stage {
-            Stage::Alpha if self.set.get("AllAlpha") == Some(&true) => true,
-            Stage::Beta if self.set.get("AllBeta") == Some(&true) => true,
-            _ => g.default,
-        }
+        // component-base's setUnsetAlphaGates/setUnsetBetaGates: either
+        // value, for every gate of the stage not set itself.
+        let all = match g.stage {
+            Stage::Alpha => self.set.get("AllAlpha"),
+            Stage::Beta => self.set.get("AllBeta"),
+            _ => None,
+        };
+        all.copied().unwrap_or(g.default)
     }
 
     /// The gates given, as given (for /configz and /flagz).
@@ -177,6 +180,11 @@ mod tests {
         let (g, _) = parse("KubeProxyNFTablesLocalhostNodePorts=false,AllBeta=true").unwrap();
         assert!(!g.enabled(NFTABLES_LOCALHOST_NODEPORTS), "an explicit value wins over AllBeta");
         assert!(g.enabled(COMPONENT_STATUSZ));
+        // AllBeta=false turns every beta gate not set itself off.
+        let (g, _) = parse("AllBeta=false,ComponentFlagz=true").unwrap();
+        assert!(!g.enabled(COMPONENT_STATUSZ) && !g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
+        assert!(g.enabled(COMPONENT_FLAGZ), "an explicit value wins over AllBeta");
+        assert!(g.enabled(KUBE_PROXY_IPVS), "a deprecated gate is not beta");
         let err = parse("PreferSameTrafficDistribution=false").unwrap_err();
         assert_eq!(err, "cannot set feature gate PreferSameTrafficDistribution to false, feature is locked to true");
         assert!(parse("PreferSameTrafficDistribution=true").is_ok());

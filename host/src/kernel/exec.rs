@@ -117,6 +117,7 @@ impl Exec for SystemExec {
                 status: status.to_string(),
                 cause: classify(&stderr),
                 stderr,
+                stdout: String::from_utf8_lossy(&out).into_owned(),
             });
         }
         Ok(String::from_utf8_lossy(&out).into_owned())

@@ -753,6 +753,13 @@ impl IptablesDataplane {
         }
         self.written = Some(Previous { host_chains, hooks });
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
-        Ok(Written { bytes, kernel, iptables_rules: Some(rules), iptables_written: Some(written), steps: 1 })
+        Ok(Written {
+            bytes,
+            kernel,
+            iptables_rules: Some(rules),
+            iptables_written: Some(written),
+            steps: 1,
+            cleanup_failed: false,
+        })
     }
 }

@@ -769,7 +769,8 @@ impl NftablesDataplane {
         self.held = record;
         drop(decls);
         self.localhost_rejects = rejects.after;
-        if full && let Err(e) = self.remove_stale_reject_counters(settings) {
+        let cleanup = if full { self.remove_stale_reject_counters(settings) } else { Ok(()) };
+        if let Err(e) = &cleanup {
             tracing::warn!(family = %family, "cannot remove the counters of loopback node ports no longer refused: {e}");
         }
         kernel += t.elapsed();
@@ -777,7 +778,14 @@ impl NftablesDataplane {
         self.sizes = sizes;
         self.model.commit(checked);
         self.synced |= full;
-        Ok(Written { bytes, kernel, iptables_rules: None, iptables_written: None, steps: 1 + u8::from(first_written) })
+        Ok(Written {
+            bytes,
+            kernel,
+            iptables_rules: None,
+            iptables_written: None,
+            steps: 1 + u8::from(first_written),
+            cleanup_failed: cleanup.is_err(),
+        })
     }
 }
 

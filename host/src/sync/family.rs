@@ -61,6 +61,8 @@ pub struct Report {
     /// Kernel transactions of the rule write (nftables: 2 when made
     /// before broken).
     pub steps: u8,
+    /// nftables mode: the cleanup after the write failed.
+    pub cleanup_failed: bool,
 }
 
 pub struct FamilyProxier {
@@ -542,6 +544,7 @@ impl FamilyProxier {
             iptables_rules: written.iptables_rules,
             iptables_written: written.iptables_written,
             steps: written.steps,
+            cleanup_failed: written.cleanup_failed,
         })
     }
 

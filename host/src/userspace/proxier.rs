@@ -303,6 +303,7 @@ impl UserspaceProxier {
             iptables_rules: Some((frame.rules.len() - nat, nat)),
             iptables_written: Some(crate::kernel::iptables::rules_in(&text)),
             steps: 1,
+            cleanup_failed: false,
         })
     }
 }

@@ -138,7 +138,9 @@ pub fn detect(exec: &dyn Exec) -> (Backend, String) {
                 Err(Error::Spawn { .. }) if family == IpFamily::V4 => {
                     return (Backend::System, format!("{tool} cannot be run: using iptables as found on PATH"));
                 }
-                // Best effort, as the wrapper: a failed dump is empty.
+                // Best effort, as the wrapper (`… || true`): what a failed
+                // dump printed still counts.
+                Err(Error::Failed { stdout, .. }) => into.push_str(&stdout),
                 Err(_) => {}
             }
         }
@@ -221,5 +223,28 @@ mod tests {
         let (backend, why) = detect(&Missing);
         assert_eq!(backend, Backend::System);
         assert!(why.starts_with("iptables-legacy-save cannot be run"), "{why}");
+    }
+
+    /// A dump that fails after printing (one table nft cannot read) still
+    /// counts what it printed, as the wrapper's `… || true` does.
+    #[test]
+    fn a_failed_dump_counts_what_it_printed() {
+        struct Failing;
+        impl Exec for Failing {
+            fn run(&self, program: &str, args: &[&str], _: Option<&[u8]>) -> crate::kernel::Result<String> {
+                match (program, args.is_empty()) {
+                    ("iptables-legacy-save", true) => Err(Error::Failed {
+                        program: program.into(),
+                        status: "exit status: 1".into(),
+                        stderr: "table `raw' is incompatible".into(),
+                        cause: crate::kernel::Cause::Other,
+                        stdout: TWO_RULES.into(),
+                    }),
+                    _ => Ok(String::new()),
+                }
+            }
+        }
+        let (backend, why) = detect(&Failing);
+        assert_eq!(backend, Backend::Legacy, "{why}");
     }
 }

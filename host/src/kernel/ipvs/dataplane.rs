@@ -418,6 +418,7 @@ impl IpvsDataplane {
             iptables_rules: Some((frame.rules.len() - rules, rules)),
             iptables_written: None,
             steps: 1,
+            cleanup_failed: false,
         })
     }
 
