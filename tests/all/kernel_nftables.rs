@@ -191,5 +191,32 @@ apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v
         assert!(listing.contains(kind), "the ruleset has no {kind:?}:\n{listing}");
     }
     crate::support::nft_relist(&listing).unwrap_or_else(|e| panic!("{e}\n(saved from)\n{listing}"));
+
+    // A partial sync that declares maps the table did not hold (a Service
+    // of five endpoints, another of seven): they load back too.
+    let more: Vec<String> = (1..=7).map(|i| format!("10.244.77.{i}")).collect();
+    let more: Vec<&str> = more.iter().map(String::as_str).collect();
+    let partial = "synced rules family=IPv4 full=false";
+    let before = kpx.log().matches(partial).count();
+    write_service(&manifests, "five", "10.96.0.36", &[], &more[..5], &[]);
+    write_service(&manifests, "seven", "10.96.0.37", &[], &more, &[]);
+    // (One partial sync or two: polled until both are there.)
+    let wanted = ["numgen random mod 5", "numgen random mod 7"];
+    let t0 = std::time::Instant::now();
+    let listing = loop {
+        let listing = lab.node.exec(&["nft", "list", "ruleset"]).unwrap();
+        if wanted.iter().all(|m| listing.contains(m)) || t0.elapsed() > Duration::from_secs(20) {
+            break listing;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for map in wanted {
+        assert!(listing.contains(map), "no {map:?} after 20 s:\n{listing}\n{}", kpx.log());
+    }
+    let log = kpx.log();
+    assert!(log.matches(partial).count() > before, "written by partial syncs:\n{log}");
+    assert!(!log.contains("sync failed"), "{log}");
+    crate::support::nft_relist(&listing)
+        .unwrap_or_else(|e| panic!("after a partial sync: {e}\n(saved from)\n{listing}"));
     drop(kpx);
 }
