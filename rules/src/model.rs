@@ -39,8 +39,9 @@ impl fmt::Display for Protocol {
 /// kube-proxy programs them.
 pub fn parse_ip_sloppy(text: &str) -> Option<std::net::IpAddr> {
     let text = text.trim();
-    if let Ok(ip) = text.parse() {
-        return Some(ip);
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        // An IPv4-mapped IPv6 address is IPv4, as Go's `To4` reads it.
+        return Some(ip.to_canonical());
     }
     let parts: Vec<&str> = text.split('.').collect();
     if parts.len() != 4 || parts.iter().any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
@@ -184,7 +185,17 @@ impl Cidr {
     pub fn parse_sloppy(text: &str) -> Result<Cidr, CidrParseError> {
         let err = || CidrParseError(text.to_string());
         let (addr, len) = text.trim().split_once('/').ok_or_else(err)?;
+        let mapped = addr.parse::<std::net::Ipv6Addr>().is_ok_and(|a| a.to_ipv4_mapped().is_some());
         let addr = parse_ip_sloppy(addr).ok_or_else(err)?;
+        if mapped {
+            // ::ffff:a.b.c.d/N is IPv4's /(N-96), as Go's family of it.
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| (96..=128).contains(l) && len.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(err)?;
+            return format!("{addr}/{}", len - 96).parse().map_err(|_| err());
+        }
         format!("{addr}/{len}").parse().map_err(|_| err())
     }
 }
@@ -196,6 +207,10 @@ impl std::str::FromStr for Cidr {
         let err = || CidrParseError(s.to_string());
         let (addr, len) = s.trim().split_once('/').ok_or_else(err)?;
         let addr: IpAddr = addr.parse().map_err(|_| err())?;
+        // Digits only (Rust's integers also take a sign).
+        if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
         let prefix_len: u8 = len.parse().map_err(|_| err())?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix_len > max {
@@ -669,7 +684,10 @@ mod tests {
         assert_eq!(cidr("203.0.113.000/025").as_deref(), Some("203.0.113.0/25"));
         assert_eq!(cidr(" 10.0.0.0/8").as_deref(), Some("10.0.0.0/8"));
         assert_eq!(cidr("fd00::/64").as_deref(), Some("fd00::/64"));
-        for bad in ["203.0.113.000", "203.0.113.0/33", "203.0.113.0/x", "1.2.3/8"] {
+        assert_eq!(ip("::ffff:10.96.0.3").as_deref(), Some("10.96.0.3"), "IPv4-mapped is IPv4");
+        assert_eq!(cidr("::ffff:10.0.0.0/104").as_deref(), Some("10.0.0.0/8"));
+        for bad in ["203.0.113.000", "203.0.113.0/33", "203.0.113.0/x", "1.2.3/8", "10.0.0.0/+8", "::ffff:10.0.0.0/90"]
+        {
             assert_eq!(cidr(bad), None, "{bad}");
         }
     }

@@ -304,6 +304,18 @@ fn same_rules_from_both_sources(mode: &str) {
     };
     lab.node.exec(&[KPX, "--cleanup"]).expect("kpx --cleanup");
     assert!(!rules(&lab, mode).contains("10.96.0.10"), "{mode}: cleanup left rules");
+    // --cleanup leaves the localnet guard (kubelet's chain too); gone, the
+    // second start lays out the node as the first did.
+    for command in [
+        &["-D", "INPUT", "-j", "KUBE-FIREWALL"][..],
+        &["-D", "OUTPUT", "-j", "KUBE-FIREWALL"],
+        &["-F", "KUBE-FIREWALL"],
+        &["-X", "KUBE-FIREWALL"],
+    ] {
+        let mut args = vec!["iptables", "-t", "filter"];
+        args.extend_from_slice(command);
+        let _ = lab.node.exec(&args);
+    }
     let server = start_server(&lab);
     put(&server, &text);
     let from_api = {

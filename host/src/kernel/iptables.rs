@@ -493,7 +493,7 @@ impl IptablesKernel {
     /// Chains of other software are left alone. Returns the chains
     /// removed.
     pub fn cleanup(&self) -> Result<usize> {
-        let removed = self.remove(|chain| own_chain_name_problem(chain).is_none() || is_host_chain(chain))?;
+        let removed = self.remove(removable)?;
         // The canary where it is: one save of every table that exists, as
         // `iptables-legacy -t mangle` would create the table.
         let all = self.exec.run(&self.tool("iptables-save"), &[], None)?;
@@ -515,10 +515,7 @@ impl IptablesKernel {
     /// -t TABLE` would create the table.
     pub fn holds_own_chains(&self) -> Result<bool> {
         let text = self.exec.run(&self.tool("iptables-save"), &[], None)?;
-        Ok(text
-            .lines()
-            .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
-            .any(|c| own_chain_name_problem(c).is_none() || is_host_chain(c)))
+        Ok(text.lines().filter_map(|l| l.strip_prefix(':')?.split_whitespace().next()).any(removable))
     }
 
     /// At the start of userspace mode: what the iptables and ipvs modes
@@ -526,7 +523,7 @@ impl IptablesKernel {
     /// mode's own chains stay.
     pub fn remove_rule_modes(&self) -> Result<usize> {
         let userspace = |c: &str| USERSPACE_HOST_CHAINS.iter().any(|(_, u)| *u == c);
-        self.remove(|c| own_chain_name_problem(c).is_none() || (is_host_chain(c) && !userspace(c)))
+        self.remove(|c| removable(c) && !userspace(c))
     }
 
     /// At the start of the other modes: what userspace mode left.
@@ -538,10 +535,12 @@ impl IptablesKernel {
     /// that jumps to one of them (as the kernel holds it, whichever
     /// release of kube-proxy or kpx wrote it), in one restore per family.
     fn remove(&self, ours: impl Fn(&str) -> bool) -> Result<usize> {
-        let mut removed = 0;
-        let mut text = String::new();
+        let (mut removed, mut text) = (0, String::new());
+        // One save of the tables that exist (`iptables-legacy-save -t nat`
+        // would create nat where there is none).
+        let all = self.exec.run(&self.tool("iptables-save"), &[], None)?;
         for table in Table::ALL {
-            let save = self.exec.run(&self.tool("iptables-save"), &["-t", table.name()], None)?;
+            let Some(save) = table_section(&all, table.name()) else { continue };
             let mine: Vec<&str> = save
                 .lines()
                 .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
@@ -617,11 +616,52 @@ fn restore_script<'r>(
     by_table.iter().map(|(table, lines)| format!("*{table}\n{}{lines}COMMIT\n", head(table))).collect()
 }
 
-/// The chain an iptables-save rule line jumps or goes to (`-j`/`-g`).
+/// One table's part of an iptables-save dump (from `*table` to its
+/// `COMMIT`), if the dump has it.
+fn table_section<'a>(dump: &'a str, table: &str) -> Option<&'a str> {
+    let head = format!("*{table}\n");
+    let start = if dump.starts_with(&head) { 0 } else { dump.find(&format!("\n{head}"))? + 1 };
+    let rest = &dump[start..];
+    Some(rest.find("\nCOMMIT").map_or(rest, |end| &rest[..end]))
+}
+
+/// The chains kpx removes as kube-proxy's (`--cleanup`, another mode's or
+/// backend's leftovers): its own and the host's, but not `KUBE-FIREWALL`,
+/// the localnet guard kubelet makes too, which upstream's cleanup leaves
+/// (`iptablesKubeletJumpChains`: kubelet would not make it again, and
+/// localhost services would be open to the node's neighbours).
+fn removable(chain: &str) -> bool {
+    chain != kpx_rules::ops::iptables::FIREWALL_CHAIN
+        && (own_chain_name_problem(chain).is_none() || is_host_chain(chain))
+}
+
+/// The chain an iptables-save rule line jumps or goes to (`-j`/`-g`),
+/// its words read as iptables-save quotes them (a comment's `"… -j X …"`
+/// is one word).
 fn jump_target(rule: &str) -> Option<&str> {
-    let mut words = rule.split_whitespace();
-    words.find(|w| *w == "-j" || *w == "-g")?;
-    words.next()
+    let mut words = Vec::new();
+    let (bytes, mut i) = (rule.as_bytes(), 0);
+    while i < bytes.len() {
+        if bytes[i] == b' ' {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        if bytes[i] == b'"' {
+            i += 1;
+            while i < bytes.len() && bytes[i] != b'"' {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else {
+            while i < bytes.len() && bytes[i] != b' ' {
+                i += 1;
+            }
+        }
+        words.push(&rule[start..i.min(rule.len())]);
+    }
+    let at = words.iter().position(|w| *w == "-j" || *w == "-g")?;
+    words.get(at + 1).copied()
 }
 
 /// The rules an iptables-restore payload appends or inserts, (filter, nat).

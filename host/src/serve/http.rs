@@ -1,9 +1,10 @@
 //! A small HTTP/1.1 server on hyper for kpx's endpoints: each request is
 //! answered by a plain function of its path.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,10 +12,27 @@ use http_body_util::Full;
 use hyper::{Request, Response};
 use tokio::sync::{Semaphore, watch};
 
-/// Connections one server holds at once; more wait to be accepted.
-const MAX_CONNECTIONS: usize = 256;
-/// A client must send its request head within this.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// What one server allows its clients, so that no client, idle, slow or
+/// many-connectioned, keeps others (a kubelet's probe, a load balancer's
+/// health check) from an answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections held at once; more wait to be accepted.
+    pub connections: usize,
+    /// Connections one client address holds at once; more are closed as
+    /// they are accepted, so one client cannot take every slot.
+    pub per_client: usize,
+    /// A request head must arrive within this; it also ends a keep-alive
+    /// connection idle for as long.
+    pub header: Duration,
+    /// A write that makes no progress for this long ends the connection
+    /// (a client that sends requests and never reads the answers).
+    pub write: Duration,
+}
+
+/// kpx's servers' limits.
+pub const LIMITS: Limits =
+    Limits { connections: 256, per_client: 32, header: Duration::from_secs(10), write: Duration::from_secs(10) };
 
 /// Binds as Go's `net.Listen("tcp", …)` does: an unspecified address
 /// (`0.0.0.0` or `::`) gets one dual-stack socket, so IPv4 and IPv6
@@ -93,11 +111,38 @@ fn respond(a: Answer) -> Response<Full<Bytes>> {
     b.body(Full::new(Bytes::from(a.body))).expect("a valid response")
 }
 
-/// Serves `listener` until `stop` turns true (or its sender is gone), at
-/// most [`MAX_CONNECTIONS`] at once, each with [`HEADER_TIMEOUT`] to send
-/// its request head; a failing accept (out of file descriptors) backs off.
-pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, mut stop: watch::Receiver<bool>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+/// Serves `listener` until `stop` turns true (or its sender is gone),
+/// within [`LIMITS`]; a failing accept (out of file descriptors) backs off.
+pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, stop: watch::Receiver<bool>) {
+    serve_within(listener, handler, stop, LIMITS).await
+}
+
+/// The connections each client address holds; a [`Held`] gives its one back.
+type PerClient = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+struct Held(PerClient, IpAddr);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.0.lock().expect("per-client lock");
+        if let Some(n) = held.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.1);
+            }
+        }
+    }
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_within(
+    listener: tokio::net::TcpListener,
+    handler: Handler,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let per_client: PerClient = Arc::default();
     let mut backoff = Duration::from_millis(5);
     loop {
         let slot = tokio::select! {
@@ -108,10 +153,10 @@ pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, mut stop
             a = listener.accept() => a,
             _ = stop.wait_for(|s| *s) => return,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => {
+        let (stream, peer) = match accepted {
+            Ok(accepted) => {
                 backoff = Duration::from_millis(5);
-                stream
+                accepted
             }
             Err(e) => {
                 tracing::warn!("accepting a connection failed, retrying in {backoff:?}: {e}");
@@ -120,10 +165,24 @@ pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, mut stop
                 continue;
             }
         };
+        // (An IPv4 client of a dual-stack socket is ::ffff:a.b.c.d.)
+        let client = peer.ip().to_canonical();
+        let held = {
+            let mut held = per_client.lock().expect("per-client lock");
+            let n = held.entry(client).or_insert(0);
+            if *n >= limits.per_client {
+                // Closed at once; the slot goes back with `slot`.
+                continue;
+            }
+            *n += 1;
+            Held(per_client.clone(), client)
+        };
+        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+        io.set_write_timeout(Some(limits.write));
         let handler = handler.clone();
         let mut stop = stop.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let (_slot, _held) = (slot, held);
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let accept = req.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok());
                 let answer = handler(&Asked { path: req.uri().path(), accept });
@@ -131,12 +190,99 @@ pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, mut stop
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .header_read_timeout(limits.header)
+                .serve_connection(hyper_util::rt::TokioIo::new(Box::pin(io)), service);
             tokio::select! {
                 _ = conn => {}
                 _ = stop.wait_for(|s| *s) => {}
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
+
+    const BIG: usize = 1 << 20;
+
+    /// A client socket from `from` (any 127.0.0.0/8 address) to `to`.
+    fn connect(from: &str, to: SocketAddr) -> TcpStream {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::new(from.parse().unwrap(), 0).into()).unwrap();
+        s.connect(&to.into()).unwrap();
+        s.into()
+    }
+
+    fn get(to: SocketAddr) -> Option<Duration> {
+        let t0 = Instant::now();
+        let mut s = connect("127.0.0.1", to);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.starts_with("HTTP/1.1 200").then(|| t0.elapsed())
+    }
+
+    /// Idle clients, a client over its share of connections and a client
+    /// that never reads its answers: a probe from elsewhere is answered at
+    /// once all along, and the stalled writer is cut off.
+    #[test]
+    fn idle_greedy_and_unread_clients_do_not_starve_a_probe() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let limits =
+            Limits { connections: 8, per_client: 4, header: Duration::from_secs(5), write: Duration::from_secs(1) };
+        let (addr, _stop) = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let handler: Handler = Arc::new(|a: &Asked| match a.path {
+                "/big" => Answer::text(200, "x".repeat(BIG)),
+                _ => Answer::text(200, "ok".into()),
+            });
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(serve_within(listener, handler, rx, limits));
+            (addr, tx)
+        });
+        // Ten idle connections from one address: it keeps four slots, the
+        // rest are closed as accepted.
+        let idle: Vec<TcpStream> = (0..10).map(|_| connect("127.0.0.2", addr)).collect();
+        let mut closed = 0;
+        for mut s in idle.iter().skip(4) {
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            if matches!(s.read(&mut [0u8; 1]), Ok(0)) {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 6, "a client's connections over its share are closed");
+        let took = get(addr).expect("a probe beside idle clients is answered");
+        assert!(took < Duration::from_millis(500), "{took:?}");
+        // A client that asks for 64 MiB and reads nothing.
+        let mut unread = connect("127.0.0.3", addr);
+        for _ in 0..64 {
+            unread.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        let took = get(addr).expect("a probe beside a stalled reader is answered");
+        assert!(took < Duration::from_millis(500), "{took:?}");
+        unread.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = 0;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match unread.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    panic!("the stalled connection was neither served nor closed ({got} bytes)")
+                }
+                // Reset: closed with answers unread.
+                Err(_) => break,
+            }
+        }
+        assert!(got < 8 * BIG, "the stalled connection was cut off, not served on: {got} bytes");
+        drop(idle);
     }
 }

@@ -152,33 +152,48 @@ fn not_acceptable(kind: &str) -> Answer {
     )
 }
 
-/// The first media range of `Accept` the page can answer: text for none,
-/// `text/plain`, `text/*` or `*/*`; JSON only with its version, group and
-/// kind as parameters.
+/// Longest `Accept` read; a longer one is refused (406) unread, so that
+/// no client makes the servers' thread parse megabytes.
+const MAX_ACCEPT: usize = 8192;
+
+/// The media range of `Accept` the page answers, as Kubernetes' negotiation
+/// picks it: the highest `q` first (`q=0` refuses), then the earliest;
+/// text for none, `text/plain`, `text/*` or `*/*`; the versioned object
+/// only with its version, group and kind as parameters, as JSON
+/// (`application/json`, `application/*`) or YAML (`application/yaml`).
 fn negotiate(accept: Option<&str>, kind: &str) -> Option<Format> {
     let Some(accept) = accept.map(str::trim).filter(|a| !a.is_empty()) else { return Some(Format::Text) };
+    if accept.len() > MAX_ACCEPT {
+        return None;
+    }
+    let mut best: Option<(f32, Format)> = None;
     for range in accept.split(',') {
         let mut parts = range.split(';').map(str::trim);
         let media = parts.next().unwrap_or("").to_ascii_lowercase();
-        let params: Vec<(String, String)> = parts
+        let params: Vec<(String, &str)> = parts
             .filter_map(|p| p.split_once('='))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().trim_matches('"').to_string()))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().trim_matches('"')))
             .collect();
-        let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        match media.as_str() {
-            "text/plain" | "text/*" | "*/*" => return Some(Format::Text),
-            "application/json" | "application/yaml" => {
-                if param("g") == Some("config.k8s.io")
-                    && param("as") == Some(kind)
-                    && let Some(v) = VERSIONS.iter().find(|v| param("v") == Some(**v))
-                {
-                    return Some(Format::Object { version: v, yaml: media == "application/yaml" });
-                }
+        let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        let q = param("q").map_or(Some(1.0), |q| q.parse::<f32>().ok().filter(|q| (0.0..=1.0).contains(q)));
+        let Some(q) = q.filter(|q| *q > 0.0) else { continue };
+        let format = match media.as_str() {
+            "text/plain" | "text/*" | "*/*" => Some(Format::Text),
+            "application/json" | "application/yaml" | "application/*" => {
+                let version = VERSIONS.iter().find(|v| param("v") == Some(**v));
+                version
+                    .filter(|_| param("g") == Some("config.k8s.io") && param("as") == Some(kind))
+                    .map(|v| Format::Object { version: v, yaml: media == "application/yaml" })
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(f) = format
+            && best.as_ref().is_none_or(|(b, _)| q > *b)
+        {
+            best = Some((q, f));
         }
     }
-    None
+    best.map(|(_, f)| f)
 }
 
 /// Go's `time.UnixDate` in UTC: `Mon Jan _2 15:04:05 UTC 2006`.
@@ -245,6 +260,19 @@ mod tests {
         let v: serde_json::Value = serde_saphyr::from_str(&y.body).unwrap();
         assert_eq!((v["kind"].as_str(), v["apiVersion"].as_str()), (Some("Statusz"), Some("config.k8s.io/v1beta1")));
         assert_eq!(z.flagz(Some("application/yaml")).status, 406, "YAML too only with its parameters");
+        // q-values: 0 refuses, the highest wins; application/* is JSON.
+        let json = |a: &Answer| a.status == 200 && a.content_type == "application/json";
+        let p = "v=v1beta1;g=config.k8s.io;as=Flagz";
+        assert!(json(&z.flagz(Some(&format!("text/plain;q=0, application/json;{p}")))));
+        assert!(json(&z.flagz(Some(&format!("text/plain;q=0.5, application/json;{p};q=0.9")))));
+        assert!(
+            !json(&z.flagz(Some(&format!("text/plain, application/json;{p};q=0.9")))),
+            "text at q=1 beats JSON at q=0.9"
+        );
+        assert_eq!(z.flagz(Some(&format!("application/json;{p};q=0"))).status, 406);
+        assert!(json(&z.flagz(Some(&format!("application/*;{p}")))));
+        // An over-long Accept is refused unread.
+        assert_eq!(z.flagz(Some(&",".repeat(MAX_ACCEPT + 1))).status, 406);
     }
 
     #[test]

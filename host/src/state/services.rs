@@ -72,7 +72,15 @@ pub fn service_ports(
         .load_balancer_source_ranges
         .iter()
         .flatten()
-        .filter_map(|r| Cidr::parse_sloppy(r).ok())
+        .filter_map(|r| match Cidr::parse_sloppy(r) {
+            Ok(c) => Some(c),
+            // The API server refuses these; an object older than its check
+            // may hold one. Ignored, as upstream's MapCIDRsByIPFamily does.
+            Err(_) => {
+                tracing::warn!(service = %format!("{namespace}/{name}"), "loadBalancerSourceRanges: {r:?} is not a CIDR: ignored");
+                None
+            }
+        })
         .filter(|c| c.family() == family)
         .collect();
     let affinity = if spec.client_ip_affinity {

@@ -346,3 +346,37 @@ fn an_over_long_rule_is_never_checked_through_iptables_restore() {
     assert_eq!(kernel.lost_rules(&[&short, &long], d).unwrap(), None);
     assert_eq!(*runs.lock().unwrap(), ["iptables", "iptables"], "with an over-long rule: iptables -C each");
 }
+
+/// The removal of kube-proxy's chains finds jumps by their target, read
+/// as iptables-save quotes words: a `-j` inside a comment is no jump.
+#[test]
+fn a_jump_target_is_read_past_quoted_comments() {
+    use super::jump_target;
+    assert_eq!(
+        jump_target("OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        Some("KUBE-SERVICES")
+    );
+    assert_eq!(
+        jump_target("MYCHAIN -m comment --comment \"allow -j KUBE-SERVICES traffic\" -j ACCEPT"),
+        Some("ACCEPT")
+    );
+    assert_eq!(jump_target("X -m comment --comment \"a \\\" -j Y\" -g KUBE-SVC-ABC"), Some("KUBE-SVC-ABC"));
+    assert_eq!(jump_target("INPUT -s 192.0.2.1/32"), None);
+    assert_eq!(jump_target("X -m comment --comment \"unterminated -j Y"), None);
+    // The localnet guard is kubelet's too: never removed as kube-proxy's.
+    assert!(!super::removable("KUBE-FIREWALL"));
+    assert!(super::removable("KUBE-SERVICES") && super::removable("KUBE-SVC-ABCDEFGHIJKLMNOP"));
+    assert!(!super::removable("KUBE-IPTABLES-HINT") && !super::removable("KUBE-KUBELET-CANARY"));
+}
+
+#[test]
+fn a_tables_section_of_a_whole_dump() {
+    let dump = "# Generated\n*mangle\n:KUBE-SERVICES - [0:0]\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
+    assert_eq!(
+        super::table_section(dump, "nat"),
+        Some("*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES")
+    );
+    assert_eq!(super::table_section(dump, "filter"), Some("*filter\n:INPUT ACCEPT [0:0]"));
+    assert_eq!(super::table_section(dump, "raw"), None);
+    assert_eq!(super::table_section("*nat\nCOMMIT\n", "nat"), Some("*nat"));
+}

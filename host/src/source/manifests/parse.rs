@@ -334,6 +334,16 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
     for ip in spec.external_ips.iter().flatten() {
         sloppy(ip).ok_or_else(|| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
     }
+    // A range that cannot be read would leave the load balancer open to
+    // every source (the API server refuses them too).
+    for (i, r) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
+        kpx_rules::model::Cidr::parse_sloppy(r)
+            .map_err(|_| format!("spec.loadBalancerSourceRanges[{i}]: {r:?} is not a CIDR"))?;
+    }
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+    for (i, ip) in ingress.into_iter().flatten().enumerate().filter_map(|(i, g)| Some((i, g.ip.as_ref()?))) {
+        sloppy(ip).ok_or_else(|| format!("status.loadBalancer.ingress[{i}].ip: {ip:?} is not an IP address"))?;
+    }
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = std::collections::BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {

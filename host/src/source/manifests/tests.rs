@@ -65,6 +65,37 @@ metadata: {name: old, namespace: x}
     assert!(messages[2].contains("unsupported apiVersion"), "{}", messages[2]);
 }
 
+/// Values a Service's rules are built from are checked as the API server
+/// checks them: a source range that cannot be read (which would leave the
+/// load balancer open) or an ingress IP that is none refuses the Service,
+/// naming the field; leading zeros are read as Kubernetes reads them.
+#[test]
+fn source_ranges_and_ingress_ips_are_checked() {
+    let service = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.13\n  ports: [{{port: 80}}]\n{extra}---\n"
+        )
+    };
+    let text = [
+        service("range", "  loadBalancerSourceRanges: [bogus]\n"),
+        service("signed", "  loadBalancerSourceRanges: [10.0.0.0/+8]\n"),
+        service("ingress", "status: {loadBalancer: {ingress: [{ip: junk}]}}\n"),
+        service("hostname", "status: {loadBalancer: {ingress: [{hostname: lb.example}]}}\n"),
+        service(
+            "zeros",
+            "  loadBalancerSourceRanges: [203.0.113.000/025]\nstatus: {loadBalancer: {ingress: [{ip: 1.2.3.004}]}}\n",
+        ),
+    ]
+    .concat();
+    let (objects, errors) = parse_documents(&text);
+    let kept: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(kept, ["Service default/hostname", "Service default/zeros"]);
+    let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert!(messages[0].contains("spec.loadBalancerSourceRanges[0]: \"bogus\" is not a CIDR"), "{messages:?}");
+    assert!(messages[1].contains("spec.loadBalancerSourceRanges[0]: \"10.0.0.0/+8\""), "{messages:?}");
+    assert!(messages[2].contains("status.loadBalancer.ingress[0].ip: \"junk\" is not an IP address"), "{messages:?}");
+}
+
 #[test]
 fn a_document_that_is_not_yaml_leaves_the_others() {
     let text = "--- # first\napiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\nkind: [unclosed\n---\n{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"b\"}, \"spec\": {\"clusterIP\": \"10.96.0.2\", \"ports\": [{\"port\": 81}]}}\n...\n";
