@@ -83,7 +83,7 @@ pub fn load_extensions(
             return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
         }
         let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
-        let loaded = std::fs::read(&e.path)
+        let loaded = crate::reload::read_component(&e.path)
             .map_err(|err| format!("cannot read it: {err}"))
             .and_then(|bytes| Ok((runtime.load_extension(&label, &bytes).map_err(|err| err.to_string())?, bytes)));
         let (plugin, digest) = match loaded {
@@ -131,7 +131,7 @@ fn load_schedulers_from_files(
     let (mut out, mut digests) = (Vec::new(), Vec::new());
     for (name, path) in external {
         let bytes =
-            std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+            crate::reload::read_component(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
         let plugin = scheduler_component(runtime, name, &bytes)?;
         out.push(Arc::new(plugin));
         digests.push(crate::reload::digest(&bytes));
@@ -170,7 +170,7 @@ fn load_backend_file(config: &Config, runtime: &Runtime) -> Result<(BackendPlugi
     match &config.backend_plugin {
         Some(path) => {
             let bytes =
-                std::fs::read(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+                crate::reload::read_component(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
             Ok((runtime.load_backend(name, &bytes)?, Some(crate::reload::digest(&bytes))))
         }

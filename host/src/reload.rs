@@ -2,8 +2,13 @@
 //! `--scheduler-plugin NAME=FILE`): the sync loop polls their metadata
 //! every [`POLL`]; a file whose metadata changed and then held still for
 //! one more poll (so a file being written is not read half-way) is read
-//! (a regular file, at most [`MAX_FILE`]), and if its bytes differ from the
-//! running ones it is compiled and linked on a thread of its own. The sync
+//! and, if its bytes differ from the running ones, compiled and linked, on
+//! a thread of its own: the sync loop never reads a file. The read opens
+//! without blocking (a FIFO with no writer), takes only a regular file of
+//! at most [`MAX_FILE`] as the open descriptor says (after any symlink),
+//! and refuses one that grows past the size it had, or that has not been
+//! read in [`READ_LIMIT`] (a file of /proc that never ends): the running
+//! component stays, and the refusal is logged and counted as any other. The sync
 //! loop then tries the component on the live state (instantiate, replay,
 //! render, the host's checks, a trace that no Service loses its endpoints)
 //! and switches to it only if every family accepts it; otherwise the
@@ -16,9 +21,10 @@
 //! loop.
 
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -32,6 +38,16 @@ pub const POLL: Duration = Duration::from_secs(1);
 /// The largest component file kpx reads (a replacement larger than this is
 /// refused unread).
 pub const MAX_FILE: u64 = 64 << 20;
+
+/// How long reading a replaced file may take before it is refused (a
+/// local file of [`MAX_FILE`] reads in well under a second).
+pub const READ_LIMIT: Duration = Duration::from_secs(5);
+
+/// Reads under way, those abandoned past [`READ_LIMIT`] whose threads are
+/// still blocked in the kernel included; while this many are, no other
+/// replacement is read (each holds a thread and a descriptor until its
+/// read returns), so a file swapped again and again cannot pile them up.
+pub const MAX_STUCK_READS: usize = 4;
 
 /// Which component a file holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +102,25 @@ struct Watched {
     settling: Option<Stamp>,
     /// The digest of the bytes running now.
     running: [u8; 32],
-    /// A replacement being compiled.
-    compiling: bool,
+    /// A replacement being read or compiled.
+    job: Option<Job>,
+    /// Tells this file's jobs apart (a late answer of an abandoned one is dropped).
+    jobs: u64,
+}
+
+/// A replacement being read, then compiled, on a thread of its own.
+struct Job {
+    id: u64,
+    started: Instant,
+    /// Set by the thread once the file is read (compiling has no deadline).
+    read: Arc<AtomicBool>,
+}
+
+/// What a job's thread found.
+enum Found {
+    /// The same bytes as the running ones.
+    Unchanged,
+    Replaced(Replacement),
 }
 
 /// A replaced file, compiled and linked (or why not).
@@ -124,8 +157,12 @@ pub struct Watcher {
     runtime: Arc<Runtime>,
     files: Vec<Watched>,
     next: Instant,
-    done_tx: Sender<(usize, Replacement)>,
-    done_rx: Receiver<(usize, Replacement)>,
+    done_tx: Sender<(usize, u64, Found)>,
+    done_rx: Receiver<(usize, u64, Found)>,
+    /// Reads whose threads have not returned yet (abandoned ones included).
+    stuck: Arc<AtomicUsize>,
+    /// How a job reads a file ([`read_component`]; tests block it).
+    reader: fn(&Path) -> std::io::Result<Vec<u8>>,
     /// Compiled replacements the sync loop could not take yet (one switch
     /// settles before the next is tried).
     deferred: Vec<Replacement>,
@@ -142,10 +179,26 @@ impl Watcher {
     pub fn new(runtime: Arc<Runtime>, files: Vec<(Role, PathBuf, [u8; 32])>) -> Watcher {
         let files = files
             .into_iter()
-            .map(|(role, path, running)| Watched { role, path, seen: None, settling: None, running, compiling: false })
+            .map(|(role, path, running)| Watched { role, path, seen: None, settling: None, running, job: None, jobs: 0 })
             .collect();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        Watcher { runtime, files, next: Instant::now(), done_tx, done_rx, deferred: Vec::new() }
+        Watcher {
+            runtime,
+            files,
+            next: Instant::now(),
+            done_tx,
+            done_rx,
+            stuck: Arc::new(AtomicUsize::new(0)),
+            reader: read_component,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// Reads files with `reader` (tests: one that blocks).
+    #[cfg(test)]
+    fn with_reader(mut self, reader: fn(&Path) -> std::io::Result<Vec<u8>>) -> Watcher {
+        self.reader = reader;
+        self
     }
 
     /// When the next poll is due (None: nothing is watched).
@@ -165,20 +218,40 @@ impl Watcher {
         }
     }
 
-    /// Looks at every file, starts compiling those whose replacement
-    /// settled, and returns the compiled ones.
+    /// Looks at every file, starts reading and compiling those whose
+    /// replacement settled, refuses reads past [`READ_LIMIT`], and returns
+    /// the compiled (or refused) replacements. Never blocks.
     pub fn poll(&mut self, now: Instant) -> Vec<Replacement> {
         let mut out = std::mem::take(&mut self.deferred);
-        while let Ok((i, replacement)) = self.done_rx.try_recv() {
-            self.files[i].compiling = false;
-            out.push(replacement);
+        while let Ok((i, id, found)) = self.done_rx.try_recv() {
+            let file = &mut self.files[i];
+            if file.job.as_ref().is_some_and(|j| j.id == id) {
+                file.job = None;
+                if let Found::Replaced(replacement) = found {
+                    out.push(replacement);
+                }
+            }
+        }
+        for file in &mut self.files {
+            let Some(job) = &file.job else { continue };
+            if job.read.load(Ordering::Acquire) || now.saturating_duration_since(job.started) < READ_LIMIT {
+                continue;
+            }
+            // Abandoned: its thread stays blocked until the read returns,
+            // counted in `stuck`, and then drops what it read.
+            file.job = None;
+            let why = format!(
+                "not read in {} s (a file that never ends, or a device?); the running component stays",
+                READ_LIMIT.as_secs()
+            );
+            out.push(Replacement { role: file.role.clone(), path: file.path.clone(), digest: [0; 32], loaded: Err(why) });
         }
         if now < self.next {
             return out;
         }
         self.next = now + POLL;
         for (i, file) in self.files.iter_mut().enumerate() {
-            if file.compiling {
+            if file.job.is_some() {
                 continue;
             }
             let stamp = Stamp::of(&file.path);
@@ -191,51 +264,100 @@ impl Watcher {
                 file.settling = stamp;
                 continue;
             }
-            file.settling = None;
-            file.seen = stamp;
-            let bytes = match read(&file.path) {
-                Ok(bytes) => bytes,
-                Err(why) => {
-                    let (role, path) = (file.role.clone(), file.path.clone());
-                    out.push(Replacement { role, path, digest: [0; 32], loaded: Err(why) });
-                    continue;
-                }
-            };
-            let digest = digest(&bytes);
-            if digest == file.running {
+            let stuck = self.stuck.load(Ordering::Acquire);
+            if stuck >= MAX_STUCK_READS {
+                // Left unseen: tried again once a stuck read returns.
+                file.settling = None;
                 continue;
             }
-            file.compiling = true;
+            file.settling = None;
+            file.seen = stamp;
+            file.jobs += 1;
+            let job = Job { id: file.jobs, started: now, read: Arc::new(AtomicBool::new(false)) };
+            let (id, read_flag) = (job.id, job.read.clone());
             let (runtime, role, path, done) =
                 (self.runtime.clone(), file.role.clone(), file.path.clone(), self.done_tx.clone());
+            let (running, reader, stuck) = (file.running, self.reader, self.stuck.clone());
+            // Counted until its read returns (at once, in the usual case).
+            self.stuck.fetch_add(1, Ordering::AcqRel);
             let spawned = std::thread::Builder::new().name("reload".into()).spawn(move || {
-                let loaded = load(&runtime, &role, &path, &bytes);
-                let _ = done.send((i, Replacement { role, path, digest, loaded }));
+                let bytes = reader(&path);
+                read_flag.store(true, Ordering::Release);
+                stuck.fetch_sub(1, Ordering::AcqRel);
+                let found = match bytes {
+                    Err(e) => {
+                        let loaded = Err(format!("cannot read it: {e}"));
+                        Found::Replaced(Replacement { role, path, digest: [0; 32], loaded })
+                    }
+                    Ok(bytes) => {
+                        let digest = digest(&bytes);
+                        if digest == running {
+                            Found::Unchanged
+                        } else {
+                            let loaded = load(&runtime, &role, &path, &bytes);
+                            Found::Replaced(Replacement { role, path, digest, loaded })
+                        }
+                    }
+                };
+                let _ = done.send((i, id, found));
             });
-            if let Err(e) = spawned {
-                file.compiling = false;
-                let (role, path) = (file.role.clone(), file.path.clone());
-                out.push(Replacement { role, path, digest, loaded: Err(format!("cannot start compiling it: {e}")) });
+            match spawned {
+                Ok(_) => file.job = Some(job),
+                Err(e) => {
+                    self.stuck.fetch_sub(1, Ordering::AcqRel);
+                    let (role, path) = (file.role.clone(), file.path.clone());
+                    out.push(Replacement {
+                        role,
+                        path,
+                        digest: [0; 32],
+                        loaded: Err(format!("cannot start reading it: {e}")),
+                    });
+                }
             }
         }
         out
     }
 }
 
-/// A regular file's bytes, up to [`MAX_FILE`].
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
+/// A component file's bytes, as kpx reads them at start and on reload:
+/// opened without blocking (a FIFO with no writer does not hold the
+/// open), checked on the open descriptor (after any symlink: a regular
+/// file of at most [`MAX_FILE`] bytes), and read to the size it had (a
+/// file that yields more, as /proc's files do, is refused: it may never end).
+pub fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind};
+    let file = std::fs::File::options().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_dir() {
+            "a directory"
+        } else {
+            "something else"
+        };
+        return Err(Error::new(ErrorKind::InvalidInput, format!("not a regular file but {what}")));
     }
-    if meta.len() > MAX_FILE {
-        return Err(format!("{} bytes, more than the {MAX_FILE} a component may have", meta.len()));
+    let len = meta.len();
+    if len > MAX_FILE {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{len} bytes, more than the {MAX_FILE} a component may have"),
+        ));
     }
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!("more than the {MAX_FILE} bytes a component may have"));
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(len + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > len {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("it grew past the {len} bytes it had when opened (a file that never ends?)"),
+        ));
     }
     Ok(bytes)
 }
@@ -302,9 +424,79 @@ mod tests {
         // Not a regular file: refused unread.
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
-        let _ = poll(&mut w);
+        let _ = (poll(&mut w), poll(&mut w));
         let r = poll(&mut w);
         assert!(r.len() == 1 && r[0].loaded.as_ref().err().is_some_and(|e| e.contains("not a regular file")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn files_that_would_block_or_never_end_are_refused_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("kpx-reload-block-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A FIFO nobody writes, directly and behind a symlink: opening it
+        // for reading would block; it is refused at once.
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let link = dir.join("link.wasm");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for path in [&fifo, &link] {
+            let t0 = Instant::now();
+            let err = read_component(path).unwrap_err().to_string();
+            assert!(err.contains("not a regular file but a FIFO"), "{err}");
+            assert!(t0.elapsed() < Duration::from_secs(1));
+        }
+        // /proc's files say 0 bytes and yield more: they may never end.
+        let err = read_component(Path::new("/proc/self/status")).unwrap_err().to_string();
+        assert!(err.contains("grew past the 0 bytes"), "{err}");
+        // /proc/kmsg (root only) blocks a reader until the kernel logs:
+        // opened without blocking, it ends at once either way.
+        if std::fs::File::open("/proc/kmsg").is_ok() {
+            let t0 = Instant::now();
+            assert!(read_component(Path::new("/proc/kmsg")).is_err());
+            assert!(t0.elapsed() < Duration::from_secs(1));
+        }
+        let dev = read_component(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(dev.contains("a device"), "{dev}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A read that does not return (as one in the kernel's syslog_print
+    /// did) is abandoned after READ_LIMIT and refused; the watcher never
+    /// waits on it, and reads stuck at once are bounded.
+    #[test]
+    fn a_read_that_does_not_return_is_refused_after_the_limit() {
+        fn blocked(_: &Path) -> std::io::Result<Vec<u8>> {
+            std::thread::sleep(Duration::from_secs(2));
+            Err(std::io::Error::other("woke up"))
+        }
+        let dir = std::env::temp_dir().join(format!("kpx-reload-stuck-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let runtime = Arc::new(Runtime::new(Limits::default(), None).unwrap());
+        let files: Vec<_> = (0..MAX_STUCK_READS + 1)
+            .map(|i| {
+                let path = dir.join(format!("s{i}.wasm"));
+                std::fs::write(&path, b"x").unwrap();
+                (Role::Scheduler { index: i, name: format!("s{i}") }, path, [0; 32])
+            })
+            .collect();
+        let mut w = Watcher::new(runtime, files).with_reader(blocked);
+        let t = Instant::now();
+        assert!(w.poll(t).is_empty(), "settling");
+        let t0 = Instant::now();
+        assert!(w.poll(t + POLL).is_empty(), "reading");
+        assert!(t0.elapsed() < Duration::from_millis(500), "the poll does not wait for the read");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(w.stuck.load(Ordering::Acquire), MAX_STUCK_READS, "no more reads at once than the bound");
+        let r = w.poll(t + POLL + READ_LIMIT + Duration::from_millis(1));
+        assert_eq!(r.len(), MAX_STUCK_READS, "each stuck read refused");
+        assert!(r.iter().all(|r| r.loaded.as_ref().err().is_some_and(|e| e.contains("not read in 5 s"))));
+        // Once the blocked reads return, their late answers are dropped.
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(w.stuck.load(Ordering::Acquire), 0);
+        let late = w.poll(t + POLL + READ_LIMIT + Duration::from_millis(2));
+        assert!(late.is_empty(), "late answers of abandoned reads are dropped");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -251,3 +251,61 @@ fn a_replacement_whose_first_write_fails_is_rolled_back() {
     eprintln!("rollback: {} connections, {failed} failed", answered.len() + failed);
     assert_eq!(failed, 0, "connections failed");
 }
+
+/// The `--backend-plugin` path swapped to a symlink to a FIFO nobody
+/// writes, then to /proc/kmsg (which never ends for a blocking reader):
+/// each is refused with its reason and counted, and a Service added
+/// afterwards is programmed within one sync period (the sync loop never
+/// reads the file).
+#[test]
+fn a_file_that_would_block_never_stops_the_sync_loop() {
+    let Some(lab) = lab_or_skip(1, "a_file_that_would_block_never_stops_the_sync_loop") else {
+        return;
+    };
+    let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("reload-block");
+    let file = dir.join("backend.wasm");
+    std::fs::write(&file, kpx::runtime::builtin::get("iptables").unwrap()).unwrap();
+    write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
+    let args = kpx_args(
+        &manifests,
+        &["--proxy-mode", "iptables", "--backend-plugin", file.to_str().unwrap(), "--iptables-sync-period", "5s"],
+    );
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("sync pass done ok=true", 1, Duration::from_secs(20)), "{}", kpx.log());
+
+    let fifo = dir.join("never-written");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut targets = vec![(fifo.clone(), "not a regular file but a FIFO")];
+    if std::fs::File::open("/proc/kmsg").is_ok() {
+        targets.push(("/proc/kmsg".into(), "cannot read it"));
+    }
+    for (i, (target, why)) in targets.iter().enumerate() {
+        let link = dir.join("backend.link");
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        std::fs::rename(&link, &file).unwrap();
+        assert!(
+            kpx.wait_for_log("replaced component refused", i + 1, Duration::from_secs(10)),
+            "{}: not refused:\n{}",
+            target.display(),
+            kpx.log()
+        );
+        let refusal = kpx.log().lines().filter(|l| l.contains("replaced component refused")).nth(i).unwrap().to_string();
+        assert!(refusal.contains(why), "want {why:?}: {refusal}");
+        // A Service added now is programmed within one sync period.
+        let name = format!("added{i}");
+        let ip = format!("10.96.0.{}", 20 + i);
+        let added = Instant::now();
+        write_service(&manifests, &name, &ip, &[], &eps, &[]);
+        let target_addr = format!("{ip}:80");
+        while request(&lab, Proto::Tcp, &target_addr).server().is_none() {
+            assert!(added.elapsed() < Duration::from_secs(5), "{name} not programmed in 5 s:\n{}", kpx.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("{}: refused ({why}); {name} programmed in {:?}", target.display(), added.elapsed());
+    }
+    let (_, metrics) = crate::servers::get(&lab.node, "127.0.0.1:10249", "/metrics").expect("metrics");
+    let refused = format!("kpx_plugin_reloads_total{{component=\"backend\",outcome=\"refused\"}} {}", targets.len());
+    assert!(metrics.contains(&refused), "want {refused} in:\n{metrics}");
+    assert!(kpx.is_running(), "{}", kpx.log());
+}
