@@ -26,19 +26,35 @@ fn cache_path(engine: &Engine, dir: &Path, name: &str, bytes: &[u8]) -> PathBuf 
     dir.join(format!("{safe_name}-{hex}-{:016x}.cwasm", compat.finish()))
 }
 
-/// True when `path` is owned by us and not writable by anyone else.
-fn private(path: &Path) -> bool {
-    let own_uid = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
-    match std::fs::metadata(path) {
-        Ok(m) => Some(m.uid()) == own_uid && m.mode() & 0o022 == 0,
-        Err(_) => false,
+/// Why `path` is not private to kpx (None: it is a `dir`ectory or a
+/// regular file as asked, owned by kpx's user and writable by no one else).
+fn not_private(path: &Path, dir: bool) -> Option<String> {
+    let own_uid = nix::unistd::geteuid().as_raw();
+    let m = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("cannot look at it: {e}")),
+    };
+    let (kind, want) = (m.file_type(), if dir { "a directory" } else { "a regular file" });
+    if (dir && !kind.is_dir()) || (!dir && !kind.is_file()) {
+        return Some(format!("not {want}"));
     }
+    if m.uid() != own_uid {
+        return Some(format!("owned by uid {}, not kpx's uid {own_uid}", m.uid()));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Some(format!("mode {:04o}: writable by group or others", m.mode() & 0o7777));
+    }
+    None
+}
+
+fn private(path: &Path, dir: bool) -> bool {
+    not_private(path, dir).is_none()
 }
 
 #[allow(unsafe_code)]
 pub fn load_or_compile(engine: &Engine, dir: &Path, name: &str, bytes: &[u8]) -> wasmtime::Result<Component> {
     let path = cache_path(engine, dir, name, bytes);
-    if path.exists() && private(dir) && private(&path) {
+    if path.exists() && private(dir, true) && private(&path, false) {
         // SAFETY: the file was written by `store` below from this engine's
         // own `precompile_component` output (the key includes the engine's
         // compatibility hash), and only we can write to it.
@@ -51,11 +67,11 @@ pub fn load_or_compile(engine: &Engine, dir: &Path, name: &str, bytes: &[u8]) ->
     }
     let compiled = engine.precompile_component(bytes)?;
     match store(dir, &path, &compiled) {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
+        Ok(None) => {}
+        Ok(Some(why)) => tracing::warn!(
             plugin = name,
             dir = %dir.display(),
-            "plugin cache directory is writable by group or others: not caching (fix its mode or point --plugin-cache-dir elsewhere)"
+            "plugin cache directory is {why}: not caching (fix it or point --plugin-cache-dir elsewhere)"
         ),
         Err(e) => tracing::warn!(plugin = name, dir = %dir.display(), "cannot cache the compiled plugin: {e}"),
     }
@@ -63,20 +79,20 @@ pub fn load_or_compile(engine: &Engine, dir: &Path, name: &str, bytes: &[u8]) ->
     unsafe { Component::deserialize(engine, &compiled) }
 }
 
-/// Writes the compiled component; `false` when the directory is not
+/// Writes the compiled component; `Some(why)` when the directory is not
 /// private (nothing written, its mode left as it is).
-fn store(dir: &Path, path: &Path, compiled: &[u8]) -> std::io::Result<bool> {
+fn store(dir: &Path, path: &Path, compiled: &[u8]) -> std::io::Result<Option<String>> {
     if !dir.exists() {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     }
-    if !private(dir) {
-        return Ok(false);
+    if let Some(why) = not_private(dir, true) {
+        return Ok(Some(why));
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, compiled)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
     std::fs::rename(&tmp, path)?;
-    Ok(true)
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -102,6 +118,31 @@ mod tests {
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o777, "the operator's mode stays");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing cached where others can write");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn what_is_not_private_is_named() {
+        let base = std::env::temp_dir().join(format!("kpx-cache-why-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert_eq!(not_private(&open, true).unwrap(), "mode 0775: writable by group or others");
+        let theirs = base.join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        // (Giving it away takes root, as CI runs.)
+        if std::os::unix::fs::chown(&theirs, Some(65534), None).is_ok() {
+            let why = not_private(&theirs, true).unwrap();
+            assert!(why.starts_with("owned by uid 65534, not kpx's uid"), "{why}");
+        }
+        let file = base.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(not_private(&file, true).unwrap(), "not a directory");
+        assert_eq!(not_private(&open, false).unwrap(), "not a regular file");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(not_private(&open, true), None);
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]
