@@ -130,8 +130,8 @@ fn load_schedulers_from_files(
 ) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<Digest>), Error> {
     let (mut out, mut digests) = (Vec::new(), Vec::new());
     for (name, path) in external {
-        let bytes =
-            crate::reload::read_component(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+        let bytes = crate::reload::read_component(path)
+            .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
         let plugin = scheduler_component(runtime, name, &bytes)?;
         out.push(Arc::new(plugin));
         digests.push(crate::reload::digest(&bytes));
@@ -169,8 +169,8 @@ fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin
 fn load_backend_file(config: &Config, runtime: &Runtime) -> Result<(BackendPlugin, Option<[u8; 32]>), Error> {
     match &config.backend_plugin {
         Some(path) => {
-            let bytes =
-                crate::reload::read_component(path).map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+            let bytes = crate::reload::read_component(path)
+                .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
             Ok((runtime.load_backend(name, &bytes)?, Some(crate::reload::digest(&bytes))))
         }

@@ -179,7 +179,15 @@ impl Watcher {
     pub fn new(runtime: Arc<Runtime>, files: Vec<(Role, PathBuf, [u8; 32])>) -> Watcher {
         let files = files
             .into_iter()
-            .map(|(role, path, running)| Watched { role, path, seen: None, settling: None, running, job: None, jobs: 0 })
+            .map(|(role, path, running)| Watched {
+                role,
+                path,
+                seen: None,
+                settling: None,
+                running,
+                job: None,
+                jobs: 0,
+            })
             .collect();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         Watcher {
@@ -244,7 +252,12 @@ impl Watcher {
                 "not read in {} s (a file that never ends, or a device?); the running component stays",
                 READ_LIMIT.as_secs()
             );
-            out.push(Replacement { role: file.role.clone(), path: file.path.clone(), digest: [0; 32], loaded: Err(why) });
+            out.push(Replacement {
+                role: file.role.clone(),
+                path: file.path.clone(),
+                digest: [0; 32],
+                loaded: Err(why),
+            });
         }
         if now < self.next {
             return out;

@@ -290,7 +290,8 @@ fn a_file_that_would_block_never_stops_the_sync_loop() {
             target.display(),
             kpx.log()
         );
-        let refusal = kpx.log().lines().filter(|l| l.contains("replaced component refused")).nth(i).unwrap().to_string();
+        let refusal =
+            kpx.log().lines().filter(|l| l.contains("replaced component refused")).nth(i).unwrap().to_string();
         assert!(refusal.contains(why), "want {why:?}: {refusal}");
         // A Service added now is programmed within one sync period.
         let name = format!("added{i}");

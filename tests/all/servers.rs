@@ -258,3 +258,127 @@ fn servers_answer_with_real_values_iptables() {
 fn servers_answer_with_real_values_nftables() {
     servers_answer("nftables");
 }
+
+/// One source (127.0.0.2) holds 2,000 idle connections to kpx's servers
+/// (`/healthz`, `/metrics` and a Service's health-check node port), and
+/// another (127.0.0.3) trickles request heads a byte a second on 16
+/// connections to each; meanwhile every probe from a third source
+/// (127.0.0.4) to each server is answered within 100 ms. The idle
+/// source keeps at most its share (16 per server); the rest are closed as
+/// they are accepted, and the trickling heads are cut off at the header
+/// deadline (3 s).
+#[test]
+fn servers_hold_against_idle_and_slow_clients() {
+    use std::net::{SocketAddr, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(lab) = lab_or_skip(1, "servers_hold_against_idle_and_slow_clients") else {
+        return;
+    };
+    let (dir, manifests) = run_dirs("servers-hold");
+    lab.node.ip(&["link", "set", "lo", "up"]).unwrap();
+    let be1 = lab.backends[0].ip.clone();
+    write_manifest(
+        &manifests.join("lb.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: test}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.20\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 31000\n  ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: lb-1\n  namespace: test\n  labels: {{kubernetes.io/service-name: lb}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n- addresses: [{be1}]\n  conditions: {{ready: true}}\n  nodeName: node\n"
+        ),
+    );
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables"]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("sync pass done ok=true", 1, Duration::from_secs(20)), "{}", kpx.log());
+    let servers: [(&str, &str); 3] =
+        [("127.0.0.1:10256", "/healthz"), ("127.0.0.1:10249", "/metrics"), ("127.0.0.1:31000", "/")];
+    for (addr, path) in servers {
+        wait_status(&lab.node, addr, path, 200);
+    }
+    // This process holds the idle source's sockets.
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+
+    fn connect(from: &str, to: &str) -> std::io::Result<TcpStream> {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+        s.bind(&SocketAddr::new(from.parse().unwrap(), 0).into())?;
+        s.connect_timeout(&to.parse::<SocketAddr>().unwrap().into(), Duration::from_secs(2))?;
+        Ok(s.into())
+    }
+    let addrs: Vec<String> = servers.iter().map(|(a, _)| a.to_string()).collect();
+    let idle: Vec<TcpStream> = lab
+        .node
+        .enter({
+            let addrs = addrs.clone();
+            move || (0..2000).filter_map(|i| connect("127.0.0.2", &addrs[i % 3]).ok()).collect()
+        })
+        .unwrap();
+    let trickle_stop = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let (ns, addrs, stop) = (lab.node.clone(), addrs.clone(), trickle_stop.clone());
+        std::thread::spawn(move || {
+            ns.enter(move || {
+                let mut conns: Vec<TcpStream> =
+                    addrs.iter().flat_map(|a| (0..16).filter_map(|_| connect("127.0.0.3", a).ok())).collect();
+                let opened = conns.len();
+                let head = b"GET /healthz HTTP/1.1\r\nHost: kpx\r\n";
+                let mut sent = 0;
+                let t0 = Instant::now();
+                while !stop.load(Ordering::Acquire) && !conns.is_empty() {
+                    let byte = [head[sent % head.len()]];
+                    conns.retain_mut(|s| s.write_all(&byte).is_ok());
+                    sent += 1;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                (opened, conns.len(), t0.elapsed())
+            })
+            .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let probes = servers.map(|(a, p)| (a.to_string(), p.to_string()));
+    let (slowest, answered) = lab
+        .node
+        .enter(move || {
+            let (mut slowest, mut answered) = (Duration::ZERO, 0);
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(6) {
+                for (addr, path) in &probes {
+                    let start = Instant::now();
+                    let mut s = connect("127.0.0.4", addr).expect("probe connects");
+                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: kpx\r\n\r\n").as_bytes()).unwrap();
+                    let mut text = String::new();
+                    s.read_to_string(&mut text).unwrap_or_else(|e| panic!("probe of {addr}{path}: {e}"));
+                    assert!(
+                        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+                        "{addr}{path}: {text}"
+                    );
+                    slowest = slowest.max(start.elapsed());
+                    answered += 1;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (slowest, answered)
+        })
+        .unwrap();
+    // The idle source: at most 16 per server still open after the probes.
+    let still_open = idle
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    trickle_stop.store(true, Ordering::Release);
+    let (opened, unclosed, took) = trickler.join().unwrap();
+    eprintln!(
+        "{} idle connections made, {still_open} still open after 6 s; {opened} trickling, {unclosed} not cut off after {took:?}; {answered} probes, slowest {slowest:?}",
+        idle.len()
+    );
+    assert!(idle.len() >= 1900, "the idle source's connections were made (into the backlog or accepted)");
+    assert_eq!(still_open, 0, "idle connections outlived the header deadline");
+    assert_eq!(unclosed, 0, "trickling heads were not cut off");
+    assert!(answered >= 30, "{answered} probes");
+    assert!(slowest < Duration::from_millis(100), "a probe took {slowest:?}");
+    assert!(kpx.is_running(), "{}", kpx.log());
+}

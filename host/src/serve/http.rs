@@ -14,16 +14,19 @@ use tokio::sync::{Semaphore, watch};
 
 /// What one server allows its clients, so that no client, idle, slow or
 /// many-connectioned, keeps others (a kubelet's probe, a load balancer's
-/// health check) from an answer.
+/// health check) from an answer. Every connection is accepted at once
+/// (none waits in the kernel's backlog for a slot); one over a limit is
+/// closed as soon as it is accepted.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Connections held at once; more wait to be accepted.
+    /// Connections held at once, all clients together.
     pub connections: usize,
-    /// Connections one client address holds at once; more are closed as
-    /// they are accepted, so one client cannot take every slot.
+    /// Connections one client address holds at once, so that one client
+    /// cannot take every slot.
     pub per_client: usize,
-    /// A request head must arrive within this; it also ends a keep-alive
-    /// connection idle for as long.
+    /// A request head must arrive within this from the connection's start
+    /// or the end of its last answer (an idle or trickling client is cut
+    /// off; probes send their request at once).
     pub header: Duration,
     /// A write that makes no progress for this long ends the connection
     /// (a client that sends requests and never reads the answers).
@@ -32,7 +35,7 @@ pub struct Limits {
 
 /// kpx's servers' limits.
 pub const LIMITS: Limits =
-    Limits { connections: 256, per_client: 32, header: Duration::from_secs(10), write: Duration::from_secs(10) };
+    Limits { connections: 1024, per_client: 16, header: Duration::from_secs(3), write: Duration::from_secs(10) };
 
 /// Binds as Go's `net.Listen("tcp", …)` does: an unspecified address
 /// (`0.0.0.0` or `::`) gets one dual-stack socket, so IPv4 and IPv6
@@ -145,10 +148,6 @@ pub async fn serve_within(
     let per_client: PerClient = Arc::default();
     let mut backoff = Duration::from_millis(5);
     loop {
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
-            _ = stop.wait_for(|s| *s) => return,
-        };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.wait_for(|s| *s) => return,
@@ -165,6 +164,8 @@ pub async fn serve_within(
                 continue;
             }
         };
+        // Over the limit of all clients: closed at once (dropped).
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
         // (An IPv4 client of a dual-stack socket is ::ffff:a.b.c.d.)
         let client = peer.ip().to_canonical();
         let held = {
@@ -284,5 +285,48 @@ mod tests {
         }
         assert!(got < 8 * BIG, "the stalled connection was cut off, not served on: {got} bytes");
         drop(idle);
+    }
+
+    /// Over the limit of all clients, a connection is closed as accepted
+    /// (never left waiting in the backlog), and a head that trickles in is
+    /// cut off at the header deadline, whatever it has sent.
+    #[test]
+    fn over_the_limit_is_closed_at_once_and_trickling_heads_are_cut_off() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let limits =
+            Limits { connections: 4, per_client: 2, header: Duration::from_secs(1), write: Duration::from_secs(1) };
+        let (addr, _stop) = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let handler: Handler = Arc::new(|_: &Asked| Answer::text(200, "ok".into()));
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(serve_within(listener, handler, rx, limits));
+            (addr, tx)
+        });
+        let held: Vec<TcpStream> =
+            ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"].iter().map(|a| connect(a, addr)).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let mut over = connect("127.0.0.4", addr);
+        over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(matches!(over.read(&mut [0u8; 1]), Ok(0) | Err(_)), "closed");
+        assert!(t0.elapsed() < Duration::from_millis(500), "closed at once, not held: {:?}", t0.elapsed());
+        // The four held ones trickle a byte every 200 ms: all cut off at
+        // the 1 s deadline, and the slots are free again.
+        let t0 = Instant::now();
+        let mut open = held;
+        for s in &open {
+            s.set_nonblocking(true).unwrap();
+        }
+        // (Open: peek would block; closed: it reads the end, or an error.)
+        let still_open =
+            |s: &TcpStream| matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        while !open.is_empty() && t0.elapsed() < Duration::from_secs(5) {
+            open.retain_mut(|s| s.write_all(b"G").is_ok() && still_open(s));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let took = t0.elapsed();
+        assert!(open.is_empty() && took < Duration::from_millis(2500), "trickling heads cut off: {took:?}");
+        assert!(get(addr).expect("slots free again") < Duration::from_millis(500));
     }
 }

@@ -85,6 +85,12 @@ pub struct ExtensionLabel {
     pub extension: String,
 }
 
+/// The most `kpx_extension_counter` series kpx exports: what one scrape
+/// of /metrics can hold (each series is under 300 bytes: about 3 MiB).
+/// Counters named past it are counted, not exported
+/// (`kpx_extension_counter_series_dropped`).
+pub const MAX_EXTENSION_SERIES: usize = 10_000;
+
 /// The extensions' series: the counters their rules name (a series goes
 /// with its counter), and their failures.
 #[derive(Default)]
@@ -102,12 +108,21 @@ impl ExtensionSeries {
             service: service.clone(),
             counter: counter.clone(),
         };
+        // Series already exported first (they keep their place), then new
+        // ones, within the bound.
+        let (old, new): (Vec<_>, Vec<_>) =
+            counted.into_iter().map(|(e, s, c, n)| ((e, s, c), n)).partition(|(key, _)| self.named.contains(key));
         let mut named = std::collections::BTreeSet::new();
-        for (extension, service, counter, packets) in counted {
-            let key = (extension, service, counter);
+        let mut dropped = 0;
+        for (key, packets) in old.into_iter().chain(new) {
+            if named.len() >= MAX_EXTENSION_SERIES {
+                dropped += 1;
+                continue;
+            }
             m.extension_counter.get_or_create(&label(&key)).inc_by(packets);
             named.insert(key);
         }
+        m.extension_series_dropped.set(dropped as i64);
         for gone in self.named.difference(&named) {
             m.extension_counter.remove(&label(gone));
         }
@@ -189,6 +204,7 @@ pub struct Metrics {
     pub plugin_reloads: Family<ReloadLabel, Counter>,
     pub extension_counter: Family<ExtensionCounterLabel, Counter>,
     pub extension_failures: Family<ExtensionLabel, Counter>,
+    pub extension_series_dropped: Gauge,
     pub plugin_render_duration: Histogram,
     pub validation_duration: Histogram,
     pub rules_lost: Counter,
@@ -242,6 +258,7 @@ impl Metrics {
             plugin_reloads: Family::default(),
             extension_counter: Family::default(),
             extension_failures: Family::default(),
+            extension_series_dropped: Gauge::default(),
             plugin_render_duration: sync_histogram(),
             validation_duration: sync_histogram(),
             rules_lost: Counter::default(),
@@ -416,6 +433,11 @@ impl Metrics {
             "kpx_extension_counter",
             "New connections an extension's rules counted, per service port and counter name (read from the kernel every 2 s; a series goes when no rule names its counter)",
             m.extension_counter.clone(),
+        );
+        r.register(
+            "kpx_extension_counter_series_dropped",
+            "Counters extensions' rules named that kpx_extension_counter does not export (more than its 10,000 series)",
+            m.extension_series_dropped.clone(),
         );
         r.register(
             "kpx_extension_failures",
@@ -629,5 +651,29 @@ mod tests {
     fn deliberate_rows_still_differ() {
         let served = families(&touched(ProxyMode::Nftables));
         assert!(served.contains_key("kubeproxy_sync_partial_proxy_rules_duration_seconds"));
+    }
+
+    /// The extensions' counter series stop at MAX_EXTENSION_SERIES; those
+    /// already exported keep their place, the rest are counted.
+    #[test]
+    fn extension_series_are_bounded() {
+        let m = Metrics::with(ProxyMode::Nftables, Optional { nfacct: true });
+        let counted = |from: usize, n: usize| -> Vec<(String, String, String, u64)> {
+            (from..from + n).map(|i| ("ext".to_string(), format!("ns/s{i:06}:80"), "c".to_string(), 1)).collect()
+        };
+        let mut series = ExtensionSeries::default();
+        series.update(&m, counted(0, MAX_EXTENSION_SERIES + 5), Vec::new());
+        let text = m.encode();
+        assert_eq!(text.matches("kpx_extension_counter_total{").count(), MAX_EXTENSION_SERIES);
+        assert!(text.contains("kpx_extension_counter_series_dropped 5"), "dropped counted");
+        // Newcomers listed first do not push out the exported ones.
+        let mut next = counted(MAX_EXTENSION_SERIES + 100, 10);
+        next.extend(counted(0, MAX_EXTENSION_SERIES));
+        series.update(&m, next, Vec::new());
+        let text = m.encode();
+        assert_eq!(text.matches("kpx_extension_counter_total{").count(), MAX_EXTENSION_SERIES);
+        assert!(text.contains("service=\"ns/s000000:80\""), "an exported series stays");
+        assert!(!text.contains(&format!("s{:06}", MAX_EXTENSION_SERIES + 100)));
+        assert!(text.contains("kpx_extension_counter_series_dropped 10"));
     }
 }
