@@ -242,28 +242,46 @@ fn split_runs<'r>(
             gone.push((*t, n.as_str()));
         }
     }
+    // Own chains the kernel holds that the ruleset declares again (each
+    // is flushed and filled anew).
+    let mut again: Vec<(Table, &str)> = ruleset.chains.iter().filter(|c| ctx.model.contains(c)).map(key).collect();
+    let mut seen = HashSet::new();
+    again.retain(|c| seen.insert(*c));
     let split_new = new.len() > per_run;
+    let split_again = again.len() > per_run;
     let split_gone = gone.len() > per_run;
-    if !split_new && !split_gone {
+    if !split_new && !split_again && !split_gone {
         return (std::borrow::Cow::Borrowed(ruleset), Vec::new(), Vec::new());
     }
     let d = ctx.dialect;
     let mut main = Ruleset { kept_hooks: ruleset.kept_hooks.clone(), ..Ruleset::default() };
     let mut before = Vec::new();
-    if split_new {
-        let new_set: HashSet<(Table, &str)> = new.iter().copied().collect();
+    if split_new || split_again {
+        // Moved out of the main run: new chains when there are many
+        // (created empty, then filled: nothing refers to them yet), and
+        // chains declared again when there are many (each flushed and
+        // filled in one run, so that none is ever seen empty).
+        let moved: HashSet<(Table, &str)> =
+            split_new.then_some(&new).into_iter().chain(split_again.then_some(&again)).flatten().copied().collect();
         let mut fills: HashMap<(Table, &str), Vec<&Rule>> = HashMap::new();
         for rule in &ruleset.rules {
-            match new_set.get(&(rule.table, rule.chain.as_str())) {
+            match moved.get(&(rule.table, rule.chain.as_str())) {
                 Some(chain) => fills.entry(*chain).or_default().push(rule),
                 None => main.rules.push(rule.clone()),
             }
         }
-        main.chains = ruleset.chains.iter().filter(|c| !new_set.contains(&key(c))).cloned().collect();
-        let fills: Vec<((Table, &str), Vec<&Rule>)> =
-            new.iter().map(|c| (*c, fills.remove(c).unwrap_or_default())).collect();
-        before = render::declare_payloads(&new, per_run);
-        before.extend(render::fill_payloads(&fills, per_run, d));
+        main.chains = ruleset.chains.iter().filter(|c| !moved.contains(&key(c))).cloned().collect();
+        if split_new {
+            let fills: Vec<((Table, &str), Vec<&Rule>)> =
+                new.iter().map(|c| (*c, fills.remove(c).unwrap_or_default())).collect();
+            before = render::declare_payloads(&new, per_run);
+            before.extend(render::fill_payloads(&fills, per_run, d));
+        }
+        if split_again {
+            let refills: Vec<((Table, &str), Vec<&Rule>)> =
+                again.iter().map(|c| (*c, fills.remove(c).unwrap_or_default())).collect();
+            before.extend(render::refill_payloads(&refills, per_run, d));
+        }
     } else {
         main.chains = ruleset.chains.clone();
         main.rules = ruleset.rules.clone();

@@ -259,6 +259,55 @@ fn many_new_or_gone_chains_are_written_in_runs_around_the_main_one() {
     assert_eq!(flushed, deleted);
 }
 
+/// The same Service rendered again (its n + 1 chains declared again) in a
+/// partial sync: the chains are flushed and filled in runs of their own,
+/// each run holding whole chains (declared and filled together, so none
+/// is seen empty between runs), and no run over the limit.
+#[test]
+fn many_chains_declared_again_are_refilled_in_runs_of_whole_chains() {
+    let s = settings();
+    let n = 2 * CHAINS_PER_RUN + 1;
+    let eps: Vec<Endpoint> =
+        (0..n).map(|i| ep(&format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256), 8080)).collect();
+    let (rs, whole) = render(&s, vec![svc("ns", "big", "p", "10.96.1.5", 80, eps)]);
+    let mut scope = crate::validate::Scope::default();
+    scope.count(IpFamily::V4, &svc("ns", "big", "p", "10.96.1.5", 80, Vec::new()), true);
+    for i in 0..n {
+        let ip = format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256);
+        scope.endpoints.add((ip.parse().unwrap(), 8080));
+    }
+    let model = Model::default();
+    let ctx = Context { plugin: "test", dialect: dialect(&s), scope: &scope, model: &model, full: true };
+    let p = prepare(&ctx, &s, &rs, 1 << 30, None).unwrap();
+    let mut model = Model::default();
+    model.commit(p.checked);
+    let ctx = Context { plugin: "test", dialect: dialect(&s), scope: &scope, model: &model, full: false };
+    let previous = Previous { host_chains: p.host_chains, hooks: p.hooks };
+    let q = prepare(&ctx, &s, &rs, 1 << 30, Some(previous)).unwrap();
+    assert!(q.after.is_empty());
+    assert!(q.before.len() >= 3, "{} runs", q.before.len());
+    for run in &q.before {
+        let (rules, declared) = lines_of([run]);
+        let filled: std::collections::BTreeSet<String> =
+            rules.iter().map(|l| l.split(' ').nth(1).unwrap().to_string()).collect();
+        assert!(filled.is_subset(&declared), "a run fills only the chains it flushes");
+        assert!(declared.len() <= CHAINS_PER_RUN);
+    }
+    assert!(!q.text.contains(":KUBE-SEP-"), "the main run declares none of them");
+    // Together they write the own chains as the single payload does (the
+    // host's chains are unchanged: left alone).
+    let own = |(rules, declared): (Vec<String>, std::collections::BTreeSet<String>)| {
+        let is_own = |c: &str| c.starts_with("KUBE-SEP-") || c.starts_with("KUBE-SVC-");
+        let rules: Vec<String> = rules.into_iter().filter(|l| is_own(l.split(' ').nth(1).unwrap_or(""))).collect();
+        let declared: std::collections::BTreeSet<String> = declared.into_iter().filter(|c| is_own(c)).collect();
+        (rules, declared)
+    };
+    let (split_rules, split_declared) = own(lines_of(q.before.iter().chain([&q.text])));
+    let (whole_rules, whole_declared) = own(lines_of([&whole]));
+    assert!(split_rules == whole_rules, "{} rules written in runs, {} whole", split_rules.len(), whole_rules.len());
+    assert!(split_declared == whole_declared, "{} declared, {}", split_declared.len(), whole_declared.len());
+}
+
 /// A full sync over a kernel that holds the own chains as wanted (kpx
 /// restarted) leaves them out of its runs; one changed by someone else,
 /// or holding a line kpx does not read, is written again.

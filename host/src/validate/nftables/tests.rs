@@ -350,3 +350,29 @@ fn distinct_facts_pack_to_distinct_words_and_counts_add_up() {
     assert_eq!((model.v4.len(), model.other.len()), (1, 0));
     assert_eq!(model.get(&Ref::ClusterIp(ips[2])), 1);
 }
+
+/// Own sets beyond two per endpoint and destination of the state (and
+/// EXTRA_SETS) are refused: nf_tables' cost of a set grows with every
+/// other set in the table.
+#[test]
+fn own_sets_are_bounded_by_the_state() {
+    let s = scope();
+    let allowed = 2 * (s.endpoints.len() + s.destinations.len()) + EXTRA_SETS;
+    let sets = |n: usize| Transaction {
+        ops: (0..n).map(|k| Op::AddSet(SetDecl { name: format!("m{k}"), ..endpoint_map() })).collect(),
+    };
+    let mut model = Model::default();
+    model.commit(run(&sets(allowed), &model, &s, true).expect("within the bound"));
+    let err = run(&sets(allowed + 1), &Model::default(), &s, true).unwrap_err();
+    assert!(
+        err.reason.contains(&format!("leaves {} own sets and maps; the state allows {allowed}", allowed + 1)),
+        "{err}"
+    );
+    // A partial sync counts what the table holds already.
+    let one_more = Transaction { ops: vec![Op::AddSet(SetDecl { name: "extra".into(), ..endpoint_map() })] };
+    assert!(run(&one_more, &model, &s, false).is_err());
+    let swap = Transaction {
+        ops: vec![Op::DeleteSet("m0".into()), Op::AddSet(SetDecl { name: "extra".into(), ..endpoint_map() })],
+    };
+    assert!(run(&swap, &model, &s, false).is_ok(), "one out, one in");
+}
