@@ -107,7 +107,7 @@ fn pick_cost(scheduler: &'static str, candidates: usize) -> Result<PickCost> {
     let mut port =
         ServicePort::new("bench", "web", "http", Protocol::Tcp, 80).with_cluster_endpoints(endpoints.collect());
     port.cluster_ip = Some(SERVICE.parse()?);
-    port.scheduler = Some(SchedulerChoice { name: scheduler.into(), parameters: Vec::new() });
+    port.scheduler = Some(Arc::new(SchedulerChoice { name: scheduler.into(), parameters: Vec::new() }));
     let chooser = SideChooser { balancer: Arc::new(Balancer::new(&port, picker)), side: Side::Internal };
     let client: SocketAddr = "192.168.100.2:40000".parse()?;
     let n = 100_000;

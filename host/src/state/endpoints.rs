@@ -10,11 +10,74 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use crate::source::service::ServicePort as K8sPort;
+use k8s_openapi::api::discovery::v1::EndpointPort;
 use kpx_rules::model::{Conditions, Endpoint, IpFamily};
 
+use super::annotations::{self, Problem, Weights};
 use super::topology::HintedEndpoint;
+use crate::source::Slice;
+use crate::source::service::ServicePort as K8sPort;
+
+/// An EndpointSlice as the state holds it: the object, its weights
+/// (`kpx.dev/weights`, parsed once, when the state stores the slice) and
+/// its ports in lookup order, so that each port of a Service finds its
+/// own without parsing or scanning anything again (a Service of n ports
+/// whose slice weighs n entries cost n² at every pass when each port
+/// parsed the annotation and scanned the slice's ports).
+#[derive(Debug)]
+pub struct StoredSlice {
+    pub object: Arc<Slice>,
+    weights: Weights,
+    ports: PortIndex,
+}
+
+impl StoredSlice {
+    /// The slice, its annotation parsed and its ports indexed; what is
+    /// wrong with its annotation.
+    pub fn new(object: Arc<Slice>) -> (StoredSlice, Vec<Problem>) {
+        let (weights, problems) = annotations::weights(object.meta.annotations.as_ref());
+        let ports = PortIndex::new(object.ports.as_deref().unwrap_or_default());
+        (StoredSlice { object, weights, ports }, problems)
+    }
+
+    /// The weights its annotation gives, by address.
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// Its port of this name and protocol: the first one in the slice's
+    /// order, as a scan would find it.
+    fn port(&self, name: &str, protocol: &str) -> Option<&EndpointPort> {
+        self.ports.find(self.object.ports.as_deref().unwrap_or_default(), (name, protocol))
+    }
+}
+
+/// Positions in a slice's ports, sorted by (name, protocol), each run of
+/// equal keys in the slice's order.
+#[derive(Debug, Default)]
+struct PortIndex(Box<[u32]>);
+
+/// A port's name and protocol, with upstream's defaults.
+fn port_key(p: &EndpointPort) -> (&str, &str) {
+    (p.name.as_deref().unwrap_or(""), p.protocol.as_deref().unwrap_or("TCP"))
+}
+
+impl PortIndex {
+    fn new(ports: &[EndpointPort]) -> PortIndex {
+        let mut order: Vec<u32> = (0..ports.len() as u32).collect();
+        // Stable: of equal keys, the first in the slice comes first.
+        order.sort_by_key(|&i| port_key(&ports[i as usize]));
+        PortIndex(order.into_boxed_slice())
+    }
+
+    fn find<'a>(&self, ports: &'a [EndpointPort], key: (&str, &str)) -> Option<&'a EndpointPort> {
+        let at = self.0.partition_point(|&i| ports.get(i as usize).is_some_and(|p| port_key(p) < key));
+        let port = ports.get(*self.0.get(at)? as usize)?;
+        (port_key(port) == key).then_some(port)
+    }
+}
 
 pub fn for_port(
     slices: Option<&super::SliceSet>,
@@ -29,20 +92,14 @@ pub fn for_port(
     let want_name = port.name.as_deref().unwrap_or("");
     let want_protocol = port.protocol.as_deref().unwrap_or("TCP");
     let mut found: BTreeMap<(IpAddr, u16), HintedEndpoint> = BTreeMap::new();
-    for slice in slices.into_iter().flat_map(|s| s.values()) {
+    for stored in slices.into_iter().flat_map(|s| s.values()) {
+        let slice = &stored.object;
         if slice.address_type != want_type {
             continue;
         }
-        let slice_port = slice.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == want_name && p.protocol.as_deref().unwrap_or("TCP") == want_protocol
-        });
-        let Some(port_number) = slice_port.and_then(|p| p.port) else {
+        let Some(port_number) = stored.port(want_name, want_protocol).and_then(|p| p.port) else {
             continue;
         };
-        let weights = super::annotations::weights(
-            slice.meta.annotations.as_ref(),
-            &format!("{}/{}", slice.meta.namespace, slice.meta.name),
-        );
         for ep in &slice.endpoints {
             // An IPv4-mapped IPv6 address in an IPv4 slice (the API
             // server accepts one) is the IPv4 address, as upstream reads
@@ -66,7 +123,7 @@ pub fn for_port(
                 // No node's zone label (63 bytes at most) is longer than
                 // what a port table carries.
                 zone: ep.zone().filter(|z| z.len() <= kpx_rules::table::MAX_STRING).map(Box::from),
-                weight: weights.get(&ip).copied().unwrap_or(1),
+                weight: stored.weights().get(&ip).unwrap_or(1),
             };
             let hints = ep.hints();
             let endpoint = HintedEndpoint {

@@ -1,13 +1,54 @@
 //! Service objects to rule-model service ports.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use kpx_rules::model::{self, Cidr, IpFamily, Protocol};
 
+use super::annotations::{self, Problem, ServiceAnnotations};
 use super::topology::HintedEndpoint;
 use crate::source::Service;
 use crate::source::service::{ServicePort as K8sPort, ServiceType};
+
+/// A Service as the state holds it: the object and what its annotations
+/// say, parsed once, when the state stores it; every port of the Service
+/// shares the parsed scheduler (one `Arc`) at every pass.
+#[derive(Debug)]
+pub struct StoredService {
+    pub object: Arc<Service>,
+    pub annotations: ServiceAnnotations,
+    /// `spec.loadBalancerSourceRanges` read (both families), the ones
+    /// that are not CIDRs logged once, here, not at every pass.
+    source_ranges: Vec<Cidr>,
+}
+
+impl StoredService {
+    /// The Service, its annotations parsed; what is wrong with them.
+    pub fn new(object: Arc<Service>) -> (StoredService, Vec<Problem>) {
+        let (annotations, problems) = annotations::service(object.metadata.annotations.as_ref());
+        let source_ranges = source_ranges(&object);
+        (StoredService { object, annotations, source_ranges }, problems)
+    }
+}
+
+/// A Service's `loadBalancerSourceRanges`. The API server refuses one
+/// that is not a CIDR; an object older than its check may hold one: it
+/// is logged and ignored, as upstream's MapCIDRsByIPFamily does.
+fn source_ranges(svc: &Service) -> Vec<Cidr> {
+    let ranges = svc.spec.iter().flat_map(|spec| spec.load_balancer_source_ranges.iter().flatten());
+    ranges
+        .filter_map(|r| match Cidr::parse_sloppy(r) {
+            Ok(c) => Some(c),
+            Err(_) => {
+                let namespace = svc.metadata.namespace.as_deref().unwrap_or_default();
+                let name = svc.metadata.name.as_deref().unwrap_or_default();
+                tracing::warn!(service = %format!("{namespace}/{name}"), "loadBalancerSourceRanges: {r:?} is not a CIDR: ignored");
+                None
+            }
+        })
+        .collect()
+}
 
 /// Upstream's `ShouldSkipService` plus the service-proxy-name label: kpx
 /// has no proxy name, so any Service that names one belongs to another proxy.
@@ -41,14 +82,16 @@ fn ips_of(family: IpFamily, list: impl IntoIterator<Item = impl AsRef<str>>) -> 
 }
 
 /// The Service's ports for one family; `endpoints_for` gives each port's
-/// endpoints and `categorize` fills the endpoint sets.
+/// endpoints and `categorize` fills the endpoint sets. Nothing is parsed
+/// per port: the annotations were parsed when the Service was stored.
 pub fn service_ports(
-    svc: &Service,
+    stored: &StoredService,
     family: IpFamily,
     external_ips_allowed: bool,
     endpoints_for: impl Fn(&K8sPort) -> Vec<HintedEndpoint>,
     categorize: impl Fn(&mut model::ServicePort, Vec<HintedEndpoint>),
 ) -> Vec<model::ServicePort> {
+    let svc = &*stored.object;
     let Some(spec) = &svc.spec else {
         return Vec::new();
     };
@@ -68,29 +111,14 @@ pub fn service_ports(
     } else {
         Vec::new()
     };
-    let source_ranges: Vec<Cidr> = spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .filter_map(|r| match Cidr::parse_sloppy(r) {
-            Ok(c) => Some(c),
-            // The API server refuses these; an object older than its check
-            // may hold one. Ignored, as upstream's MapCIDRsByIPFamily does.
-            Err(_) => {
-                tracing::warn!(service = %format!("{namespace}/{name}"), "loadBalancerSourceRanges: {r:?} is not a CIDR: ignored");
-                None
-            }
-        })
-        .filter(|c| c.family() == family)
-        .collect();
+    let source_ranges: Vec<Cidr> = stored.source_ranges.iter().filter(|c| c.family() == family).copied().collect();
     let affinity = if spec.client_ip_affinity {
         spec.affinity_timeout_seconds.map(|t| t.max(1) as u32).unwrap_or(10800)
     } else {
         0
     };
-    let annotations = svc.metadata.annotations.as_ref();
-    let scheduler = super::annotations::scheduler(annotations, &format!("{namespace}/{name}"));
-    let extension_annotations = super::annotations::extensions(annotations);
+    let external_ips =
+        if external_ips_allowed { ips_of(family, spec.external_ips.iter().flatten()) } else { Vec::new() };
 
     spec.ports
         .iter()
@@ -106,24 +134,21 @@ pub fn service_ports(
                 cluster_ip: Some(cluster_ip),
                 port: port.port as u16,
                 node_port: port.node_port.unwrap_or(0) as u16,
-                external_ips: if external_ips_allowed {
-                    ips_of(family, spec.external_ips.iter().flatten())
-                } else {
-                    Vec::new()
-                },
+                external_ips: external_ips.clone(),
                 load_balancer_ips: lb_ips.clone(),
                 load_balancer_source_ranges: source_ranges.clone(),
                 external_traffic_policy: spec.external_traffic_policy,
                 internal_traffic_policy: spec.internal_traffic_policy,
                 health_check_node_port: spec.health_check_node_port.unwrap_or(0) as u16,
                 affinity_timeout_seconds: affinity,
-                scheduler: scheduler.clone(),
+                // The Service's one copy.
+                scheduler: stored.annotations.scheduler.clone(),
                 endpoints: Vec::new(),
                 cluster_endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
                 cluster_plan: None,
                 local_plan: None,
-                annotations: extension_annotations.clone(),
+                annotations: stored.annotations.extensions.clone(),
             };
             categorize(&mut out, endpoints_for(port));
             out

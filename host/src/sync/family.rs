@@ -243,11 +243,11 @@ impl FamilyProxier {
         for name in changes.services.keys() {
             let ports = state.service_ports(self.family, name);
             let old_keys = self.keys_of.remove(name).unwrap_or_default();
-            for key in &old_keys {
-                if !ports.iter().any(|p| &p.key == key) {
-                    self.bounded.remove(key);
-                }
-                if !ports.iter().any(|p| &p.key == key) && self.sent.remove(self.family, key) {
+            // A set: a Service of n ports is not n² key comparisons.
+            let new_keys: std::collections::HashSet<&str> = ports.iter().map(|p| p.key.as_str()).collect();
+            for key in old_keys.iter().filter(|k| !new_keys.contains(k.as_str())) {
+                self.bounded.remove(key);
+                if self.sent.remove(self.family, key) {
                     self.load_ports.remove(key);
                     if keep {
                         out.push(Change::Remove(key.clone()));
@@ -256,6 +256,7 @@ impl FamilyProxier {
                     }
                 }
             }
+            drop(new_keys);
             if !ports.is_empty() {
                 self.keys_of.insert(name.clone(), ports.iter().map(|p| p.key.clone()).collect());
             }

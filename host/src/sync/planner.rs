@@ -141,10 +141,11 @@ impl Planner {
         port.cluster_plan = None;
         port.local_plan = None;
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
+        // The Service's one copy (a pointer), not its parameters.
         let choice = match &port.scheduler {
-            Some(c) => c.clone(),
+            Some(c) => Arc::clone(c),
             None if weighted && self.mode != ProxyMode::Ipvs => {
-                SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() }
+                Arc::new(SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() })
             }
             None => return,
         };

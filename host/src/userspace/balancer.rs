@@ -196,7 +196,8 @@ struct Candidates {
 }
 
 struct Inner {
-    choice: SchedulerChoice,
+    /// The Service's scheduler (its one copy, shared with its ports).
+    choice: Arc<SchedulerChoice>,
     /// The Service names no scheduler: the default, from the built-in
     /// component.
     default_choice: bool,
@@ -262,7 +263,7 @@ impl Balancer {
     pub fn new(port: &ServicePort, picker: Arc<Picker>) -> Balancer {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos());
         let inner = Inner {
-            choice: SchedulerChoice { name: DEFAULT_SCHEDULER.into(), parameters: Vec::new() },
+            choice: Arc::new(SchedulerChoice { name: DEFAULT_SCHEDULER.into(), parameters: Vec::new() }),
             default_choice: true,
             destination: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             internal: Candidates::default(),
@@ -293,9 +294,11 @@ impl Balancer {
         inner.fallback_until = None;
         let weighted = port.endpoints.iter().any(|e| e.weight != 1);
         inner.default_choice = port.scheduler.is_none();
-        inner.choice = port.scheduler.clone().unwrap_or_else(|| SchedulerChoice {
-            name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
-            parameters: Vec::new(),
+        inner.choice = port.scheduler.clone().unwrap_or_else(|| {
+            Arc::new(SchedulerChoice {
+                name: if weighted { DEFAULT_WEIGHTED } else { DEFAULT_SCHEDULER }.into(),
+                parameters: Vec::new(),
+            })
         });
         let unspecified = if port.endpoints.first().is_some_and(|e| e.ip.is_ipv6()) {
             IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
@@ -535,7 +538,7 @@ mod tests {
     #[test]
     fn least_connection_reads_the_live_counts() {
         let mut p = port(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
-        p.scheduler = Some(SchedulerChoice { name: "lc".into(), parameters: Vec::new() });
+        p.scheduler = Some(Arc::new(SchedulerChoice { name: "lc".into(), parameters: Vec::new() }));
         let b = Balancer::new(&p, picker());
         let first: Vec<SocketAddr> = (0..3).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
         let mut sorted = first.clone();
@@ -602,7 +605,7 @@ mod tests {
     #[test]
     fn an_unknown_scheduler_falls_back_to_round_robin() {
         let mut p = port(&["10.1.0.1", "10.1.0.2"]);
-        p.scheduler = Some(SchedulerChoice { name: "nope".into(), parameters: Vec::new() });
+        p.scheduler = Some(Arc::new(SchedulerChoice { name: "nope".into(), parameters: Vec::new() }));
         let b = Balancer::new(&p, picker());
         let picks: std::collections::BTreeSet<SocketAddr> =
             (0..4).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
@@ -627,7 +630,7 @@ mod tests {
         b.choose(Side::Internal, client(1), 0, &[]).unwrap();
         assert_eq!((external.stats().instances.load(Relaxed), built_in.stats().instances.load(Relaxed)), (0, 1));
         let mut named = port(&["10.1.0.1", "10.1.0.2"]);
-        named.scheduler = Some(SchedulerChoice { name: "rr".into(), parameters: Vec::new() });
+        named.scheduler = Some(Arc::new(SchedulerChoice { name: "rr".into(), parameters: Vec::new() }));
         let b = Balancer::new(&named, picker);
         b.choose(Side::Internal, client(1), 0, &[]).unwrap();
         assert_eq!(external.stats().instances.load(Relaxed), 1, "a Service that names rr gets the first component's");

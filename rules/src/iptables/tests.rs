@@ -273,3 +273,24 @@ fn a_large_cluster_flip_on_a_partial_render_deletes_what_no_port_owns() {
     assert!(r.kept_hooks.is_empty());
     assert!(declared(&r).contains(&service_chain("KUBE-SVC-", "ns/big", "tcp").as_str()), "rewritten whole");
 }
+
+/// A scheduler that returns the longest rotation allowed for a
+/// one-endpoint Service: as returned it is 1,024 rules; as the host hands
+/// it over (normalized) it is one, the jump kube-proxy writes.
+#[test]
+fn a_one_endpoint_service_given_the_longest_rotation_is_programmed_with_one_entry() {
+    use crate::plan::{MAX_SEQUENCE, Plan};
+    let jumps = |plan: Option<Plan>| {
+        let mut p = proxier();
+        let mut port = svc("ns", "s", "", "172.30.0.1", 80, vec![ep("10.1.0.1", 8080)]);
+        port.cluster_plan = plan;
+        p.reset(Node::default(), Cluster::default(), vec![port]);
+        let r = ruleset(&mut p, true);
+        let chain = service_chain("KUBE-SVC-", "ns/s", "tcp");
+        let sep = endpoint_chain("ns/s", "tcp", "10.1.0.1:8080");
+        rules_in(&r, &chain).iter().filter(|x| x.target == Target::Jump(sep.clone())).count()
+    };
+    let longest = Plan::Sequence(vec![0; MAX_SEQUENCE]);
+    assert_eq!(jumps(Some(longest.clone())), MAX_SEQUENCE, "as the scheduler returned it");
+    assert_eq!(jumps(longest.normalized(1)), 1, "as the host hands it over");
+}
