@@ -448,22 +448,6 @@ pub fn run(mut config: Config) -> Result<(), Error> {
                 .collect()
         }
     };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let thread = match &config.source {
-        Source::Manifests(path) => {
-            let source = ManifestSource::new(path)?;
-            std::thread::Builder::new().name("manifests".into()).spawn(move || source.run(tx))
-        }
-        Source::Api(api) => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
-            let client = runtime.block_on(crate::source::api::client(api))?;
-            let node = config.node_name.clone();
-            std::thread::Builder::new()
-                .name("api".into())
-                .spawn(move || runtime.block_on(crate::source::api::run(client, node, tx)))
-        }
-    }
-    .expect("spawn the source thread");
     let families: Vec<IpFamily> = proxiers.iter().map(Proxier::family).collect();
     // upstream: a change not programmed within twice the sync period is unhealthy.
     let health = match config.source {
@@ -481,6 +465,24 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     let zpages = crate::serve::Zpages { pages, flagz, statusz };
     let telemetry =
         Arc::new(Telemetry::new(health, config.mode, optional, config.configz().to_string()).with_zpages(zpages));
+    // The source counts what it refuses in the metrics: made first.
+    let refusals = telemetry.metrics.refusals();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = match &config.source {
+        Source::Manifests(path) => {
+            let source = ManifestSource::new(path)?.counting(refusals);
+            std::thread::Builder::new().name("manifests".into()).spawn(move || source.run(tx))
+        }
+        Source::Api(api) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+            let client = runtime.block_on(crate::source::api::client(api))?;
+            let node = config.node_name.clone();
+            std::thread::Builder::new()
+                .name("api".into())
+                .spawn(move || runtime.block_on(crate::source::api::run(client, node, tx, refusals)))
+        }
+    }
+    .expect("spawn the source thread");
     // No address selected (or none readable): every address, as upstream
     // falls back to. `primary` is not known before the Node: every
     // address too (docs/UPSTREAM.md).

@@ -42,14 +42,52 @@ pub enum Kind {
     ServiceCidr,
 }
 
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Kind {
+    /// The kind as Kubernetes spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a source counts the objects it refuses or drops
+/// (`kpx_objects_refused_total{kind}`, [`crate::serve::metrics`]). Each
+/// one is also logged where it is refused, at warn level, with its kind,
+/// namespace/name and why. The default counts nowhere (tests, tools).
+#[derive(Clone, Default)]
+pub struct Refusals {
+    count: Option<Arc<dyn Fn(&'static str) + Send + Sync>>,
+}
+
+impl Refusals {
+    /// Refusals counted by `count`, called with the refused object's kind
+    /// ([`Kind::as_str`], or `unknown` for a document that names no kind
+    /// kpx reads).
+    pub fn new(count: impl Fn(&'static str) + Send + Sync + 'static) -> Refusals {
+        Refusals { count: Some(Arc::new(count)) }
+    }
+
+    /// Counts one refused object of `kind` (None: not a kind kpx reads).
+    pub fn count(&self, kind: Option<Kind>) {
+        if let Some(count) = &self.count {
+            count(kind.map_or("unknown", Kind::as_str));
+        }
+    }
+}
+
+impl std::fmt::Debug for Refusals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refusals").field("counted", &self.count.is_some()).finish()
     }
 }
 

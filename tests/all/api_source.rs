@@ -227,6 +227,78 @@ fn api_source_follows_changes_and_faults_nftables() {
     follows_the_api_through_faults("nftables");
 }
 
+/// A change of web's Service that kpx cannot decode (`ports` not a list),
+/// then a relist that lists it so: each time it is refused in the log
+/// (warn) with its kind, namespace/name and the decode error, never as an
+/// empty ApiError, and counted; web's last good version stays programmed.
+fn an_undecodable_object_keeps_its_last_good_version(mode: &str) {
+    let Some(lab) = lab_or_skip(1, &format!("an_undecodable_object_keeps_its_last_good_version ({mode})")) else {
+        return;
+    };
+    let (dir, _) = run_dirs(&format!("api-undecodable-{mode}"));
+    let be1 = lab.backends[0].ip.clone();
+    let server = start_server(&lab);
+    put(&server, NODE);
+    put(&server, &web(&[&be1]));
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &kpx_api_args(&dir, &server, mode), &dir.join("kpx.log")).unwrap();
+    assert!(
+        kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(30)),
+        "{mode}: no sync:\n{}",
+        kpx.log()
+    );
+    assert!(wait_served(&lab, WEB, "be1"), "{mode}: web never served:\n{}", kpx.log());
+    let mut bad = documents(&service("web", "10.96.0.10")).remove(0);
+    bad["spec"]["ports"] = Value::from("not-a-list");
+    server.apply(SERVICES, bad).expect("the server takes the object");
+    assert!(kpx.wait_for_log("cannot be decoded", 1, Duration::from_secs(15)), "{mode}: not refused:\n{}", kpx.log());
+    // A relist: the watches cut and resumed (slowly) from before a change
+    // and a compaction, so that they get 410 Gone and list again.
+    let lists_before = server.count("list", "/services");
+    server.set_delay(Duration::from_millis(1500));
+    server.drop_watches();
+    std::thread::sleep(Duration::from_millis(300));
+    put(&server, &format!("{}---\n{}", service("api5", "10.96.0.15"), slice("api5", &[&be1])));
+    server.compact();
+    let t0 = Instant::now();
+    while server.count("list", "/services") == lists_before && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.set_delay(Duration::ZERO);
+    assert!(server.count("list", "/services") > lists_before, "{mode}: no relist:\n{}", kpx.log());
+    assert!(wait_served(&lab, "10.96.0.15:80", "be1"), "{mode}: the relist never applied:\n{}", kpx.log());
+    assert!(
+        kpx.wait_for_log("cannot be decoded", 2, Duration::from_secs(15)),
+        "{mode}: the relist did not refuse it:\n{}",
+        kpx.log()
+    );
+    let seen = servers_seen(&lab, Proto::Tcp, WEB, 5);
+    assert_eq!(seen, [("be1".to_string(), 5)].into(), "{mode}: web's last good version is not served");
+    let log = kpx.log();
+    for line in log.lines().filter(|l| l.contains("cannot be decoded")) {
+        assert!(line.contains("WARN"), "{mode}: {line}");
+        assert!(line.contains("rejected: Service test/web cannot be decoded"), "{mode}: {line}");
+        assert!(line.contains("invalid type: string \"not-a-list\", expected a sequence"), "{mode}: {line}");
+    }
+    assert!(!log.contains("ApiError: : "), "{mode}: an empty ApiError was logged:\n{log}");
+    let (_, metrics) = crate::servers::get(&lab.node, "127.0.0.1:10249", "/metrics").expect("metrics");
+    let counted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kpx_objects_refused_total{kind=\"Service\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(counted.is_some_and(|n| n >= 2), "{mode}: counted {counted:?}:\n{metrics}");
+    assert!(kpx.is_running(), "{mode}: kpx exited:\n{log}");
+}
+
+#[test]
+fn an_undecodable_object_keeps_its_last_good_version_iptables() {
+    an_undecodable_object_keeps_its_last_good_version("iptables");
+}
+
+#[test]
+fn an_undecodable_object_keeps_its_last_good_version_nftables() {
+    an_undecodable_object_keeps_its_last_good_version("nftables");
+}
+
 /// Services of several shapes (NodePort, external IPs, a load balancer with
 /// source ranges and a Local policy, session affinity), their slices, and
 /// the node.

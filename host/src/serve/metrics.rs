@@ -13,6 +13,8 @@ use prometheus_client::registry::Registry;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
 
+use crate::source::{Kind, Refusals};
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     pub code: String,
@@ -60,6 +62,14 @@ pub struct ProtocolLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginLabel {
     pub plugin: String,
+}
+
+/// The kind of an object a source refused: `Service`, `EndpointSlice`,
+/// `Node`, `ServiceCIDR`, or `unknown` (a document that names no kind kpx
+/// reads, or is not YAML).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
 }
 
 /// A component file replaced while kpx runs, and what became of it.
@@ -210,6 +220,9 @@ pub struct Metrics {
     pub rules_lost: Counter,
     /// kpx's: endpoints left out by --iptables-max-endpoints-per-port.
     pub endpoints_not_programmed: Gauge,
+    /// kpx's: objects a source refused or dropped, by kind (each logged
+    /// with its kind, namespace/name and why).
+    pub objects_refused: Family<KindLabel, Counter>,
 }
 
 impl Metrics {
@@ -263,8 +276,13 @@ impl Metrics {
             validation_duration: sync_histogram(),
             rules_lost: Counter::default(),
             endpoints_not_programmed: Gauge::default(),
+            objects_refused: Family::default(),
             registry: Registry::default(),
         };
+        // Every kind's series from the start, at 0.
+        for kind in [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr] {
+            drop(m.objects_refused.get_or_create(&KindLabel { kind: kind.as_str().to_string() }));
+        }
         // The client appends `_total` to counters; upstream's help
         // strings carry their stability level.
         let alpha = |help: &str| format!("[ALPHA] {help}");
@@ -466,6 +484,11 @@ impl Metrics {
                 m.endpoints_not_programmed.clone(),
             );
         }
+        r.register(
+            "kpx_objects_refused",
+            "Objects a source refused or dropped, by kind: not valid, not what the API server accepts, not decodable, or defined twice (each logged with its kind, namespace/name and why; the last good version stays)",
+            m.objects_refused.clone(),
+        );
         r.register("kpx_plugin_calls", "Calls into a plugin", m.plugin_calls.clone());
         r.register(
             "kpx_plugin_fuel_used",
@@ -473,6 +496,15 @@ impl Metrics {
             m.plugin_fuel.clone(),
         );
         Metrics { registry: r, ..m }
+    }
+
+    /// Where the sources count the objects they refuse
+    /// (`kpx_objects_refused_total{kind}`).
+    pub fn refusals(&self) -> Refusals {
+        let refused = self.objects_refused.clone();
+        Refusals::new(move |kind| {
+            refused.get_or_create(&KindLabel { kind: kind.to_string() }).inc();
+        })
     }
 
     /// The text exposition.
@@ -651,6 +683,35 @@ mod tests {
     fn deliberate_rows_still_differ() {
         let served = families(&touched(ProxyMode::Nftables));
         assert!(served.contains_key("kubeproxy_sync_partial_proxy_rules_duration_seconds"));
+    }
+
+    /// What the sources refuse is counted by kind, every known kind's
+    /// series there from the start.
+    #[test]
+    fn refused_objects_are_counted_by_kind() {
+        let m = Metrics::new(ProxyMode::Iptables);
+        let text = m.encode();
+        assert!(text.contains("# TYPE kpx_objects_refused counter"), "{text}");
+        for kind in ["Service", "EndpointSlice", "Node", "ServiceCIDR"] {
+            assert!(text.contains(&format!("kpx_objects_refused_total{{kind=\"{kind}\"}} 0")), "{kind}: {text}");
+        }
+        let refusals = m.refusals();
+        refusals.count(Some(Kind::Service));
+        refusals.clone().count(Some(Kind::Service));
+        refusals.count(Some(Kind::EndpointSlice));
+        refusals.count(None);
+        let text = m.encode();
+        for want in [
+            "kpx_objects_refused_total{kind=\"Service\"} 2",
+            "kpx_objects_refused_total{kind=\"EndpointSlice\"} 1",
+            "kpx_objects_refused_total{kind=\"unknown\"} 1",
+            "kpx_objects_refused_total{kind=\"Node\"} 0",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        // A default one counts nowhere.
+        Refusals::default().count(Some(Kind::Service));
+        assert!(m.encode().contains("kpx_objects_refused_total{kind=\"Service\"} 2"));
     }
 
     /// The extensions' counter series stop at MAX_EXTENSION_SERIES; those

@@ -15,6 +15,11 @@
 //!   level-based, so it has no such replay; the flag is validated and shown
 //!   in /configz.
 //! - Fields the proxy does not read are dropped on arrival.
+//! - An object that cannot be decoded ([`wire::Decoded`]) is logged (warn)
+//!   with its kind, namespace/name and the decode error, counted
+//!   (`kpx_objects_refused_total`), and its last good version stays, also
+//!   through a relist; the other objects of its list apply. A watch error
+//!   is logged with its causes.
 
 mod mirror;
 mod rate;
@@ -36,8 +41,10 @@ pub use mirror::Mirror;
 pub use strip::TRIGGER_TIME;
 
 use super::slice::Placements;
-use super::{Event, Kind, Object};
+use super::{Event, Kind, Object, ObjectRef, Refusals};
 use crate::config::ApiConfig;
+
+use wire::{Decoded, Undecodable};
 
 /// Upstream's selector for Services and EndpointSlices.
 pub const SERVICE_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
@@ -83,7 +90,14 @@ pub async fn client(config: &ApiConfig) -> Result<Client, Error> {
 }
 
 /// One kind's watch events, the object already stripped.
-type Item = (Kind, Result<WatchEvent<Object>, watcher::Error>);
+type Item = (Kind, Result<WatchEvent<Read>, watcher::Error>);
+
+/// An object as a watch read it: in kpx's form, or not decodable.
+#[derive(Debug)]
+enum Read {
+    Object(Object),
+    Undecodable(Box<Undecodable>),
+}
 
 /// Retries for a kind the server may not serve (ServiceCIDR before
 /// Kubernetes 1.33): doubling from 1 s to 5 min, so that thousands of
@@ -115,22 +129,25 @@ impl kube::runtime::utils::Backoff for Patient {
 }
 
 fn watch_kind<K>(
-    api: Api<K>,
+    api: Api<Decoded<K>>,
     config: watcher::Config,
     kind: Kind,
     wrap: fn(K, &mut Placements) -> Object,
 ) -> futures::stream::BoxStream<'static, Item>
 where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::DynamicType: Default,
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let events = watch::watcher(api, config);
     let events = match kind {
         Kind::ServiceCidr => events.backoff(Patient { next: Patient::FIRST }).boxed(),
         _ => events.default_backoff().boxed(),
     };
+    let read = move |o: Decoded<K>, placements: &mut Placements| match o {
+        Decoded::Read(o) => Read::Object(wrap(o, placements)),
+        Decoded::Undecodable(u) => Read::Undecodable(u),
+    };
     let mut listing = Listing::default();
-    events.flat_map(move |r| futures::stream::iter(listing.on(kind, r, wrap))).boxed()
+    events.flat_map(move |r| futures::stream::iter(listing.on(kind, r, &read))).boxed()
 }
 
 /// A list's objects, held as read until the list is whole. kube's watcher
@@ -152,12 +169,12 @@ impl<K> Default for Listing<K> {
 }
 
 impl<K: Clone> Listing<K> {
-    fn on(
+    fn on<O>(
         &mut self,
         kind: Kind,
         r: Result<WatchEvent<K>, watcher::Error>,
-        wrap: fn(K, &mut Placements) -> Object,
-    ) -> Vec<Item> {
+        wrap: &impl Fn(K, &mut Placements) -> O,
+    ) -> Vec<(Kind, Result<WatchEvent<O>, watcher::Error>)> {
         match r {
             Ok(WatchEvent::Init) => {
                 self.objects.clear();
@@ -184,15 +201,96 @@ impl<K: Clone> Listing<K> {
 }
 
 /// One watched object's event (a list's objects go through [`Listing`]).
-fn convert<K>(e: WatchEvent<K>, wrap: fn(K, &mut Placements) -> Object) -> WatchEvent<Object> {
-    let wrap = |o| wrap(o, &mut Placements::default());
+fn convert<K, O>(e: WatchEvent<K>, wrap: &impl Fn(K, &mut Placements) -> O) -> WatchEvent<O> {
+    let one = |o| wrap(o, &mut Placements::default());
     match e {
-        WatchEvent::Apply(o) => WatchEvent::Apply(wrap(o)),
-        WatchEvent::Delete(o) => WatchEvent::Delete(wrap(o)),
+        WatchEvent::Apply(o) => WatchEvent::Apply(one(o)),
+        WatchEvent::Delete(o) => WatchEvent::Delete(one(o)),
         WatchEvent::Init => WatchEvent::Init,
-        WatchEvent::InitApply(o) => WatchEvent::InitApply(wrap(o)),
+        WatchEvent::InitApply(o) => WatchEvent::InitApply(one(o)),
         WatchEvent::InitDone => WatchEvent::InitDone,
     }
+}
+
+/// What one watch event changes. An object that could not be decoded is
+/// refused by name ([`refusal`]) and its last good version, if any, stays:
+/// a relist that lists it keeps it, a watched change leaves it as it was
+/// (a deletion, which names it, still deletes it).
+fn on_event(mirror: &mut Mirror, kind: Kind, event: WatchEvent<Read>, refusals: &Refusals) -> Vec<Event> {
+    let refuse = |u: &Undecodable| {
+        let (r, message) = refusal(kind, u);
+        tracing::warn!(kind = %kind, "{message}");
+        refusals.count(Some(kind));
+        r
+    };
+    match event {
+        WatchEvent::Init => mirror.on(WatchEvent::Init),
+        WatchEvent::InitDone => mirror.on(WatchEvent::InitDone),
+        WatchEvent::InitApply(Read::Object(o)) => mirror.on(WatchEvent::InitApply(o)),
+        WatchEvent::Apply(Read::Object(o)) => mirror.on(WatchEvent::Apply(o)),
+        WatchEvent::Delete(Read::Object(o)) => mirror.on(WatchEvent::Delete(o)),
+        WatchEvent::InitApply(Read::Undecodable(u)) => {
+            if let Some(r) = refuse(&u) {
+                mirror.keep(r);
+            }
+            Vec::new()
+        }
+        WatchEvent::Apply(Read::Undecodable(u)) => {
+            refuse(&u);
+            Vec::new()
+        }
+        WatchEvent::Delete(Read::Undecodable(u)) => match reference(kind, &u.metadata) {
+            Some(r) => mirror.delete(r),
+            None => Vec::new(),
+        },
+    }
+}
+
+/// The object an undecodable one names, when its metadata gives a name.
+fn reference(kind: Kind, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<ObjectRef> {
+    let name = meta.name.clone().filter(|n| !n.is_empty())?;
+    Some(ObjectRef { kind, namespace: meta.namespace.clone().unwrap_or_default(), name })
+}
+
+/// The refusal of an object that could not be decoded: what it names, and
+/// the log line, which names its kind, namespace/name (when its metadata
+/// gives them) and the decode error.
+fn refusal(kind: Kind, u: &Undecodable) -> (Option<ObjectRef>, String) {
+    let r = reference(kind, &u.metadata);
+    let message = match &r {
+        Some(r) => format!("rejected: {r} cannot be decoded: {}; its last good version, if any, stays", u.error),
+        None => format!("rejected: a {kind} whose metadata gives no name cannot be decoded: {}", u.error),
+    };
+    (r, message)
+}
+
+/// A watch error with its causes, each said once (kube's errors repeat
+/// their cause in their own message). kube reads a watch event it cannot
+/// decode as a `Status`, an empty one: said as such, not as an empty
+/// ApiError.
+fn describe(e: &watcher::Error) -> String {
+    let status = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+        | watcher::Error::WatchError(s) => Some(s),
+        _ => None,
+    };
+    if status.is_some_and(|s| s.code == 0 && s.message.is_empty() && s.reason.is_empty()) {
+        return "the API server sent a watch event the client cannot decode (kube-rs reports it as an empty Status)"
+            .into();
+    }
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !out.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// The status code of an error the API server answered.
@@ -218,14 +316,19 @@ fn streams(client: &Client, node_name: &str) -> futures::stream::SelectAll<futur
     let services = base.clone().labels(SERVICE_SELECTOR);
     let node = base.clone().fields(&format!("metadata.name={node_name}"));
     futures::stream::select_all([
-        watch_kind(Api::<wire::WireService>::all(client.clone()), services.clone(), Kind::Service, |o, _| {
+        watch_kind(Api::<Decoded<wire::WireService>>::all(client.clone()), services.clone(), Kind::Service, |o, _| {
             Object::Service(Arc::new(o.into()))
         }),
-        watch_kind(Api::<wire::WireSlice>::all(client.clone()), services, Kind::EndpointSlice, |o, placements| {
-            Object::EndpointSlice(Arc::new(o.into_slice(placements)))
+        watch_kind(
+            Api::<Decoded<wire::WireSlice>>::all(client.clone()),
+            services,
+            Kind::EndpointSlice,
+            |o, placements| Object::EndpointSlice(Arc::new(o.into_slice(placements))),
+        ),
+        watch_kind(Api::<Decoded<Node>>::all(client.clone()), node, Kind::Node, |o, _| {
+            Object::Node(Arc::new(strip::node(o)))
         }),
-        watch_kind(Api::<Node>::all(client.clone()), node, Kind::Node, |o, _| Object::Node(Arc::new(strip::node(o)))),
-        watch_kind(Api::<ServiceCIDR>::all(client.clone()), base, Kind::ServiceCidr, |o, _| {
+        watch_kind(Api::<Decoded<ServiceCIDR>>::all(client.clone()), base, Kind::ServiceCidr, |o, _| {
             Object::ServiceCidr(Arc::new(strip::service_cidr(o)))
         }),
     ])
@@ -240,8 +343,9 @@ const FIRST_SYNC_WAITS_FOR: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kin
 
 /// Runs until the receiver is gone: watches and sends what changed. The
 /// watcher relists by itself after an expired resource version or a
-/// broken watch; each relist is diffed against what was reported.
-pub async fn run(client: Client, node_name: String, tx: Sender<Event>) {
+/// broken watch; each relist is diffed against what was reported. Objects
+/// that cannot be decoded are counted in `refusals`.
+pub async fn run(client: Client, node_name: String, tx: Sender<Event>, refusals: Refusals) {
     let mut mirrors: Vec<Mirror> =
         [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr].into_iter().map(Mirror::new).collect();
     let mut synced = false;
@@ -249,14 +353,14 @@ pub async fn run(client: Client, node_name: String, tx: Sender<Event>) {
     while let Some((kind, result)) = events.next().await {
         let mirror = mirrors.iter_mut().find(|m| m.kind() == kind).expect("a mirror per kind");
         let out = match result {
-            Ok(event) => mirror.on(event),
+            Ok(event) => on_event(mirror, kind, event, &refusals),
             // Not served: none, until the server serves the kind (it is
             // asked again, rarely). Objects once listed are never dropped
             // for an error: a 404 from one server of a mixed-version
             // control plane must not delete them.
             Err(e) if kind == Kind::ServiceCidr && status(&e) == Some(404) => {
                 if mirror.listed() {
-                    tracing::debug!(kind = %kind, "not served by this API server; keeping what was read: {e}");
+                    tracing::debug!(kind = %kind, "not served by this API server; keeping what was read: {}", describe(&e));
                     Vec::new()
                 } else {
                     tracing::info!(kind = %kind, "the API server does not serve this kind; reading none for now");
@@ -264,11 +368,11 @@ pub async fn run(client: Client, node_name: String, tx: Sender<Event>) {
                 }
             }
             Err(e) if status(&e) == Some(403) => {
-                tracing::error!(kind = %kind, "forbidden: kpx's ClusterRole must allow list and watch (deploy/kpx.yaml): {e}");
+                tracing::error!(kind = %kind, "forbidden: kpx's ClusterRole must allow list and watch (deploy/kpx.yaml): {}", describe(&e));
                 Vec::new()
             }
             Err(e) => {
-                tracing::warn!(kind = %kind, "watch failed, retrying: {e}");
+                tracing::warn!(kind = %kind, "watch failed, retrying: {}", describe(&e));
                 Vec::new()
             }
         };
@@ -303,7 +407,7 @@ mod tests {
         Node { metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() }
     }
 
-    fn names(out: &[Item]) -> Vec<String> {
+    fn names(out: &[(Kind, Result<WatchEvent<Object>, watcher::Error>)]) -> Vec<String> {
         out.iter()
             .map(|(_, e)| match e {
                 Ok(WatchEvent::Init) => "init".to_string(),
@@ -320,7 +424,7 @@ mod tests {
     fn a_list_is_handed_on_whole_once_it_is_complete() {
         let wrap: fn(Node, &mut Placements) -> Object = |n, _| Object::Node(Arc::new(n));
         let mut listing = Listing::default();
-        let mut on = |e| names(&listing.on(Kind::Node, Ok(e), wrap));
+        let mut on = |e| names(&listing.on(Kind::Node, Ok(e), &wrap));
         assert_eq!(on(WatchEvent::Init), ["init"]);
         assert!(on(WatchEvent::InitApply(node("a"))).is_empty());
         assert!(on(WatchEvent::InitApply(node("b"))).is_empty());
@@ -335,5 +439,119 @@ mod tests {
         assert!(on(WatchEvent::InitApply(node("y"))).is_empty());
         assert_eq!(on(WatchEvent::InitDone), ["apply y", "done"]);
         assert_eq!(on(WatchEvent::InitDone), ["done"]);
+    }
+
+    /// Services read through [`Decoded`] from a JSON list, as a list's
+    /// items are.
+    fn decoded(items: serde_json::Value) -> Vec<Decoded<wire::WireService>> {
+        serde_json::from_str(&items.to_string()).expect("a JSON list")
+    }
+
+    fn undecodable(d: &Decoded<wire::WireService>) -> &Undecodable {
+        match d {
+            Decoded::Undecodable(u) => u,
+            Decoded::Read(o) => panic!("decoded: {o:?}"),
+        }
+    }
+
+    /// An object that cannot be decoded is refused, not its list: the
+    /// others read, and the refusal names its kind, namespace/name and the
+    /// decode error (its metadata read as far as it can be).
+    #[test]
+    fn an_object_that_cannot_be_decoded_is_named_and_the_others_read() {
+        let read = decoded(serde_json::json!([
+            {"metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7"}, "spec": {"ports": "not-a-list"}},
+            {"metadata": {"name": "ok", "namespace": "shop"},
+             "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}},
+            {"metadata": 5, "spec": {}}
+        ]));
+        assert_eq!(read.len(), 3);
+        assert_eq!(kube::Resource::meta(&read[0]).resource_version.as_deref(), Some("7"));
+        let (r, message) = refusal(Kind::Service, undecodable(&read[0]));
+        assert_eq!(r.map(|r| r.to_string()).as_deref(), Some("Service shop/web"));
+        assert!(message.contains("Service shop/web") && message.contains("cannot be decoded"), "{message}");
+        assert!(message.contains("invalid type: string \"not-a-list\", expected a sequence"), "{message}");
+        assert!(matches!(&read[1], Decoded::Read(_)));
+        let (r, message) = refusal(Kind::Service, undecodable(&read[2]));
+        assert!(r.is_none());
+        assert!(message.contains("a Service whose metadata gives no name"), "{message}");
+        assert!(message.contains("invalid type"), "{message}");
+        // A watch event whose object comes before its type (read through
+        // serde's buffer) reads the same way.
+        let line = r#"{"object": {"metadata": {"name": "web", "namespace": "shop", "resourceVersion": "9"},
+                       "spec": {"ports": "not-a-list"}}, "type": "MODIFIED"}"#;
+        let event: kube::core::WatchEvent<Decoded<wire::WireService>> = serde_json::from_str(line).unwrap();
+        let kube::core::WatchEvent::Modified(Decoded::Undecodable(u)) = event else {
+            panic!("not a change of an undecodable object")
+        };
+        assert_eq!((u.metadata.name.as_deref(), u.metadata.resource_version.as_deref()), (Some("web"), Some("9")));
+    }
+
+    /// A watched change that cannot be decoded changes nothing, and a
+    /// relist that lists the object so keeps its last good version; each is
+    /// counted. Its deletion, which names it, deletes it.
+    #[test]
+    fn an_undecodable_object_keeps_its_last_good_version() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let counted = Arc::new(AtomicUsize::new(0));
+        let refusals = {
+            let counted = counted.clone();
+            Refusals::new(move |kind| {
+                assert_eq!(kind, "Service");
+                counted.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        let service = |rv: &str, ports: serde_json::Value| {
+            let value = serde_json::json!({"metadata": {"name": "web", "namespace": "shop", "resourceVersion": rv},
+                                           "spec": {"clusterIP": "10.96.0.1", "ports": ports}});
+            match serde_json::from_value::<Decoded<wire::WireService>>(value).unwrap() {
+                Decoded::Read(o) => Read::Object(Object::Service(Arc::new(o.into()))),
+                Decoded::Undecodable(u) => Read::Undecodable(u),
+            }
+        };
+        let good = |rv: &str, port: u16| service(rv, serde_json::json!([{"port": port}]));
+        let bad = |rv: &str| service(rv, serde_json::json!("not-a-list"));
+        let said = |events: Vec<Event>| -> Vec<String> {
+            events
+                .iter()
+                .map(|e| match e {
+                    Event::Apply(o) => format!("apply {}", o.object_ref()),
+                    Event::Delete(r) => format!("delete {r}"),
+                    Event::Synced => "synced".into(),
+                })
+                .collect()
+        };
+        let mut mirror = Mirror::new(Kind::Service);
+        let mut on = |e| said(on_event(&mut mirror, Kind::Service, e, &refusals));
+        assert!(on(WatchEvent::Init).is_empty());
+        assert_eq!(on(WatchEvent::InitApply(good("1", 80))), ["apply Service shop/web"]);
+        assert!(on(WatchEvent::InitDone).is_empty());
+        assert!(on(WatchEvent::Apply(bad("2"))).is_empty());
+        assert!(on(WatchEvent::Init).is_empty());
+        assert!(on(WatchEvent::InitApply(bad("3"))).is_empty());
+        assert!(on(WatchEvent::InitDone).is_empty(), "the last good version stays through the relist");
+        assert_eq!(on(WatchEvent::Apply(good("4", 81))), ["apply Service shop/web"]);
+        assert_eq!(on(WatchEvent::Delete(bad("5"))), ["delete Service shop/web"]);
+        assert_eq!(counted.load(Ordering::Relaxed), 2);
+    }
+
+    /// A watch error is said with its causes, each once; kube's empty
+    /// Status for a watch event it cannot decode is said as such.
+    #[test]
+    fn watch_errors_are_said_with_their_causes_once() {
+        let empty = watcher::Error::WatchFailed(kube::Error::Api(Box::default()));
+        let said = describe(&empty);
+        assert!(said.contains("cannot decode") && !said.contains("ApiError"), "{said}");
+        let gone = watcher::Error::WatchError(Box::new(kube::core::Status {
+            code: 410,
+            message: "too old resource version".into(),
+            reason: "Expired".into(),
+            ..Default::default()
+        }));
+        let said = describe(&gone);
+        assert_eq!(said.matches("too old resource version").count(), 1, "{said}");
+        let unreadable = serde_json::from_str::<u8>("x").unwrap_err();
+        let said = describe(&watcher::Error::InitialListFailed(kube::Error::SerdeError(unreadable)));
+        assert!(said.contains("initial object list") && said.contains("expected value"), "{said}");
     }
 }

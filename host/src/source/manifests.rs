@@ -6,8 +6,11 @@
 //! safety net, and whenever inotify cannot say what changed (its queue
 //! overflowed, a directory moved, a ConfigMap volume swapped its `..data`
 //! link); where inotify is unavailable, kpx polls every [`POLL_INTERVAL`].
-//! An invalid object is logged with its file and name and left out; every
-//! valid object still applies.
+//! An invalid object is logged (warn) with its file, kind, namespace/name
+//! and why, counted (`kpx_objects_refused_total`), and left out; every
+//! valid object still applies. Services and EndpointSlices are held to
+//! the API server's own validation, which no API server applies here
+//! (`parse.rs`).
 
 mod parse;
 mod yaml;
@@ -20,7 +23,7 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, SystemTime};
 
-use super::{Event, Object, ObjectRef};
+use super::{Event, Object, ObjectRef, Refusals};
 use smallvec::SmallVec;
 
 /// How often the files are checked without inotify, and while the first
@@ -82,6 +85,8 @@ pub struct ManifestSource {
     /// The last poll read every file it listed (or kept its last good
     /// objects): what was reported is the whole state.
     complete: bool,
+    /// Where refused objects are counted.
+    refusals: Refusals,
 }
 
 impl ManifestSource {
@@ -94,7 +99,13 @@ impl ManifestSource {
             objects: BTreeMap::new(),
             touched: BTreeMap::new(),
             complete: false,
+            refusals: Refusals::default(),
         })
+    }
+
+    /// The source, counting the objects it refuses in `refusals`.
+    pub fn counting(self, refusals: Refusals) -> ManifestSource {
+        ManifestSource { refusals, ..self }
     }
 
     /// Files to read: the path itself, or the YAML/JSON files under it
@@ -258,7 +269,8 @@ impl ManifestSource {
         let previous = self.files.remove(&path).map(|f| f.objects).unwrap_or_default();
         keep_last_good(&mut objects, &errors, previous);
         for err in errors {
-            tracing::error!(file = %path.display(), "rejected: {err}");
+            tracing::warn!(file = %path.display(), "rejected: {err}");
+            self.refusals.count(err.kind);
         }
         self.files.insert(path.clone(), FileState { path: path.into(), stamp, objects });
         true
@@ -304,7 +316,8 @@ impl ManifestSource {
                 match held.defs.binary_search_by(|(p, _)| (**p).cmp(&*path)) {
                     Ok(_) => {
                         let r = object.object_ref();
-                        tracing::error!(file = %path.display(), object = %r, "rejected: already defined earlier in the same file")
+                        tracing::warn!(file = %path.display(), object = %r, "rejected: {r}: already defined earlier in the same file");
+                        self.refusals.count(Some(r.kind));
                     }
                     Err(at) => held.defs.insert(at, (file.path.clone(), object.clone())),
                 }
@@ -321,7 +334,8 @@ impl ManifestSource {
                 continue;
             };
             for (path, _) in &held.defs[1..] {
-                tracing::error!(file = %path.display(), object = %r, "rejected: already defined in {}", first.display());
+                tracing::warn!(file = %path.display(), object = %r, "rejected: {r}: already defined in {}", first.display());
+                self.refusals.count(Some(r.kind));
             }
             // Objects of unchanged files are the very copies reported.
             let same = held.reported.as_ref().is_some_and(|old| old.same_copy(object) || old == object);

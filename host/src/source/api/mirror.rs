@@ -116,13 +116,24 @@ impl Mirror {
                 gone.into_iter().map(Event::Delete).collect()
             }
             WatchEvent::Apply(o) => self.apply(o).into_iter().collect(),
-            WatchEvent::Delete(o) => {
-                let key = o.object_ref();
-                match self.reported.remove(&key) {
-                    Some(_) => vec![Event::Delete(key)],
-                    None => Vec::new(),
-                }
-            }
+            WatchEvent::Delete(o) => self.delete(o.object_ref()),
+        }
+    }
+
+    /// An object is gone: deleted, if it was reported.
+    pub fn delete(&mut self, key: ObjectRef) -> Vec<Event> {
+        match self.reported.remove(&key) {
+            Some(_) => vec![Event::Delete(key)],
+            None => Vec::new(),
+        }
+    }
+
+    /// An object listed that could not be read: the relist under way
+    /// counts it as listed, so that the version last reported stays
+    /// (as a manifest's last good version does).
+    pub fn keep(&mut self, key: ObjectRef) {
+        if let Some(seen) = &mut self.relisting {
+            seen.insert(key);
         }
     }
 
@@ -228,6 +239,23 @@ mod tests {
         // revision, then written again): applied.
         assert_eq!(names(&m.on(WatchEvent::Apply(svc_port("a", "11", 81)))), ["apply a 11"]);
         assert_eq!(list(&mut m, vec![svc_port("a", "11", 82)]), ["apply a 11"]);
+    }
+
+    /// An object kept (listed, but unreadable) stays through the relist;
+    /// outside a relist keeping changes nothing, and a delete deletes once.
+    #[test]
+    fn a_kept_object_stays_through_a_relist() {
+        let mut m = Mirror::new(Kind::Service);
+        list(&mut m, vec![svc("a", "1"), svc("b", "2")]);
+        let mut out = m.on(WatchEvent::Init);
+        out.extend(m.on(WatchEvent::InitApply(svc("a", "1"))));
+        m.keep(svc("b", "3").object_ref());
+        out.extend(m.on(WatchEvent::InitDone));
+        assert_eq!(names(&out), Vec::<String>::new());
+        m.keep(svc("c", "4").object_ref());
+        assert_eq!(list(&mut m, vec![svc("a", "1"), svc("b", "2")]), Vec::<String>::new());
+        assert_eq!(names(&m.delete(svc("b", "5").object_ref())), ["delete b"]);
+        assert_eq!(names(&m.delete(svc("b", "5").object_ref())), Vec::<String>::new());
     }
 
     #[test]

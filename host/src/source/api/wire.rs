@@ -12,7 +12,11 @@
 //! JSON from Go structs, never makes matter): `apiVersion` and `kind` are
 //! not checked (the watch asked for EndpointSlices), addresses after the
 //! first and skipped fields are not type-checked, and a key given twice in
-//! one object is refused (k8s-openapi keeps the last).
+//! one object is refused (k8s-openapi keeps the last; but the watches read
+//! each object through [`Decoded`], whose JSON value keeps the last too).
+//!
+//! [`Decoded`] is how the watches read every object: one that cannot be
+//! decoded is named and refused, not the list or the watch event it came in.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -21,6 +25,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::source::service::{Ingress, Service, ServiceMeta, WireSpec};
 use crate::source::slice::{Placements, Slice, SliceEndpoint};
@@ -201,6 +206,97 @@ impl<'de> Deserialize<'de> for Address {
             }
         }
         d.deserialize_str(Parse)
+    }
+}
+
+/// An object of a list or of a watch event as the watches read it: the
+/// type asked for, or why the object could not be decoded as one. Read as
+/// the type itself, one object that cannot be decoded fails its whole list
+/// (listed again, and failing again, for as long as it stays), and a watch
+/// event's is reported by kube as an empty `Status` that names nothing;
+/// read through this, that object is refused by name and the others stand.
+/// The cost: each object is read as a JSON value first (allocated while it
+/// is read, one object at a time), and the type is read from the value.
+/// kube's own `DeserializeGuard` does the same but copies each whole
+/// object to read its metadata a second time, and fails the list when
+/// that metadata cannot be read; here it is three strings, and an object
+/// with no readable metadata is refused unnamed.
+#[derive(Debug, Clone)]
+pub enum Decoded<T> {
+    Read(T),
+    Undecodable(Box<Undecodable>),
+}
+
+/// An object that could not be decoded: what its metadata says of it, as
+/// far as that could be read (its name, namespace and resource version,
+/// which the watch resumes from), and why.
+#[derive(Debug, Clone, Default)]
+pub struct Undecodable {
+    pub metadata: ObjectMeta,
+    pub error: String,
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Decoded<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Decoded<T>, D::Error> {
+        // Not valid JSON: the response itself is broken, and fails as before.
+        let value = serde_json::Value::deserialize(d)?;
+        // Read before the value is consumed by the type's reader.
+        let metadata = named(&value);
+        Ok(match serde_json::from_value::<T>(value) {
+            Ok(o) => Decoded::Read(o),
+            Err(e) => Decoded::Undecodable(Box::new(Undecodable { metadata, error: e.to_string() })),
+        })
+    }
+}
+
+/// The name, namespace and resource version an object's JSON value gives,
+/// those that are strings.
+fn named(value: &serde_json::Value) -> ObjectMeta {
+    let field = |key: &str| value.get("metadata")?.get(key)?.as_str().map(str::to_string);
+    ObjectMeta {
+        name: field("name"),
+        namespace: field("namespace"),
+        resource_version: field("resourceVersion"),
+        ..Default::default()
+    }
+}
+
+impl<T: kube::Resource<DynamicType = ()>> kube::Resource for Decoded<T> {
+    type DynamicType = ();
+    type Scope = T::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        T::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        T::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        T::version(dt)
+    }
+
+    fn api_version(dt: &()) -> Cow<'_, str> {
+        T::api_version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        T::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Decoded::Read(o) => o.meta(),
+            Decoded::Undecodable(u) => &u.metadata,
+        }
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Decoded::Read(o) => o.meta_mut(),
+            Decoded::Undecodable(u) => &mut u.metadata,
+        }
     }
 }
 

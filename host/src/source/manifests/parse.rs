@@ -1,6 +1,8 @@
 //! Parsing and checking manifest documents. Each document is checked on
 //! its own: a bad one is reported, the others still count.
 
+use std::net::IpAddr;
+
 use kpx_rules::model::parse_ip_sloppy as sloppy;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -18,7 +20,10 @@ use crate::source::{Kind, Object, ObjectRef};
 pub struct ParseError {
     /// 1-based position of the document in its file.
     pub document: usize,
-    /// `Kind namespace/name`, when known.
+    /// Its kind, when it is one kpx reads (what the refusal is counted as).
+    pub kind: Option<Kind>,
+    /// `Kind namespace/name` (a namespaced kind's namespace defaulted, as
+    /// the API server defaults it), when known.
     pub object: Option<String>,
     /// The object the document meant to define, when it is one of ours
     /// and names itself: its last good version is kept.
@@ -94,6 +99,7 @@ fn parse_run(docs: &[std::borrow::Cow<'_, str>], first: usize) -> (Vec<Object>, 
             Ok(value) => collect(value, document, &mut objects, &mut errors, &mut placements),
             Err(e) => errors.push(ParseError {
                 document,
+                kind: None,
                 object: None,
                 object_ref: None,
                 message: format!("not valid YAML: {}", e.lines().next().unwrap_or("")),
@@ -159,11 +165,6 @@ fn collect(
     let field = |name: &str| value.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     let meta = |key: &str| value.get("metadata").and_then(|m| m.get(key)).and_then(|v| v.as_str()).map(str::to_string);
-    let label = match (meta("namespace"), meta("name")) {
-        (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
-        (None, Some(name)) => format!("{kind} {name}"),
-        _ => kind.clone(),
-    };
     let kind_of = match kind.as_str() {
         "Service" => Some(Kind::Service),
         "EndpointSlice" => Some(Kind::EndpointSlice),
@@ -180,8 +181,21 @@ fn collect(
         },
         name,
     });
+    // Named as the object will be: its namespace defaulted.
+    let label = match (&object_ref, meta("namespace"), meta("name")) {
+        (Some(r), _, _) => r.to_string(),
+        (None, Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+        (None, None, Some(name)) => format!("{kind} {name}"),
+        _ => kind.clone(),
+    };
     let mut fail = |message: String| {
-        errors.push(ParseError { document, object: Some(label.clone()), object_ref: object_ref.clone(), message })
+        errors.push(ParseError {
+            document,
+            kind: kind_of,
+            object: Some(label.clone()),
+            object_ref: object_ref.clone(),
+            message,
+        })
     };
     let result = match (api_version.as_str(), kind.as_str()) {
         (_, "List") => {
@@ -201,6 +215,7 @@ fn collect(
                 None | Some(Value::Null) => {}
                 Some(_) => errors.push(ParseError {
                     document,
+                    kind: None,
                     object: None,
                     object_ref: None,
                     message: "a List's items must be a sequence".into(),
@@ -321,6 +336,61 @@ fn check_protocol(what: &str, protocol: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// Why the API server refuses `ip` as an endpoint or an external IP
+/// (ValidateEndpointIP, ValidateNonSpecialIP), if it does: a Service's
+/// traffic must not be sent to nowhere (unspecified), to the node itself
+/// (loopback), to what only the node should reach (link-local: a cloud's
+/// metadata server at 169.254.169.254) or to a group (multicast).
+fn special(ip: IpAddr) -> Option<&'static str> {
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    if ip.is_unspecified() {
+        Some("may not be unspecified (0.0.0.0, ::)")
+    } else if ip.is_loopback() {
+        Some("may not be in the loopback range (127.0.0.0/8, ::1/128)")
+    } else if link_local {
+        Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
+    } else if ip.is_multicast() {
+        Some("may not be multicast (224.0.0.0/4, ff00::/8)")
+    } else {
+        None
+    }
+}
+
+/// The API server's rules for `spec.clusterIPs` (left out, it is
+/// `[clusterIP]`, as the API server defaults it): empty when `clusterIP`
+/// is, beginning with `clusterIP` otherwise, `"None"` only alone, and at
+/// most one address per IP family. Each address was read already.
+fn check_cluster_ips(cluster_ip: &str, cluster_ips: &[String]) -> Result<(), String> {
+    let Some(first) = cluster_ips.first() else { return Ok(()) };
+    if cluster_ip.is_empty() {
+        return Err("spec.clusterIPs: must be empty when spec.clusterIP is not set".into());
+    }
+    if first != cluster_ip {
+        return Err(format!("spec.clusterIPs[0]: {first:?} must equal spec.clusterIP {cluster_ip:?}"));
+    }
+    if first == "None" && cluster_ips.len() > 1 {
+        return Err("spec.clusterIPs: \"None\" must be the only value".into());
+    }
+    if cluster_ips.len() > 2 {
+        return Err(format!("spec.clusterIPs: {} addresses, at most 2 (one per IP family)", cluster_ips.len()));
+    }
+    if let [a, b] = cluster_ips {
+        let family = |i: usize, ip: &str| {
+            sloppy(ip)
+                .map(|ip| if ip.is_ipv6() { "IPv6" } else { "IPv4" })
+                .ok_or_else(|| format!("spec.clusterIPs[{i}]: {ip:?} is not an IP address"))
+        };
+        let (fa, fb) = (family(0, a)?, family(1, b)?);
+        if fa == fb {
+            return Err(format!("spec.clusterIPs: {a:?} and {b:?} are both {fa}: at most one address per IP family"));
+        }
+    }
+    Ok(())
+}
+
 fn check_service(mut svc: Service) -> Result<Service, String> {
     check_name(&mut svc.metadata, true, NameRule::Dns1123Label)?;
     let spec = svc.spec.as_ref().ok_or("spec is required")?;
@@ -331,8 +401,12 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
             return Err(format!("spec.clusterIP: {ip:?} is not an IP address"));
         }
     }
-    for ip in spec.external_ips.iter().flatten() {
-        sloppy(ip).ok_or_else(|| format!("spec.externalIPs: {ip:?} is not an IP address"))?;
+    check_cluster_ips(spec.cluster_ip.as_deref().unwrap_or(""), spec.cluster_ips.as_deref().unwrap_or_default())?;
+    for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
+        let parsed = sloppy(ip).ok_or_else(|| format!("spec.externalIPs[{i}]: {ip:?} is not an IP address"))?;
+        if let Some(why) = special(parsed) {
+            return Err(format!("spec.externalIPs[{i}]: {ip:?} {why}"));
+        }
     }
     // A range that cannot be read would leave the load balancer open to
     // every source (the API server refuses them too).
@@ -344,6 +418,7 @@ fn check_service(mut svc: Service) -> Result<Service, String> {
     for (i, ip) in ingress.into_iter().flatten().enumerate().filter_map(|(i, g)| Some((i, g.ip.as_ref()?))) {
         sloppy(ip).ok_or_else(|| format!("status.loadBalancer.ingress[{i}].ip: {ip:?} is not an IP address"))?;
     }
+    check_port("spec.healthCheckNodePort", spec.health_check_node_port.unwrap_or(0), true)?;
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = std::collections::BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
@@ -388,6 +463,9 @@ fn check_slice(mut slice: EndpointSlice) -> Result<EndpointSlice, String> {
                         "endpoints[{i}].addresses: {a:?} does not match addressType {}",
                         slice.address_type
                     ));
+                }
+                if let Some(why) = special(ip) {
+                    return Err(format!("endpoints[{i}].addresses: {a:?} {why}"));
                 }
             }
         }

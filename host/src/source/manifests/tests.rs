@@ -1,4 +1,5 @@
 use super::*;
+use crate::source::Kind;
 
 const GOOD: &str = r#"
 apiVersion: v1
@@ -60,8 +61,18 @@ metadata: {name: old, namespace: x}
     assert_eq!(objects[0].object_ref().to_string(), "Service default/fine");
     let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     assert_eq!(messages.len(), 3, "{messages:?}");
-    assert!(messages[0].starts_with("document 1 (Service bad-port): spec.ports[0].port: 70000"), "{}", messages[0]);
-    assert!(messages[1].contains("EndpointSlice orphan") && messages[1].contains("service-name"), "{}", messages[1]);
+    assert!(
+        messages[0].starts_with("document 1 (Service default/bad-port): spec.ports[0].port: 70000"),
+        "{}",
+        messages[0]
+    );
+    assert!(
+        messages[1].contains("EndpointSlice default/orphan") && messages[1].contains("service-name"),
+        "{}",
+        messages[1]
+    );
+    let kinds: Vec<Option<Kind>> = errors.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [Some(Kind::Service), Some(Kind::EndpointSlice), Some(Kind::EndpointSlice)]);
     assert!(messages[2].contains("unsupported apiVersion"), "{}", messages[2]);
 }
 
@@ -94,6 +105,202 @@ fn source_ranges_and_ingress_ips_are_checked() {
     assert!(messages[0].contains("spec.loadBalancerSourceRanges[0]: \"bogus\" is not a CIDR"), "{messages:?}");
     assert!(messages[1].contains("spec.loadBalancerSourceRanges[0]: \"10.0.0.0/+8\""), "{messages:?}");
     assert!(messages[2].contains("status.loadBalancer.ingress[0].ip: \"junk\" is not an IP address"), "{messages:?}");
+}
+
+/// What the API server's own validation refuses (no API server stands in
+/// front of --manifests): ports out of 1..=65535, cluster IPs that are
+/// not one per IP family or not `clusterIP` first, and endpoint and
+/// external IPs that are unspecified, loopback, link-local or multicast.
+/// Each hostile object is refused with its kind, namespace/name and why;
+/// the good ones count.
+#[test]
+fn what_the_api_server_refuses_is_refused_by_name() {
+    let service = |name: &str, spec: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{{spec}}}\n---\n")
+    };
+    let slice = |name: &str, family: &str, ports: &str, address: &str| {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}\naddressType: {family}\nports: [{ports}]\nendpoints: [{{addresses: [\"{address}\"]}}]\n---\n"
+        )
+    };
+    let http = "{name: http, port: 8080}";
+    // (document, what the refusal must say after the object's name).
+    let hostile = [
+        (
+            service("port-70000", "clusterIP: 10.96.0.21, ports: [{port: 70000}]"),
+            "spec.ports[0].port: 70000 is not a valid port number",
+        ),
+        (
+            service("port-0", "clusterIP: 10.96.0.20, ports: [{port: 0}]"),
+            "spec.ports[0].port: 0 is not a valid port number",
+        ),
+        (
+            service("node-port", "type: NodePort, clusterIP: 10.96.0.29, ports: [{port: 80, nodePort: 70000}]"),
+            "spec.ports[0].nodePort: 70000 is not a valid port number",
+        ),
+        (
+            service("health", "clusterIP: 10.96.0.28, healthCheckNodePort: 70000"),
+            "spec.healthCheckNodePort: 70000 is not a valid port number",
+        ),
+        (
+            service("two-v4", "clusterIP: 10.96.0.22, clusterIPs: [10.96.0.22, 10.96.0.122]"),
+            "spec.clusterIPs: \"10.96.0.22\" and \"10.96.0.122\" are both IPv4: at most one address per IP family",
+        ),
+        (
+            service("two-v6", "clusterIP: \"fd00::22\", clusterIPs: [\"fd00::22\", \"fd00::122\"]"),
+            "are both IPv6: at most one address per IP family",
+        ),
+        (
+            service("three", "clusterIP: 10.96.0.23, clusterIPs: [10.96.0.23, \"fd00::23\", 10.96.0.123]"),
+            "spec.clusterIPs: 3 addresses, at most 2 (one per IP family)",
+        ),
+        (
+            service("not-first", "clusterIP: 10.96.0.24, clusterIPs: [10.96.0.124]"),
+            "spec.clusterIPs[0]: \"10.96.0.124\" must equal spec.clusterIP \"10.96.0.24\"",
+        ),
+        (
+            service("no-cluster-ip", "clusterIPs: [10.96.0.25]"),
+            "spec.clusterIPs: must be empty when spec.clusterIP is not set",
+        ),
+        (
+            service("headless-and", "clusterIP: None, clusterIPs: [None, 10.96.0.27]"),
+            "spec.clusterIPs: \"None\" must be the only value",
+        ),
+        (
+            service("ext-any", "clusterIP: 10.96.0.26, externalIPs: [0.0.0.0]"),
+            "spec.externalIPs[0]: \"0.0.0.0\" may not be unspecified",
+        ),
+        (
+            service("ext-lo", "clusterIP: 10.96.0.26, externalIPs: [192.0.2.1, 127.0.0.1]"),
+            "spec.externalIPs[1]: \"127.0.0.1\" may not be in the loopback range",
+        ),
+        (
+            service("ext-lo6", "clusterIP: 10.96.0.26, externalIPs: [\"::1\"]"),
+            "spec.externalIPs[0]: \"::1\" may not be in the loopback range",
+        ),
+        (
+            service("ext-ll", "clusterIP: 10.96.0.26, externalIPs: [\"fe80::1\"]"),
+            "spec.externalIPs[0]: \"fe80::1\" may not be in the link-local range",
+        ),
+        (
+            service("ext-mcast", "clusterIP: 10.96.0.26, externalIPs: [224.0.0.251]"),
+            "spec.externalIPs[0]: \"224.0.0.251\" may not be multicast",
+        ),
+        (
+            slice("web-lo", "IPv4", http, "127.0.0.1"),
+            "endpoints[0].addresses: \"127.0.0.1\" may not be in the loopback range",
+        ),
+        (
+            slice("web-metadata", "IPv4", http, "169.254.169.254"),
+            "endpoints[0].addresses: \"169.254.169.254\" may not be in the link-local range",
+        ),
+        (slice("web-any", "IPv4", http, "0.0.0.0"), "endpoints[0].addresses: \"0.0.0.0\" may not be unspecified"),
+        (slice("web-mcast", "IPv4", http, "239.1.1.1"), "endpoints[0].addresses: \"239.1.1.1\" may not be multicast"),
+        (
+            slice("web-mapped", "IPv4", http, "::ffff:127.0.0.1"),
+            "endpoints[0].addresses: \"::ffff:127.0.0.1\" may not be in the loopback range",
+        ),
+        (slice("web-lo6", "IPv6", http, "::1"), "endpoints[0].addresses: \"::1\" may not be in the loopback range"),
+        (
+            slice("web-ll6", "IPv6", http, "fe80::5"),
+            "endpoints[0].addresses: \"fe80::5\" may not be in the link-local range",
+        ),
+        (
+            slice("web-port-0", "IPv4", "{name: http, port: 0}", "10.1.0.9"),
+            "ports[0].port: 0 is not a valid port number",
+        ),
+        (
+            slice("web-port-big", "IPv4", "{name: http, port: 65536}", "10.1.0.9"),
+            "ports[0].port: 65536 is not a valid port number",
+        ),
+    ];
+    let good = [
+        service("web", "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]"),
+        service("dual", "clusterIP: 10.96.0.30, clusterIPs: [10.96.0.30, \"fd00::30\"], ports: [{port: 80}]"),
+        service("headless", "clusterIP: None, clusterIPs: [None], ports: [{port: 80}]"),
+        service("external", "clusterIP: 10.96.0.31, externalIPs: [192.0.2.1, \"2001:db8::1\"], ports: [{port: 80}]"),
+        slice("web-good", "IPv4", http, "10.1.0.5"),
+        slice("web-good6", "IPv6", "{name: http}", "fd00:1::5"),
+    ];
+    let text: String = hostile.iter().map(|(doc, _)| doc.as_str()).chain(good.iter().map(String::as_str)).collect();
+    let (objects, errors) = parse_documents(&text);
+    let kept: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(
+        kept,
+        [
+            "Service shop/web",
+            "Service shop/dual",
+            "Service shop/headless",
+            "Service shop/external",
+            "EndpointSlice shop/web-good",
+            "EndpointSlice shop/web-good6",
+        ],
+        "{errors:?}"
+    );
+    assert_eq!(errors.len(), hostile.len(), "{errors:?}");
+    for (err, (doc, reason)) in errors.iter().zip(&hostile) {
+        let said = err.to_string();
+        let name = doc.split("name: ").nth(1).and_then(|n| n.split([',', '}']).next()).unwrap_or_default();
+        let kind = if doc.contains("kind: Service") { "Service" } else { "EndpointSlice" };
+        assert!(said.contains(&format!("({kind} shop/{name}): ")), "{said:?} should name {kind} shop/{name}");
+        assert!(said.contains(reason), "{said:?} should say {reason:?}");
+        assert_eq!(err.kind.map(Kind::as_str), Some(kind));
+        assert_eq!(err.object_ref.as_ref().map(ToString::to_string), Some(format!("{kind} shop/{name}")));
+    }
+}
+
+/// The source counts each refusal by kind where it logs it: invalid
+/// objects, a document that is not YAML (`unknown`), and an object defined
+/// twice.
+#[test]
+fn refusals_are_counted_by_kind() {
+    let dir = std::env::temp_dir().join(format!("kpx-manifests-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: shop}
+spec: {clusterIP: 10.96.0.26, externalIPs: [127.0.0.1], ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-lo, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [127.0.0.1]}]
+---
+kind: [unclosed
+---
+apiVersion: v1
+kind: Service
+metadata: {name: twice, namespace: shop}
+spec: {clusterIP: 10.96.0.27, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: twice, namespace: shop}
+spec: {clusterIP: 10.96.0.28, ports: [{port: 80}]}
+"#;
+    std::fs::write(dir.join("a.yaml"), text).unwrap();
+    let counted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let refusals = {
+        let counted = counted.clone();
+        Refusals::new(move |kind| counted.lock().unwrap().push(kind))
+    };
+    let mut source = ManifestSource::new(&dir).unwrap().counting(refusals);
+    let events = source.poll().unwrap();
+    let applied: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Apply(o) => Some(o.object_ref().to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(applied, ["Service shop/twice"]);
+    let mut kinds = counted.lock().unwrap().clone();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["EndpointSlice", "Service", "Service", "unknown"]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -129,7 +336,7 @@ fn a_large_file_parses_in_order_with_every_document_numbered() {
     assert_eq!(names, want);
     let numbered: Vec<(usize, String)> =
         errors.iter().map(|e| (e.document, e.object.clone().unwrap_or_default())).collect();
-    let want: Vec<(usize, String)> = bad.iter().map(|&i| (i, format!("Service bad-{i}"))).collect();
+    let want: Vec<(usize, String)> = bad.iter().map(|&i| (i, format!("Service default/bad-{i}"))).collect();
     assert_eq!(numbered, want);
 }
 
