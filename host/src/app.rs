@@ -16,6 +16,7 @@ use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
 use crate::runtime::{self, BackendPlugin, Runtime, SchedulerPlugin};
 use crate::serve::health::ProxyHealth;
+use crate::serve::metrics::ReasonLabel;
 use crate::serve::service_health::Bind;
 use crate::serve::{Endpoints, Telemetry};
 use crate::source::manifests::ManifestSource;
@@ -24,7 +25,8 @@ use crate::sync::planner::Planner;
 use crate::sync::{self, FamilyProxier, Periods, Proxier};
 use crate::userspace::balancer::Picker;
 use crate::userspace::localhost::LocalhostNodePorts;
-use crate::userspace::{Relays, UserspaceProxier};
+use crate::userspace::{Relays, UserspaceProxier, budget};
+use prometheus_client::metrics::{counter::Counter, family::Family};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -392,7 +394,20 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         false => None,
     };
     let picker = Arc::new(Picker::new(schedulers.clone()));
-    let relays = relay_runtime.as_ref().map(|r| Relays::new(r.handle().clone(), config.userspace.udp_timeout));
+    // The relays' budget, and its refusals' counters (served below).
+    let relay_refusals: Family<ReasonLabel, Counter> = Family::default();
+    let refusal = |reason: &str| relay_refusals.get_or_create(&ReasonLabel { reason: reason.into() }).clone();
+    let counters = budget::Counters { total: refusal("total"), client: refusal("client"), port: refusal("port") };
+    let budget = budget::Budget::new(budget::Limits::here(), counters);
+    // An established connection's conntrack timeout (0: left as is, the
+    // kernel's default of five days).
+    let tcp_idle = match config.conntrack.tcp_established {
+        d if d.is_zero() => std::time::Duration::from_secs(5 * 86_400),
+        d => d,
+    };
+    let relays = relay_runtime
+        .as_ref()
+        .map(|r| Relays::new(r.handle().clone(), config.userspace.udp_timeout, tcp_idle, budget.clone()));
     let proxiers: Vec<Proxier> = match &relays {
         Some(relays) if config.mode == ProxyMode::Userspace => {
             tracing::info!(mode = %config.mode, node = %config.node_name, "starting");
@@ -463,8 +478,11 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     paths.sort_unstable();
     let pages = crate::serve::zpages::Zpages::new(config.flagz.clone(), env!("CARGO_PKG_VERSION"), paths);
     let zpages = crate::serve::Zpages { pages, flagz, statusz };
-    let telemetry =
-        Arc::new(Telemetry::new(health, config.mode, optional, config.configz().to_string()).with_zpages(zpages));
+    let mut telemetry = Telemetry::new(health, config.mode, optional, config.configz().to_string()).with_zpages(zpages);
+    if relays.is_some() {
+        telemetry = telemetry.with_relay_refusals(relay_refusals);
+    }
+    let telemetry = Arc::new(telemetry);
     // The source counts what it refuses in the metrics: made first.
     let refusals = telemetry.metrics.refusals();
     let (tx, rx) = std::sync::mpsc::channel();

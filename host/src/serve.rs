@@ -63,6 +63,18 @@ impl Telemetry {
         self
     }
 
+    /// userspace mode: serves the relays' refusals.
+    pub fn with_relay_refusals(
+        mut self,
+        family: prometheus_client::metrics::family::Family<
+            metrics::ReasonLabel,
+            prometheus_client::metrics::counter::Counter,
+        >,
+    ) -> Telemetry {
+        self.metrics.register_relay_refusals(family);
+        self
+    }
+
     pub fn new(
         health: ProxyHealth,
         proxy_mode: kpx_rules::model::ProxyMode,

@@ -204,7 +204,10 @@ impl Schedule {
         self.last_full.is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD)
     }
 
-    fn done(&mut self, now: Instant, ok: bool, full: bool) {
+    /// A pass ended; `short_of_descriptors`: it failed for want of file
+    /// descriptors (EMFILE, ENFILE), which come back as soon as a relay
+    /// or a client lets go: retried at the first delay, not backed off.
+    fn done(&mut self, now: Instant, ok: bool, full: bool, short_of_descriptors: bool) {
         self.last_end = Some(now);
         self.pending = false;
         if ok {
@@ -213,6 +216,8 @@ impl Schedule {
             if full {
                 self.last_full = Some(now);
             }
+        } else if short_of_descriptors {
+            self.retry_at = Some(now + Self::first_retry(self.periods));
         } else {
             self.retry_at = Some(now + self.retry_delay);
             self.retry_delay = (self.retry_delay * 2).min(self.periods.max);
@@ -428,6 +433,12 @@ impl NfacctSeries {
             counter.inc_by(if now >= last { now - last } else { now });
         }
     }
+}
+
+/// Whether a failure's message says the process ran out of file
+/// descriptors (EMFILE "Too many open files", or the system's: ENFILE).
+fn is_short_of_descriptors(message: &str) -> bool {
+    message.contains("(os error 24)") || message.contains("(os error 23)")
 }
 
 /// A failed sync, counted as upstream (and kpx) count them; `partial`:
@@ -719,6 +730,7 @@ pub fn run(
         }
         let mut skipped_periodic = false;
         let mut ok = true;
+        let mut short_of_descriptors = false;
         let m = &telemetry.metrics;
         for proxier in &mut proxiers {
             let t = Instant::now();
@@ -773,6 +785,7 @@ pub fn run(
                 }
                 Err(e) => {
                     ok = false;
+                    short_of_descriptors |= is_short_of_descriptors(&e.to_string());
                     count_failure(telemetry, proxier, &e, partial);
                     tracing::error!(family = %proxier.family(), "sync failed, keeping the last good rules: {e}");
                 }
@@ -838,7 +851,7 @@ pub fn run(
         if skipped_periodic {
             tracing::debug!("iptables mode in large cluster mode: no periodic full sync (as kube-proxy since v1.37)");
         }
-        schedule.done(Instant::now(), ok, full || periodic);
+        schedule.done(Instant::now(), ok, full || periodic, short_of_descriptors);
     }
 }
 
@@ -891,16 +904,22 @@ mod tests {
         let mut s = Schedule::new(periods);
         let t0 = Instant::now();
         assert_eq!(s.next(t0), t0, "first sync at once");
-        s.done(t0, true, true);
+        s.done(t0, true, true, false);
         assert_eq!(s.next(t0), t0 + Duration::from_secs(30), "idle: periodic sync");
         s.pending = true;
         assert_eq!(s.next(t0), t0 + Duration::from_secs(1), "change: not before min period");
         let later = t0 + Duration::from_secs(5);
         assert_eq!(s.next(later), later, "change long after the last sync: at once");
-        s.done(later, false, false);
+        s.done(later, false, false, false);
         assert_eq!(s.next(later), later + Duration::from_secs(1), "retry");
-        s.done(later, false, false);
+        s.done(later, false, false, false);
         assert_eq!(s.next(later), later + Duration::from_secs(2), "backoff doubles");
+        s.done(later, false, false, false);
+        // Short of descriptors: the first delay again, however long the backoff.
+        s.done(later, false, false, true);
+        assert_eq!(s.next(later), later + Duration::from_secs(1), "descriptors come back: retried at once");
+        assert!(is_short_of_descriptors("cannot run iptables-restore: Too many open files (os error 24)"));
+        assert!(!is_short_of_descriptors("iptables-restore: line 3 failed"));
         assert!(!s.wants_full(later));
         assert!(s.wants_full(t0 + FULL_SYNC_PERIOD));
     }

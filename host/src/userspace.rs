@@ -11,6 +11,7 @@
 //! socket): a userspace proxy cannot keep the client's source address.
 
 pub mod balancer;
+pub mod budget;
 pub mod listeners;
 pub mod localhost;
 pub mod proxier;
@@ -24,9 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The most TCP connections and UDP sessions kpx relays at once (all
-/// ports together): past it, listeners stop accepting (the kernel's
-/// backlog holds new connections) and new UDP clients' datagrams are
-/// dropped. What a relay can hold in flight: two pipes of
+/// ports together; fewer where kpx has fewer descriptors, and a share per
+/// client and per port: [`budget`]): past it, a new connection is closed
+/// as accepted and a new UDP client's datagram dropped. What a relay can hold in flight: two pipes of
 /// [`tcp::PIPE`] for the first [`tcp::LARGE_PIPES`] relays, of the
 /// kernel's 64 KiB for the others (a UDP session one 64 KiB datagram
 /// buffer): about 2.5 GiB at the cap, reached only by receivers that stop
@@ -37,19 +38,36 @@ pub const MAX_RELAYS: usize = 16_384;
 #[derive(Clone)]
 pub struct Relays {
     pub runtime: tokio::runtime::Handle,
-    pub limit: Arc<tokio::sync::Semaphore>,
+    pub budget: Arc<budget::Budget>,
     /// A UDP session idle this long ends (`--udp-timeout`).
     pub udp_timeout: Duration,
+    /// A TCP relay idle this long (no byte either way) ends: the kernel's
+    /// timeout of an established connection's conntrack entry
+    /// (`--conntrack-tcp-timeout-established`), after which a connection
+    /// through the kernel's NAT would have lost its translation too.
+    pub tcp_idle: Duration,
     /// The congestion control of connections to endpoints on this node
     /// ([`tcp::local_hop_congestion`]).
     pub local_hop: &'static str,
 }
 
 impl Relays {
-    pub fn new(runtime: tokio::runtime::Handle, udp_timeout: Duration) -> Relays {
+    pub fn new(
+        runtime: tokio::runtime::Handle,
+        udp_timeout: Duration,
+        tcp_idle: Duration,
+        budget: Arc<budget::Budget>,
+    ) -> Relays {
         let local_hop = tcp::local_hop_congestion_here();
         tracing::info!("userspace: connections to endpoints on this node use the {local_hop} congestion control");
-        Relays { runtime, limit: Arc::new(tokio::sync::Semaphore::new(MAX_RELAYS)), udp_timeout, local_hop }
+        let l = budget.limits();
+        tracing::info!(
+            relays = l.relays,
+            per_client = l.per_client,
+            per_port = l.per_port,
+            "userspace: relay budget (from the open-files limit, a reserve kept for the sync loop)"
+        );
+        Relays { runtime, budget, udp_timeout, tcp_idle, local_hop }
     }
 }
 

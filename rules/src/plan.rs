@@ -199,9 +199,8 @@ impl SlotTable {
         let slots: Vec<u32> = self.slots.iter().copied().step_by(k).collect();
         let cols = cols / k;
         // Rows: each run of k rows is one row repeated.
-        let k = largest_run(rows, |k| {
-            slots.chunks(k * cols).all(|run| run.chunks(cols).all(|row| row == &run[..cols]))
-        });
+        let k =
+            largest_run(rows, |k| slots.chunks(k * cols).all(|run| run.chunks(cols).all(|row| row == &run[..cols])));
         let slots = slots.chunks(k * cols).flat_map(|run| run[..cols].iter().copied()).collect();
         SlotTable { rows: (rows / k) as u8, cols: cols as u8, slots, ..self }
     }

@@ -618,3 +618,129 @@ fn the_relays_hop_to_an_endpoint_on_the_node_is_not_paced_others_keep_the_defaul
     }
     eprintln!("relay hops: on the node {on_node}, elsewhere {elsewhere} (the node's default)");
 }
+
+/// Relays are budgeted (issue 40, items 6 and 8). kpx runs with 20,000
+/// descriptors, as the red team's node did: one client (192.168.100.2)
+/// holds 5,000 idle connections to one Service, then floods UDP from
+/// 3,000 source ports. Meanwhile another client (192.168.100.3) reaches
+/// a second Service over TCP and UDP, and a Service added during the
+/// idle hold is programmed and answers: the greedy client keeps only its
+/// share, the sync loop its reserve. Refusals are counted by reason.
+#[test]
+fn idle_and_flooding_clients_keep_their_share_of_the_relays() {
+    use std::net::{SocketAddr, TcpStream};
+    let Some(lab) = lab_or_skip(2, "idle_and_flooding_clients_keep_their_share_of_the_relays") else {
+        return;
+    };
+    let other_client = "192.168.100.3";
+    lab.client.ip(&["addr", "add", &format!("{other_client}/24"), "dev", "eth0"]).unwrap();
+    let (be1, be2) = (lab.backends[0].ip.clone(), lab.backends[1].ip.clone());
+    let (dir, manifests) = run_dirs("userspace-budget");
+    write_manifest(
+        &manifests.join("web.yaml"),
+        &format!("{}---\n{}", service("web", "10.96.0.10"), slice("web", &[&be1])),
+    );
+    write_manifest(
+        &manifests.join("other.yaml"),
+        &format!("{}---\n{}", service("other", "10.96.0.11"), slice("other", &[&be2])),
+    );
+    let args = kpx_args(&manifests, &["--proxy-mode", "userspace", "--proxy-port-range", "36000-36099"]);
+    // prlimit execs kpx: its process, with 20,000 descriptors.
+    let mut prlimited = vec!["--nofile=20000:20000".to_string(), KPX.to_string()];
+    prlimited.extend(args);
+    let mut kpx = lab.start_kpx(std::path::Path::new("prlimit"), &prlimited, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("sync pass done ok=true", 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert!(
+        kpx.log().contains("relays=2916 per_client=364 per_port=729"),
+        "the budget of 20,000 descriptors:\n{}",
+        kpx.log()
+    );
+    // This process holds the greedy client's sockets.
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+
+    let from = |ip: &str| Some(ip.parse().unwrap());
+    let ask = |proto: Proto, to: &str| {
+        let req = Request { to: to.parse().unwrap(), from: from(other_client), timeout: Duration::from_secs(3) };
+        let reply = if proto == Proto::Tcp { req.tcp(&lab.client) } else { req.udp(&lab.client) };
+        reply.server().map(str::to_string)
+    };
+    assert_eq!(ask(Proto::Tcp, "10.96.0.11:80").as_deref(), Some("be2"));
+
+    // 5,000 idle connections from one client to web.
+    let idle: Vec<TcpStream> = lab
+        .client
+        .enter(|| {
+            let to: SocketAddr = "10.96.0.10:80".parse().unwrap();
+            (0..5000).filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()).collect()
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let held = idle
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            // A held one has the endpoint's answer (or nothing yet); a
+            // refused one was closed as accepted, with nothing.
+            let mut buf = [0u8; 64];
+            matches!(std::io::Read::read(&mut &**s, &mut buf), Ok(n) if n > 0)
+        })
+        .count();
+    eprintln!("{} idle connections made; {held} relayed", idle.len());
+    assert!(held <= 364, "the client keeps its share: {held} relayed");
+    assert!(held >= 300, "and gets it: {held}");
+    // Another client's traffic to another Service, and to the same one.
+    assert_eq!(ask(Proto::Tcp, "10.96.0.11:80").as_deref(), Some("be2"), "{}", kpx.log());
+    assert_eq!(ask(Proto::Udp, "10.96.0.11:80").as_deref(), Some("be2"), "{}", kpx.log());
+    assert_eq!(ask(Proto::Tcp, "10.96.0.10:80").as_deref(), Some("be1"), "{}", kpx.log());
+    // A Service added now is programmed and answers.
+    let passes = kpx.log().matches("sync pass done ok=true").count();
+    write_manifest(
+        &manifests.join("late.yaml"),
+        &format!("{}---\n{}", service("late", "10.96.0.12"), slice("late", &[&be1])),
+    );
+    assert!(kpx.wait_for_log("sync pass done ok=true", passes + 1, Duration::from_secs(10)), "{}", kpx.log());
+    let added = Instant::now();
+    while ask(Proto::Tcp, "10.96.0.12:80").as_deref() != Some("be1") {
+        assert!(added.elapsed() < Duration::from_secs(5), "the Service added does not answer:\n{}", kpx.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("the Service added answered {:?} after its sync", added.elapsed());
+    let refused = metric_value(&lab, "kpx_userspace_relays_refused_total{reason=\"client\"}");
+    assert!(refused >= 4000.0, "refusals counted: {refused}");
+    assert!(kpx.log().contains("refused: 192.168.100.2 holds its 364 relays"), "{}", kpx.log());
+    drop(idle);
+
+    // One client floods UDP to web from 3,000 source ports, 3 s long.
+    std::thread::sleep(Duration::from_millis(500));
+    let flood = {
+        let ns = lab.client.clone();
+        std::thread::spawn(move || {
+            ns.enter(|| {
+                let to: SocketAddr = "10.96.0.10:80".parse().unwrap();
+                let sockets: Vec<std::net::UdpSocket> =
+                    (0..3000).filter_map(|_| std::net::UdpSocket::bind("192.168.100.2:0").ok()).collect();
+                let t0 = Instant::now();
+                let mut sent = 0u64;
+                while t0.elapsed() < Duration::from_secs(3) {
+                    for s in &sockets {
+                        if s.send_to(b"flood\n", to).is_ok() {
+                            sent += 1;
+                        }
+                    }
+                }
+                sent
+            })
+            .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    let during = (ask(Proto::Udp, "10.96.0.11:80"), ask(Proto::Tcp, "10.96.0.12:80"), ask(Proto::Tcp, "10.96.0.11:80"));
+    let sent = flood.join().unwrap();
+    eprintln!("UDP flood: {sent} datagrams; another client meanwhile got {during:?}");
+    assert_eq!(during, (Some("be2".into()), Some("be1".into()), Some("be2".into())), "{}", kpx.log());
+    let refused_after = metric_value(&lab, "kpx_userspace_relays_refused_total{reason=\"client\"}");
+    assert!(refused_after > refused, "the flood's sessions over the share counted: {refused_after}");
+    assert!(kpx.is_running(), "{}", kpx.log());
+}

@@ -72,6 +72,12 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// Why a userspace relay was refused: `total`, `client` or `port`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
 /// A component file replaced while kpx runs, and what became of it.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
@@ -508,6 +514,16 @@ impl Metrics {
     }
 
     /// The text exposition.
+    /// userspace mode: the relays' refusals by reason (counted by the
+    /// relays' budget, `userspace::budget`).
+    pub fn register_relay_refusals(&mut self, family: Family<ReasonLabel, Counter>) {
+        self.registry.register(
+            "kpx_userspace_relays_refused",
+            "userspace mode: connections closed and UDP datagrams dropped over the relay budget (all relays, a client address's share, a port's share)",
+            family,
+        );
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encoding to a String");

@@ -200,12 +200,8 @@ use k8s_openapi::api::discovery::v1::EndpointPort;
 
 /// A Service `ns/wide` of `n` ports (p0, p1, …) with `annotations`.
 fn wide_service(n: usize, annotations: &[(&str, &str)]) -> Arc<Service> {
-    let ports = (0..n).map(|i| K8sPort {
-        name: Some(format!("p{i}")),
-        protocol: None,
-        port: 1000 + i as i32,
-        node_port: None,
-    });
+    let ports =
+        (0..n).map(|i| K8sPort { name: Some(format!("p{i}")), protocol: None, port: 1000 + i as i32, node_port: None });
     let annotations: BTreeMap<String, String> =
         annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     Arc::new(Service {
@@ -329,9 +325,8 @@ fn a_change_to_a_wide_service_costs_time_linear_in_its_ports_and_weights() {
 fn scheduler_parameters_of_the_bound_are_held_once_for_every_port() {
     let n = 2000;
     let params = format!("blob={}", "v".repeat(annotations::MAX_SCHEDULER_PARAMS_BYTES - 5));
-    let with = |params: &str| {
-        wide_service(n, &[(annotations::SCHEDULER, "maglev"), (annotations::SCHEDULER_PARAMS, params)])
-    };
+    let with =
+        |params: &str| wide_service(n, &[(annotations::SCHEDULER, "maglev"), (annotations::SCHEDULER_PARAMS, params)]);
     let mut state = State::new("node-a");
     state.apply(Event::Apply(Object::Service(with(params.as_str()))));
     state.apply(Event::Apply(Object::EndpointSlice(wide_slice(n, ""))));

@@ -144,16 +144,17 @@ fn serve(
 ) -> Result<Listener, Error> {
     let io = |source| Error::Io { protocol, source };
     let runtime = &relays.runtime;
-    let limit = Arc::clone(&relays.limit);
+    // This listener's share of the relays.
+    let share = super::budget::Share { budget: Arc::clone(&relays.budget), port: super::budget::Port::new() };
     let _in = runtime.enter();
     let task = match protocol {
         Protocol::Udp => {
             let socket = tokio::net::UdpSocket::from_std(s.into()).map_err(io)?;
-            runtime.spawn(super::udp::serve(socket, chooser, relays.udp_timeout, limit))
+            runtime.spawn(super::udp::serve(socket, chooser, relays.udp_timeout, share))
         }
         _ => {
             let listener = tokio::net::TcpListener::from_std(s.into()).map_err(io)?;
-            runtime.spawn(super::tcp::serve(listener, chooser, limit, relays.local_hop))
+            runtime.spawn(super::tcp::serve(listener, chooser, share, relays.local_hop, relays.tcp_idle))
         }
     };
     Ok(Listener { port, task: task.abort_handle() })

@@ -145,7 +145,12 @@ pub async fn dial(
 /// them (splice through a pipe per direction, never copied into kpx);
 /// where no pipe can be had (out of file descriptors), kpx copies them
 /// through its buffers.
-pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream, pipe: usize) -> io::Result<(u64, u64)> {
+pub async fn relay(
+    mut client: TcpStream,
+    mut endpoint: TcpStream,
+    pipe: usize,
+    activity: &Activity,
+) -> io::Result<(u64, u64)> {
     let _ = client.set_nodelay(true);
     let _ = endpoint.set_nodelay(true);
     if pipe > 0 {
@@ -164,9 +169,63 @@ pub async fn relay(mut client: TcpStream, mut endpoint: TcpStream, pipe: usize) 
                 let _ = nix::fcntl::fcntl(pipe_in, nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe as i32));
             }
             let len = pipe.max(BUFFER);
-            tokio::try_join!(splice_one_way(&client, &endpoint, up, len), splice_one_way(&endpoint, &client, down, len))
+            tokio::try_join!(
+                splice_one_way(&client, &endpoint, up, len, activity),
+                splice_one_way(&endpoint, &client, down, len, activity)
+            )
         }
-        _ => tokio::io::copy_bidirectional_with_sizes(&mut client, &mut endpoint, BUFFER, BUFFER).await,
+        _ => {
+            // (Copied through kpx: seen as busy throughout.)
+            activity.forever();
+            tokio::io::copy_bidirectional_with_sizes(&mut client, &mut endpoint, BUFFER, BUFFER).await
+        }
+    }
+}
+
+/// When a relay last moved a byte, either way.
+pub struct Activity {
+    started: tokio::time::Instant,
+    /// Milliseconds since `started` of the last move (u64::MAX: never idle).
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    pub fn new() -> Activity {
+        Activity { started: tokio::time::Instant::now(), last: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    fn touch(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        let _ = self.last.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |last| (last != u64::MAX).then_some(now),
+        );
+    }
+
+    fn forever(&self) {
+        self.last.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Returns once no byte has moved for `idle`.
+    pub async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.last.load(std::sync::atomic::Ordering::Relaxed);
+            if last == u64::MAX {
+                return std::future::pending().await;
+            }
+            let deadline = self.started + Duration::from_millis(last) + idle;
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity::new()
     }
 }
 
@@ -177,6 +236,7 @@ async fn splice_one_way(
     to: &TcpStream,
     (pipe_out, pipe_in): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
     len: usize,
+    activity: &Activity,
 ) -> io::Result<u64> {
     use nix::fcntl::{SpliceFFlags, splice};
     use tokio::io::Interest;
@@ -196,6 +256,7 @@ async fn splice_one_way(
             socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)?;
             return Ok(total);
         }
+        activity.touch();
         let mut left = n;
         while left > 0 {
             to.writable().await?;
@@ -217,9 +278,12 @@ async fn splice_one_way(
 pub async fn serve(
     listener: TcpListener,
     chooser: Arc<dyn Chooser>,
-    limit: Arc<tokio::sync::Semaphore>,
+    share: super::budget::Share,
     local_hop: &'static str,
+    idle: Duration,
 ) {
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+    let what = || format!("TCP port {port}");
     loop {
         let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -229,20 +293,29 @@ pub async fn serve(
                 continue;
             }
         };
-        // At the cap, this port stops accepting until a relay ends (new
-        // connections wait in the kernel's backlog); an idle port holds
-        // no permit.
-        let Ok(permit) = Arc::clone(&limit).acquire_owned().await else { return };
+        // Over the budget (all relays, the client's share or this port's):
+        // closed at once, so that it holds neither a descriptor nor a
+        // place in the backlog ahead of other clients.
+        let Some(ticket) = share.take(peer.ip(), &what) else {
+            drop(client);
+            continue;
+        };
         // Large pipes while few relays are open; the kernel's default
         // (64 KiB) past that, bounding what slow readers can pin.
-        let pipe = if limit.available_permits() + LARGE_PIPES >= super::MAX_RELAYS { PIPE } else { 0 };
+        let pipe = if share.budget.held() <= LARGE_PIPES { PIPE } else { 0 };
         let chooser = Arc::clone(&chooser);
         tokio::spawn(async move {
-            let _permit = permit;
+            let _ticket = ticket;
             match dial(chooser.as_ref(), peer, local_hop).await {
                 Ok((endpoint, to)) => {
                     let _placed = Placed { chooser: Arc::clone(&chooser), endpoint: to };
-                    let _ = relay(client, endpoint, pipe).await;
+                    let activity = Activity::new();
+                    tokio::select! {
+                        _ = relay(client, endpoint, pipe, &activity) => {}
+                        _ = activity.idle_for(idle) => {
+                            tracing::debug!("userspace: a connection of {peer} to {to} idle for {idle:?} closed");
+                        }
+                    }
                 }
                 Err(e) => tracing::debug!("userspace: {e}"),
             }
@@ -286,8 +359,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
-        let limit = Arc::new(tokio::sync::Semaphore::new(crate::userspace::MAX_RELAYS));
-        tokio::spawn(serve(listener, chooser, limit, "reno"));
+        let share = crate::userspace::budget::Share::unlimited();
+        tokio::spawn(serve(listener, chooser, share, "reno", Duration::from_secs(3600)));
         addr
     }
 

@@ -26,7 +26,9 @@ type Sessions = Arc<Mutex<HashMap<SocketAddr, Session>>>;
 
 /// Relays datagrams arriving on `socket` until the task is dropped (a
 /// failed receive is logged and the port stays served).
-pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration, limit: Arc<tokio::sync::Semaphore>) {
+pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration, share: super::budget::Share) {
+    let port = socket.local_addr().map(|a| a.port()).unwrap_or_default();
+    let what = || format!("UDP port {port}");
     let socket = Arc::new(socket);
     let sessions: Sessions = Arc::new(Mutex::new(HashMap::new()));
     let mut buf = vec![0u8; DATAGRAM];
@@ -49,11 +51,9 @@ pub async fn serve(socket: UdpSocket, chooser: Arc<dyn Chooser>, idle: Duration,
         let endpoint = match existing {
             Some(e) => e,
             None => {
-                // At the cap, a new client's datagram is dropped.
-                let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
-                    tracing::debug!("userspace: {} relays open; a datagram from {client} dropped", super::MAX_RELAYS);
-                    continue;
-                };
+                // Over the budget (all relays, the client address's share
+                // or this port's), a new session's datagram is dropped.
+                let Some(permit) = share.take(client.ip(), &what) else { continue };
                 // UDP has no failed dial to retry: the first choice holds.
                 let Some(to) = chooser.choose(client, 0, &[]) else { continue };
                 let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("address");
@@ -97,7 +97,7 @@ async fn replies(
     client: SocketAddr,
     sessions: Sessions,
     idle: Duration,
-    _ended: (Placed, tokio::sync::OwnedSemaphorePermit),
+    _ended: (Placed, super::budget::Ticket),
 ) {
     let mut buf = vec![0u8; DATAGRAM];
     loop {
@@ -158,7 +158,7 @@ mod tests {
         // not end a session between two of the client's datagrams.
         let idle = Duration::from_secs(1);
         let chooser: Arc<dyn Chooser> = Arc::new(RoundRobin::new(endpoints));
-        tokio::spawn(serve(socket, chooser, idle, Arc::new(tokio::sync::Semaphore::new(crate::userspace::MAX_RELAYS))));
+        tokio::spawn(serve(socket, chooser, idle, crate::userspace::budget::Share::unlimited()));
         let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let first: Vec<String> = {
             let mut v = Vec::new();
