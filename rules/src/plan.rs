@@ -231,7 +231,7 @@ fn gcd(a: u32, b: u32) -> u32 {
 /// The largest divisor `k` of `len` for which `runs_of(k)` holds (1 if
 /// none larger does).
 fn largest_run(len: usize, runs_of: impl Fn(usize) -> bool) -> usize {
-    (2..=len).rev().filter(|k| len % k == 0).find(|&k| runs_of(k)).unwrap_or(1)
+    (2..=len).rev().filter(|k| len.is_multiple_of(*k)).find(|&k| runs_of(k)).unwrap_or(1)
 }
 
 /// A rotation no longer than the shares it gives need: first its period
@@ -255,7 +255,7 @@ pub fn shortest_rotation(s: Vec<u32>) -> Vec<u32> {
         .filter(|&c| {
             let turn = turns.entry(c).or_default();
             *turn += 1;
-            (*turn - 1) % g == 0
+            (*turn - 1).is_multiple_of(g)
         })
         .collect()
 }
@@ -263,7 +263,7 @@ pub fn shortest_rotation(s: Vec<u32>) -> Vec<u32> {
 /// The shortest prefix that, repeated, is the whole rotation.
 fn period(mut s: Vec<u32>) -> Vec<u32> {
     let len = s.len();
-    let p = (1..len).filter(|p| len % p == 0).find(|&p| s[p..] == s[..len - p]).unwrap_or(len);
+    let p = (1..len).filter(|p| len.is_multiple_of(*p)).find(|&p| s[p..] == s[..len - p]).unwrap_or(len);
     s.truncate(p);
     s
 }
