@@ -166,7 +166,16 @@ pub struct Watcher {
     /// Compiled replacements the sync loop could not take yet (one switch
     /// settles before the next is tried).
     deferred: Vec<Replacement>,
+    /// The files' metadata being read on a thread of its own (a path on a
+    /// hung network filesystem blocks a `stat`), and since when.
+    stats: Option<(Receiver<Vec<Option<Stamp>>>, Instant)>,
+    /// Whether the last poll found reads held back ([`MAX_STUCK_READS`]).
+    held_back: bool,
 }
+
+/// How long a poll waits for the files' metadata before it lets the sync
+/// loop go on (the answer is taken at a later poll).
+pub const STAT_WAIT: Duration = Duration::from_millis(100);
 
 /// A component file's SHA-256: what tells a replacement from the running bytes.
 pub fn digest(bytes: &[u8]) -> [u8; 32] {
@@ -199,6 +208,8 @@ impl Watcher {
             stuck: Arc::new(AtomicUsize::new(0)),
             reader: read_component,
             deferred: Vec::new(),
+            stats: None,
+            held_back: false,
         }
     }
 
@@ -263,11 +274,20 @@ impl Watcher {
             return out;
         }
         self.next = now + POLL;
-        for (i, file) in self.files.iter_mut().enumerate() {
+        let Some(stamps) = self.stamps(now) else { return out };
+        let stuck = self.stuck.load(Ordering::Acquire);
+        if (stuck >= MAX_STUCK_READS) != self.held_back {
+            self.held_back = !self.held_back;
+            if self.held_back {
+                tracing::warn!("{stuck} component file reads have not returned: no replacement is read until one does");
+            } else {
+                tracing::info!("component file reads returned: replacements are read again");
+            }
+        }
+        for ((i, file), stamp) in self.files.iter_mut().enumerate().zip(stamps) {
             if file.job.is_some() {
                 continue;
             }
-            let stamp = Stamp::of(&file.path);
             if stamp.is_none() || stamp == file.seen {
                 // Unchanged, or gone (perhaps mid-swap): the running component stays.
                 file.settling = None;
@@ -332,15 +352,67 @@ impl Watcher {
     }
 }
 
+impl Watcher {
+    /// The files' metadata, read on a thread of its own and waited for at
+    /// most [`STAT_WAIT`]; None while it has not come (a later poll takes
+    /// it; no second thread is started meanwhile).
+    fn stamps(&mut self, now: Instant) -> Option<Vec<Option<Stamp>>> {
+        if self.stats.is_none() {
+            let paths: Vec<PathBuf> = self.files.iter().map(|f| f.path.clone()).collect();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new().name("reload-stat".into()).spawn(move || {
+                let _ = tx.send(paths.iter().map(|p| Stamp::of(p)).collect());
+            });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot look at the component files: {e}");
+                return None;
+            }
+            self.stats = Some((rx, now));
+        }
+        let (rx, since) = self.stats.as_ref()?;
+        match rx.recv_timeout(STAT_WAIT) {
+            Ok(stamps) => {
+                self.stats = None;
+                Some(stamps)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let waited = now.saturating_duration_since(*since);
+                if waited >= READ_LIMIT && waited < READ_LIMIT + POLL {
+                    tracing::warn!(
+                        "looking at the component files has taken {} s (a hung filesystem?): replacements wait",
+                        waited.as_secs()
+                    );
+                }
+                None
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                self.stats = None;
+                None
+            }
+        }
+    }
+}
+
 /// A component file's bytes, as kpx reads them at start and on reload:
-/// opened without blocking (a FIFO with no writer does not hold the
-/// open), checked on the open descriptor (after any symlink: a regular
-/// file of at most [`MAX_FILE`] bytes), and read to the size it had (a
+/// looked at first (only a regular file is opened), opened without
+/// blocking (a FIFO swapped in does not hold the open), checked again on
+/// the open descriptor (after any symlink: a regular file of at most
+/// [`MAX_FILE`] bytes), and read to the size it had (a
 /// file that yields more, as /proc's files do, is refused: it may never end).
 pub fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::{Error, ErrorKind};
-    let file = std::fs::File::options().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path)?;
-    let meta = file.metadata()?;
+    // Looked at before it is opened (opening a device runs its driver),
+    // and again on the descriptor (it may have been swapped in between).
+    let before = std::fs::metadata(path)?;
+    let file = if before.is_file() {
+        Some(std::fs::File::options().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path)?)
+    } else {
+        None
+    };
+    let meta = match &file {
+        Some(f) => f.metadata()?,
+        None => before,
+    };
     let kind = meta.file_type();
     if !kind.is_file() {
         use std::os::unix::fs::FileTypeExt;
@@ -364,6 +436,7 @@ pub fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
             format!("{len} bytes, more than the {MAX_FILE} a component may have"),
         ));
     }
+    let file = file.ok_or_else(|| Error::other("not a regular file"))?;
     let mut bytes = Vec::with_capacity(len as usize);
     file.take(len + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > len {

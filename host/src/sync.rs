@@ -435,10 +435,20 @@ impl NfacctSeries {
     }
 }
 
-/// Whether a failure's message says the process ran out of file
-/// descriptors (EMFILE "Too many open files", or the system's: ENFILE).
-fn is_short_of_descriptors(message: &str) -> bool {
-    message.contains("(os error 24)") || message.contains("(os error 23)")
+/// Whether a failure came from the process (EMFILE) or the system
+/// (ENFILE) running out of file descriptors: an `io::Error` among its
+/// causes says so (never the text of a tool's or a plugin's message).
+fn is_short_of_descriptors(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(nix::libc::EMFILE | nix::libc::ENFILE))
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// A failed sync, counted as upstream (and kpx) count them; `partial`:
@@ -730,7 +740,7 @@ pub fn run(
         }
         let mut skipped_periodic = false;
         let mut ok = true;
-        let mut short_of_descriptors = false;
+        let mut short_of_descriptors = true;
         let m = &telemetry.metrics;
         for proxier in &mut proxiers {
             let t = Instant::now();
@@ -785,7 +795,8 @@ pub fn run(
                 }
                 Err(e) => {
                     ok = false;
-                    short_of_descriptors |= is_short_of_descriptors(&e.to_string());
+                    // Every family that failed, for want of descriptors.
+                    short_of_descriptors &= is_short_of_descriptors(&e);
                     count_failure(telemetry, proxier, &e, partial);
                     tracing::error!(family = %proxier.family(), "sync failed, keeping the last good rules: {e}");
                 }
@@ -851,7 +862,7 @@ pub fn run(
         if skipped_periodic {
             tracing::debug!("iptables mode in large cluster mode: no periodic full sync (as kube-proxy since v1.37)");
         }
-        schedule.done(Instant::now(), ok, full || periodic, short_of_descriptors);
+        schedule.done(Instant::now(), ok, full || periodic, !ok && short_of_descriptors);
     }
 }
 
@@ -918,8 +929,13 @@ mod tests {
         // Short of descriptors: the first delay again, however long the backoff.
         s.done(later, false, false, true);
         assert_eq!(s.next(later), later + Duration::from_secs(1), "descriptors come back: retried at once");
-        assert!(is_short_of_descriptors("cannot run iptables-restore: Too many open files (os error 24)"));
-        assert!(!is_short_of_descriptors("iptables-restore: line 3 failed"));
+        let emfile = crate::kernel::Error::Spawn {
+            program: "iptables-restore".into(),
+            source: std::io::Error::from_raw_os_error(nix::libc::EMFILE),
+        };
+        assert!(is_short_of_descriptors(&emfile), "{emfile}");
+        let text = std::io::Error::other("iptables-restore: Too many open files (os error 24)");
+        assert!(!is_short_of_descriptors(&text), "a message saying it is not one");
         assert!(!s.wants_full(later));
         assert!(s.wants_full(t0 + FULL_SYNC_PERIOD));
     }

@@ -247,8 +247,10 @@ fn split_runs<'r>(
     let mut again: Vec<(Table, &str)> = ruleset.chains.iter().filter(|c| ctx.model.contains(c)).map(key).collect();
     let mut seen = HashSet::new();
     again.retain(|c| seen.insert(*c));
-    let split_new = new.len() > per_run;
     let split_again = again.len() > per_run;
+    // Refilled chains may jump to new ones: with refills in runs before
+    // the main one, the new chains are created (and filled) before them.
+    let split_new = new.len() > per_run || (split_again && !new.is_empty());
     let split_gone = gone.len() > per_run;
     if !split_new && !split_again && !split_gone {
         return (std::borrow::Cow::Borrowed(ruleset), Vec::new(), Vec::new());

@@ -21,8 +21,9 @@ use tokio::sync::{Semaphore, watch};
 pub struct Limits {
     /// Connections held at once, all clients together.
     pub connections: usize,
-    /// Connections one client address holds at once, so that one client
-    /// cannot take every slot.
+    /// Connections one client address (an IPv6 one by its /64) holds at
+    /// once, so that one client cannot take every slot. Clients from
+    /// 127.0.0.1 and ::1 count against neither limit.
     pub per_client: usize,
     /// A request head must arrive within this from the connection's start
     /// or the end of its last answer (an idle or trickling client is cut
@@ -120,6 +121,19 @@ pub async fn serve(listener: tokio::net::TcpListener, handler: Handler, stop: wa
     serve_within(listener, handler, stop, LIMITS).await
 }
 
+/// Who a connection counts against: its address, an IPv6 one by its /64
+/// (one host's, as a provider hands them out: a client cannot take a
+/// share per address of its prefix).
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
 /// The connections each client address holds; a [`Held`] gives its one back.
 type PerClient = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
@@ -164,11 +178,16 @@ pub async fn serve_within(
                 continue;
             }
         };
-        // Over the limit of all clients: closed at once (dropped).
-        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
         // (An IPv4 client of a dual-stack socket is ::ffff:a.b.c.d.)
-        let client = peer.ip().to_canonical();
-        let held = {
+        let client = client_key(peer.ip());
+        // The node's own probes (from 127.0.0.1 or ::1: a local check, a
+        // kubelet's exec) are never closed for others' connections.
+        let local = peer.ip().to_canonical();
+        let (slot, held) = if local == IpAddr::from([127, 0, 0, 1]) || local == IpAddr::V6(Ipv6Addr::LOCALHOST) {
+            (None, None)
+        } else {
+            // Over the limit of all clients: closed at once (dropped).
+            let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
             let mut held = per_client.lock().expect("per-client lock");
             let n = held.entry(client).or_insert(0);
             if *n >= limits.per_client {
@@ -176,7 +195,7 @@ pub async fn serve_within(
                 continue;
             }
             *n += 1;
-            Held(per_client.clone(), client)
+            (Some(slot), Some(Held(per_client.clone(), client)))
         };
         let mut io = tokio_io_timeout::TimeoutStream::new(stream);
         io.set_write_timeout(Some(limits.write));
@@ -287,6 +306,14 @@ mod tests {
         drop(idle);
     }
 
+    #[test]
+    fn ipv6_clients_count_by_their_64_and_ipv4_by_address() {
+        let a = client_key("2001:db8:1:2:aaaa::1".parse().unwrap());
+        assert_eq!(a, client_key("2001:db8:1:2:ffff::9".parse().unwrap()));
+        assert_ne!(a, client_key("2001:db8:1:3::1".parse().unwrap()));
+        assert_eq!(client_key("::ffff:10.0.0.1".parse().unwrap()), "10.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
     /// Over the limit of all clients, a connection is closed as accepted
     /// (never left waiting in the backlog), and a head that trickles in is
     /// cut off at the header deadline, whatever it has sent.
@@ -311,6 +338,9 @@ mod tests {
         over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert!(matches!(over.read(&mut [0u8; 1]), Ok(0) | Err(_)), "closed");
         assert!(t0.elapsed() < Duration::from_millis(500), "closed at once, not held: {:?}", t0.elapsed());
+        // Loopback (127.0.0.1, the probes' own address here) is still served.
+        let took = get(addr).expect("a loopback probe beside a full server is answered");
+        assert!(took < Duration::from_millis(500), "{took:?}");
         // The four held ones trickle a byte every 200 ms: all cut off at
         // the 1 s deadline, and the slots are free again.
         let t0 = Instant::now();

@@ -513,7 +513,6 @@ impl Metrics {
         })
     }
 
-    /// The text exposition.
     /// userspace mode: the relays' refusals by reason (counted by the
     /// relays' budget, `userspace::budget`).
     pub fn register_relay_refusals(&mut self, family: Family<ReasonLabel, Counter>) {
@@ -524,6 +523,7 @@ impl Metrics {
         );
     }
 
+    /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encoding to a String");

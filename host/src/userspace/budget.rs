@@ -97,6 +97,8 @@ struct Held {
 pub struct Budget {
     limits: Limits,
     held: Mutex<Held>,
+    /// The node's addresses, by family (no client share).
+    node: Mutex<[Vec<IpAddr>; 2]>,
     counters: Counters,
     started: Instant,
     /// When a refusal was last logged (milliseconds since `started`, +1).
@@ -167,6 +169,7 @@ impl Budget {
         Arc::new(Budget {
             limits,
             held: Mutex::default(),
+            node: Mutex::default(),
             counters,
             started: Instant::now(),
             logged: AtomicU64::new(0),
@@ -175,6 +178,22 @@ impl Budget {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The node's addresses of `family` now (read at every sync).
+    pub fn unshared(&self, family: kpx_rules::model::IpFamily, addresses: &[IpAddr]) {
+        let i = usize::from(family == kpx_rules::model::IpFamily::V6);
+        let mut node = self.node.lock().expect("relay budget");
+        let of_family: Vec<IpAddr> =
+            addresses.iter().copied().filter(|a| kpx_rules::model::IpFamily::of(a) == family).collect();
+        if node[i] != of_family {
+            node[i] = of_family;
+        }
+    }
+
+    /// Whether `client` has a share of its own (not loopback, not the node's).
+    fn shared(&self, client: IpAddr) -> bool {
+        !client.is_loopback() && !self.node.lock().expect("relay budget").iter().flatten().any(|a| *a == client)
     }
 
     /// Relays held now, all ports together.
@@ -186,12 +205,13 @@ impl Budget {
     /// now and then, logged with `what` names the port).
     pub fn take(self: &Arc<Self>, port: &Arc<Port>, client: IpAddr, what: &dyn Fn() -> String) -> Option<Ticket> {
         let client = client.to_canonical();
+        let shared = self.shared(client);
         let refused = {
             let mut held = self.held.lock().expect("relay budget");
             let of_client = held.by_client.get(&client).copied().unwrap_or(0);
             if held.total >= self.limits.relays {
                 Some(Refused::Total)
-            } else if of_client >= self.limits.per_client {
+            } else if shared && of_client >= self.limits.per_client {
                 Some(Refused::Client)
             } else if port.held() >= self.limits.per_port {
                 Some(Refused::Port)
@@ -275,5 +295,26 @@ mod tests {
         drop(held);
         assert_eq!((budget.held(), a.held()), (7, 2));
         assert!(budget.take(&a, greedy, &name).is_some(), "given back");
+    }
+
+    /// Loopback and the node's own addresses have no client share.
+    #[test]
+    fn the_nodes_own_clients_have_no_share_of_their_own() {
+        let budget = Budget::new(Limits { relays: 100, per_client: 2, per_port: 100 }, Counters::default());
+        let port = Port::new();
+        let name = || "test".to_string();
+        let node: IpAddr = "192.168.0.2".parse().unwrap();
+        budget.unshared(kpx_rules::model::IpFamily::V4, &[node, "fd00::2".parse().unwrap()]);
+        let held: Vec<Ticket> = (0..10)
+            .flat_map(|_| [budget.take(&port, node, &name), budget.take(&port, "127.0.0.1".parse().unwrap(), &name)])
+            .flatten()
+            .collect();
+        assert_eq!(held.len(), 20, "neither is held to 2");
+        let other: IpAddr = "192.168.0.3".parse().unwrap();
+        let others: Vec<Ticket> = (0..5).filter_map(|_| budget.take(&port, other, &name)).collect();
+        assert_eq!(others.len(), 2);
+        // The node's address moved: the old one is a client like others.
+        budget.unshared(kpx_rules::model::IpFamily::V4, &["192.168.0.9".parse().unwrap()]);
+        assert!(budget.take(&port, node, &name).is_none());
     }
 }

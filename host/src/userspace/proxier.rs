@@ -248,7 +248,12 @@ impl UserspaceProxier {
         // Every sync (one netlink dump): the DNAT target must be the
         // node's now.
         match interfaces::local_addresses() {
-            Ok(all) => self.local_addresses = all,
+            Ok(all) => {
+                // The node's own clients (host-network pods, the kubelet)
+                // all come from its addresses: no share of their own.
+                self.relays.budget.unshared(self.family, &all);
+                self.local_addresses = all;
+            }
             Err(e) => tracing::error!(family = %self.family, "cannot read the node's addresses: {e}"),
         }
         self.settings = settings::settings_for(&self.config, self.family, &self.node, &self.local_addresses);

@@ -40,13 +40,16 @@ use crate::kernel::nftables::frame::is_host_name;
 pub const MAX_MATCHES: usize = 16;
 pub const MAX_STATEMENTS: usize = 4;
 
-/// Own sets and maps a table may hold beyond two per endpoint and Service
-/// destination of the state. nf_tables finds a set by walking the
-/// table's list of sets, so declaring S sets costs the kernel time in
-/// S x S (`nft -f` of 2,000 maps: 0.06 s of kernel time; of 16,000:
-/// 7.5 s): a plugin gets no more than the state gives reason for
-/// (upstream's own shape, an affinity set per endpoint, stays within).
-pub const EXTRA_SETS: usize = 64;
+/// Own sets and maps a table may hold beyond twice the state's endpoint
+/// slots (each port's endpoints and two, [`Scope::endpoint_slots`]).
+/// nf_tables finds a set by walking the table's list of sets, so
+/// declaring S sets costs the kernel time in S x S (`nft -f` of 2,000
+/// maps: 0.06 s of kernel time; of 16,000: 7.5 s): a plugin gets no more
+/// than the state gives reason for. Upstream's own shape (an affinity set
+/// per endpoint of each ClientIP port, a map or two per port) stays
+/// within, with room for the built-in backend's endpoint maps by count
+/// (a map per count a port has had since the last full sync).
+pub const EXTRA_SETS: usize = 1024;
 
 /// Why an own object's name is refused, if it is.
 pub fn name_problem(name: &str) -> Option<String> {
@@ -387,7 +390,7 @@ pub fn check(ctx: &Context, tx: &Transaction) -> Result<Checked, Rejected> {
 }
 
 /// The own sets the table holds after the transaction, within
-/// [`EXTRA_SETS`] and two per endpoint and destination of the state.
+/// [`EXTRA_SETS`] and twice the state's endpoint slots.
 fn check_set_count(ctx: &Context, p: &Pending) -> Result<(), Rejected> {
     let before = if ctx.full { 0 } else { ctx.model.sets.len() };
     let mut after = before;
@@ -399,7 +402,7 @@ fn check_set_count(ctx: &Context, p: &Pending) -> Result<(), Rejected> {
             _ => {}
         }
     }
-    let allowed = 2 * (ctx.scope.endpoints.len() + ctx.scope.destinations.len()) + EXTRA_SETS;
+    let allowed = 2 * ctx.scope.endpoint_slots + EXTRA_SETS;
     if after <= allowed {
         return Ok(());
     }
@@ -408,7 +411,7 @@ fn check_set_count(ctx: &Context, p: &Pending) -> Result<(), Rejected> {
         at: "the transaction".into(),
         item: String::new(),
         reason: format!(
-            "it leaves {after} own sets and maps; the state allows {allowed} (two per endpoint and Service destination, and {EXTRA_SETS}): the kernel's cost of a set grows with every other set in the table"
+            "it leaves {after} own sets and maps; the state allows {allowed} (twice each Service port's endpoints and two, and {EXTRA_SETS}): the kernel's cost of a set grows with every other set in the table"
         ),
     })
 }

@@ -196,11 +196,19 @@ pub struct Scope {
     pub cluster_ips: Counted<IpAddr>,
     pub endpoints: Counted<EndpointAddr>,
     pub endpoint_ips: Counted<IpAddr>,
+    /// The sum over the ports counted in of their endpoints and two: what
+    /// a backend's own sets and maps may number (upstream's shape has an
+    /// affinity set per endpoint of each ClientIP Service port, and a map
+    /// or two per port).
+    pub endpoint_slots: usize,
 }
 
 impl Scope {
     /// Counts in (or, with `add` false, out) one service port's facts.
     pub fn count(&mut self, family: IpFamily, port: &ServicePort, add: bool) {
+        let slots = port.endpoints.len() + 2;
+        self.endpoint_slots =
+            if add { self.endpoint_slots.saturating_add(slots) } else { self.endpoint_slots.saturating_sub(slots) };
         let Some(view) = port.view(family) else {
             // No cluster IP of this family: nothing of it is programmed,
             // but its endpoints are still its own.

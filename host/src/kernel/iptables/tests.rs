@@ -259,22 +259,24 @@ fn many_new_or_gone_chains_are_written_in_runs_around_the_main_one() {
     assert_eq!(flushed, deleted);
 }
 
-/// The same Service rendered again (its n + 1 chains declared again) in a
-/// partial sync: the chains are flushed and filled in runs of their own,
-/// each run holding whole chains (declared and filled together, so none
-/// is seen empty between runs), and no run over the limit.
+/// The same Service rendered again with one endpoint more (its n + 1
+/// chains declared again, one new) in a partial sync: the chains are
+/// flushed and filled in runs of their own, each run holding whole
+/// chains (declared and filled together, so none is seen empty between
+/// runs), no run over the limit, and the new chain created before any
+/// run jumps to it.
 #[test]
 fn many_chains_declared_again_are_refilled_in_runs_of_whole_chains() {
     let s = settings();
     let n = 2 * CHAINS_PER_RUN + 1;
-    let eps: Vec<Endpoint> =
-        (0..n).map(|i| ep(&format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256), 8080)).collect();
-    let (rs, whole) = render(&s, vec![svc("ns", "big", "p", "10.96.1.5", 80, eps)]);
+    let ip = |i: usize| format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256);
+    let eps = |count: usize| -> Vec<Endpoint> { (0..count).map(|i| ep(&ip(i), 8080)).collect() };
+    let (rs, _) = render(&s, vec![svc("ns", "big", "p", "10.96.1.5", 80, eps(n))]);
+    let (grown, whole) = render(&s, vec![svc("ns", "big", "p", "10.96.1.5", 80, eps(n + 1))]);
     let mut scope = crate::validate::Scope::default();
     scope.count(IpFamily::V4, &svc("ns", "big", "p", "10.96.1.5", 80, Vec::new()), true);
-    for i in 0..n {
-        let ip = format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256);
-        scope.endpoints.add((ip.parse().unwrap(), 8080));
+    for i in 0..=n {
+        scope.endpoints.add((ip(i).parse().unwrap(), 8080));
     }
     let model = Model::default();
     let ctx = Context { plugin: "test", dialect: dialect(&s), scope: &scope, model: &model, full: true };
@@ -283,19 +285,29 @@ fn many_chains_declared_again_are_refilled_in_runs_of_whole_chains() {
     model.commit(p.checked);
     let ctx = Context { plugin: "test", dialect: dialect(&s), scope: &scope, model: &model, full: false };
     let previous = Previous { host_chains: p.host_chains, hooks: p.hooks };
-    let q = prepare(&ctx, &s, &rs, 1 << 30, Some(previous)).unwrap();
+    let q = prepare(&ctx, &s, &grown, 1 << 30, Some(previous)).unwrap();
     assert!(q.after.is_empty());
     assert!(q.before.len() >= 3, "{} runs", q.before.len());
-    for run in &q.before {
+    let created: std::collections::BTreeSet<String> =
+        rs.chains.iter().map(|(_, c)| c.clone()).collect::<std::collections::BTreeSet<_>>();
+    let new_chain = grown.chains.iter().map(|(_, c)| c.clone()).find(|c| !created.contains(c)).expect("a new chain");
+    let declared_in = q.before.iter().position(|run| run.contains(&format!(":{new_chain} - "))).expect("created");
+    let jumped_in = q.before.iter().position(|run| run.contains(&format!("-j {new_chain}")));
+    assert!(
+        jumped_in.is_none_or(|j| declared_in < j),
+        "{new_chain} created in run {declared_in}, jumped to in {jumped_in:?}"
+    );
+    // The new chain's runs (created, then filled), then the refills.
+    for run in &q.before[declared_in + 2..] {
         let (rules, declared) = lines_of([run]);
         let filled: std::collections::BTreeSet<String> =
             rules.iter().map(|l| l.split(' ').nth(1).unwrap().to_string()).collect();
-        assert!(filled.is_subset(&declared), "a run fills only the chains it flushes");
+        assert!(filled.is_subset(&declared), "a refill run fills only the chains it flushes");
         assert!(declared.len() <= CHAINS_PER_RUN);
     }
     assert!(!q.text.contains(":KUBE-SEP-"), "the main run declares none of them");
     // Together they write the own chains as the single payload does (the
-    // host's chains are unchanged: left alone).
+    // host's chains are edited in place: left out).
     let own = |(rules, declared): (Vec<String>, std::collections::BTreeSet<String>)| {
         let is_own = |c: &str| c.starts_with("KUBE-SEP-") || c.starts_with("KUBE-SVC-");
         let rules: Vec<String> = rules.into_iter().filter(|l| is_own(l.split(' ').nth(1).unwrap_or(""))).collect();

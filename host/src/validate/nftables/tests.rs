@@ -351,13 +351,14 @@ fn distinct_facts_pack_to_distinct_words_and_counts_add_up() {
     assert_eq!(model.get(&Ref::ClusterIp(ips[2])), 1);
 }
 
-/// Own sets beyond two per endpoint and destination of the state (and
-/// EXTRA_SETS) are refused: nf_tables' cost of a set grows with every
-/// other set in the table.
+/// Own sets beyond twice the state's endpoint slots (and EXTRA_SETS) are
+/// refused: nf_tables' cost of a set grows with every other set in the
+/// table.
 #[test]
 fn own_sets_are_bounded_by_the_state() {
     let s = scope();
-    let allowed = 2 * (s.endpoints.len() + s.destinations.len()) + EXTRA_SETS;
+    let allowed = 2 * s.endpoint_slots + EXTRA_SETS;
+    assert_eq!(s.endpoint_slots, 3, "one port, one endpoint");
     let sets = |n: usize| Transaction {
         ops: (0..n).map(|k| Op::AddSet(SetDecl { name: format!("m{k}"), ..endpoint_map() })).collect(),
     };
@@ -375,6 +376,35 @@ fn own_sets_are_bounded_by_the_state() {
         ops: vec![Op::DeleteSet("m0".into()), Op::AddSet(SetDecl { name: "extra".into(), ..endpoint_map() })],
     };
     assert!(run(&swap, &model, &s, false).is_ok(), "one out, one in");
+}
+
+/// The built-in backend's own shape stays within the set bound: three
+/// ClientIP-affinity Services over the same 70 endpoints (an affinity set
+/// per endpoint of each, and their maps), rendered whole, pass.
+#[test]
+fn the_builtin_backends_affinity_sets_are_within_the_bound() {
+    use kpx_rules::model::{Backend, Cluster, Node, ProxyMode, Settings};
+    let eps: Vec<Endpoint> =
+        (0..70).map(|e| Endpoint::ready(format!("10.1.0.{}", e + 1).parse().unwrap(), 8080)).collect();
+    let ports: Vec<ServicePort> = (0..3)
+        .map(|k| {
+            let mut p =
+                ServicePort::new("ns", &format!("a{k}"), "", Protocol::Tcp, 80).with_cluster_endpoints(eps.clone());
+            p.cluster_ip = Some(format!("10.96.0.{}", k + 1).parse().unwrap());
+            p.affinity_timeout_seconds = 10_800;
+            p
+        })
+        .collect();
+    let mut scope = Scope::default();
+    for p in &ports {
+        scope.count(IpFamily::V4, p, true);
+    }
+    let mut g = kpx_rules::nftables::NftablesProxier::new(Settings::new(IpFamily::V4, ProxyMode::Nftables));
+    g.reset(Node::default(), Cluster::default(), ports);
+    let kpx_rules::ops::Ruleset::Nftables(tx) = g.render(true).unwrap() else { panic!("nftables") };
+    let sets = tx.ops.iter().filter(|op| matches!(op, Op::AddSet(_))).count();
+    assert!(sets >= 3 * 70, "an affinity set per endpoint of each: {sets}");
+    run(&tx, &Model::default(), &scope, true).expect("the built-in shape is within the bound");
 }
 
 /// The full-sync check of the nftables backend's own render at 5,000 and
