@@ -410,10 +410,11 @@ fn the_builtin_backends_affinity_sets_are_within_the_bound() {
 /// The full-sync check of the nftables backend's own render at 5,000 and
 /// 40,000 Services x 10 endpoints. Measured on 2026-12-07 (debug build,
 /// CPU time): 205 ms and 1.92 s (x9.4 for x8); at 10,000 and 100,000,
-/// 0.43 s and 5.7 s (x13 for x10). perf puts the time in the probes of
-/// the fact counts' hash table (~2 M facts, ~50 MB at 100k: past the
-/// caches, each probe a miss); reserving the table up front changed
-/// nothing. A scale measurement, run by hand:
+/// 0.43 s and 5.7 s (x13 for x10): probes of several hash tables of
+/// millions of entries past the caches (the state's facts, the endpoint
+/// maps' entries, the fact counts); reserving the counts' table, or
+/// sorting the counts alone, changed nothing. A scale measurement, run by
+/// hand:
 /// `cargo test --release -p kpx-host --lib -- --ignored the_full_check_at_scale --nocapture`).
 #[test]
 #[ignore = "a scale measurement, run by hand in release"]
