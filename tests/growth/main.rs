@@ -220,24 +220,27 @@ fn nft_sets_kernel_time(count: usize) -> Duration {
     took
 }
 
+/// One `iptables-restore --noflush` of `payload` (which must succeed) and
+/// the CPU time it took ([`cpu`]'s parts).
+fn restore(payload: &str) -> [Duration; 3] {
+    use std::io::Write;
+    let t = cpu();
+    let mut child = std::process::Command::new("iptables-restore")
+        .arg("--noflush")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("iptables-restore");
+    child.stdin.take().unwrap().write_all(payload.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "iptables-restore of a hand-written payload");
+    since(t)
+}
+
 /// CPU time of `iptables-restore --noflush` given `payload`, the second
 /// of two runs (the first leaves the table as the second finds it).
 fn restore_time(payload: &str) -> Duration {
-    use std::io::Write;
-    let run = || {
-        let t = cpu();
-        let mut child = std::process::Command::new("iptables-restore")
-            .arg("--noflush")
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("iptables-restore");
-        child.stdin.take().unwrap().write_all(payload.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "iptables-restore of the baseline");
-        let took = since(t);
-        took[1] + took[2]
-    };
-    run();
-    run()
+    restore(payload);
+    let took = restore(payload);
+    took[1] + took[2]
 }
 
 /// One measurement of `case` at n and 8n: what is wrong with it.
@@ -666,18 +669,7 @@ fn hand_written_shift(ns: &Netns, n: usize) -> Duration {
     };
     ns.run(|| {
         let (first, second) = (write(1, None), write(2, Some(1)));
-        let run = |text: &str| {
-            use std::io::Write;
-            let t = cpu();
-            let mut child = std::process::Command::new("iptables-restore")
-                .arg("--noflush")
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .expect("iptables-restore");
-            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-            assert!(child.wait().unwrap().success(), "the hand-written shift");
-            since(t)[2]
-        };
+        let run = |text: &str| restore(text)[2];
         run(&first);
         let took = run(&second);
         // Gone again: the writer's own chains are next.

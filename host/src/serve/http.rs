@@ -248,15 +248,11 @@ mod tests {
         text.starts_with("HTTP/1.1 200").then(|| t0.elapsed())
     }
 
-    /// Idle clients, a client over its share of connections and a client
-    /// that never reads its answers: a probe from elsewhere is answered at
-    /// once all along, and the stalled writer is cut off.
-    #[test]
-    fn idle_greedy_and_unread_clients_do_not_starve_a_probe() {
+    /// A server on 127.0.0.1 within `limits`, in a runtime of its own:
+    /// `/big` answers 1 MiB, anything else "ok".
+    fn server(limits: Limits) -> (tokio::runtime::Runtime, SocketAddr, watch::Sender<bool>) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let limits =
-            Limits { connections: 8, per_client: 4, header: Duration::from_secs(5), write: Duration::from_secs(1) };
-        let (addr, _stop) = rt.block_on(async {
+        let (addr, stop) = rt.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let handler: Handler = Arc::new(|a: &Asked| match a.path {
@@ -267,6 +263,17 @@ mod tests {
             tokio::spawn(serve_within(listener, handler, rx, limits));
             (addr, tx)
         });
+        (rt, addr, stop)
+    }
+
+    /// Idle clients, a client over its share of connections and a client
+    /// that never reads its answers: a probe from elsewhere is answered at
+    /// once all along, and the stalled writer is cut off.
+    #[test]
+    fn idle_greedy_and_unread_clients_do_not_starve_a_probe() {
+        let limits =
+            Limits { connections: 8, per_client: 4, header: Duration::from_secs(5), write: Duration::from_secs(1) };
+        let (_rt, addr, _stop) = server(limits);
         // Ten idle connections from one address: it keeps four slots, the
         // rest are closed as accepted.
         let idle: Vec<TcpStream> = (0..10).map(|_| connect("127.0.0.2", addr)).collect();
@@ -319,17 +326,9 @@ mod tests {
     /// cut off at the header deadline, whatever it has sent.
     #[test]
     fn over_the_limit_is_closed_at_once_and_trickling_heads_are_cut_off() {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let limits =
             Limits { connections: 4, per_client: 2, header: Duration::from_secs(1), write: Duration::from_secs(1) };
-        let (addr, _stop) = rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
-            let handler: Handler = Arc::new(|_: &Asked| Answer::text(200, "ok".into()));
-            let (tx, rx) = watch::channel(false);
-            tokio::spawn(serve_within(listener, handler, rx, limits));
-            (addr, tx)
-        });
+        let (_rt, addr, _stop) = server(limits);
         let held: Vec<TcpStream> =
             ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"].iter().map(|a| connect(a, addr)).collect();
         std::thread::sleep(Duration::from_millis(100));
