@@ -5,6 +5,7 @@
 //! state the host sent ([`Scope`]) and what earlier syncs left in the
 //! kernel (each mode's `Model`). docs/SECURITY.md lists every rule.
 
+mod dense;
 pub mod extension;
 pub mod iptables;
 pub mod nftables;

@@ -31,6 +31,7 @@ use kpx_rules::ops::nftables::{
     Statement, Transaction, Value, Verdict, VerdictKind, each_element,
 };
 
+use super::dense::DenseMap;
 use super::scope::Fact;
 use super::{Destination, EndpointAddr, Rejected, Scope, shorten, shorten_debug};
 use crate::kernel::nftables::encode::key_registers;
@@ -83,7 +84,7 @@ enum Ref {
 /// profile, before this). Other facts are held as they are.
 #[derive(Debug, Default, Clone)]
 struct RefCounts {
-    v4: HashMap<[u32; 2], i32>,
+    v4: DenseMap<[u32; 2], i32>,
     other: HashMap<Ref, i64>,
 }
 
@@ -105,7 +106,7 @@ impl RefCounts {
 
     fn get(&self, r: &Ref) -> i64 {
         match Self::pack(r) {
-            Some(k) => self.v4.get(&k).copied().map_or(0, i64::from),
+            Some(k) => self.v4.get(&k).map_or(0, i64::from),
             None => self.other.get(r).copied().unwrap_or(0),
         }
     }
@@ -116,7 +117,7 @@ impl RefCounts {
         match Self::pack(&r) {
             Some(k) => {
                 let delta = i32::try_from(delta).unwrap_or(if delta < 0 { i32::MIN } else { i32::MAX });
-                let n = self.v4.entry(k).or_default();
+                let n = self.v4.get_or_insert_with(k, || 0);
                 *n = n.saturating_add(delta);
                 if drop_empty && *n <= 0 {
                     self.v4.remove(&k);
@@ -136,6 +137,10 @@ impl RefCounts {
         self.v4.is_empty() && self.other.is_empty()
     }
 
+    fn reserve(&mut self, n: usize) {
+        self.v4.reserve(n);
+    }
+
     /// Adds an overlay's deltas, keeping only the facts still referred to.
     fn merge(&mut self, deltas: RefCounts) {
         if self.is_empty() {
@@ -147,7 +152,7 @@ impl RefCounts {
             return;
         }
         for (k, delta) in deltas.v4 {
-            let n = self.v4.get(&k).copied().unwrap_or(0).saturating_add(delta);
+            let n = self.v4.get(&k).unwrap_or(0).saturating_add(delta);
             if n > 0 {
                 self.v4.insert(k, n);
             } else {
@@ -320,19 +325,6 @@ impl Pending<'_> {
         }
     }
 
-    /// The endpoint an element of an endpoint map holds now.
-    fn endpoint_data(&self, set: &str, key: &[u32]) -> Option<EndpointAddr> {
-        if let Some(map) = self.o.endpoint_data.get(set) {
-            if let Some(e) = map.entries.get(key) {
-                return e;
-            }
-            if map.flushed {
-                return None;
-            }
-        }
-        self.model().and_then(|m| m.endpoint_data.get(set)).and_then(|m| m.get(key)).flatten()
-    }
-
     fn reference(&mut self, r: Ref, delta: i64) {
         self.o.refs.add(r, delta, false);
     }
@@ -381,6 +373,14 @@ fn reject(ctx: &Context, i: usize, op: &Op, reason: impl Into<String>) -> Reject
 /// Checks a transaction; the first violation refuses it whole.
 pub fn check(ctx: &Context, tx: &Transaction) -> Result<Checked, Rejected> {
     let mut p = Pending { ctx, o: Overlay::default() };
+    if ctx.full {
+        // A full sync refers to about every fact of the state: room for
+        // them at once, not a table rebuilt at every doubling.
+        let s = ctx.scope;
+        p.o.refs.reserve(
+            s.destinations.len() + s.node_ports.len() + s.cluster_ips.len() + s.endpoints.len() + s.endpoint_ips.len(),
+        );
+    }
     for (i, op) in tx.ops.iter().enumerate() {
         check_op(&mut p, op).map_err(|why| reject(ctx, i, op, why))?;
     }
@@ -657,9 +657,15 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
     let scope = p.ctx.scope;
     let name = e.set.name();
     let elements = each_element(&decl, family, e, add).map_err(|d| d.to_string())?;
-    if decl.data == Some(DataType::Endpoint) {
-        p.o.endpoint_data.entry(name.to_string()).or_default().entries.reserve(elements.size_hint().0);
-    }
+    // An endpoint map's overlay, taken out for the list and put back
+    // after it: one lookup of the map by name, not two an element.
+    let mut map = (decl.data == Some(DataType::Endpoint)).then(|| {
+        let mut map = p.o.endpoint_data.remove(name).unwrap_or_default();
+        map.entries.reserve(elements.size_hint().0);
+        map
+    });
+    let ctx = p.ctx;
+    let model_map = (!ctx.full).then_some(ctx.model).and_then(|m| m.endpoint_data.get(name));
     // One element at a time: nothing is materialised for the whole list.
     for (i, decoded) in elements.enumerate() {
         let at = |why: String| format!("element {}: {why}", i + 1);
@@ -681,8 +687,12 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
         for r in refs {
             p.reference(r, delta);
         }
-        if decl.data == Some(DataType::Endpoint) {
-            let current = p.endpoint_data(name, key);
+        if let Some(map) = &mut map {
+            let current = match map.entries.get(key) {
+                Some(e) => e,
+                None if map.flushed => None,
+                None => model_map.and_then(|m| m.get(key)).flatten(),
+            };
             let change = if add {
                 let Some(Data::Endpoint(ip, port)) = el.data else { return Err(at("endpoint data missing".into())) };
                 if current.is_some() {
@@ -695,8 +705,11 @@ fn check_elements(p: &mut Pending, e: &Elements, add: bool) -> Result<(), String
                 p.reference(Ref::Endpoint(old), -1);
                 None
             };
-            p.o.endpoint_data.entry(name.to_string()).or_default().entries.insert(key, change);
+            map.entries.insert(key, change);
         }
+    }
+    if let Some(map) = map {
+        p.o.endpoint_data.insert(name.to_string(), map);
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 use foldhash::HashMap;
 
 use super::EndpointAddr;
+use crate::validate::dense::DenseMap;
 use crate::validate::scope::Fact;
 
 /// A key's canonical words (decoding refuses every other spelling of a
@@ -99,7 +100,7 @@ fn unpack(w: [u32; 2]) -> Option<EndpointAddr> {
 
 #[derive(Debug, Clone)]
 enum Store {
-    Compact(HashMap<ShortKey, [u32; 2]>),
+    Compact(DenseMap<ShortKey, [u32; 2]>),
     General(HashMap<Key, Option<EndpointAddr>>),
 }
 
@@ -108,7 +109,7 @@ pub(super) struct Entries(Store);
 
 impl Default for Entries {
     fn default() -> Entries {
-        Entries(Store::Compact(HashMap::default()))
+        Entries(Store::Compact(DenseMap::default()))
     }
 }
 
@@ -135,7 +136,7 @@ impl Entries {
     /// The key's element: Some(None) when an overlay deleted it.
     pub(super) fn get(&self, key: &[u32]) -> Option<Option<EndpointAddr>> {
         match &self.0 {
-            Store::Compact(m) => ShortKey::new(key).and_then(|k| m.get(&k)).map(|w| unpack(*w)),
+            Store::Compact(m) => ShortKey::new(key).and_then(|k| m.get(&k)).map(unpack),
             Store::General(m) => m.get(key).copied(),
         }
     }
