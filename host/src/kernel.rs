@@ -127,6 +127,14 @@ pub struct Written {
     /// Time spent in the kernel's reads and writes (the programs that
     /// make them included); the rest of the sync's time is the host's.
     pub kernel: std::time::Duration,
+    /// CPU time of the host's checks of the plugin's ruleset, on the
+    /// thread that made them: the part of the host's time the checks take
+    /// (the growth tests hold it linear apart from the rendering's).
+    pub check: std::time::Duration,
+    /// CPU time of the sync's thread in the kernel's reads and writes
+    /// (`kernel`'s share of it): nf_tables' work on a netlink batch is
+    /// done in the sending thread; iptables' in its tools, not counted here.
+    pub kernel_cpu: std::time::Duration,
     /// iptables and ipvs modes: the iptables rules kube-proxy owns now,
     /// (filter, nat).
     pub iptables_rules: Option<(usize, usize)>,

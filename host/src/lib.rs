@@ -5,7 +5,6 @@
 pub mod app;
 pub mod config;
 pub mod conformance;
-#[cfg(test)]
 mod cpu_time;
 pub mod demo;
 pub mod extension;

@@ -3,7 +3,7 @@
 //! what the layout says. Written as one netlink batch per change; counters
 //! and rate limits are named objects kept across batches (see layout.rs).
 
-use std::collections::{BTreeMap, BTreeSet};
+use foldhash::HashSet;
 
 use kpx_rules::model::IpFamily;
 use kpx_rules::ops::extension::{Action, Attachment};
@@ -67,9 +67,10 @@ fn limit_object(id: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Written {
     pub layout: Layout,
-    /// Every chain, base chains included.
-    chains: BTreeSet<String>,
-    objects: BTreeMap<String, u32>,
+    /// Every chain, base chains included, each once, in the order written.
+    chains: Vec<String>,
+    /// Counter and limit objects with their kinds, each once.
+    objects: Vec<(String, u32)>,
 }
 
 impl Written {
@@ -77,11 +78,7 @@ impl Written {
     /// unknown, so the next write rewrites every chain, keeping the
     /// objects it still names (and their counts and buckets).
     pub fn held(chains: Vec<String>, objects: Vec<(String, u32)>) -> Written {
-        Written {
-            layout: Layout::default(),
-            chains: chains.into_iter().collect(),
-            objects: objects.into_iter().collect(),
-        }
+        Written { layout: Layout::default(), chains, objects }
     }
 }
 
@@ -97,9 +94,9 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
     let mut rules = Vec::new();
     for (attachment, entries) in &layout.entries {
         let (chain, bases) = hooks(*attachment);
-        written.chains.insert(chain.to_string());
+        written.chains.push(chain.to_string());
         for b in bases {
-            written.chains.insert(b.name.to_string());
+            written.chains.push(b.name.to_string());
             out.push(encode::add_base_chain_in(table, b));
             let mut conditions = vec![Condition::New];
             if *attachment == Attachment::Service {
@@ -176,16 +173,16 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
             &name,
             Object::LimitOver { per_second: limit.per_second, burst: limit.burst },
         ));
-        written.objects.insert(name, NFT_OBJECT_LIMIT);
+        written.objects.push((name, NFT_OBJECT_LIMIT));
     }
     for id in layout.counters.keys() {
         let name = counter_object(id);
         out.push(encode::add_object(table, &name, Object::Counter));
-        written.objects.insert(name, NFT_OBJECT_COUNTER);
+        written.objects.push((name, NFT_OBJECT_COUNTER));
     }
     for (id, chain) in &layout.chains {
         let name = port_chain(id);
-        written.chains.insert(name.clone());
+        written.chains.push(name.clone());
         for r in &chain.rules {
             let mut conditions = Vec::new();
             if let Some(s) = r.source {
@@ -211,10 +208,13 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
     out.extend(rules.iter().map(|r| encode::add_table_rule(table, family, r)));
     if let Some(p) = previous {
         // Flushed above, so nothing refers to them any more.
-        for c in p.chains.difference(&written.chains) {
+        // Hashed sets of the names written: the cost is the two lists'.
+        let chains: HashSet<&str> = written.chains.iter().map(String::as_str).collect();
+        for c in p.chains.iter().filter(|c| !chains.contains(c.as_str())) {
             out.push(encode::delete_chain_in(table, c));
         }
-        for (o, kind) in p.objects.iter().filter(|(o, _)| !written.objects.contains_key(*o)) {
+        let objects: HashSet<&str> = written.objects.iter().map(|(o, _)| o.as_str()).collect();
+        for (o, kind) in p.objects.iter().filter(|(o, _)| !objects.contains(o.as_str())) {
             out.push(encode::delete_object(table, o, *kind));
         }
     }
@@ -286,6 +286,7 @@ mod tests {
     use crate::extension::layout::build;
     use kpx_rules::model::{ProxyMode, ServicePort, Settings};
     use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
+    use std::collections::BTreeMap;
 
     fn layout(counter: &str) -> Layout {
         let mut p = ServicePort::new("ns", "web", "", kpx_rules::model::Protocol::Tcp, 80);

@@ -12,6 +12,8 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use foldhash::{HashMap, HashSet, HashSetExt};
+
 use kpx_rules::model::{IpFamily, Settings};
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem};
 
@@ -19,7 +21,7 @@ use super::{Cause, Exec, Result, SyncError, Written};
 use crate::validate::iptables::{Checked, Context, HookRules, Model, check_with_kept, hook_rules, kept_hooks};
 use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
-use render::{Dialect, HostChains, payload, payload_keeping, rule_args};
+use render::{Dialect, HostChains, Part, payload, payload_keeping, rule_args};
 
 /// upstream's wait flag: wait 5 s for the xtables lock (the wait
 /// interval, `-W`, went in v1.34: kubernetes/kubernetes#131961).
@@ -44,6 +46,8 @@ pub const CHAINS_PER_RUN: usize = 2_000;
 /// order, `before`, `text`, `after`.
 pub struct Prepared {
     pub checked: Checked,
+    /// CPU time of the checks ([`Written::check`]).
+    pub check_time: std::time::Duration,
     pub frame: frame::Frame,
     /// When a sync creates more than [`CHAINS_PER_RUN`] own chains: runs
     /// that create them empty, then fill them. No rule refers to them
@@ -146,7 +150,8 @@ pub fn prepare_in_runs(
 ) -> std::result::Result<Prepared, Rejected> {
     let (mut host_chains, hooks) = previous.map(|p| (p.host_chains, p.hooks)).unzip();
     let kept = kept_hooks(ctx, ruleset, hooks)?;
-    let checked: Checked = check_with_kept(ctx, ruleset, &kept)?;
+    let (checked, check_time) = crate::cpu_time::of(|| check_with_kept(ctx, ruleset, &kept));
+    let checked: Checked = checked?;
     // A kept hook's chain stays as the last write left it: its lines are
     // moved over, not rendered and compared again.
     let mut kept_lines = HostChains::new();
@@ -171,7 +176,7 @@ pub fn prepare_in_runs(
     drop(main);
     let mut hooks = hook_rules(std::borrow::Cow::Borrowed(ruleset));
     hooks.extend(kept.into_iter().filter(|(_, rules)| !rules.is_empty()));
-    let prepared = Prepared { checked, frame, before, text, after, host_chains, hooks };
+    let prepared = Prepared { checked, check_time, frame, before, text, after, host_chains, hooks };
     if prepared.bytes() > max_bytes {
         return Err(Rejected {
             plugin: ctx.plugin.to_string(),
@@ -202,49 +207,40 @@ fn split<'r>(
     stale: &[(Table, String)],
     per_run: usize,
     unchanged: &Unchanged,
-) -> (std::borrow::Cow<'r, Ruleset>, Vec<String>, Vec<String>) {
-    if unchanged.is_empty() {
-        return split_runs(ctx, ruleset, stale, per_run);
+) -> (Part<'r>, Vec<String>, Vec<String>) {
+    let mut part = Part::of(ruleset);
+    if !unchanged.is_empty() {
+        // Chains the kernel holds as they are wanted are not written at all.
+        let unchanged: HashSet<(Table, &str)> = unchanged.iter().map(|(t, c)| (*t, c.as_str())).collect();
+        part.chains.retain(|(t, c)| !unchanged.contains(&(*t, c.as_str())));
+        part.rules.retain(|r| !unchanged.contains(&(r.table, r.chain.as_str())));
     }
-    // Chains the kernel holds as they are wanted are not written at all.
-    let unchanged: std::collections::HashSet<(Table, &str)> = unchanged.iter().map(|(t, c)| (*t, c.as_str())).collect();
-    let is_unchanged = |t: Table, c: &str| unchanged.contains(&(t, c));
-    let filtered = Ruleset {
-        chains: ruleset.chains.iter().filter(|(t, c)| !is_unchanged(*t, c)).cloned().collect(),
-        rules: ruleset.rules.iter().filter(|r| !is_unchanged(r.table, &r.chain)).cloned().collect(),
-        delete_chains: ruleset.delete_chains.clone(),
-        kept_hooks: ruleset.kept_hooks.clone(),
-    };
-    let (main, before, after) = split_runs(ctx, &filtered, stale, per_run);
-    let main = match main {
-        std::borrow::Cow::Owned(main) => Some(main),
-        std::borrow::Cow::Borrowed(_) => None,
-    };
-    (std::borrow::Cow::Owned(main.unwrap_or(filtered)), before, after)
+    split_runs(ctx, part, stale, per_run)
 }
 
 /// [`split`] of what is written.
 fn split_runs<'r>(
     ctx: &Context,
-    ruleset: &'r Ruleset,
+    ruleset: Part<'r>,
     stale: &[(Table, String)],
     per_run: usize,
-) -> (std::borrow::Cow<'r, Ruleset>, Vec<String>, Vec<String>) {
-    use std::collections::{HashMap, HashSet};
+) -> (Part<'r>, Vec<String>, Vec<String>) {
     let key = |(t, n): &'r (Table, String)| (*t, n.as_str());
-    let mut new: Vec<(Table, &str)> = ruleset.chains.iter().filter(|c| !ctx.model.contains(c)).map(key).collect();
+    let mut new: Vec<(Table, &str)> =
+        ruleset.chains.iter().copied().filter(|c| !ctx.model.contains(c)).map(key).collect();
     let mut seen = HashSet::new();
     new.retain(|c| seen.insert(*c));
     let mut gone: Vec<(Table, &str)> = Vec::new();
     let mut seen = HashSet::new();
-    for (t, n) in ruleset.delete_chains.iter().chain(stale) {
+    for (t, n) in ruleset.delete_chains.iter().copied().chain(stale) {
         if seen.insert((*t, n.as_str())) {
             gone.push((*t, n.as_str()));
         }
     }
     // Own chains the kernel holds that the ruleset declares again (each
     // is flushed and filled anew).
-    let mut again: Vec<(Table, &str)> = ruleset.chains.iter().filter(|c| ctx.model.contains(c)).map(key).collect();
+    let mut again: Vec<(Table, &str)> =
+        ruleset.chains.iter().copied().filter(|c| ctx.model.contains(c)).map(key).collect();
     let mut seen = HashSet::new();
     again.retain(|c| seen.insert(*c));
     let split_again = again.len() > per_run;
@@ -253,10 +249,11 @@ fn split_runs<'r>(
     let split_new = new.len() > per_run || (split_again && !new.is_empty());
     let split_gone = gone.len() > per_run;
     if !split_new && !split_again && !split_gone {
-        return (std::borrow::Cow::Borrowed(ruleset), Vec::new(), Vec::new());
+        return (ruleset, Vec::new(), Vec::new());
     }
     let d = ctx.dialect;
-    let mut main = Ruleset { kept_hooks: ruleset.kept_hooks.clone(), ..Ruleset::default() };
+    let Part { chains, rules, delete_chains } = ruleset;
+    let mut main = Part::default();
     let mut before = Vec::new();
     if split_new || split_again {
         // Moved out of the main run: new chains when there are many
@@ -265,14 +262,14 @@ fn split_runs<'r>(
         // filled in one run, so that none is ever seen empty).
         let moved: HashSet<(Table, &str)> =
             split_new.then_some(&new).into_iter().chain(split_again.then_some(&again)).flatten().copied().collect();
-        let mut fills: HashMap<(Table, &str), Vec<&Rule>> = HashMap::new();
-        for rule in &ruleset.rules {
+        let mut fills: HashMap<(Table, &str), Vec<&Rule>> = HashMap::default();
+        for rule in rules {
             match moved.get(&(rule.table, rule.chain.as_str())) {
                 Some(chain) => fills.entry(*chain).or_default().push(rule),
-                None => main.rules.push(rule.clone()),
+                None => main.rules.push(rule),
             }
         }
-        main.chains = ruleset.chains.iter().filter(|c| !moved.contains(&key(c))).cloned().collect();
+        main.chains = chains.into_iter().filter(|c| !moved.contains(&key(c))).collect();
         if split_new {
             let fills: Vec<((Table, &str), Vec<&Rule>)> =
                 new.iter().map(|c| (*c, fills.remove(c).unwrap_or_default())).collect();
@@ -285,16 +282,16 @@ fn split_runs<'r>(
             before.extend(render::refill_payloads(&refills, per_run, d));
         }
     } else {
-        main.chains = ruleset.chains.clone();
-        main.rules = ruleset.rules.clone();
+        main.chains = chains;
+        main.rules = rules;
     }
     let after = if split_gone {
         render::delete_payloads(&gone, per_run)
     } else {
-        main.delete_chains = ruleset.delete_chains.clone();
+        main.delete_chains = delete_chains;
         Vec::new()
     };
-    (std::borrow::Cow::Owned(main), before, after)
+    (main, before, after)
 }
 
 pub fn dialect(settings: &Settings) -> Dialect {
@@ -759,10 +756,10 @@ impl IptablesDataplane {
         scope: &Scope,
     ) -> Result<Written, SyncError> {
         let d = dialect(settings);
-        let mut kernel = std::time::Duration::ZERO;
+        let mut kernel = crate::cpu_time::Spent::default();
         let mut unchanged = Unchanged::new();
         if full {
-            let t = std::time::Instant::now();
+            let t = crate::cpu_time::Span::start();
             let dump = self.kernel.dump(d)?;
             kernel += t.elapsed();
             unchanged = self::unchanged(&dump, ruleset, d);
@@ -783,7 +780,7 @@ impl IptablesDataplane {
         // Taken: a refused ruleset or a failed write makes the next sync full.
         let previous = self.written.take().filter(|_| !full);
         let prepared = prepare_in_runs(&ctx, settings, ruleset, self.max_bytes, previous, CHAINS_PER_RUN, &unchanged)?;
-        let t = std::time::Instant::now();
+        let t = crate::cpu_time::Span::start();
         if full {
             self.kernel.ensure_canaries()?;
             self.kernel.ensure_jumps(&prepared.frame.jumps, d)?;
@@ -802,7 +799,7 @@ impl IptablesDataplane {
             let (a, b) = rules_in(run);
             (f + a, n + b)
         });
-        let Prepared { checked, frame, host_chains, hooks, .. } = prepared;
+        let Prepared { checked, check_time, frame, host_chains, hooks, .. } = prepared;
         kernel += t.elapsed();
         self.model.commit(checked);
         // The host's chains hold the frame's rules and the plugin's hook
@@ -815,7 +812,9 @@ impl IptablesDataplane {
         let rules = (counts[0] + self.model.rules(Table::Filter), counts[1] + self.model.rules(Table::Nat));
         Ok(Written {
             bytes,
-            kernel,
+            kernel: kernel.wall,
+            check: check_time,
+            kernel_cpu: kernel.cpu,
             iptables_rules: Some(rules),
             iptables_written: Some(written),
             steps: 1,

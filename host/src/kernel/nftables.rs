@@ -620,7 +620,7 @@ impl NftablesDataplane {
     ) -> std::result::Result<Written, SyncError> {
         let family = settings.family;
         let ctx = Context { plugin, family, scope, model: &self.model, full };
-        let mut kernel = std::time::Duration::ZERO;
+        let mut kernel = crate::cpu_time::Spent::default();
         let refuse = |reason: String| SyncError::Rejected(encoding_refused(plugin, reason));
         let mut frame = if full { frame::frame(settings, cluster) } else { Vec::new() };
         let rejects = self.reject_changes(settings, scope, full);
@@ -633,7 +633,7 @@ impl NftablesDataplane {
         // A full sync reads what the table holds first: its sets' sizes
         // are kept where they still fit, and it is emptied below.
         let held = if full {
-            let t = std::time::Instant::now();
+            let t = crate::cpu_time::Span::start();
             let held = self.kernel.objects()?;
             kernel += t.elapsed();
             held
@@ -692,16 +692,17 @@ impl NftablesDataplane {
             let cancel = AtomicBool::new(false);
             std::thread::scope(|s| {
                 let encoder = s.spawn(|| encode(Some(&cancel)));
-                let checked = check(&ctx, tx);
-                if checked.is_err() {
+                let checked = crate::cpu_time::of(|| check(&ctx, tx));
+                if checked.0.is_err() {
                     cancel.store(true, Ordering::Relaxed);
                 }
                 (checked, encoder.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             })
         } else {
-            let checked = check(&ctx, tx)?;
-            (Ok(checked), encode(None))
+            let (checked, took) = crate::cpu_time::of(|| check(&ctx, tx));
+            ((Ok(checked?), took), encode(None))
         };
+        let (checked, check_time) = checked;
         let checked = checked?;
         // A set past its size is for a full sync, once the checks passed.
         let sizes = sizes?;
@@ -730,7 +731,7 @@ impl NftablesDataplane {
             tracing::warn!(family = %family, "the first step of a full sync is not written: {e}");
             first.clear();
         }
-        let t = std::time::Instant::now();
+        let t = crate::cpu_time::Span::start();
         if full {
             Self::ensure_reject_counters(&mut self.kernel, settings)?;
         }
@@ -780,7 +781,9 @@ impl NftablesDataplane {
         self.synced |= full;
         Ok(Written {
             bytes,
-            kernel,
+            kernel: kernel.wall,
+            check: check_time,
+            kernel_cpu: kernel.cpu,
             iptables_rules: None,
             iptables_written: None,
             steps: 1 + u8::from(first_written),

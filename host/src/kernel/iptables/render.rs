@@ -260,7 +260,28 @@ pub fn payload(
     d: Dialect,
     previous: Option<&HostChains>,
 ) -> (String, HostChains) {
-    payload_keeping(frame, plugin, stale, d, previous, HostChains::new())
+    payload_keeping(frame, &Part::of(plugin), stale, d, previous, HostChains::new())
+}
+
+/// What a payload writes of a plugin's ruleset, borrowed from it: the
+/// whole ruleset, or the part a sync's main run writes when others create,
+/// refill or delete chains (kernel::iptables::split). Borrowed, so that a
+/// split costs no copy of the rules it leaves in the main run.
+#[derive(Debug, Default)]
+pub struct Part<'r> {
+    pub chains: Vec<&'r (Table, String)>,
+    pub rules: Vec<&'r Rule>,
+    pub delete_chains: Vec<&'r (Table, String)>,
+}
+
+impl<'r> Part<'r> {
+    pub fn of(ruleset: &'r kpx_rules::ops::iptables::Ruleset) -> Part<'r> {
+        Part {
+            chains: ruleset.chains.iter().collect(),
+            rules: ruleset.rules.iter().collect(),
+            delete_chains: ruleset.delete_chains.iter().collect(),
+        }
+    }
 }
 
 /// [`payload`] of a partial sync that keeps some hooks: `kept` holds those
@@ -270,13 +291,13 @@ pub fn payload(
 /// hold after it has them as they were.
 pub fn payload_keeping(
     frame: &Frame,
-    plugin: &kpx_rules::ops::iptables::Ruleset,
+    plugin: &Part,
     stale: &[(Table, String)],
     d: Dialect,
     previous: Option<&HostChains>,
     mut kept: HostChains,
 ) -> (String, HostChains) {
-    let rules = || frame.rules.iter().chain(&plugin.rules).chain(&frame.trailing);
+    let rules = || frame.rules.iter().chain(plugin.rules.iter().copied()).chain(&frame.trailing);
     // About 100 bytes a rule: one allocation instead of doubling to megabytes.
     let mut out = String::with_capacity(128 * (rules().count() + plugin.chains.len() + 8));
     let kept_chains: Vec<(Table, &'static str)> =
@@ -291,11 +312,12 @@ pub fn payload_keeping(
     for table in [Table::Filter, Table::Nat] {
         let _ = writeln!(out, "*{}", table.name());
         let of_table = |(t, _): &&(Table, String)| *t == table;
-        let deleted = || plugin.delete_chains.iter().chain(stale).filter(of_table);
+        let deleted = || plugin.delete_chains.iter().copied().chain(stale).filter(of_table);
         let mut seen = std::collections::HashSet::new();
         let declared = frame.chains.iter().filter(|&&(t, c)| t == table && !edited(t, c)).map(|(_, c)| *c);
         // Deleted chains are flushed by declaring them, then deleted.
-        let declared = declared.chain(plugin.chains.iter().chain(deleted()).filter(of_table).map(|(_, c)| c.as_str()));
+        let declared =
+            declared.chain(plugin.chains.iter().copied().chain(deleted()).filter(of_table).map(|(_, c)| c.as_str()));
         for chain in declared {
             if seen.insert(chain) {
                 let _ = writeln!(out, ":{chain} - [0:0]");

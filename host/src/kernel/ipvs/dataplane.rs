@@ -252,10 +252,11 @@ impl IpvsDataplane {
     ) -> Result<Written, SyncError> {
         let crate::kernel::StateView { scope, ports, local_addresses, .. } = state;
         let ports = crate::state::ports_in(ports);
-        self.check(plugin, settings, ruleset, scope)?;
+        let (checked, check_time) = crate::cpu_time::of(|| self.check(plugin, settings, ruleset, scope));
+        checked?;
         // The rest is the kernel's: IPVS, ipset, iptables and rtnetlink
         // reads and writes, the host's bookkeeping between them small.
-        let t = std::time::Instant::now();
+        let t = crate::cpu_time::Span::start();
         let mut ipvs = Ipvs::open().map_err(kernel_error)?;
         let masquerade_mark = settings.masquerade_mark();
         // Every service of the family, so that one in an excluded range
@@ -412,9 +413,12 @@ impl IpvsDataplane {
         let rules = frame.rules.iter().filter(|r| r.table == kpx_rules::ops::iptables::Table::Nat).count();
         // The ipset and iptables payloads, and one for each IPVS and
         // rtnetlink write.
+        let spent = t.elapsed();
         Ok(Written {
             bytes: writes + tool_bytes,
-            kernel: t.elapsed(),
+            kernel: spent.wall,
+            check: check_time,
+            kernel_cpu: spent.cpu,
             iptables_rules: Some((frame.rules.len() - rules, rules)),
             iptables_written: None,
             steps: 1,
