@@ -248,6 +248,14 @@ fn an_extension_reaches_service_traffic_only() {
         let (made, _, took) = attempts(&lab, "10.96.0.10:80", 5);
         assert_eq!(made, 0, "{mode}: rejected after kube-proxy's choice");
         assert!(took < 0.5, "{mode}: rejected at once, not dropped: 5 attempts took {took:.2} s");
+        // Answered with a TCP reset, which the kernel does not rate limit
+        // as it does ICMP errors (after about six quick ones from a host,
+        // one a second): 30 attempts in a row are each refused.
+        let replies: Vec<kpx_netlab::Reply> = (0..30)
+            .map(|_| kpx_netlab::tcp_request(&lab.client, "10.96.0.10:80", Duration::from_millis(150)))
+            .collect();
+        let refused = replies.iter().filter(|r| matches!(r, kpx_netlab::Reply::Refused)).count();
+        assert_eq!(refused, 30, "{mode}: each of 30 quick attempts refused at once: {replies:?}");
         assert_eq!(attempts(&lab, &node_server, 3).0, 3, "{mode}: the node's own server still answers");
         drop(kpx);
     }

@@ -167,8 +167,12 @@ apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v
     let example = |f: &str| format!("{}/{f}", env!("KPX_TEST_PLUGIN_DIR"));
     let ratelimit = format!("ratelimit={}", example("kpx_example_ratelimit.wasm"));
     let conncount = format!("conncount={}", example("kpx_example_conncount.wasm"));
-    let args =
-        kpx_args(&manifests, &["--proxy-mode", "nftables", "--extension", &ratelimit, "--extension", &conncount]);
+    // Rejects: a TCP port's with a reset, a UDP port's with ICMP.
+    let rejects = format!("rejects={},do=reject-documentation", example("kpx_plugin_ext_probe.wasm"));
+    let args = kpx_args(
+        &manifests,
+        &["--proxy-mode", "nftables", "--extension", &ratelimit, "--extension", &conncount, "--extension", &rejects],
+    );
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv6", 1, Duration::from_secs(30)), "{}", kpx.log());
     // Traffic first, so that counters and affinity sets hold something.
@@ -180,6 +184,11 @@ apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v
         "table ip6 kube-proxy",
         "table ip kpx-ratelimit",
         "table ip kpx-conncount",
+        "table ip6 kpx-rejects",
+        "meta l4proto tcp counter name",
+        "reject with tcp reset",
+        // The UDP port's: ICMP port unreachable, which nft lists bare.
+        "\" reject\n",
         "typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . tcp dport",
         "typeof numgen inc mod 2 : verdict",
         // maglev's slots over jhash, which nft cannot list as typeof.

@@ -156,8 +156,17 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
             let verdict = match r.action {
                 Action::Continue => "RETURN",
                 Action::Drop => "DROP",
+                // A TCP connection refused with a reset, as kube-proxy's
+                // own rejects of TCP do not: an ICMP error is rate limited
+                // by the kernel (after a few a second each refusal waits),
+                // a reset is not. Only the port's packets enter its chain,
+                // so the protocol match holds for all of them.
+                Action::Reject if chain.protocol == kpx_rules::model::Protocol::Tcp => "REJECT --reject-with tcp-reset",
                 Action::Reject => "REJECT",
             };
+            // iptables takes a TCP reset only in a rule that matches TCP.
+            let verdict =
+                if verdict.contains("tcp-reset") { format!("-p tcp -j {verdict}") } else { format!("-j {verdict}") };
             match (&r.counter, &r.counter_chain) {
                 (Some(c), Some(id)) => {
                     let counter_chain = format!("{pre}{id}");
@@ -169,12 +178,12 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
                         && !previous.empty.contains(&key);
                     if !held && !written.counter_chains.contains_key(&key) {
                         declare.entry(table).or_default().insert(counter_chain.clone());
-                        lines.entry(table).or_default().push(format!("-A {counter_chain} -j {verdict}"));
+                        lines.entry(table).or_default().push(format!("-A {counter_chain} {verdict}"));
                     }
                     written.counter_chains.insert(key, c.clone());
                 }
                 _ if r.action == Action::Continue => {}
-                _ => line.push_str(&format!(" -j {verdict}")),
+                _ => line.push_str(&format!(" {verdict}")),
             }
             lines.entry(table).or_default().push(line);
         }

@@ -94,6 +94,9 @@ pub struct ChainRule {
 pub struct PortChain {
     pub service: String,
     pub attachment: Attachment,
+    /// The service port's protocol: only its packets enter the chain, so
+    /// a reject of a TCP port's connection can answer with a reset.
+    pub protocol: Protocol,
     pub rules: Vec<ChainRule>,
 }
 
@@ -247,7 +250,12 @@ pub fn build(
         let new_chain = !out.chains.contains_key(&chain);
         out.chains
             .entry(chain.clone())
-            .or_insert_with(|| PortChain { service: rule.service.clone(), attachment: rule.attachment, rules: vec![] })
+            .or_insert_with(|| PortChain {
+                service: rule.service.clone(),
+                attachment: rule.attachment,
+                protocol: port.protocol,
+                rules: vec![],
+            })
             .rules
             .push(ChainRule { source: rule.source, limit, counter_chain, counter, action: rule.action });
         if new_chain {

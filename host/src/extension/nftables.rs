@@ -194,8 +194,17 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
             let verdict = match r.action {
                 Action::Continue => TableVerdict::Continue,
                 Action::Drop => TableVerdict::Drop,
+                // A reset for TCP: not rate limited as ICMP errors are
+                // (only the port's packets enter its chain).
+                Action::Reject if chain.protocol == kpx_rules::model::Protocol::Tcp => TableVerdict::RejectTcpReset,
                 Action::Reject => TableVerdict::Reject,
             };
+            if verdict == TableVerdict::RejectTcpReset {
+                // As nft itself writes `reject with tcp reset`: after a
+                // TCP match (so that `nft list ruleset | nft -f` reads
+                // the same rule back).
+                conditions.push(Condition::Protocol(kpx_rules::model::Protocol::Tcp));
+            }
             rules.push(TableRule { chain: name.clone(), conditions, objects, verdict, comment: None });
         }
     }

@@ -13,7 +13,10 @@
 //! - `drop-all`: drops every new connection to every port (valid: a
 //!   Service's traffic only, by construction);
 //! - `reject-all`: rejects every new connection to every port, after
-//!   kube-proxy's choice (valid).
+//!   kube-proxy's choice (valid);
+//! - `reject-documentation`: rejects, with a counter, the connections to
+//!   every port from the documentation prefix of its family (192.0.2.0/24,
+//!   2001:db8::/32), which no test client has (valid).
 //!
 //! Whatever `do=` says, render fails while the state holds a Service
 //! named `fail-now` (a failure the tests can start and end).
@@ -57,6 +60,22 @@ impl Extension for Probe {
                 .iter()
                 .map(|k| Rule { action: Action::Reject, attachment: Attachment::Service, counter: None, ..rule(k) })
                 .collect(),
+            "reject-documentation" => {
+                let cidr = match self.family {
+                    IpFamily::V4 => Cidr { addr: "192.0.2.0".parse().unwrap(), prefix_len: 24 },
+                    IpFamily::V6 => Cidr { addr: "2001:db8::".parse().unwrap(), prefix_len: 32 },
+                };
+                let source = Some(SourceMatch { negate: false, cidr });
+                keys.iter()
+                    .map(|k| Rule {
+                        action: Action::Reject,
+                        attachment: Attachment::Service,
+                        source,
+                        counter: Some("rejected".into()),
+                        ..rule(k)
+                    })
+                    .collect()
+            }
             "unknown-service" => vec![rule("nope/nope:none")],
             "reject-at-dispatch" => vec![Rule { action: Action::Reject, ..rule(&first) }],
             "bad-counter" => vec![Rule { counter: Some("Bad Name".into()), ..rule(&first) }],

@@ -805,7 +805,10 @@ pub enum Condition {
 pub enum TableVerdict {
     Continue,
     Drop,
+    /// ICMP port unreachable (ICMPv6 in an ip6 table).
     Reject,
+    /// A TCP reset: for rules whose packets are TCP.
+    RejectTcpReset,
     Return,
     Jump(String),
     Goto(String),
@@ -908,6 +911,11 @@ pub fn add_table_rule(table: &str, family: IpFamily, rule: &TableRule) -> Messag
                 w.u32_be(NFTA_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH).bytes(NFTA_REJECT_ICMP_CODE, &[code]);
             });
         }
+        // `reject with tcp reset`: the rule's packets are TCP (a
+        // non-TCP packet gets no answer and is dropped).
+        TableVerdict::RejectTcpReset => e.expr("reject", |w| {
+            w.u32_be(NFTA_REJECT_TYPE, NFT_REJECT_TCP_RST);
+        }),
     }
     let mut w = Writer::new();
     w.str(NFTA_RULE_TABLE, table);

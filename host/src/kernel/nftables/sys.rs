@@ -202,6 +202,7 @@ pub const NFTA_COUNTER_PACKETS: u16 = 2;
 pub const NFTA_REJECT_TYPE: u16 = 1;
 pub const NFTA_REJECT_ICMP_CODE: u16 = 2;
 pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;
+pub const NFT_REJECT_TCP_RST: u32 = 1;
 pub const ICMP_PORT_UNREACH: u8 = 3;
 pub const ICMPV6_PORT_UNREACH: u8 = 4;
 
