@@ -61,22 +61,7 @@ pub struct Args {
 }
 
 /// What kind of component a file is, from its exports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Scheduler,
-    Backend,
-    Extension,
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Scheduler => "scheduler",
-            Kind::Backend => "backend",
-            Kind::Extension => "extension",
-        })
-    }
-}
+pub use crate::runtime::Kind;
 
 /// One row of the table: a feature and the outcome of its checks.
 #[derive(Debug, Clone, Default)]
@@ -266,13 +251,14 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
             scheduler::check(&mut report, &plugin);
             Ok(report)
         }
-        Err(scheduler_err @ runtime::Error::Load { .. }) => {
+        // Not a scheduler: another kind (its exports say), or none kpx knows.
+        Err(scheduler_err @ (runtime::Error::Load { .. } | runtime::Error::WrongKind { .. })) => {
             let plugin = match runtime.load_backend(&name, &bytes) {
                 Ok(plugin) => plugin,
-                Err(backend_err @ runtime::Error::Load { .. }) => {
+                Err(backend_err @ (runtime::Error::Load { .. } | runtime::Error::WrongKind { .. })) => {
                     let plugin =
                         runtime.load_extension(&name, &bytes).map_err(|extension_err| match extension_err {
-                            runtime::Error::Load { .. } => Error::Kind {
+                            runtime::Error::Load { .. } | runtime::Error::WrongKind { .. } => Error::Kind {
                                 component: args.component.clone(),
                                 scheduler: scheduler_err.to_string(),
                                 backend: backend_err.to_string(),
