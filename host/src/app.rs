@@ -2,7 +2,7 @@
 //! family, the manifest source, and the sync loop.
 
 use crate::reload::{Role, Watcher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
@@ -14,7 +14,7 @@ use crate::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
-use crate::runtime::{self, BackendPlugin, Runtime, SchedulerPlugin};
+use crate::runtime::{self, BackendPlugin, Kind, Runtime, SchedulerPlugin};
 use crate::serve::health::ProxyHealth;
 use crate::serve::metrics::ReasonLabel;
 use crate::serve::service_health::Bind;
@@ -69,12 +69,48 @@ pub enum Error {
     /// `--extension` in a mode that has no rules of its own for it.
     #[error("--extension {name}: extensions attach to the iptables and nftables modes, not {mode}")]
     ExtensionMode { name: String, mode: ProxyMode },
+    /// A component file given to the flag of another kind (a scheduler
+    /// given to `--extension`): kpx exits at start; a replacement file of
+    /// the wrong kind is refused, and the running component stays.
+    #[error(
+        "{} {} is {} component; {} takes {} component",
+        flag(*expected),
+        path.display(),
+        found.with_article(),
+        flag(*expected),
+        expected.with_article()
+    )]
+    WrongKind { path: PathBuf, found: Kind, expected: Kind },
+}
+
+impl Error {
+    /// This error, of the component file at `path`: a component of the
+    /// wrong kind is said as such, naming the flag, the file and both kinds.
+    pub fn of_file(self, path: &Path) -> Error {
+        match self {
+            Error::Plugin(runtime::Error::WrongKind { found, expected, .. }) => {
+                Error::WrongKind { path: path.to_path_buf(), found, expected }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The flag that gives kpx components of `kind`.
+pub fn flag(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Backend => "--backend-plugin",
+        Kind::Scheduler => "--scheduler-plugin",
+        Kind::Extension => "--extension",
+    }
 }
 
 /// The `--extension` components, loaded (compiled or from the cache),
 /// with the digests of their files' bytes as loaded. A file that cannot
 /// be read or loaded is logged and left out (kube-proxy's rules do not
-/// wait on a vendor's component); a replacement file is tried as any.
+/// wait on a vendor's component); a replacement file is tried as any. A
+/// component of another kind (a scheduler) is a mistake in the flag, not
+/// a file to wait for: an error.
 pub fn load_extensions(
     runtime: &Runtime,
     config: &Config,
@@ -85,9 +121,14 @@ pub fn load_extensions(
             return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
         }
         let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
-        let loaded = crate::reload::read_component(&e.path)
-            .map_err(|err| format!("cannot read it: {err}"))
-            .and_then(|bytes| Ok((runtime.load_extension(&label, &bytes).map_err(|err| err.to_string())?, bytes)));
+        let loaded = match crate::reload::read_component(&e.path) {
+            Ok(bytes) => match runtime.load_extension(&label, &bytes) {
+                Ok(plugin) => Ok((plugin, bytes)),
+                Err(err @ runtime::Error::WrongKind { .. }) => return Err(Error::from(err).of_file(&e.path)),
+                Err(err) => Err(err.to_string()),
+            },
+            Err(err) => Err(format!("cannot read it: {err}")),
+        };
         let (plugin, digest) = match loaded {
             Ok((p, bytes)) => {
                 tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
@@ -134,7 +175,7 @@ fn load_schedulers_from_files(
     for (name, path) in external {
         let bytes = crate::reload::read_component(path)
             .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
-        let plugin = scheduler_component(runtime, name, &bytes)?;
+        let plugin = scheduler_component(runtime, name, &bytes).map_err(|e| e.of_file(path))?;
         out.push(Arc::new(plugin));
         digests.push(crate::reload::digest(&bytes));
         tracing::info!(plugin = %name, file = %path.display(), "scheduler component loaded");
@@ -174,7 +215,8 @@ fn load_backend_file(config: &Config, runtime: &Runtime) -> Result<(BackendPlugi
             let bytes = crate::reload::read_component(path)
                 .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
-            Ok((runtime.load_backend(name, &bytes)?, Some(crate::reload::digest(&bytes))))
+            let plugin = runtime.load_backend(name, &bytes).map_err(|e| Error::from(e).of_file(path))?;
+            Ok((plugin, Some(crate::reload::digest(&bytes))))
         }
         None => {
             let name = config.mode.as_str();
@@ -708,6 +750,64 @@ mod tests {
         assert_eq!(mode, ProxyMode::Nftables);
         assert!(why.contains("No such file"), "{why}");
         assert_eq!(default_mode(ok("something else"), true).0, ProxyMode::Userspace);
+    }
+
+    /// The configuration of these flags (besides a manifest source and a node name).
+    fn config_of(flags: &[&str]) -> Config {
+        let base = ["kpx", "--manifests", "/x", "--hostname-override", "n"];
+        let args = base.iter().chain(flags).map(|a| std::ffi::OsString::from(*a));
+        crate::config::Cli::from_args(args).unwrap().flags.validate().unwrap()
+    }
+
+    /// A component given to the flag of another kind stops kpx at start
+    /// for every role, naming the flag, the file, the kind found and the
+    /// kind the flag takes; an extension's file that does not load for
+    /// another reason is left out, as before.
+    #[test]
+    fn a_component_of_the_wrong_kind_is_refused_at_start_for_every_role() {
+        let dir = std::env::temp_dir().join(format!("kpx-app-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let scheduler = dir.join("sched.wasm");
+        std::fs::write(&scheduler, runtime::builtin::get("schedulers").unwrap()).unwrap();
+        let backend = dir.join("backend.wasm");
+        std::fs::write(&backend, runtime::builtin::get("nftables").unwrap()).unwrap();
+        let junk = dir.join("junk.wasm");
+        std::fs::write(&junk, b"not a component").unwrap();
+        let rt = Runtime::new(runtime::Limits::default(), None).unwrap();
+        let (s, b) = (scheduler.display().to_string(), backend.display().to_string());
+
+        let vendor = format!("vendor={s}");
+        let err = load_extensions(&rt, &config_of(&["--proxy-mode", "nftables", "--extension", &vendor]))
+            .err()
+            .expect("a scheduler given to --extension is refused");
+        assert!(matches!(err, Error::WrongKind { found: Kind::Scheduler, expected: Kind::Extension, .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("--extension {s} is a scheduler component; --extension takes an extension component")
+        );
+
+        let err = load_backend_file(&config_of(&["--proxy-mode", "nftables", "--backend-plugin", &s]), &rt)
+            .err()
+            .expect("a scheduler given to --backend-plugin is refused");
+        assert_eq!(
+            err.to_string(),
+            format!("--backend-plugin {s} is a scheduler component; --backend-plugin takes a backend component")
+        );
+
+        let err = load_schedulers_from_files(&rt, &[("mine".into(), backend.clone())])
+            .err()
+            .expect("a backend given to --scheduler-plugin is refused");
+        assert_eq!(
+            err.to_string(),
+            format!("--scheduler-plugin {b} is a backend component; --scheduler-plugin takes a scheduler component")
+        );
+
+        // Not a component at all: the extension is left out, kpx goes on.
+        let junk = format!("vendor={}", junk.display());
+        let (loaded, digests) =
+            load_extensions(&rt, &config_of(&["--proxy-mode", "nftables", "--extension", &junk])).unwrap();
+        assert!(loaded.len() == 1 && loaded[0].plugin.is_none() && digests == [[0; 32]]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
