@@ -407,14 +407,17 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     }
     remove_other_backend(tables);
     remove_other_modes(config.mode, config.masquerade_bit, tables);
-    // Extensions no longer configured: their objects would keep acting on
+    // Extensions no longer configured, and configured ones' objects of the
+    // other rule mode (kpx ran in it before): they would keep acting on
     // destinations the state no longer vouches for.
     let configured: Vec<String> = config.extensions.iter().map(|e| e.name.clone()).collect();
     for family in families() {
         match crate::extension::remove(family, tables, config.mode, &configured) {
-            Ok(names) if names.is_empty() => {}
-            Ok(names) => tracing::info!(%family, "removed the objects of extensions no longer configured: {names:?}"),
-            Err(e) => tracing::warn!(%family, "cannot remove the objects of extensions no longer configured: {e}"),
+            Ok(removed) => log_removed_extensions(family, config.mode, &removed),
+            Err(e) => tracing::warn!(
+                %family,
+                "cannot remove the objects of extensions no longer configured, or left from another proxy mode: {e}"
+            ),
         }
     }
     raise_open_files_limit();
@@ -581,6 +584,22 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     Err(source_stopped(thread))
 }
 
+/// Says what [`crate::extension::remove`] removed at start in `mode`: the
+/// objects of extensions no longer configured, apart from the other rule
+/// mode's objects of extensions still configured.
+fn log_removed_extensions(family: IpFamily, mode: ProxyMode, removed: &crate::extension::Removed) {
+    if !removed.unconfigured.is_empty() {
+        tracing::info!(%family, "removed the objects of extensions no longer configured: {:?}", removed.unconfigured);
+    }
+    for (name, other) in &removed.other_mode {
+        tracing::info!(
+            %family,
+            extension = %name,
+            "removed the {other} objects of extension {name}, left from a run in {other} mode: it is still configured, and its {mode} objects stay"
+        );
+    }
+}
+
 /// The node's addresses that --nodeport-addresses selects (health-check
 /// node ports listen there, as upstream's do).
 fn nodeport_listen_addresses(config: &Config) -> Vec<std::net::IpAddr> {
@@ -713,9 +732,10 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
         Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
+        // Nothing kept: every extension removed counts as unconfigured.
         match crate::extension::remove(family, backend, ProxyMode::Userspace, &[]) {
-            Ok(names) if names.is_empty() => {}
-            Ok(names) => tracing::info!(%family, "removed the objects of extensions {names:?}"),
+            Ok(removed) if removed.is_empty() => {}
+            Ok(removed) => tracing::info!(%family, "removed the objects of extensions {:?}", removed.unconfigured),
             Err(e) => tracing::warn!(%family, "cannot remove the extensions' objects: {e}"),
         }
     }

@@ -385,6 +385,20 @@ fn extension_objects_across_restarts() {
         );
         drop(kpx);
 
+        // A run in the other mode, the extension still configured: the
+        // objects it left in this mode go, said as this mode's leftovers,
+        // not as those of an extension no longer configured.
+        let other = if mode == "nftables" { "iptables" } else { "nftables" };
+        let switched = kpx_args(&manifests, &["--proxy-mode", other, "--extension", &count]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &switched, &dir.join("kpx-switch.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let log = kpx.log();
+        let said = format!("removed the {mode} objects of extension count, left from a run in {mode} mode");
+        let stay = format!("it is still configured, and its {other} objects stay");
+        assert!(log.contains(&said) && log.contains(&stay), "{other}: want {said:?} and {stay:?} in:\n{log}");
+        assert!(!log.contains("no longer configured"), "{other}: count is still configured:\n{log}");
+        drop(kpx);
+
         // The file gone at start: kube-proxy's rules first, the extension's
         // old objects gone (nothing good to keep), and the extension back
         // once its file is.
