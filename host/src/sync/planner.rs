@@ -26,8 +26,8 @@ pub const LOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// kube-proxy's random choice, with the weights.
 pub const DEFAULT_WEIGHTED: &str = "random";
 
-/// What a Service that names no scheduler gets, which one whose scheduler
-/// gives no plan gets too: the logs say it so.
+/// What a Service whose scheduler gives no plan gets, as the logs say it:
+/// what a Service that names no scheduler gets.
 const AS_IF_NONE: &str =
     "the Service is planned as one that names no scheduler (weighted random with kpx.dev/weights, else uniform)";
 
