@@ -201,7 +201,7 @@ mod tests {
             format!("--backend-plugin {s} is a scheduler component; --backend-plugin takes a backend component")
         );
 
-        let err = load_schedulers_from_files(&rt, &[("mine".into(), backend.clone())])
+        let err = load_schedulers_from_files(&rt, &[(String::from("mine"), backend.clone())])
             .err()
             .expect("a backend given to --scheduler-plugin is refused");
         assert_eq!(
