@@ -1,8 +1,10 @@
 //! Assembles kpx from a [`Config`]: plugin runtime, one proxier per IP
 //! family, the manifest source, and the sync loop.
 
+mod components;
+
 use crate::reload::{Role, Watcher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
@@ -14,7 +16,7 @@ use crate::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
-use crate::runtime::{self, BackendPlugin, Runtime, SchedulerPlugin};
+use crate::runtime::{self, Kind, Runtime};
 use crate::serve::health::ProxyHealth;
 use crate::serve::metrics::ReasonLabel;
 use crate::serve::service_health::Bind;
@@ -27,6 +29,9 @@ use crate::userspace::balancer::Picker;
 use crate::userspace::localhost::LocalhostNodePorts;
 use crate::userspace::{Relays, UserspaceProxier, budget};
 use prometheus_client::metrics::{counter::Counter, family::Family};
+
+use components::{load_backend_file, load_schedulers_from_files};
+pub use components::{flag, load_backend, load_extensions, load_schedulers, scheduler_component};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -69,119 +74,23 @@ pub enum Error {
     /// `--extension` in a mode that has no rules of its own for it.
     #[error("--extension {name}: extensions attach to the iptables and nftables modes, not {mode}")]
     ExtensionMode { name: String, mode: ProxyMode },
-}
-
-/// The `--extension` components, loaded (compiled or from the cache),
-/// with the digests of their files' bytes as loaded. A file that cannot
-/// be read or loaded is logged and left out (kube-proxy's rules do not
-/// wait on a vendor's component); a replacement file is tried as any.
-pub fn load_extensions(
-    runtime: &Runtime,
-    config: &Config,
-) -> Result<(Vec<crate::extension::Configured>, Vec<Digest>), Error> {
-    let (mut out, mut digests) = (Vec::new(), Vec::new());
-    for e in &config.extensions {
-        if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
-            return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
-        }
-        let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
-        let loaded = crate::reload::read_component(&e.path)
-            .map_err(|err| format!("cannot read it: {err}"))
-            .and_then(|bytes| Ok((runtime.load_extension(&label, &bytes).map_err(|err| err.to_string())?, bytes)));
-        let (plugin, digest) = match loaded {
-            Ok((p, bytes)) => {
-                tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
-                (Some(Arc::new(p)), crate::reload::digest(&bytes))
-            }
-            Err(err) => {
-                tracing::error!(extension = %e.name, file = %e.path.display(), "extension not loaded, kpx runs without it until its file is replaced: {err}");
-                // No bytes match this: whatever the file holds next is tried.
-                (None, [0; 32])
-            }
-        };
-        out.push(crate::extension::Configured { name: e.name.clone(), plugin, parameters: e.parameters.clone() });
-        digests.push(digest);
-    }
-    Ok((out, digests))
+    /// A component file given to the flag of another kind (a scheduler
+    /// given to `--extension`): kpx exits at start; a replacement file of
+    /// the wrong kind is refused, and the running component stays.
+    #[error(
+        "{} {} is {} component; {} takes {} component",
+        flag(*expected),
+        path.display(),
+        found.with_article(),
+        flag(*expected),
+        expected.with_article()
+    )]
+    WrongKind { path: PathBuf, found: Kind, expected: Kind },
 }
 
 /// The plugin runtime `config` asks for.
 pub fn plugin_runtime(config: &Config) -> Result<Runtime, Error> {
     Ok(Runtime::new(config.plugin_limits, Some(config.plugin_cache_dir.clone()))?)
-}
-
-/// The scheduler components: those of `--scheduler-plugin`, in the order
-/// given (a name they share with a later one is theirs), then the
-/// built-in ones. Each is instantiated once here, so that a component
-/// that does not fit, or fails at once, stops kpx with the reason.
-pub fn load_schedulers(
-    runtime: &Runtime,
-    external: &[(String, std::path::PathBuf)],
-) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
-    Ok(load_schedulers_from_files(runtime, external)?.0)
-}
-
-/// A component file's SHA-256.
-type Digest = [u8; 32];
-
-/// [`load_schedulers`], with the digests of the external files' bytes as
-/// loaded (what hot reload compares replacements with).
-fn load_schedulers_from_files(
-    runtime: &Runtime,
-    external: &[(String, std::path::PathBuf)],
-) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<Digest>), Error> {
-    let (mut out, mut digests) = (Vec::new(), Vec::new());
-    for (name, path) in external {
-        let bytes = crate::reload::read_component(path)
-            .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
-        let plugin = scheduler_component(runtime, name, &bytes)?;
-        out.push(Arc::new(plugin));
-        digests.push(crate::reload::digest(&bytes));
-        tracing::info!(plugin = %name, file = %path.display(), "scheduler component loaded");
-    }
-    let name = runtime::BUILT_IN_SCHEDULERS;
-    let bytes = runtime::builtin::get(name).expect("the built-in schedulers are embedded");
-    out.push(Arc::new(runtime.load_scheduler(name, bytes)?));
-    Ok((out, digests))
-}
-
-/// A scheduler component from its bytes: compiled (or from the cache),
-/// instantiated once, and its names checked.
-pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin, Error> {
-    let plugin = runtime.load_scheduler(name, bytes)?;
-    let names = plugin.instantiate()?.names().to_vec();
-    if let Some(problem) = runtime::scheduler::load_problem(&names) {
-        return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
-    }
-    tracing::info!(plugin = %name, "scheduler component: {names:?}");
-    Ok(plugin)
-}
-
-/// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
-pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
-    load_backend_with(config, &plugin_runtime(config)?)
-}
-
-fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin, Error> {
-    Ok(load_backend_file(config, runtime)?.0)
-}
-
-/// The backend, and the digest of its file's bytes as loaded (None: the
-/// built-in one).
-fn load_backend_file(config: &Config, runtime: &Runtime) -> Result<(BackendPlugin, Option<[u8; 32]>), Error> {
-    match &config.backend_plugin {
-        Some(path) => {
-            let bytes = crate::reload::read_component(path)
-                .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
-            Ok((runtime.load_backend(name, &bytes)?, Some(crate::reload::digest(&bytes))))
-        }
-        None => {
-            let name = config.mode.as_str();
-            let bytes = runtime::builtin::get(name).ok_or(Error::NoBuiltIn(config.mode))?;
-            Ok((runtime.load_backend(name, bytes)?, None))
-        }
-    }
 }
 
 /// The families this node can proxy: IPv4, and IPv6 where the kernel has it.
@@ -365,14 +274,17 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     }
     remove_other_backend(tables);
     remove_other_modes(config.mode, config.masquerade_bit, tables);
-    // Extensions no longer configured: their objects would keep acting on
+    // Extensions no longer configured, and configured ones' objects of the
+    // other rule mode (kpx ran in it before): they would keep acting on
     // destinations the state no longer vouches for.
     let configured: Vec<String> = config.extensions.iter().map(|e| e.name.clone()).collect();
     for family in families() {
         match crate::extension::remove(family, tables, config.mode, &configured) {
-            Ok(names) if names.is_empty() => {}
-            Ok(names) => tracing::info!(%family, "removed the objects of extensions no longer configured: {names:?}"),
-            Err(e) => tracing::warn!(%family, "cannot remove the objects of extensions no longer configured: {e}"),
+            Ok(removed) => log_removed_extensions(family, config.mode, &removed),
+            Err(e) => tracing::warn!(
+                %family,
+                "cannot remove the objects of extensions no longer configured, or left from another proxy mode: {e}"
+            ),
         }
     }
     raise_open_files_limit();
@@ -539,6 +451,22 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     Err(source_stopped(thread))
 }
 
+/// Says what [`crate::extension::remove`] removed at start in `mode`: the
+/// objects of extensions no longer configured, apart from the other rule
+/// mode's objects of extensions still configured.
+fn log_removed_extensions(family: IpFamily, mode: ProxyMode, removed: &crate::extension::Removed) {
+    if !removed.unconfigured.is_empty() {
+        tracing::info!(%family, "removed the objects of extensions no longer configured: {:?}", removed.unconfigured);
+    }
+    for (name, other) in &removed.other_mode {
+        tracing::info!(
+            %family,
+            extension = %name,
+            "removed the {other} objects of extension {name}, left from a run in {other} mode: it is still configured, and its {mode} objects stay"
+        );
+    }
+}
+
 /// The node's addresses that --nodeport-addresses selects (health-check
 /// node ports listen there, as upstream's do).
 fn nodeport_listen_addresses(config: &Config) -> Vec<std::net::IpAddr> {
@@ -671,9 +599,10 @@ pub fn cleanup(config: &Config) -> Result<(), crate::kernel::Error> {
         Err(e) => tracing::warn!("cannot remove ipvs mode's ipsets: {e}"),
     }
     for family in families() {
+        // Nothing kept: every extension removed counts as unconfigured.
         match crate::extension::remove(family, backend, ProxyMode::Userspace, &[]) {
-            Ok(names) if names.is_empty() => {}
-            Ok(names) => tracing::info!(%family, "removed the objects of extensions {names:?}"),
+            Ok(removed) if removed.is_empty() => {}
+            Ok(removed) => tracing::info!(%family, "removed the objects of extensions {:?}", removed.unconfigured),
             Err(e) => tracing::warn!(%family, "cannot remove the extensions' objects: {e}"),
         }
     }

@@ -45,12 +45,14 @@ pub struct Cli {
 pub enum Command {
     /// Explain where a packet goes through this node's live rules.
     Trace(TraceArgs),
-    /// Check a plugin component against the contract, the conformance
-    /// flows, hostile inputs and (schedulers) the distribution checks;
-    /// prints a pass/fail table and exits non-zero on any failure.
+    /// Check a plugin component (a scheduler, a backend or an extension:
+    /// its kind is read from its exports) against the contract, hostile
+    /// inputs, (backends) the conformance flows and (schedulers) the
+    /// distribution checks; prints a pass/fail table and exits non-zero on
+    /// any failure.
     Conformance(crate::conformance::Args),
-    /// Create a plugin crate (scheduler or backend) that builds out of
-    /// kpx's tree with `cargo plugin`.
+    /// Create a plugin crate (--kind scheduler, backend or extension) that
+    /// builds out of kpx's tree with `cargo plugin`.
     NewPlugin(crate::template::Args),
     /// The demo: kpx on its embedded manifests in network namespaces, with
     /// real traffic (root only; the host's own network is not touched).

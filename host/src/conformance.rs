@@ -61,22 +61,7 @@ pub struct Args {
 }
 
 /// What kind of component a file is, from its exports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Scheduler,
-    Backend,
-    Extension,
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Scheduler => "scheduler",
-            Kind::Backend => "backend",
-            Kind::Extension => "extension",
-        })
-    }
-}
+pub use crate::runtime::Kind;
 
 /// One row of the table: a feature and the outcome of its checks.
 #[derive(Debug, Clone, Default)]
@@ -84,7 +69,8 @@ pub struct Row {
     pub feature: String,
     pub passed: usize,
     pub failures: Vec<String>,
-    /// Checks not run, with the reason.
+    /// Checks not run, one entry each (what the table's SKIP column
+    /// counts), with the reason.
     pub skipped: Vec<String>,
     /// What the component refused, or the host refused of it, where that
     /// is allowed: shown, not failed.
@@ -106,6 +92,19 @@ impl Row {
 
     pub fn note(&mut self, what: impl Into<String>) {
         self.notes.push(what.into());
+    }
+
+    /// Each reason checks were not run for, with how many, in the order
+    /// first given: the counts add up to the SKIP column.
+    pub fn skip_reasons(&self) -> Vec<(usize, &str)> {
+        let mut out: Vec<(usize, &str)> = Vec::new();
+        for why in &self.skipped {
+            match out.iter_mut().find(|(_, seen)| *seen == why.as_str()) {
+                Some((n, _)) => *n += 1,
+                None => out.push((1, why.as_str())),
+            }
+        }
+        out
     }
 
     /// Passes when `outcome` is Ok, fails with its reason otherwise.
@@ -174,18 +173,30 @@ impl fmt::Display for Report {
                 r.skipped.len()
             )?;
         }
-        let listed = |pick: fn(&Row) -> &Vec<String>| -> Vec<String> {
-            self.rows
-                .iter()
-                .flat_map(|r| {
-                    let mut seen = std::collections::BTreeSet::new();
-                    pick(r).iter().filter(move |s| seen.insert(*s)).map(move |s| format!("{}: {s}", r.feature))
+        // Each skip is one check not run: a reason given for several says
+        // how many, so the note adds up to the SKIP column.
+        let not_run: Vec<String> = self
+            .rows
+            .iter()
+            .flat_map(|r| {
+                r.skip_reasons().into_iter().map(move |(n, why)| match n {
+                    1 => format!("{}: {why}", r.feature),
+                    n => format!("{}: {n} skipped: {why}", r.feature),
                 })
-                .collect()
-        };
-        for (heading, lines) in
-            [("not run", listed(|r| &r.skipped)), ("refusals (shown, not failures)", listed(|r| &r.notes))]
-        {
+            })
+            .collect();
+        let refusals: Vec<String> = self
+            .rows
+            .iter()
+            .flat_map(|r| {
+                let mut seen = std::collections::BTreeSet::new();
+                r.notes.iter().filter(move |s| seen.insert(*s)).map(move |s| format!("{}: {s}", r.feature))
+            })
+            .collect();
+        for (heading, lines) in [
+            ("not run (each skip counted in its row's SKIP column)", not_run),
+            ("refusals (shown, not failures)", refusals),
+        ] {
             if !lines.is_empty() {
                 writeln!(f, "\n{heading}:")?;
                 for s in lines {
@@ -266,13 +277,14 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
             scheduler::check(&mut report, &plugin);
             Ok(report)
         }
-        Err(scheduler_err @ runtime::Error::Load { .. }) => {
+        // Not a scheduler: another kind (its exports say), or none kpx knows.
+        Err(scheduler_err @ (runtime::Error::Load { .. } | runtime::Error::WrongKind { .. })) => {
             let plugin = match runtime.load_backend(&name, &bytes) {
                 Ok(plugin) => plugin,
-                Err(backend_err @ runtime::Error::Load { .. }) => {
+                Err(backend_err @ (runtime::Error::Load { .. } | runtime::Error::WrongKind { .. })) => {
                     let plugin =
                         runtime.load_extension(&name, &bytes).map_err(|extension_err| match extension_err {
-                            runtime::Error::Load { .. } => Error::Kind {
+                            runtime::Error::Load { .. } | runtime::Error::WrongKind { .. } => Error::Kind {
                                 component: args.component.clone(),
                                 scheduler: scheduler_err.to_string(),
                                 backend: backend_err.to_string(),
@@ -350,4 +362,46 @@ fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &st
     };
     extension::check(&mut report, plugin, &parameters, &annotations);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's (PASS, FAIL, SKIP) for `feature`.
+    fn columns(text: &str, feature: &str) -> (usize, usize, usize) {
+        let line = text.lines().find(|l| l.starts_with(feature)).unwrap_or_else(|| panic!("no row {feature}:\n{text}"));
+        let n: Vec<usize> = line[feature.len()..].split_whitespace().take(3).map(|x| x.parse().unwrap()).collect();
+        (n[0], n[1], n[2])
+    }
+
+    /// A reason given for many skipped checks (the extension kit skips
+    /// one layout check per state that got no rules) is listed once with
+    /// how many: the number the note gives is the table's SKIP.
+    #[test]
+    fn the_not_run_note_counts_what_the_skip_column_counts() {
+        let mut report = Report { title: "kit".into(), rows: Vec::new() };
+        let objects = report.row("objects");
+        objects.pass();
+        for _ in 0..56 {
+            objects.skip("the state got no rules");
+        }
+        objects.skip("another reason");
+        report.row("flows").skip("ipvs rules are not traced");
+        let text = report.to_string();
+        assert_eq!(columns(&text, "objects"), (1, 0, 57), "{text}");
+        assert_eq!(columns(&text, "flows"), (0, 0, 1), "{text}");
+        let note: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("not run")).skip(1).take(3).collect();
+        assert_eq!(
+            note,
+            [
+                "  objects: 56 skipped: the state got no rules",
+                "  objects: another reason",
+                "  flows: ipvs rules are not traced"
+            ],
+            "{text}"
+        );
+        let listed: usize = report.rows.iter().flat_map(|r| r.skip_reasons()).map(|(n, _)| n).sum();
+        assert_eq!(listed, report.rows.iter().map(|r| r.skipped.len()).sum::<usize>());
+    }
 }

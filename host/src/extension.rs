@@ -35,11 +35,47 @@ use kpx_rules::model::{IpFamily, ProxyMode};
 use crate::kernel::iptables::backend::Backend;
 use crate::kernel::{Exec, Result};
 
+/// The extensions whose objects [`remove`] removed, by why they went.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// Extensions not configured (any more): all their objects, of either
+    /// rule mode.
+    pub unconfigured: Vec<String>,
+    /// Extensions still configured, each with the mode whose objects of
+    /// theirs were removed: left from a run in that mode (kpx now runs in
+    /// the other), while their objects of the running mode stay.
+    pub other_mode: Vec<(String, ProxyMode)>,
+}
+
+impl Removed {
+    /// Sorts the extensions whose iptables chains and nftables tables were
+    /// removed by whether `keep` configures them.
+    fn sort(keep: &[String], iptables: Vec<String>, nftables: Vec<String>) -> Removed {
+        let mut out = Removed::default();
+        for (mode, names) in [(ProxyMode::Iptables, iptables), (ProxyMode::Nftables, nftables)] {
+            for name in names {
+                if keep.contains(&name) {
+                    out.other_mode.push((name, mode));
+                } else if !out.unconfigured.contains(&name) {
+                    out.unconfigured.push(name);
+                }
+            }
+        }
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.unconfigured.is_empty() && self.other_mode.is_empty()
+    }
+}
+
 /// Every extension's objects in `family` but those of `keep` in the
 /// running mode (`--cleanup`: none kept), found by the names the host
-/// gives them: tables `kpx-<name>`, chains `KUBE-X-<NAME>-*`. The
-/// extensions removed.
-pub fn remove(family: IpFamily, backend: Backend, mode: ProxyMode, keep: &[String]) -> Result<Vec<String>> {
+/// gives them: tables `kpx-<name>`, chains `KUBE-X-<NAME>-*`. A kept
+/// extension's objects of the other mode go too (kpx ran in that mode
+/// before): [`Removed`] tells them from those of extensions no longer
+/// configured.
+pub fn remove(family: IpFamily, backend: Backend, mode: ProxyMode, keep: &[String]) -> Result<Removed> {
     let keep_iptables: &[String] = if mode == ProxyMode::Iptables { keep } else { &[] };
     let keep_nftables: &[String] = if mode == ProxyMode::Nftables { keep } else { &[] };
     let exec = || Box::new(crate::kernel::SystemExec::default());
@@ -59,10 +95,10 @@ pub fn remove(family: IpFamily, backend: Backend, mode: ProxyMode, keep: &[Strin
     // Only names kpx could have given.
     names.retain(|n| !keep_iptables.contains(n) && crate::runtime::extension::name_problem(n).is_none());
     // One extension's failure does not keep the others' objects.
-    let (mut removed, mut first_error) = (Vec::new(), None);
+    let (mut iptables_removed, mut nftables_removed, mut first_error) = (Vec::new(), Vec::new(), None);
     for name in &names {
         match iptables::IptablesWriter::new(name, family, exec()).with_backend(backend).cleanup() {
-            Ok(_) => removed.push(name.clone()),
+            Ok(_) => iptables_removed.push(name.clone()),
             Err(e) => first_error = first_error.or(Some(e)),
         }
     }
@@ -73,21 +109,41 @@ pub fn remove(family: IpFamily, backend: Backend, mode: ProxyMode, keep: &[Strin
                 continue;
             }
             match nftables::NftablesWriter::new(name, family).cleanup() {
-                Ok(_) if !removed.iter().any(|n| n == name) => removed.push(name.to_string()),
-                Ok(_) => {}
+                Ok(_) => nftables_removed.push(name.to_string()),
                 Err(e) => first_error = first_error.or(Some(e)),
             }
         }
     }
     match first_error {
         Some(e) => Err(e),
-        None => Ok(removed),
+        None => Ok(Removed::sort(keep, iptables_removed, nftables_removed)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mode switch removes the other mode's objects of an extension
+    /// still configured: said apart from an extension no longer
+    /// configured, whose objects of both modes go (named once).
+    #[test]
+    fn removed_objects_are_told_apart_by_why_they_went() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let keep = names(&["srcblock", "count"]);
+        // Now in nftables mode: srcblock's iptables chains are iptables mode's leftovers.
+        let r = Removed::sort(&keep, names(&["old", "srcblock"]), names(&["old", "gone"]));
+        assert_eq!(r.unconfigured, ["old", "gone"]);
+        assert_eq!(r.other_mode, [("srcblock".to_string(), ProxyMode::Iptables)]);
+        // Now in iptables mode: count's nftables table is nftables mode's.
+        let r = Removed::sort(&keep, Vec::new(), names(&["count"]));
+        assert!(r.unconfigured.is_empty());
+        assert_eq!(r.other_mode, [("count".to_string(), ProxyMode::Nftables)]);
+        // --cleanup keeps nothing: every extension removed is unconfigured.
+        let r = Removed::sort(&[], names(&["srcblock"]), names(&["srcblock"]));
+        assert_eq!((r.unconfigured, r.other_mode), (names(&["srcblock"]), Vec::new()));
+        assert!(Removed::sort(&keep, Vec::new(), Vec::new()).is_empty());
+    }
 
     fn raw(entries: &[(&str, &str, u64)]) -> RawCounts {
         entries.iter().map(|(o, i, p)| (o.to_string(), (i.to_string(), *p))).collect()

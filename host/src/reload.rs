@@ -1,19 +1,22 @@
 //! Hot reload of the component files kpx runs (`--backend-plugin`,
-//! `--scheduler-plugin NAME=FILE`): the sync loop polls their metadata
-//! every [`POLL`]; a file whose metadata changed and then held still for
-//! one more poll (so a file being written is not read half-way) is read
-//! and, if its bytes differ from the running ones, compiled and linked, on
-//! a thread of its own: the sync loop never reads a file. The read opens
-//! without blocking (a FIFO with no writer), takes only a regular file of
-//! at most [`MAX_FILE`] as the open descriptor says (after any symlink),
-//! and refuses one that grows past the size it had, or that has not been
-//! read in [`READ_LIMIT`] (a file of /proc that never ends): the running
-//! component stays, and the refusal is logged and counted as any other. The sync
-//! loop then tries the component on the live state (instantiate, replay,
-//! render, the host's checks, a trace that no Service loses its endpoints)
-//! and switches to it only if every family accepts it; otherwise the
-//! running component keeps serving, and the same bytes are tried again
-//! when the file's metadata changes (`touch` retries).
+//! `--scheduler-plugin NAME=FILE`, `--extension NAME=FILE`): the sync loop
+//! polls their metadata every [`POLL`]; a file whose metadata changed and
+//! then held still for one more poll (so a file being written is not read
+//! half-way) is read and, if its bytes differ from the running ones,
+//! compiled and linked, on a thread of its own: the sync loop never reads a
+//! file. The read opens without blocking (a FIFO with no writer), takes
+//! only a regular file of at most [`MAX_FILE`] as the open descriptor says
+//! (after any symlink), and refuses one that grows past the size it had, or
+//! that has not been read in [`READ_LIMIT`] (a file of /proc that never
+//! ends): the running component stays, and the refusal is logged and
+//! counted as any other (so is a component of another kind than the file's
+//! flag takes, named as at start: `--extension FILE is a scheduler
+//! component; ...`). The sync loop then tries the component on the live
+//! state (instantiate, replay, render, the host's checks, a trace that no
+//! Service loses its endpoints) and switches to it only if every family
+//! accepts it; otherwise the running component keeps serving, and the same
+//! bytes are tried again when the file's metadata changes (`touch`
+//! retries).
 //!
 //! Polling rather than inotify: a Kubernetes ConfigMap or a hostPath
 //! updated by a symlink swap, a file renamed into place and one written in
@@ -448,18 +451,22 @@ pub fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// A replacement's bytes compiled and linked as its role's kind; a
+/// component of another kind is refused naming its flag, its file and
+/// both kinds, as at start.
 fn load(runtime: &Runtime, role: &Role, path: &Path, bytes: &[u8]) -> Result<Loaded, String> {
+    let refused = |e: crate::app::Error| e.of_file(path).to_string();
     match role {
         Role::Backend => {
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
-            runtime.load_backend(name, bytes).map(|p| Loaded::Backend(Arc::new(p))).map_err(|e| e.to_string())
+            runtime.load_backend(name, bytes).map(|p| Loaded::Backend(Arc::new(p))).map_err(|e| refused(e.into()))
         }
         Role::Scheduler { name, .. } => crate::app::scheduler_component(runtime, name, bytes)
             .map(|p| Loaded::Scheduler(Arc::new(p)))
-            .map_err(|e| e.to_string()),
+            .map_err(refused),
         Role::Extension { .. } => {
             let label = path.file_stem().and_then(|s| s.to_str()).unwrap_or("extension");
-            runtime.load_extension(label, bytes).map(|p| Loaded::Extension(Arc::new(p))).map_err(|e| e.to_string())
+            runtime.load_extension(label, bytes).map(|p| Loaded::Extension(Arc::new(p))).map_err(|e| refused(e.into()))
         }
     }
 }
@@ -514,6 +521,33 @@ mod tests {
         let r = poll(&mut w);
         assert!(r.len() == 1 && r[0].loaded.as_ref().err().is_some_and(|e| e.contains("not a regular file")));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A replacement of another kind than its role's is refused naming
+    /// the flag, the file and both kinds, as at start.
+    #[test]
+    fn a_replacement_of_the_wrong_kind_is_refused_naming_flag_file_and_kinds() {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let path = Path::new("/k/vendor.wasm");
+        let refused = |role: Role, bytes: &[u8]| match load(&runtime, &role, path, bytes) {
+            Ok(loaded) => panic!("{} loaded for {}", loaded.kind(), role.label()),
+            Err(e) => e,
+        };
+        let (scheduler, backend) = (builtin::get("schedulers").unwrap(), builtin::get("iptables").unwrap());
+        let extension = Role::Extension { index: 0, name: "vendor".into() };
+        assert_eq!(
+            refused(extension, scheduler),
+            "--extension /k/vendor.wasm is a scheduler component; --extension takes an extension component"
+        );
+        assert_eq!(
+            refused(Role::Scheduler { index: 0, name: "mine".into() }, backend),
+            "--scheduler-plugin /k/vendor.wasm is a backend component; --scheduler-plugin takes a scheduler component"
+        );
+        assert_eq!(
+            refused(Role::Backend, scheduler),
+            "--backend-plugin /k/vendor.wasm is a scheduler component; --backend-plugin takes a backend component"
+        );
+        assert!(matches!(load(&runtime, &Role::Backend, path, backend), Ok(Loaded::Backend(_))));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 mod cache;
 pub mod extension;
+mod kind;
 pub mod scheduler;
 mod version;
 pub mod wasi;
@@ -26,6 +27,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 pub use extension::{ExtensionInstance, ExtensionPlugin};
+pub use kind::Kind;
 pub use scheduler::{SchedulerInstance, SchedulerPlugin};
 
 /// The built-in scheduler component's name (its schedulers are the
@@ -81,6 +83,10 @@ pub enum Error {
     /// Not a valid component, or it imports something kpx does not offer; not loaded.
     #[error("plugin {plugin}: cannot load: {message}")]
     Load { plugin: String, message: String },
+    /// A component of another kind than the one asked for (a scheduler
+    /// loaded as an extension), read from its exports; not loaded.
+    #[error("plugin {plugin} is {} component, not {} component", found.with_article(), expected.with_article())]
+    WrongKind { plugin: String, found: Kind, expected: Kind },
     /// The plugin trapped (or ran out of fuel or memory): drop the instance,
     /// build a fresh one and replay the full state.
     #[error("plugin {plugin}: {call} trapped: {message}")]
@@ -223,8 +229,15 @@ impl Runtime {
     }
 
     /// Checks the contract version, compiles (or loads from cache) and
-    /// links a component: its version and its pre-instance.
-    fn link(&self, name: &str, bytes: &[u8]) -> Result<(String, wasmtime::component::InstancePre<PluginState>)> {
+    /// links a component of the `expected` kind: its version and its
+    /// pre-instance. One that exports another kind's interface is refused
+    /// as such ([`Error::WrongKind`]).
+    fn link(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Kind,
+    ) -> Result<(String, wasmtime::component::InstancePre<PluginState>)> {
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         let found = read_contract_version(bytes).map_err(load_err)?;
         let found = found.ok_or_else(|| Error::MissingVersion { plugin: name.to_string() })?;
@@ -236,6 +249,10 @@ impl Runtime {
             None => Component::new(&self.engine, bytes),
         }
         .map_err(|e| load_err(format!("{e:#}")))?;
+        let ty = component.component_type();
+        if let Err(kind) = Kind::check(expected, ty.exports(&self.engine).map(|(export, _)| export)) {
+            return Err(Error::WrongKind { plugin: name.to_string(), found: kind, expected });
+        }
         let pre = if wasi::imports_wasi(&self.engine, &component) {
             tracing::info!(plugin = name, "the component imports WASI: it gets kpx's deny-all WASI");
             let mut linker = self.linker.clone();
@@ -249,26 +266,26 @@ impl Runtime {
     }
 
     /// Links a component of a world only 0.2.0 defines (`kind`: scheduler
-    /// or extension, with the article its error message uses), with `pre`
-    /// its typed pre-instance.
+    /// or extension), with `pre` its typed pre-instance.
     fn link_world<P>(
         &self,
         name: &str,
         bytes: &[u8],
-        (article, kind): (&str, &str),
+        kind: Kind,
         pre: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
     ) -> Result<P> {
-        let (found, linked) = self.link(name, bytes)?;
+        let (found, linked) = self.link(name, bytes, kind)?;
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
+        let article = kind.with_article();
         if found != wit::since_v0_2_0::VERSION {
             return Err(load_err(format!(
-                "not {article} {kind} component: it is built for kpx:proxier {found}, whose only world is the \
+                "not {article} component: it is built for kpx:proxier {found}, whose only world is the \
                  backend's ({kind}s are built for 0.2.0)"
             )));
         }
         pre(linked).map_err(|e| {
             load_err(format!(
-                "not {article} {kind} component (the {kind}-plugin world exports kpx:proxier/{kind}@{found}): {e:#}"
+                "not {article} component (the {kind}-plugin world exports kpx:proxier/{kind}@{found}): {e:#}"
             ))
         })
     }
@@ -286,20 +303,20 @@ impl Runtime {
 
     /// Loads a scheduler component (the `scheduler-plugin` world).
     pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
-        let pre = self.link_world(name, bytes, ("a", "scheduler"), wit::since_v0_2_0::SchedulerPre::new)?;
+        let pre = self.link_world(name, bytes, Kind::Scheduler, wit::since_v0_2_0::SchedulerPre::new)?;
         Ok(SchedulerPlugin { base: self.base(name), pre })
     }
 
     /// Loads an extension component (the `extension-plugin` world).
     pub fn load_extension(&self, name: &str, bytes: &[u8]) -> Result<ExtensionPlugin> {
-        let pre = self.link_world(name, bytes, ("an", "extension"), wit::since_v0_2_0::ExtensionPre::new)?;
+        let pre = self.link_world(name, bytes, Kind::Extension, wit::since_v0_2_0::ExtensionPre::new)?;
         Ok(ExtensionPlugin { base: self.base(name), pre })
     }
 
     /// Checks the contract version, compiles (or loads from cache) and
     /// links a backend component.
     pub fn load_backend(&self, name: &str, bytes: &[u8]) -> Result<BackendPlugin> {
-        let (found, pre) = self.link(name, bytes)?;
+        let (found, pre) = self.link(name, bytes, Kind::Backend)?;
         let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
         let pre = wit::BackendPre::new(&found, pre).map_err(|e| load_err(format!("{e:#}")))?;
         Ok(BackendPlugin { base: self.base(name), pre })

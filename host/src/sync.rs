@@ -494,6 +494,11 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error, pa
 fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telemetry) -> bool {
     let Replacement { role, path, loaded, .. } = replacement;
     let component = role.label();
+    // An extension whose file did not load at start has nothing running.
+    let running = match &role {
+        Role::Extension { index, .. } => proxiers.iter().filter_map(Proxier::rules).any(|p| p.extension_loaded(*index)),
+        _ => true,
+    };
     let outcome = loaded.and_then(|loaded| match (loaded, &role) {
         (Loaded::Backend(plugin), _) => {
             let trials = proxiers
@@ -572,7 +577,9 @@ fn replace(proxiers: &mut [Proxier], replacement: Replacement, telemetry: &Telem
         }
         Err(e) => {
             telemetry.metrics.plugin_reloads.get_or_create(&label("refused")).inc();
-            tracing::error!(component = %component, file = %path.display(), "replaced component refused, the running one keeps serving: {e}");
+            let stays =
+                if running { "the running one keeps serving" } else { "nothing runs for it until its file loads" };
+            tracing::error!(component = %component, file = %path.display(), "replaced component refused, {stays}: {e}");
             false
         }
     }

@@ -12,10 +12,12 @@ use std::path::{Path, PathBuf};
 /// `kpx new-plugin`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// scheduler, backend or extension.
-    #[arg(long)]
+    /// What the crate builds: scheduler, backend or extension.
+    #[arg(long, value_parser = ["scheduler", "backend", "extension"])]
     pub kind: String,
-    /// The crate's name, and a scheduler's name: 1 to 32 of a-z, 0-9 and '-', starting with a letter.
+    /// The crate's name: 1 to 32 of a-z, 0-9 and '-', starting with a letter. It is a scheduler's
+    /// name too; an extension is configured under its letters and digits (cut to an extension name's
+    /// length).
     pub name: String,
     /// Where to create it (default: ./NAME); must not exist or be empty.
     #[arg(long)]
@@ -133,6 +135,29 @@ pub fn new_plugin(args: &Args) -> Result<PathBuf, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kpx --help` and `kpx new-plugin --help` name every kind
+    /// `new-plugin` makes, and only those: each kind `--kind` lists is
+    /// taken (the name is checked next), another is refused.
+    #[test]
+    fn the_help_names_every_kind_new_plugin_makes() {
+        use clap::CommandFactory;
+        let cli = crate::config::Cli::command();
+        let sub = cli.find_subcommand("new-plugin").expect("the new-plugin subcommand");
+        let about = sub.get_about().map(ToString::to_string).unwrap_or_default();
+        let kind = sub.get_arguments().find(|a| a.get_id() == "kind").expect("--kind");
+        let kinds: Vec<String> = kind.get_possible_values().iter().map(|v| v.get_name().to_string()).collect();
+        assert_eq!(kinds, ["scheduler", "backend", "extension"]);
+        let dir = std::env::temp_dir().join(format!("kpx-template-help-{}", std::process::id()));
+        for k in &kinds {
+            assert!(about.contains(k.as_str()), "{k} missing from {about:?}");
+            let args = Args { kind: k.clone(), name: "Bad".into(), dir: Some(dir.clone()), sdk: None };
+            assert!(matches!(new_plugin(&args), Err(Error::Name(_))), "--kind {k} is taken");
+        }
+        let args = Args { kind: "vendor".into(), name: "ok".into(), dir: Some(dir.clone()), sdk: None };
+        assert!(matches!(new_plugin(&args), Err(Error::Kind(_))));
+        assert!(!dir.exists(), "nothing was written");
+    }
 
     #[test]
     fn names_kinds_and_occupied_directories_are_refused_with_the_reason() {

@@ -130,8 +130,17 @@ fn extensions_are_checked_and_a_hostile_one_fails() {
         text
     };
     assert!(text.contains("extension component"), "{text}");
-    let (pass, fail, _) = row(&text, "contract: the rules lay out into kernel objects of both modes");
+    let objects = "contract: the rules lay out into kernel objects of both modes";
+    let (pass, fail, _) = row(&text, objects);
     assert!(pass > 0 && fail == 0, "the annotated Services got rules: {text}");
+    // Without its annotation the rate limit returns no rules: each state's
+    // layout check is skipped, and the note gives the SKIP column's count.
+    let (code, text) = conformance(&[&ratelimit]);
+    assert_eq!(code, 0, "{text}");
+    let (_, _, skipped) = row(&text, objects);
+    let note =
+        format!("  {objects}: {skipped} skipped: the state (case, mode, family) got no rules from the extension");
+    assert!(skipped > 1 && text.contains(&note), "want {note:?} in:\n{text}");
     passes(&format!("{dir}/kpx_example_conncount.wasm"));
 
     let probe = format!("{dir}/kpx_plugin_ext_probe.wasm");

@@ -301,11 +301,58 @@ fn a_replaced_extension_takes_over() {
 
     replace(&file, &std::fs::read(format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap());
     assert!(kpx.wait_for_log("replaced component refused", 1, Duration::from_secs(10)), "{}", kpx.log());
-    assert!(kpx.log().contains("not an extension component"), "{}", kpx.log());
+    let said =
+        format!("--extension {} is a scheduler component; --extension takes an extension component", file.display());
+    let log = kpx.log();
+    let refusal = log.lines().find(|l| l.contains("replaced component refused")).unwrap_or_default();
+    assert!(refusal.contains("the running one keeps serving") && refusal.contains(&said), "want {said:?}: {refusal}");
     std::thread::sleep(Duration::from_millis(1500));
     let (made, _, took) = attempts(&lab, "10.96.0.10:80", 8);
     assert!(made <= 2 + took.ceil() as usize, "the limit stays after the refusal: {made} of 8 in {took:.2} s");
+    let (_, metrics) = wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
+    for outcome in ["applied", "refused"] {
+        let counted = format!("kpx_plugin_reloads_total{{component=\"extension:vendor\",outcome=\"{outcome}\"}} 1");
+        assert!(metrics.contains(&counted), "want {counted} in:\n{metrics}");
+    }
     drop(kpx);
+}
+
+/// A component given to the flag of another kind stops kpx before it
+/// writes a rule, in both modes and for every role, the log naming the
+/// flag, the file, the kind found and the kind the flag takes: a
+/// scheduler given to `--extension`, an extension given to
+/// `--backend-plugin` or to `--scheduler-plugin`.
+#[test]
+fn a_component_of_the_wrong_kind_stops_kpx_at_start() {
+    let Some(lab) = lab_or_skip(1, "a_component_of_the_wrong_kind_stops_kpx_at_start") else {
+        return;
+    };
+    let (scheduler, probe) = (example("kpx_plugin_first.wasm"), example("kpx_plugin_ext_probe.wasm"));
+    let (vendor, mine) = (format!("vendor={scheduler}"), format!("mine={probe}"));
+    let cases = [
+        (["--extension", vendor.as_str()], &scheduler, "a scheduler", "an extension"),
+        (["--backend-plugin", probe.as_str()], &probe, "an extension", "a backend"),
+        (["--scheduler-plugin", mine.as_str()], &probe, "an extension", "a scheduler"),
+    ];
+    for mode in ["nftables", "iptables"] {
+        for ([flag, value], file, found, takes) in &cases {
+            let (dir, manifests) = run_dirs(&format!("wrong-kind-{mode}"));
+            write_service(&manifests, "web", "10.96.0.10", &[], &[lab.backends[0].ip.as_str()], &[]);
+            let args = kpx_args(&manifests, &["--proxy-mode", mode, *flag, *value]);
+            let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+            let t0 = Instant::now();
+            while kpx.is_running() && t0.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(!kpx.is_running(), "{mode}: kpx went on with {flag} {value}:\n{}", kpx.log());
+            let log = kpx.log();
+            let want = format!("{flag} {file} is {found} component; {flag} takes {takes} component");
+            assert!(log.contains(&want), "{mode}: want {want:?} in:\n{log}");
+            assert!(!log.contains("synced rules") && !log.contains("replaced component"), "{mode}:\n{log}");
+            let nft = lab.node.exec(&["nft", "list", "ruleset"]).unwrap_or_default();
+            assert!(!kernel_rules(&lab).contains("KUBE-") && !nft.contains("kube-proxy"), "{mode}: rules written");
+        }
+    }
 }
 
 /// What an extension left outlives kpx as it should, in both modes: a
@@ -344,6 +391,20 @@ fn extension_objects_across_restarts() {
             Some(10),
             "{mode}: kept across a restart"
         );
+        drop(kpx);
+
+        // A run in the other mode, the extension still configured: the
+        // objects it left in this mode go, said as this mode's leftovers,
+        // not as those of an extension no longer configured.
+        let other = if mode == "nftables" { "iptables" } else { "nftables" };
+        let switched = kpx_args(&manifests, &["--proxy-mode", other, "--extension", &count]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &switched, &dir.join("kpx-switch.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let log = kpx.log();
+        let said = format!("removed the {mode} objects of extension count, left from a run in {mode} mode");
+        let stay = format!("it is still configured, and its {other} objects stay");
+        assert!(log.contains(&said) && log.contains(&stay), "{other}: want {said:?} and {stay:?} in:\n{log}");
+        assert!(!log.contains("no longer configured"), "{other}: count is still configured:\n{log}");
         drop(kpx);
 
         // The file gone at start: kube-proxy's rules first, the extension's

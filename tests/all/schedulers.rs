@@ -523,9 +523,13 @@ fn a_scheduler_plugin_that_does_not_fit_is_refused() {
     let Some(lab) = lab_or_skip(1, "a_scheduler_plugin_that_does_not_fit_is_refused") else {
         return;
     };
-    let hostile = format!("bad={}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let hostile_file = format!("{}/kpx_plugin_hostile.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let hostile = format!("bad={hostile_file}");
+    let wrong_kind = format!(
+        "--scheduler-plugin {hostile_file} is a backend component; --scheduler-plugin takes a scheduler component"
+    );
     for (value, want) in [
-        (hostile.as_str(), "not a scheduler component"),
+        (hostile.as_str(), wrong_kind.as_str()),
         ("gone=/nonexistent/x.wasm", "cannot read plugin /nonexistent/x.wasm"),
         ("NoCaps=/x.wasm", "NAME is 1 to 32 of a-z, 0-9 and '-'"),
     ] {

@@ -22,6 +22,10 @@ const SAME_RULES: &str = "contract: fresh instances render the same rules";
 const ACCEPTED: &str = "contract: the host accepts the rules";
 const INCREMENTAL: &str = "contract: changes applied one by one render what a reset renders";
 const OBJECTS: &str = "contract: the rules lay out into kernel objects of both modes";
+/// Why [`OBJECTS`] skips a state: one skip per state (case, mode, family).
+const NO_RULES: &str = "the state (case, mode, family) got no rules from the extension, so there was nothing \
+                        to lay out (no Service of the family, or none with the annotations the extension reads: \
+                        --extension-annotation)";
 
 /// Every check of an extension configured with `parameters`, every
 /// Service of the states carrying `annotations` (keys without the
@@ -43,8 +47,6 @@ pub fn check(
         .map(|c| (c.label().to_string(), c, false))
         .chain(hostile_cases().into_iter().map(|(what, c)| (format!("hostile input: {what}"), c, true)))
         .collect();
-    // States the extension returned no rules for (nothing to lay out).
-    let mut empty = 0;
     for (label, case, hostile) in &cases {
         for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
             for family in [IpFamily::V4, IpFamily::V6] {
@@ -82,7 +84,7 @@ pub fn check(
                                 report.row(OBJECTS).note(format!("inert rules: {i}"));
                             }
                         }
-                        Ok(None) => empty += 1,
+                        Ok(None) => report.row(OBJECTS).skip(NO_RULES),
                         Err(e) => report.row(OBJECTS).fail(format!("{at}: {e}")),
                     }
                 }
@@ -100,11 +102,6 @@ pub fn check(
                 );
             }
         }
-    }
-    if empty > 0 {
-        report.row(OBJECTS).skip(format!(
-            "{empty} states got no rules (no Service of the family, or none with the annotations the extension reads: --extension-annotation)"
-        ));
     }
 }
 

@@ -133,6 +133,12 @@ impl ExtensionProxier {
         &self.configured.name
     }
 
+    /// Whether a component runs for it (false while its file has not
+    /// loaded since start).
+    pub fn is_loaded(&self) -> bool {
+        self.configured.plugin.is_some()
+    }
+
     /// Failed syncs since the last call.
     pub fn take_failures(&mut self) -> u64 {
         std::mem::take(&mut self.failures)

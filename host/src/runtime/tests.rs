@@ -132,6 +132,32 @@ fn incompatible_or_unmarked_plugins_are_refused_before_compiling() {
     assert!(matches!(rt.load_backend("junk", b"\0asm junk"), Err(Error::Load { .. })));
 }
 
+/// Each loader refuses the other two kinds as such, read from their
+/// exports: the error names the kind found and the kind asked for.
+#[test]
+fn a_component_of_another_kind_is_refused_naming_both_kinds() {
+    let rt = runtime(Limits::default());
+    let probe = std::fs::read(format!("{}/kpx_plugin_ext_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+    let scheduler = builtin::get("schedulers").unwrap();
+    // A 0.3.0 backend and a 0.2.0 one.
+    let (backend, old_backend) = (builtin::get("iptables").unwrap(), nftables_v0_2_bytes());
+    let wrong = |err: Error| match err {
+        Error::WrongKind { found, expected, .. } => (found, expected),
+        other => panic!("want WrongKind, got {other}"),
+    };
+    assert_eq!(wrong(rt.load_extension("s", scheduler).err().unwrap()), (Kind::Scheduler, Kind::Extension));
+    assert_eq!(wrong(rt.load_backend("s", scheduler).err().unwrap()), (Kind::Scheduler, Kind::Backend));
+    assert_eq!(wrong(rt.load_scheduler("b", backend).err().unwrap()), (Kind::Backend, Kind::Scheduler));
+    assert_eq!(wrong(rt.load_scheduler("b", &old_backend).err().unwrap()), (Kind::Backend, Kind::Scheduler));
+    assert_eq!(wrong(rt.load_extension("b", backend).err().unwrap()), (Kind::Backend, Kind::Extension));
+    assert_eq!(wrong(rt.load_scheduler("e", &probe).err().unwrap()), (Kind::Extension, Kind::Scheduler));
+    let err = rt.load_backend("probe", &probe).err().unwrap();
+    assert_eq!(err.to_string(), "plugin probe is an extension component, not a backend component");
+    // Each loads as its own kind.
+    assert!(rt.load_extension("e", &probe).is_ok() && rt.load_scheduler("s", scheduler).is_ok());
+    assert!(rt.load_backend("b", &old_backend).is_ok());
+}
+
 fn hostile_render(limits: Limits, name: &str, mode: ProxyMode) -> (Error, PluginStats) {
     let plugin = runtime(limits).load_backend("hostile", &hostile_bytes()).unwrap();
     let mut instance = plugin.instantiate(&Settings::new(IpFamily::V4, mode)).unwrap();

@@ -209,6 +209,11 @@ impl FamilyProxier {
         self.extensions.iter().filter_map(ExtensionProxier::retry_at).min()
     }
 
+    /// Whether a component runs for the `index`-th extension.
+    pub fn extension_loaded(&self, index: usize) -> bool {
+        self.extensions.get(index).is_some_and(ExtensionProxier::is_loaded)
+    }
+
     pub fn has_extensions(&self) -> bool {
         !self.extensions.is_empty()
     }

@@ -1,10 +1,12 @@
 //! Plans for service ports: the Service's scheduler (annotation), or the
 //! mode's default when endpoints carry weights, asked of the scheduler
 //! component that implements it. A Service whose scheduler is unknown or
-//! refuses its parameters is logged and keeps the default (kube-proxy's
-//! uniform random choice); one whose scheduler traps or returns a plan the
-//! mode cannot execute is logged and keeps its last plan while that fits
-//! its candidates.
+//! refuses its parameters is logged and planned as one that names no
+//! scheduler: the weighted default when its endpoints carry weights
+//! (`kpx.dev/weights`), else none (kube-proxy's uniform random choice).
+//! One whose scheduler traps or returns a plan the mode cannot execute is
+//! logged and keeps its last plan while that fits its candidates, else is
+//! planned the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,12 +26,31 @@ pub const LOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// kube-proxy's random choice, with the weights.
 pub const DEFAULT_WEIGHTED: &str = "random";
 
+/// What a Service whose scheduler gives no plan gets, as the logs say it:
+/// what a Service that names no scheduler gets.
+const AS_IF_NONE: &str =
+    "the Service is planned as one that names no scheduler (weighted random with kpx.dev/weights, else uniform)";
+
 /// What one scheduler call gave.
 enum Outcome {
-    /// A plan (None: the default).
+    /// The scheduler's plan (None: it asks for none, a uniform choice).
     Plan(Option<Plan>),
-    /// A fault (trap, unexecutable plan): keep the last plan.
+    /// No plan from the Service's scheduler (not found, or it refused
+    /// the Service's parameters): the Service is planned as one that
+    /// names none.
+    Default,
+    /// A fault (trap, unexecutable plan): keep the last plan while it fits,
+    /// else as [`Outcome::Default`].
     Failed,
+}
+
+/// The scheduler a Service that names none gets in `mode`: the weighted
+/// default when its endpoints carry weights (outside ipvs mode, whose
+/// kernel weighs them itself), else none (a uniform choice).
+fn default_choice(mode: ProxyMode, port: &ServicePort) -> Option<Arc<SchedulerChoice>> {
+    let weighted = port.endpoints.iter().any(|e| e.weight != 1);
+    (weighted && mode != ProxyMode::Ipvs)
+        .then(|| Arc::new(SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() }))
 }
 
 pub struct Planner {
@@ -136,37 +157,67 @@ impl Planner {
     /// Fills `port`'s plans. `previous` is the port as last planned: a
     /// scheduler that fails now (a trap, a bad plan) leaves its plan in
     /// place while it still fits the candidates, so a working slot table
-    /// is not dropped for the default by a passing fault.
+    /// is not dropped for the default by a passing fault. A Service whose
+    /// scheduler gives no plan is planned as one that names none.
     pub fn plan(&mut self, port: &mut ServicePort, previous: Option<&ServicePort>) {
         port.cluster_plan = None;
         port.local_plan = None;
-        let weighted = port.endpoints.iter().any(|e| e.weight != 1);
         // The Service's one copy (a pointer), not its parameters.
         let choice = match &port.scheduler {
             Some(c) => Arc::clone(c),
-            None if weighted && self.mode != ProxyMode::Ipvs => {
-                Arc::new(SchedulerChoice { name: DEFAULT_WEIGHTED.into(), parameters: Vec::new() })
-            }
-            None => return,
+            None => match default_choice(self.mode, port) {
+                Some(default) => default,
+                None => return,
+            },
         };
-        // The default comes from the built-in component, whatever others export.
-        self.built_in_only = port.scheduler.is_none();
         let keep = |which: fn(&ServicePort) -> (&Vec<u32>, &Option<Plan>), port: &ServicePort| {
             previous.and_then(|p| {
                 let (candidates, plan) = which(p);
                 (candidates == which(port).0).then(|| plan.clone()).flatten()
             })
         };
-        let cluster = match self.plan_for(port, &choice, &port.cluster_endpoints) {
+        // The default comes from the built-in component, whatever others export.
+        self.built_in_only = port.scheduler.is_none();
+        let cluster = self.plan_for(port, &choice, &port.cluster_endpoints);
+        let local = self.plan_for(port, &choice, &port.local_endpoints);
+        // A warning is logged once until the Service's own plans succeed.
+        if matches!((&cluster, &local), (Outcome::Plan(_), Outcome::Plan(_))) {
+            self.warned.remove(&port.key);
+        }
+        let cluster = match cluster {
             Outcome::Plan(p) => p,
-            Outcome::Failed => keep(|p| (&p.cluster_endpoints, &p.cluster_plan), port),
+            Outcome::Default => self.fallback(port, &port.cluster_endpoints),
+            Outcome::Failed => match keep(|p| (&p.cluster_endpoints, &p.cluster_plan), port) {
+                Some(last) => Some(last),
+                None => self.fallback(port, &port.cluster_endpoints),
+            },
         };
-        let local = match self.plan_for(port, &choice, &port.local_endpoints) {
+        let local = match local {
             Outcome::Plan(p) => p,
-            Outcome::Failed => keep(|p| (&p.local_endpoints, &p.local_plan), port),
+            Outcome::Default => self.fallback(port, &port.local_endpoints),
+            Outcome::Failed => match keep(|p| (&p.local_endpoints, &p.local_plan), port) {
+                Some(last) => Some(last),
+                None => self.fallback(port, &port.local_endpoints),
+            },
         };
         port.cluster_plan = cluster;
         port.local_plan = local;
+    }
+
+    /// The plan of a Service whose own scheduler gave none: what a Service
+    /// that names no scheduler gets (the weighted default from the
+    /// built-in component when its endpoints carry weights, else none). A
+    /// Service that names none already had it.
+    fn fallback(&mut self, port: &ServicePort, candidates: &[u32]) -> Option<Plan> {
+        port.scheduler.as_ref()?;
+        let choice = default_choice(self.mode, port)?;
+        self.built_in_only = true;
+        let outcome = self.plan_for(port, &choice, candidates);
+        self.built_in_only = false;
+        match outcome {
+            Outcome::Plan(plan) => plan,
+            Outcome::Default | Outcome::Failed => None,
+        }
     }
 
     fn plan_for(&mut self, port: &ServicePort, choice: &SchedulerChoice, candidates: &[u32]) -> Outcome {
@@ -177,10 +228,11 @@ impl Planner {
         let name = choice.name.as_str();
         let mode = self.mode;
         if self.instance_for(name).is_none() {
-            self.warn(key, format!("no scheduler is named {name:?}; the Service keeps the default"));
-            return Outcome::Plan(None);
+            self.warn(key, format!("no scheduler is named {name:?}; {AS_IF_NONE}"));
+            return Outcome::Default;
         }
-        let load = if self.uses_load(port) {
+        // The default (weighted random) does not plan from load.
+        let load = if !self.built_in_only && self.uses_load(port) {
             self.current_load().map(|l| {
                 candidates
                     .iter()
@@ -195,13 +247,10 @@ impl Planner {
         let plugin = instance.plugin().to_string();
         match instance.schedule(&request) {
             Ok(plan) => match plan.check(candidates.len()) {
-                Ok(()) => {
-                    self.warned.remove(key);
-                    Outcome::Plan(plan.normalized(candidates.len()))
-                }
+                Ok(()) => Outcome::Plan(plan.normalized(candidates.len())),
                 Err(why) => {
                     let message = format!(
-                        "scheduler {name} ({plugin}) returned a plan {mode} mode cannot execute: {why}; the Service keeps the default"
+                        "scheduler {name} ({plugin}) returned a plan {mode} mode cannot execute: {why}; the Service keeps its last plan while its endpoints are the same, else {AS_IF_NONE}"
                     );
                     self.fault = Some(format!("{key}: {message}"));
                     self.warn(key, message);
@@ -210,16 +259,21 @@ impl Planner {
             },
             Err(e) => {
                 let trapped = e.needs_fresh_instance();
+                // The scheduler's own refusal (a bad parameter): planned
+                // as if it named none; a fault: the last plan first.
+                let then = if trapped {
+                    format!("the Service keeps its last plan while its endpoints are the same, else {AS_IF_NONE}")
+                } else {
+                    AS_IF_NONE.to_string()
+                };
                 if trapped {
                     self.fault = Some(format!("{key}: {e}"));
                 }
-                self.warn(key, format!("scheduler {name} in {mode} mode: {e}; the Service keeps the default"));
+                self.warn(key, format!("scheduler {name} in {mode} mode: {e}; {then}"));
                 if trapped {
                     self.drop_instance_of(name);
                 }
-                // The scheduler's own refusal (a bad parameter): the
-                // default; a fault: the last plan.
-                if trapped { Outcome::Failed } else { Outcome::Plan(None) }
+                if trapped { Outcome::Failed } else { Outcome::Default }
             }
         }
     }
@@ -261,5 +315,67 @@ impl Planner {
                 *slot = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kpx_rules::model::{Endpoint, Protocol};
+
+    use super::*;
+    use crate::runtime::{BUILT_IN_SCHEDULERS, Limits, Runtime, builtin};
+
+    /// The scheduler components as kpx loads them with `--scheduler-plugin`
+    /// giving wasi-probe (whose every plan is an error), then the built-in
+    /// ones.
+    fn planner(mode: ProxyMode) -> Planner {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let probe = std::fs::read(format!("{}/kpx_plugin_wasi_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let probe = runtime.load_scheduler("wasi-probe", &probe).unwrap();
+        let built_in = runtime.load_scheduler(BUILT_IN_SCHEDULERS, builtin::get("schedulers").unwrap()).unwrap();
+        Planner::new(mode, IpFamily::V4, vec![Arc::new(probe), Arc::new(built_in)])
+    }
+
+    /// Service test/web over two endpoints of these weights
+    /// (`kpx.dev/weights`), naming `scheduler`.
+    fn port(weights: [u16; 2], scheduler: Option<&str>) -> ServicePort {
+        let endpoints = ["10.0.0.1", "10.0.0.2"]
+            .iter()
+            .zip(weights)
+            .map(|(ip, weight)| {
+                let mut e = Endpoint::ready(ip.parse().unwrap(), 8080);
+                e.weight = weight;
+                e
+            })
+            .collect();
+        let mut p = ServicePort::new("test", "web", "http", Protocol::Tcp, 80).with_cluster_endpoints(endpoints);
+        p.scheduler = scheduler.map(|name| Arc::new(SchedulerChoice { name: name.into(), parameters: Vec::new() }));
+        p
+    }
+
+    /// A Service whose scheduler errs (wasi-probe's `probe`), or names none
+    /// kpx has, gets what a Service naming no scheduler gets: with weights
+    /// 3:1 the weighted default, not a uniform choice; without weights,
+    /// no plan (uniform) as before.
+    #[test]
+    fn a_failing_scheduler_falls_back_to_the_weighted_default() {
+        let mut planner = planner(ProxyMode::Nftables);
+        let mut unnamed = port([3, 1], None);
+        planner.plan(&mut unnamed, None);
+        let weighted = unnamed.cluster_plan.expect("weights give a Service that names no scheduler a plan");
+        assert!(!weighted.is_uniform(2), "{weighted:?}");
+        for name in ["probe", "nope"] {
+            let mut failing = port([3, 1], Some(name));
+            planner.plan(&mut failing, None);
+            assert_eq!(failing.cluster_plan.as_ref(), Some(&weighted), "{name}");
+            assert_eq!(failing.local_plan, None, "{name}: no local endpoints");
+            let mut even = port([1, 1], Some(name));
+            planner.plan(&mut even, None);
+            assert_eq!(even.cluster_plan, None, "{name}: without weights, the uniform choice");
+        }
+        // A working scheduler's own plan is not replaced.
+        let mut maglev = port([3, 1], Some("maglev"));
+        planner.plan(&mut maglev, None);
+        assert!(matches!(maglev.cluster_plan, Some(Plan::Slots(_))), "{:?}", maglev.cluster_plan);
     }
 }

@@ -2,7 +2,9 @@
 //! scheduler component is asked for every new connection (or UDP session)
 //! with the exact live counts the host keeps, after upstream's ClientIP
 //! affinity; a scheduler that fails (unknown name, refusal, trap) leaves
-//! the port served by round robin, logged once per reason.
+//! the port served by round robin, by weight when its endpoints carry
+//! weights (`kpx.dev/weights`, as the default a Service naming no
+//! scheduler gets: wrr), logged once per reason.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -15,7 +17,7 @@ use kpx_rules::model::{SchedulerChoice, ServicePort, TrafficPolicy};
 use super::tcp::Chooser;
 use crate::runtime::{PickRequest, PickSetup, SchedulerInstance, SchedulerPlugin};
 
-/// How long a service port stays on round robin after its scheduler failed.
+/// How long a service port stays on round robin (by weight) after its scheduler failed.
 pub const BACKOFF: Duration = Duration::from_secs(10);
 /// ClientIP affinity records kept per service port at most (expired ones
 /// are swept first; past it, a new client is not recorded).
@@ -214,7 +216,7 @@ struct Inner {
     sticky: HashMap<IpAddr, (SocketAddr, Instant)>,
     /// The last failure logged (one line per new reason).
     warned: Option<String>,
-    /// Round robin's turn when the scheduler fails.
+    /// Round robin's turn when the scheduler fails ([`by_weight`]).
     turn: usize,
     /// After a scheduler failure, round robin until then: a failing (or
     /// hostile) component is asked again once per [`BACKOFF`], not per
@@ -423,24 +425,27 @@ impl Balancer {
             Err(why) => {
                 if let Some(why) = why {
                     inner.fallback_until = Some(now + BACKOFF);
-                    let message =
-                        format!("scheduler {}: {why}; round robin for {} s", inner.choice.name, BACKOFF.as_secs());
+                    let how = if candidates.weights.iter().any(|w| *w != 1) {
+                        "round robin by weight (kpx.dev/weights)"
+                    } else {
+                        "round robin"
+                    };
+                    let message = format!("scheduler {}: {why}; {how} for {} s", inner.choice.name, BACKOFF.as_secs());
                     if inner.warned.as_ref() != Some(&message) {
                         tracing::warn!(service = %self.key, "{message}");
                         inner.warned = Some(message);
                     }
                 }
-                let n = candidates.endpoints.len();
-                let open: Vec<SocketAddr> = candidates
+                let open: Vec<(SocketAddr, u32)> = candidates
                     .endpoints
                     .iter()
                     .zip(&candidates.weights)
                     .filter(|(_, w)| **w > 0)
-                    .map(|(e, _)| addr(e))
-                    .filter(|e| !failed.contains(e))
+                    .map(|(e, w)| (addr(e), *w))
+                    .filter(|(e, _)| !failed.contains(e))
                     .collect();
-                let pick = (!open.is_empty()).then(|| open[inner.turn % open.len()]);
-                inner.turn = (inner.turn + 1) % n.max(1);
+                let pick = by_weight(&open, inner.turn);
+                inner.turn = inner.turn.wrapping_add(1);
                 pick
             }
         };
@@ -491,6 +496,30 @@ impl Chooser for SideChooser {
     fn on_this_node(&self, endpoint: SocketAddr) -> bool {
         self.balancer.on_this_node(endpoint)
     }
+}
+
+/// The `turn`-th pick of a round robin by weight over `open` (endpoints
+/// whose weight is more than 0): each round gives every endpoint its
+/// weight over the weights' greatest common divisor, in order; equal
+/// weights are plain round robin. None when nothing is open.
+fn by_weight(open: &[(SocketAddr, u32)], turn: usize) -> Option<SocketAddr> {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    let divisor = open.iter().fold(0, |g, (_, w)| gcd(g, u64::from(*w)));
+    if divisor == 0 {
+        return None;
+    }
+    let round: u64 = open.iter().map(|(_, w)| u64::from(*w) / divisor).sum();
+    let mut at = turn as u64 % round;
+    for (endpoint, weight) in open {
+        let share = u64::from(*weight) / divisor;
+        if at < share {
+            return Some(*endpoint);
+        }
+        at -= share;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -614,6 +643,35 @@ mod tests {
         let empty = Balancer::new(&port(&[]), picker());
         assert!(empty.choose(Side::Internal, client(1), 0, &[]).is_none());
         assert!(!empty.has_candidates(Side::Internal));
+    }
+
+    /// A Service whose scheduler fails is served as one that names none:
+    /// by weight when its endpoints carry weights (3:1 here), exactly.
+    #[test]
+    fn a_failing_scheduler_falls_back_to_round_robin_by_weight() {
+        let mut p = port(&["10.1.0.1", "10.1.0.2"]);
+        p.endpoints[0].weight = 3;
+        p.scheduler = Some(Arc::new(SchedulerChoice { name: "nope".into(), parameters: Vec::new() }));
+        let b = Balancer::new(&p, picker());
+        let picks: Vec<SocketAddr> = (0..8).map(|_| b.choose(Side::Internal, client(1), 0, &[]).unwrap()).collect();
+        let first = picks.iter().filter(|e| **e == ep("10.1.0.1")).count();
+        assert_eq!((first, picks.len() - first), (6, 2), "{picks:?}");
+        // A failed endpoint is skipped; weight 0 takes nothing.
+        assert_eq!(b.choose(Side::Internal, client(1), 1, &[ep("10.1.0.1")]), Some(ep("10.1.0.2")));
+        p.endpoints[1].weight = 0;
+        b.update(&p);
+        assert!((0..4).all(|_| b.choose(Side::Internal, client(1), 0, &[]) == Some(ep("10.1.0.1"))));
+    }
+
+    #[test]
+    fn round_robin_by_weight_gives_each_endpoint_its_share_in_order() {
+        let (a, b, c) = (ep("10.1.0.1"), ep("10.1.0.2"), ep("10.1.0.3"));
+        let round = |open: &[(SocketAddr, u32)], n: usize| (0..n).map(|t| by_weight(open, t)).collect::<Vec<_>>();
+        assert_eq!(round(&[(a, 3), (b, 1)], 8), [a, a, a, b, a, a, a, b].map(Some));
+        // Equal weights, whatever they are: plain round robin.
+        assert_eq!(round(&[(a, 2), (b, 2), (c, 2)], 6), [a, b, c, a, b, c].map(Some));
+        assert_eq!(round(&[(a, 4), (b, 2)], 3), [a, a, b].map(Some));
+        assert_eq!(by_weight(&[], 5), None);
     }
 
     /// Another component exporting rr is asked only by Services that name

@@ -1,0 +1,219 @@
+//! The component files kpx runs, loaded at start: the backend
+//! (`--backend-plugin`, or the mode's built-in one), the scheduler
+//! components (`--scheduler-plugin`, then the built-in ones) and the
+//! extensions (`--extension`). A component of another kind than its flag
+//! takes stops kpx, naming the flag, the file and both kinds
+//! ([`Error::of_file`]); hot reload words its refusals the same way.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kpx_rules::model::ProxyMode;
+
+use super::{Error, plugin_runtime};
+use crate::config::Config;
+use crate::runtime::{self, BackendPlugin, Kind, Runtime, SchedulerPlugin};
+
+impl Error {
+    /// This error, of the component file at `path`: a component of the
+    /// wrong kind is said as such, naming the flag, the file and both kinds.
+    pub fn of_file(self, path: &Path) -> Error {
+        match self {
+            Error::Plugin(runtime::Error::WrongKind { found, expected, .. }) => {
+                Error::WrongKind { path: path.to_path_buf(), found, expected }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The flag that gives kpx components of `kind`.
+pub fn flag(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Backend => "--backend-plugin",
+        Kind::Scheduler => "--scheduler-plugin",
+        Kind::Extension => "--extension",
+    }
+}
+
+/// The `--extension` components, loaded (compiled or from the cache),
+/// with the digests of their files' bytes as loaded. A file that cannot
+/// be read or loaded is logged and left out (kube-proxy's rules do not
+/// wait on a vendor's component); a replacement file is tried as any. A
+/// component of another kind (a scheduler) is a mistake in the flag, not
+/// a file to wait for: an error.
+pub fn load_extensions(
+    runtime: &Runtime,
+    config: &Config,
+) -> Result<(Vec<crate::extension::Configured>, Vec<Digest>), Error> {
+    let (mut out, mut digests) = (Vec::new(), Vec::new());
+    for e in &config.extensions {
+        if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
+            return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
+        }
+        let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
+        let loaded = match crate::reload::read_component(&e.path) {
+            Ok(bytes) => match runtime.load_extension(&label, &bytes) {
+                Ok(plugin) => Ok((plugin, bytes)),
+                Err(err @ runtime::Error::WrongKind { .. }) => return Err(Error::from(err).of_file(&e.path)),
+                Err(err) => Err(err.to_string()),
+            },
+            Err(err) => Err(format!("cannot read it: {err}")),
+        };
+        let (plugin, digest) = match loaded {
+            Ok((p, bytes)) => {
+                tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
+                (Some(Arc::new(p)), crate::reload::digest(&bytes))
+            }
+            Err(err) => {
+                tracing::error!(extension = %e.name, file = %e.path.display(), "extension not loaded, kpx runs without it until its file is replaced: {err}");
+                // No bytes match this: whatever the file holds next is tried.
+                (None, [0; 32])
+            }
+        };
+        out.push(crate::extension::Configured { name: e.name.clone(), plugin, parameters: e.parameters.clone() });
+        digests.push(digest);
+    }
+    Ok((out, digests))
+}
+
+/// The scheduler components: those of `--scheduler-plugin`, in the order
+/// given (a name they share with a later one is theirs), then the
+/// built-in ones. Each is instantiated once here, so that a component
+/// that does not fit, or fails at once, stops kpx with the reason.
+pub fn load_schedulers(
+    runtime: &Runtime,
+    external: &[(String, std::path::PathBuf)],
+) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
+    Ok(load_schedulers_from_files(runtime, external)?.0)
+}
+
+/// A component file's SHA-256.
+type Digest = [u8; 32];
+
+/// [`load_schedulers`], with the digests of the external files' bytes as
+/// loaded (what hot reload compares replacements with).
+pub(super) fn load_schedulers_from_files(
+    runtime: &Runtime,
+    external: &[(String, std::path::PathBuf)],
+) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<Digest>), Error> {
+    let (mut out, mut digests) = (Vec::new(), Vec::new());
+    for (name, path) in external {
+        let bytes = crate::reload::read_component(path)
+            .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+        let plugin = scheduler_component(runtime, name, &bytes).map_err(|e| e.of_file(path))?;
+        out.push(Arc::new(plugin));
+        digests.push(crate::reload::digest(&bytes));
+        tracing::info!(plugin = %name, file = %path.display(), "scheduler component loaded");
+    }
+    let name = runtime::BUILT_IN_SCHEDULERS;
+    let bytes = runtime::builtin::get(name).expect("the built-in schedulers are embedded");
+    out.push(Arc::new(runtime.load_scheduler(name, bytes)?));
+    Ok((out, digests))
+}
+
+/// A scheduler component from its bytes: compiled (or from the cache),
+/// instantiated once, and its names checked.
+pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin, Error> {
+    let plugin = runtime.load_scheduler(name, bytes)?;
+    let names = plugin.instantiate()?.names().to_vec();
+    if let Some(problem) = runtime::scheduler::load_problem(&names) {
+        return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
+    }
+    tracing::info!(plugin = %name, "scheduler component: {names:?}");
+    Ok(plugin)
+}
+
+/// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
+pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
+    load_backend_with(config, &plugin_runtime(config)?)
+}
+
+fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin, Error> {
+    Ok(load_backend_file(config, runtime)?.0)
+}
+
+/// The backend, and the digest of its file's bytes as loaded (None: the
+/// built-in one).
+pub(super) fn load_backend_file(
+    config: &Config,
+    runtime: &Runtime,
+) -> Result<(BackendPlugin, Option<[u8; 32]>), Error> {
+    match &config.backend_plugin {
+        Some(path) => {
+            let bytes = crate::reload::read_component(path)
+                .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
+            let plugin = runtime.load_backend(name, &bytes).map_err(|e| Error::from(e).of_file(path))?;
+            Ok((plugin, Some(crate::reload::digest(&bytes))))
+        }
+        None => {
+            let name = config.mode.as_str();
+            let bytes = runtime::builtin::get(name).ok_or(Error::NoBuiltIn(config.mode))?;
+            Ok((runtime.load_backend(name, bytes)?, None))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The configuration of these flags (besides a manifest source and a node name).
+    fn config_of(flags: &[&str]) -> Config {
+        let base = ["kpx", "--manifests", "/x", "--hostname-override", "n"];
+        let args = base.iter().chain(flags).map(|a| std::ffi::OsString::from(*a));
+        crate::config::Cli::from_args(args).unwrap().flags.validate().unwrap()
+    }
+
+    /// A component given to the flag of another kind stops kpx at start
+    /// for every role, naming the flag, the file, the kind found and the
+    /// kind the flag takes; an extension's file that does not load for
+    /// another reason is left out, as before.
+    #[test]
+    fn a_component_of_the_wrong_kind_is_refused_at_start_for_every_role() {
+        let dir = std::env::temp_dir().join(format!("kpx-app-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let scheduler = dir.join("sched.wasm");
+        std::fs::write(&scheduler, runtime::builtin::get("schedulers").unwrap()).unwrap();
+        let backend = dir.join("backend.wasm");
+        std::fs::write(&backend, runtime::builtin::get("nftables").unwrap()).unwrap();
+        let junk = dir.join("junk.wasm");
+        std::fs::write(&junk, b"not a component").unwrap();
+        let rt = Runtime::new(runtime::Limits::default(), None).unwrap();
+        let (s, b) = (scheduler.display().to_string(), backend.display().to_string());
+
+        let vendor = format!("vendor={s}");
+        let err = load_extensions(&rt, &config_of(&["--proxy-mode", "nftables", "--extension", &vendor]))
+            .err()
+            .expect("a scheduler given to --extension is refused");
+        assert!(matches!(err, Error::WrongKind { found: Kind::Scheduler, expected: Kind::Extension, .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("--extension {s} is a scheduler component; --extension takes an extension component")
+        );
+
+        let err = load_backend_file(&config_of(&["--proxy-mode", "nftables", "--backend-plugin", &s]), &rt)
+            .err()
+            .expect("a scheduler given to --backend-plugin is refused");
+        assert_eq!(
+            err.to_string(),
+            format!("--backend-plugin {s} is a scheduler component; --backend-plugin takes a backend component")
+        );
+
+        let err = load_schedulers_from_files(&rt, &[(String::from("mine"), backend.clone())])
+            .err()
+            .expect("a backend given to --scheduler-plugin is refused");
+        assert_eq!(
+            err.to_string(),
+            format!("--scheduler-plugin {b} is a backend component; --scheduler-plugin takes a scheduler component")
+        );
+
+        // Not a component at all: the extension is left out, kpx goes on.
+        let junk = format!("vendor={}", junk.display());
+        let (loaded, digests) =
+            load_extensions(&rt, &config_of(&["--proxy-mode", "nftables", "--extension", &junk])).unwrap();
+        assert!(loaded.len() == 1 && loaded[0].plugin.is_none() && digests == [[0; 32]]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
