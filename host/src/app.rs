@@ -30,8 +30,8 @@ use crate::userspace::localhost::LocalhostNodePorts;
 use crate::userspace::{Relays, UserspaceProxier, budget};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
-use components::{load_backend_file, load_schedulers_from_files};
 pub use components::{flag, load_backend, load_extensions, load_schedulers, scheduler_component};
+use components::{load_backend_file, load_schedulers_from_files};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
