@@ -142,6 +142,7 @@ kpx_rules::words_conversions!(
     crate::__bindings::kpx::proxier::iptables
 );
 
+pub mod cidr;
 pub mod extension;
 pub mod names;
 pub mod scheduler;
