@@ -19,6 +19,10 @@
 //! A Service's annotations `ext.kpx.dev/<name>.<key>` (where `<name>` is
 //! the name the operator gave the extension with `--extension`) reach the
 //! extension as `port.annotations`, `<key>` only.
+//!
+//! [`crate::cidr`] has the CIDR arithmetic source matches need: containment,
+//! overlap, and the complement of a set of prefixes (an allow-list as drop
+//! rules: the contract has no accept action).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

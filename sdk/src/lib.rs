@@ -21,7 +21,24 @@
 //!
 //! A scheduler plugin implements [`scheduler::Scheduler`] and exports it
 //! with [`export_scheduler!`]: it returns a [`Plan`] for a service port's
-//! candidate endpoints, which every mode executes (docs/ARCHITECTURE.md).
+//! candidate endpoints, which the modes execute (docs/plugins.md, "Plans",
+//! says which mode runs which). Everything a plan is built from is here:
+//!
+//! ```
+//! use kpx_sdk::{HashField, KernelPlan, Plan, ProxyMode, SlotTable, testing};
+//!
+//! // Over two candidates: positions in the request's `candidates`.
+//! let plans = [
+//!     Plan::Weighted(vec![3, 1]),
+//!     Plan::Sequence(vec![0, 0, 0, 1]),
+//!     Plan::Slots(SlotTable { field: HashField::Source, seed: 7, rows: 1, cols: 4, slots: vec![0, 0, 0, 1] }),
+//!     Plan::Kernel(KernelPlan { scheduler: "wrr".into(), weights: vec![3, 1], flags: 0 }),
+//! ];
+//! let in_ipvs: Vec<bool> = plans.iter().map(|p| testing::check_plan(p, 2, ProxyMode::Ipvs).is_ok()).collect();
+//! assert_eq!(in_ipvs, [false, false, true, true]);
+//! assert_eq!((kpx_sdk::MAX_WEIGHT_SUM, kpx_sdk::MAX_SEQUENCE, kpx_sdk::MAX_SLOT_DIM), (4096, 1024, 32));
+//! assert!(kpx_sdk::IPVS_SCHEDULERS.contains(&"wrr"));
+//! ```
 //!
 //! An extension implements [`extension::Extension`] and exports it with
 //! [`export_extension!`]: it returns rules for new connections to Service
@@ -42,7 +59,11 @@ pub use kpx_rules::model::{
     ServicePort, Settings, TrafficPolicy,
 };
 pub use kpx_rules::ops;
-pub use kpx_rules::plan::{HashField, Plan, SlotTable};
+// Every plan variant and the bounds the host checks plans against
+// (docs/plugins.md, "Plans").
+pub use kpx_rules::plan::{
+    HashField, IPVS_SCHEDULERS, KernelPlan, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable,
+};
 
 /// The contract version of the scheduler and extension worlds this SDK
 /// builds plugins against, and of [`export_backend_v0_2!`].
@@ -121,6 +142,7 @@ kpx_rules::words_conversions!(
     crate::__bindings::kpx::proxier::iptables
 );
 
+pub mod cidr;
 pub mod extension;
 pub mod names;
 pub mod scheduler;

@@ -22,10 +22,23 @@ mod convert {
 use __bindings::exports::kpx::proxier::scheduler as wit;
 use __bindings::kpx::proxier::types as wt;
 
-/// Live load per candidate (same order as the candidates).
+/// Live load per candidate (same order as the candidates), as the host
+/// measured it: the WIT's `load`, passed through unchanged.
+///
+/// The host measures it only for a scheduler whose `uses_load(name)` is
+/// true, in the iptables and nftables modes: a conntrack dump of the
+/// family, taken afresh for each sync that plans such a port and every
+/// 2 s (when the port is planned again), counting the connections each
+/// candidate was sent through the port's destinations (its cluster,
+/// external and load-balancer IPs on the port, any address on its node
+/// port). When the conntrack table cannot be read, the host plans as if
+/// idle: every count 0.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Load {
+    /// Established TCP connections.
     pub active: Vec<u32>,
+    /// Every other entry: TCP connections not (or no longer) established,
+    /// UDP and SCTP ones.
     pub inactive: Vec<u32>,
 }
 
@@ -36,13 +49,16 @@ pub struct Request {
     pub parameters: Vec<(String, String)>,
     pub mode: ProxyMode,
     pub port: ServicePort,
-    /// Indices into `port.endpoints`.
+    /// Indices into `port.endpoints`; a plan names positions in this list.
     pub candidates: Vec<u32>,
+    /// None unless `uses_load(name)` is true and the mode is iptables or
+    /// nftables (ipvs mode: IPVS measures its own load; userspace mode
+    /// asks for picks, not plans). See [`Load`].
     pub load: Option<Load>,
 }
 
-/// One new connection to place (userspace mode): the candidates with their
-/// exact live counts.
+/// One new connection to place (userspace mode, where the host relays
+/// every connection): the candidates with their exact open connections.
 #[derive(Clone, Debug)]
 pub struct PickRequest {
     pub name: String,
@@ -51,10 +67,19 @@ pub struct PickRequest {
     pub service: String,
     pub client: std::net::IpAddr,
     pub destination: std::net::IpAddr,
-    /// Per candidate: its address, weight, active and inactive connections.
+    /// The candidates' addresses; `weights`, `active` and `inactive` have
+    /// an entry per candidate, in this order.
     pub endpoints: Vec<(std::net::IpAddr, u16)>,
+    /// From `kpx.dev/weights` (default 1); a weight of 0 takes no new
+    /// connection (the host refuses a pick of one).
     pub weights: Vec<u32>,
+    /// Connections (UDP: sessions) the host's relays hold open to each
+    /// candidate now, exact.
     pub active: Vec<u32>,
+    /// Always 0 for every candidate: the WIT's `pick` carries no inactive
+    /// counts (a relay has no inactive connections). It is here so that a
+    /// cost such as IPVS's `active * 256 + inactive` reads the same in
+    /// `pick` as over a plan request's [`Load`].
     pub inactive: Vec<u32>,
     /// Candidates that already failed this connection.
     pub failed: Vec<u32>,
@@ -158,6 +183,7 @@ impl<S: Scheduler> wit::Guest for SchedulerExport<S> {
                 destination: s.destination,
                 endpoints: s.endpoints.clone(),
                 weights: s.weights.clone(),
+                // The host sends none (see `PickRequest::inactive`).
                 inactive: vec![0; active.len()],
                 active,
                 failed,

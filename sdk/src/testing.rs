@@ -55,7 +55,8 @@ pub fn request(name: &str, mode: ProxyMode, port: &ServicePort) -> Request {
 }
 
 /// The host's per-connection request (userspace mode) for `port`'s
-/// endpoints, from `client`, nothing open and nothing failed yet.
+/// endpoints, from `client`, nothing open and nothing failed yet
+/// (`inactive` is all 0, as the host's always is).
 pub fn pick_request(name: &str, port: &ServicePort, client: &str) -> PickRequest {
     let n = port.endpoints.len();
     PickRequest {

@@ -1,7 +1,8 @@
 //! The plugin author's path, run as written: docs/plugins.md's command
 //! blocks and files, in order, from an empty directory (a new plugin crate,
-//! its unit tests, its component, `kpx conformance`, `kpx demo` with it),
-//! and the out-of-tree example (examples/maglev-scheduler) built apart,
+//! its unit tests, its component, `kpx conformance`, `kpx demo` with it,
+//! the reference sections' tests of every plan and of an allow-list), and
+//! the out-of-tree example (examples/maglev-scheduler) built apart,
 //! checked and carrying real traffic.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,6 +80,9 @@ fn the_plugin_guide_runs_as_written() {
     assert!(out.status.success(), "the guide's commands failed (after {took:?})");
     eprintln!("the guide, from an empty directory: {blocks} blocks in {:.0} s (builds included)", took.as_secs_f64());
     assert!(text.contains("test result: ok. 2 passed"), "the guide's unit tests");
+    for test in ["every_plan_and_the_modes_that_run_it", "the_bounds_kpx_checks", "only_the_listed_sources_pass"] {
+        assert!(text.contains(&format!("test {test} ... ok")), "the guide's test {test}");
+    }
     assert!(text.lines().any(|l| l.starts_with("PASS: ")), "kpx conformance passes the guide's scheduler");
     assert_eq!(text.lines().filter(|l| l.starts_with("PASS: ")).count(), 2, "and the extension template: {text}");
     let objects = text
@@ -95,6 +99,30 @@ fn the_plugin_guide_runs_as_written() {
         reached.insert(answers[0].to_string());
     }
     assert!(reached.len() >= 2, "the clients spread: {reached:?}");
+}
+
+/// Every fenced block of the guide is one its run covers (```sh, ```rust
+/// file=PATH) or not code (```text, ```yaml): a Rust or shell example in
+/// another form would go unchecked. Needs no root.
+#[test]
+fn every_block_of_the_guide_is_run_or_plain_text() {
+    let guide = std::fs::read_to_string(workspace().join("docs/plugins.md")).unwrap();
+    let mut lines = guide.lines();
+    let mut infos = Vec::new();
+    while let Some(line) = lines.next() {
+        let Some(info) = line.strip_prefix("```") else { continue };
+        lines.by_ref().take_while(|l| !l.starts_with("```")).for_each(drop);
+        infos.push(info.to_string());
+    }
+    let run = |info: &str| info == "sh" || info.starts_with("rust file=");
+    let stray: Vec<&String> =
+        infos.iter().filter(|i| !run(i.as_str()) && !matches!(i.as_str(), "text" | "yaml")).collect();
+    assert!(stray.is_empty(), "blocks of docs/plugins.md the guide's run skips: {stray:?}");
+    let (_, blocks) = guide_script(&guide);
+    assert_eq!(blocks, infos.iter().filter(|i| run(i.as_str())).count(), "{infos:?}");
+    for file in ["src/lib.rs", "tests/plans.rs", "tests/allowlist.rs"] {
+        assert!(infos.iter().any(|i| *i == format!("rust file={file}")), "the guide writes {file}: {infos:?}");
+    }
 }
 
 /// examples/maglev-scheduler: its own workspace and lock file, built with

@@ -81,11 +81,17 @@ pub struct ReasonLabel {
 /// A component file replaced while kpx runs, and what became of it.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
-    /// `backend`, or `scheduler:NAME`.
+    /// `backend`, `scheduler:NAME` or `extension:NAME` (`reload::Role::label`).
     pub component: String,
-    /// `applied` or `refused`.
+    /// One of [`RELOAD_OUTCOMES`].
     pub outcome: String,
 }
+
+/// What `kpx_plugin_reloads_total` counts per component: a replacement
+/// switched to, one refused (the running component kept), and one whose
+/// first sync pass failed, so that the replaced component came back (an
+/// extension's switch stands whatever the pass did: it has no rollback).
+pub const RELOAD_OUTCOMES: [&str; 3] = ["applied", "refused", "rolled-back"];
 
 /// One named counter of an extension's rules.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -504,6 +510,19 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
+    /// `kpx_plugin_reloads_total`'s series of one watched component file
+    /// (`component` as `reload::Role::label` names it), at 0 for each
+    /// outcome it can have (`rolls_back`: whether a failed first pass
+    /// brings the replaced component back), so that they are there from
+    /// the start rather than from the first reload. A series that already
+    /// counts keeps its count.
+    pub fn expect_reloads(&self, component: &str, rolls_back: bool) {
+        for outcome in RELOAD_OUTCOMES.iter().filter(|o| rolls_back || **o != "rolled-back") {
+            let label = ReloadLabel { component: component.to_string(), outcome: outcome.to_string() };
+            drop(self.plugin_reloads.get_or_create(&label));
+        }
+    }
+
     /// Where the sources count the objects they refuse
     /// (`kpx_objects_refused_total{kind}`).
     pub fn refusals(&self) -> Refusals {
@@ -728,6 +747,37 @@ mod tests {
         // A default one counts nowhere.
         Refusals::default().count(Some(Kind::Service));
         assert!(m.encode().contains("kpx_objects_refused_total{kind=\"Service\"} 2"));
+    }
+
+    /// `kpx_plugin_reloads_total` is exposed under that name, and a
+    /// component's series expected at start are at 0 for each outcome it
+    /// can have until a reload counts in one.
+    #[test]
+    fn reload_series_are_there_at_zero_once_expected() {
+        let m = Metrics::new(ProxyMode::Nftables);
+        assert!(!m.encode().contains("kpx_plugin_reloads_total{"), "no series before a component is expected");
+        m.expect_reloads("backend", true);
+        m.expect_reloads("scheduler:mine", true);
+        m.expect_reloads("extension:deny", false);
+        let text = m.encode();
+        assert!(text.contains("# TYPE kpx_plugin_reloads counter"), "{text}");
+        let series = |text: &str| text.lines().filter(|l| l.starts_with("kpx_plugin_reloads_total{")).count();
+        assert_eq!(series(&text), 3 + 3 + 2, "{text}");
+        for component in ["backend", "scheduler:mine", "extension:deny"] {
+            for outcome in ["applied", "refused"] {
+                let want = format!("kpx_plugin_reloads_total{{component=\"{component}\",outcome=\"{outcome}\"}} 0");
+                assert!(text.contains(&want), "{want}: {text}");
+            }
+        }
+        assert!(text.contains("kpx_plugin_reloads_total{component=\"backend\",outcome=\"rolled-back\"} 0"), "{text}");
+        assert!(!text.contains("component=\"extension:deny\",outcome=\"rolled-back\""), "{text}");
+        // A count stays when the series is expected again.
+        let applied = ReloadLabel { component: "backend".into(), outcome: "applied".into() };
+        m.plugin_reloads.get_or_create(&applied).inc();
+        m.expect_reloads("backend", true);
+        let text = m.encode();
+        assert!(text.contains("kpx_plugin_reloads_total{component=\"backend\",outcome=\"applied\"} 1"), "{text}");
+        assert_eq!(series(&text), 8, "{text}");
     }
 
     /// The extensions' counter series stop at MAX_EXTENSION_SERIES; those
