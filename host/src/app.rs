@@ -441,6 +441,13 @@ pub fn run(mut config: Config) -> Result<(), Error> {
     for (index, (e, digest)) in config.extensions.iter().zip(extension_digests).enumerate() {
         files.push((Role::Extension { index, name: e.name.clone() }, e.path.clone(), digest));
     }
+    // Each configured component's reload series, at 0 until a reload
+    // (a rollback is a rules proxier's: not an extension's, nor
+    // userspace mode's).
+    for (role, _, _) in &files {
+        let rolls_back = !matches!(role, Role::Extension { .. }) && config.mode != ProxyMode::Userspace;
+        telemetry.metrics.expect_reloads(&role.label(), rolls_back);
+    }
     let watcher = Watcher::new(plugin_runtime, files);
     let external_ips = config.extra.feature_gates.enabled(gates::ALLOW_SERVICE_EXTERNAL_IPS);
     if !external_ips {

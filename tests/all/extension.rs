@@ -289,6 +289,14 @@ fn a_replaced_extension_takes_over() {
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
     let (made, _, _) = attempts(&lab, "10.96.0.10:80", 8);
     assert_eq!(made, 8, "counting limits nothing");
+    // The reload series are there before any reload, at 0 (an extension
+    // has no rollback).
+    let (_, metrics) = wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
+    for outcome in ["applied", "refused"] {
+        let zero = format!("kpx_plugin_reloads_total{{component=\"extension:vendor\",outcome=\"{outcome}\"}} 0");
+        assert!(metrics.contains(&zero), "want {zero} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("component=\"extension:vendor\",outcome=\"rolled-back\""), "{metrics}");
 
     let synced = kpx.log().matches("synced rules family=IPv4").count();
     replace(&file, &std::fs::read(example("kpx_example_ratelimit.wasm")).unwrap());
