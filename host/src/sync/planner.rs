@@ -246,6 +246,19 @@ impl Planner {
         let request = ScheduleRequest { name, parameters: &choice.parameters, mode, port, candidates, load };
         let plugin = instance.plugin().to_string();
         match instance.schedule(&request) {
+            // A kind the mode has no way to run (a rotation in ipvs mode,
+            // a kernel scheduler in the rule modes): the scheduler's way of
+            // refusing the mode, so the Service gets the default.
+            Ok(plan) if !plan.runs_in(mode) => {
+                let kind = match plan {
+                    Plan::Weighted(_) => "weighted",
+                    Plan::Sequence(_) => "sequence",
+                    Plan::Slots(_) => "slots",
+                    Plan::Kernel(_) => "kernel",
+                };
+                self.warn(key, format!("scheduler {name} ({plugin}) returned a {kind} plan, which {mode} mode does not run; {AS_IF_NONE}"));
+                Outcome::Default
+            }
             Ok(plan) => match plan.check(candidates.len()) {
                 Ok(()) => Outcome::Plan(plan.normalized(candidates.len())),
                 Err(why) => {
@@ -377,5 +390,30 @@ mod tests {
         let mut maglev = port([3, 1], Some("maglev"));
         planner.plan(&mut maglev, None);
         assert!(matches!(maglev.cluster_plan, Some(Plan::Slots(_))), "{:?}", maglev.cluster_plan);
+    }
+
+    /// A plan of a kind the mode does not run (`first`'s rotation, in
+    /// ipvs mode) never reaches the backend: the Service gets the default,
+    /// as if it named no scheduler, and the reason is logged once.
+    #[test]
+    fn a_plan_the_mode_does_not_run_gives_the_default() {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let first = std::fs::read(format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let first = runtime.load_scheduler("first", &first).unwrap();
+        let built_in = runtime.load_scheduler(BUILT_IN_SCHEDULERS, builtin::get("schedulers").unwrap()).unwrap();
+        let mut ipvs = Planner::new(ProxyMode::Ipvs, IpFamily::V4, vec![Arc::new(first), Arc::new(built_in)]);
+        let (mut unnamed, mut named) = (port([3, 1], None), port([3, 1], Some("first")));
+        ipvs.plan(&mut unnamed, None);
+        ipvs.plan(&mut named, None);
+        assert!(!matches!(named.cluster_plan, Some(Plan::Sequence(_))), "{:?}", named.cluster_plan);
+        assert_eq!(named.cluster_plan, unnamed.cluster_plan, "the default, as for a Service naming no scheduler");
+        // In the rule modes the same rotation runs and is kept.
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let first = std::fs::read(format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let first = runtime.load_scheduler("first", &first).unwrap();
+        let mut nft = Planner::new(ProxyMode::Nftables, IpFamily::V4, vec![Arc::new(first)]);
+        let mut named = port([3, 1], Some("first"));
+        nft.plan(&mut named, None);
+        assert_eq!(named.cluster_plan, Some(Plan::Sequence(vec![0])));
     }
 }
