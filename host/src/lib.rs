@@ -5,7 +5,7 @@
 pub mod app;
 pub mod config;
 pub mod conformance;
-mod cpu_time;
+pub mod cpu_time;
 pub mod demo;
 pub mod extension;
 pub mod kernel;

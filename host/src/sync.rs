@@ -790,6 +790,8 @@ pub fn run(
                         plugin_ms = millis(report.plugin),
                         check_ms = millis(report.check),
                         kernel_ms = millis(report.kernel),
+                        check_cpu_ms = millis(report.check_cpu),
+                        kernel_cpu_ms = millis(report.kernel_cpu),
                         steps = report.steps,
                         extensions_ms = millis(report.extensions),
                         "synced rules"

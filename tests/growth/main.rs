@@ -9,15 +9,18 @@
 //! costs for the same objects written by hand.
 //!
 //! Measured by stage ([`Stages`]): the check's CPU time on its thread,
-//! as the dataplane reports it; the rest of this process's user time
-//! (every thread: rendering and encoding); its system time (the kernel's
-//! work on a netlink batch); and that of the iptables-restore it ran. A
+//! as the dataplane reports it; the sync thread's CPU time in the kernel's
+//! reads and writes (nf_tables works on a netlink batch in the sender's
+//! thread); the rest of this process's time (every thread: rendering and
+//! encoding); and that of the iptables-restore it ran. A
 //! binary of its own (cargo runs test binaries one at a time) whose tests
 //! take one lock, so nothing else runs while one measures; each stage's
 //! least of three runs.
 
 use std::sync::Mutex;
 use std::time::Duration;
+
+use kpx::cpu_time::this_thread;
 
 use kpx::kernel::iptables::{IptablesDataplane, IptablesKernel};
 use kpx::kernel::nftables::{NftablesDataplane, NftablesKernel};
@@ -47,12 +50,6 @@ fn cpu() -> [Duration; 3] {
     let me = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
     let children = getrusage(UsageWho::RUSAGE_CHILDREN).expect("getrusage");
     [tv(me.user_time()), tv(me.system_time()), tv(children.user_time()) + tv(children.system_time())]
-}
-
-/// This thread's CPU time, exact (`CLOCK_THREAD_CPUTIME_ID`).
-fn this_thread() -> Duration {
-    use nix::time::{ClockId, clock_gettime};
-    Duration::from(clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).expect("the thread's clock"))
 }
 
 fn since(t: [Duration; 3]) -> [Duration; 3] {

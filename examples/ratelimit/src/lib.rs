@@ -10,7 +10,8 @@
 //!
 //! Parameters (`--extension ratelimit=FILE.wasm,key=value`):
 //! - `default=N`: the limit of Services without the annotation (none by default);
-//! - `action=drop|reject`: reject (ICMP port unreachable) needs the
+//! - `action=drop|reject`: reject (a TCP reset; ICMP port unreachable
+//!   for UDP and SCTP) needs the
 //!   `service` attachment, after kube-proxy's choice: the example then
 //!   limits there.
 #![forbid(unsafe_code)]

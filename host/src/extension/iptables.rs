@@ -472,4 +472,40 @@ mod tests {
         assert!(gone.contains(&format!("-X {counter_chain}\n")), "{gone}");
         assert!(!gone.contains("-X KUBE-X-LIM-DISPATCH"), "{gone}");
     }
+
+    /// A counted reject of a TCP port answers with a reset, in the counter
+    /// chain as in the port chain; the same port turned UDP gets a counter
+    /// chain of its own with ICMP's reject (a kept chain is never written
+    /// again, so a changed verdict needs a new one), and the old one goes.
+    #[test]
+    fn a_tcp_reject_is_a_reset_and_a_changed_verdict_a_new_counter_chain() {
+        let reject = |protocol: Protocol, counter: Option<&str>| {
+            let mut p = ServicePort::new("ns", "web", "", protocol, 80);
+            p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+            let rule = Rule {
+                attachment: Attachment::Service,
+                service: p.key.clone(),
+                source: None,
+                over_rate: None,
+                counter: counter.map(String::from),
+                action: Action::Reject,
+            };
+            let ports = BTreeMap::from([(p.key.clone(), Box::new(p))]);
+            let settings = Settings::new(IpFamily::V4, ProxyMode::Iptables);
+            build("rj", &settings, &Ruleset { rules: vec![rule] }, &ports, &Default::default())
+        };
+        let (plain, _) = payload("rj", &reject(Protocol::Tcp, None), &Written::default());
+        assert!(plain.contains(" -p tcp -j REJECT --reject-with tcp-reset\n"), "{plain}");
+        let (udp, _) = payload("rj", &reject(Protocol::Udp, None), &Written::default());
+        assert!(udp.contains(" -j REJECT\n") && !udp.contains("tcp-reset"), "{udp}");
+
+        let (tcp, written) = payload("rj", &reject(Protocol::Tcp, Some("refused")), &Written::default());
+        let tcp_chain = written.counter_chains.keys().next().unwrap().1.clone();
+        assert!(tcp.contains(&format!("-A {tcp_chain} -p tcp -j REJECT --reject-with tcp-reset\n")), "{tcp}");
+        let (now_udp, after) = payload("rj", &reject(Protocol::Udp, Some("refused")), &written);
+        let udp_chain = after.counter_chains.keys().next().unwrap().1.clone();
+        assert_ne!(udp_chain, tcp_chain, "a new verdict, a new chain");
+        assert!(now_udp.contains(&format!("-A {udp_chain} -j REJECT\n")), "{now_udp}");
+        assert!(now_udp.contains(&format!("-X {tcp_chain}\n")), "{now_udp}");
+    }
 }

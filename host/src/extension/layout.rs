@@ -245,7 +245,15 @@ pub fn build(
         });
         let counter_chain = counter.as_ref().map(|c| {
             let table = if rule.attachment == Attachment::Service { "filter" } else { "mangle" };
-            unique_id(&mut used, &[extension, "counter-chain", table, c, &format!("{:?}", rule.action)])
+            // Named by what the chain does, its verdict whole: a kept chain
+            // is never written again, so a port whose protocol changed (a
+            // TCP reject is a reset, any other an ICMP error) gets a chain
+            // of its own rather than the old verdict.
+            let verdict = match (rule.action, port.protocol) {
+                (Action::Reject, Protocol::Tcp) => "reject with tcp reset".to_string(),
+                (action, _) => format!("{action:?}"),
+            };
+            unique_id(&mut used, &[extension, "counter-chain", table, c, &verdict])
         });
         let new_chain = !out.chains.contains_key(&chain);
         out.chains

@@ -52,6 +52,10 @@ pub struct Report {
     pub check: std::time::Duration,
     /// The kernel's part: reads and writes.
     pub kernel: std::time::Duration,
+    /// CPU time of the sync thread in the host's checks, and in the
+    /// kernel's reads and writes (`kernel::Written::check`, `kernel_cpu`).
+    pub check_cpu: std::time::Duration,
+    pub kernel_cpu: std::time::Duration,
     /// Extensions' syncs after the write.
     pub extensions: std::time::Duration,
     /// iptables mode: the rules kube-proxy owns now, (filter, nat).
@@ -546,6 +550,8 @@ impl FamilyProxier {
             plugin,
             check: dataplane.saturating_sub(written.kernel),
             kernel: written.kernel,
+            check_cpu: written.check,
+            kernel_cpu: written.kernel_cpu,
             extensions: t.elapsed(),
             iptables_rules: written.iptables_rules,
             iptables_written: written.iptables_written,

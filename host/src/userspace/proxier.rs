@@ -304,6 +304,9 @@ impl UserspaceProxier {
             plugin: Duration::ZERO,
             check,
             kernel: t.elapsed(),
+            // No plugin ruleset to check; the kernel's work is the tool's.
+            check_cpu: Duration::ZERO,
+            kernel_cpu: Duration::ZERO,
             extensions: Duration::ZERO,
             iptables_rules: Some((frame.rules.len() - nat, nat)),
             iptables_written: Some(crate::kernel::iptables::rules_in(&text)),

@@ -6,7 +6,8 @@
 //! state's facts (at 100k Services x 10, millions of them). In a hash map
 //! of keys and values, each lookup lands on a random cache line of a table
 //! many times the size of the cache. Here the random part is the table of
-//! positions, a fifth of the size, and a plugin returns its elements in
+//! positions (5 bytes a slot, against 13 for a fact and its count, 29 for
+//! an endpoint map's element), and a plugin returns its elements in
 //! about the order the state's facts were counted in, so the keys and
 //! values are read about in order. Removal moves the last entry into the
 //! hole (as `swap_remove`), so positions are not stable across removals.
@@ -119,6 +120,10 @@ impl<K: Copy + Eq + Hash, V: Copy> DenseMap<K, V> {
                 self.values.swap(w, r);
                 w += 1;
             }
+        }
+        if w == self.keys.len() {
+            // Nothing dropped: the positions stand.
+            return;
         }
         self.keys.truncate(w);
         self.values.truncate(w);

@@ -137,8 +137,11 @@ impl RefCounts {
         self.v4.is_empty() && self.other.is_empty()
     }
 
-    fn reserve(&mut self, n: usize) {
-        self.v4.reserve(n);
+    fn reserve(&mut self, family: IpFamily, n: usize) {
+        match family {
+            IpFamily::V4 => self.v4.reserve(n),
+            IpFamily::V6 => self.other.reserve(n),
+        }
     }
 
     /// Adds an overlay's deltas, keeping only the facts still referred to.
@@ -375,11 +378,12 @@ pub fn check(ctx: &Context, tx: &Transaction) -> Result<Checked, Rejected> {
     let mut p = Pending { ctx, o: Overlay::default() };
     if ctx.full {
         // A full sync refers to about every fact of the state: room for
-        // them at once, not a table rebuilt at every doubling.
+        // them at once, not a table rebuilt at every doubling (in the
+        // table of the family's facts: IPv4 ones pack, IPv6 ones do not).
         let s = ctx.scope;
-        p.o.refs.reserve(
-            s.destinations.len() + s.node_ports.len() + s.cluster_ips.len() + s.endpoints.len() + s.endpoint_ips.len(),
-        );
+        let facts =
+            s.destinations.len() + s.node_ports.len() + s.cluster_ips.len() + s.endpoints.len() + s.endpoint_ips.len();
+        p.o.refs.reserve(ctx.family, facts);
     }
     for (i, op) in tx.ops.iter().enumerate() {
         check_op(&mut p, op).map_err(|why| reject(ctx, i, op, why))?;
