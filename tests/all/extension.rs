@@ -34,7 +34,7 @@ fn attempts(lab: &NodeLab, to: &str, n: usize) -> (usize, usize, f64) {
 
 /// `kpx_extension_counter` of (extension, service, counter), once /metrics has it at `want`
 /// (read every 2 s); the last value seen if it never gets there.
-fn counter_reaches(lab: &NodeLab, extension: &str, service: &str, counter: &str, want: u64) -> Option<u64> {
+pub(crate) fn counter_reaches(lab: &NodeLab, extension: &str, service: &str, counter: &str, want: u64) -> Option<u64> {
     let labels = format!("extension=\"{extension}\",service=\"{service}\",counter=\"{counter}\"");
     let t0 = Instant::now();
     let mut last = None;

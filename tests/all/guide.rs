@@ -2,14 +2,17 @@
 //! blocks and files, in order, from an empty directory (a new plugin crate,
 //! its unit tests, its component, `kpx conformance`, `kpx demo` with it,
 //! the reference sections' tests of every plan and of an allow-list), and
-//! the out-of-tree example (examples/maglev-scheduler) built apart,
-//! checked and carrying real traffic.
+//! the out-of-tree examples (examples/maglev-scheduler,
+//! examples/allowlist-extension) built apart, checked and carrying real
+//! traffic.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::extension::counter_reaches;
 use crate::schedulers::{client_addresses, tcp_from, write_service};
 use crate::support::*;
 
@@ -155,7 +158,7 @@ fn the_out_of_tree_maglev_example_passes_conformance_and_carries_traffic() {
     let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
     assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
     assert!(kpx.log().contains("scheduler component: [\"maglev\"] plugin=ext"), "{}", kpx.log());
-    let mut per_client: BTreeMap<std::net::IpAddr, String> = BTreeMap::new();
+    let mut per_client: BTreeMap<IpAddr, String> = BTreeMap::new();
     for c in client_addresses(&lab, 12) {
         let answers: Vec<String> = (0..3).map(|_| tcp_from(&lab, Some(c), "10.96.0.10:80")).collect();
         assert!(answers.iter().all(|a| a == &answers[0] && a.starts_with("be")), "client {c}: {answers:?}");
@@ -164,4 +167,88 @@ fn the_out_of_tree_maglev_example_passes_conformance_and_carries_traffic() {
     let spread: BTreeSet<&String> = per_client.values().collect();
     eprintln!("maglev example: 12 clients reached {spread:?}");
     assert!(spread.len() >= 2, "{per_client:?}");
+}
+
+/// examples/allowlist-extension: an extension built out of tree (its own
+/// workspace and lock file) with its one command, passing `kpx
+/// conformance` with an allow-list on every Service of the kit's states
+/// and with an unusable one, and loaded into a running kpx in both rule
+/// modes: a listed client reaches the guarded Service and an unlisted one
+/// does not (each attempt counted as `denied`), a Service without the
+/// annotation answers both, and one whose list has a typo answers no one.
+#[test]
+fn the_out_of_tree_allowlist_example_passes_conformance_and_guards_a_service() {
+    let example = workspace().join("examples/allowlist-extension");
+    let t0 = Instant::now();
+    let status = clean(Command::new("cargo")).args(["test", "--locked"]).current_dir(&example).status().unwrap();
+    assert!(status.success(), "examples/allowlist-extension's unit tests failed");
+    let status = clean(Command::new("cargo")).args(["plugin", "--locked"]).current_dir(&example).status().unwrap();
+    assert!(status.success(), "building examples/allowlist-extension failed");
+    eprintln!("examples/allowlist-extension tested and built in {:.0} s", t0.elapsed().as_secs_f64());
+    let wasm = example.join("target/wasm32-unknown-unknown/release/allowlist_extension.wasm");
+    // A list that fits (its complement: 46 IPv4 and 32 IPv6 rules a port),
+    // and one with a typo (one drop-all rule a port).
+    for list in ["allow=10.1.0.0/16,192.168.7.9,2001:db8::/32", "allow=10.1.0.0/16,10.1.2.300"] {
+        let out = Command::new(KPX)
+            .args(["conformance", wasm.to_str().unwrap(), "--extension-annotation", list])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{text}");
+        assert!(out.status.success(), "the example fails conformance with {list}");
+        let laid_out = text
+            .lines()
+            .find(|l| l.starts_with("contract: the rules lay out into kernel objects of both modes"))
+            .and_then(|l| l.split_whitespace().rev().nth(3)?.parse::<usize>().ok());
+        assert!(laid_out.is_some_and(|n| n > 0), "{list}: the kit checked rules the example returned: {laid_out:?}");
+    }
+
+    for mode in ["nftables", "iptables"] {
+        let Some(lab) = lab_or_skip(2, &format!("the_out_of_tree_allowlist_example carrying traffic ({mode})")) else {
+            return;
+        };
+        let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+        let (dir, manifests) = run_dirs(&format!("allowlist-example-{mode}"));
+        // 192.168.100.100 to .105: .100, .102 and .103 listed.
+        let clients = client_addresses(&lab, 6);
+        let listed: Vec<IpAddr> =
+            ["192.168.100.100", "192.168.100.102", "192.168.100.103"].iter().map(|a| a.parse().unwrap()).collect();
+        let list = "192.168.100.100, 192.168.100.102/31, fd00:100::/64";
+        write_service(&manifests, "guarded", "10.96.0.10", &[("ext.kpx.dev/allow.allow", list)], &eps, &[]);
+        write_service(&manifests, "open", "10.96.0.11", &[], &eps, &[]);
+        let typo = [("ext.kpx.dev/allow.allow", "192.168.100.100, 192.168.100.300")];
+        write_service(&manifests, "typo", "10.96.0.12", &typo, &eps, &[]);
+        let ext = format!("allow={}", wasm.display());
+        let args = kpx_args(&manifests, &["--proxy-mode", mode, "--extension", &ext]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        let objects = match mode {
+            "nftables" => lab.node.exec(&["nft", "list", "ruleset"]).unwrap(),
+            _ => lab.node.exec(&["iptables-save"]).unwrap(),
+        };
+        let want = if mode == "nftables" { "table ip kpx-allow" } else { ":KUBE-X-ALLOW-DISPATCH" };
+        assert!(objects.contains(want), "{mode}: {want} missing:\n{objects}");
+
+        let mut denied = 0u64;
+        for c in &clients {
+            let answer = tcp_from(&lab, Some(*c), "10.96.0.10:80");
+            if listed.contains(c) {
+                assert!(answer.starts_with("be"), "{mode}: listed client {c} to the guarded Service: {answer}");
+            } else {
+                assert_eq!(answer, "Timeout", "{mode}: unlisted client {c} to the guarded Service: dropped");
+                denied += 1;
+            }
+            let open = tcp_from(&lab, Some(*c), "10.96.0.11:80");
+            assert!(open.starts_with("be"), "{mode}: client {c} to the Service without a list: {open}");
+            let closed = tcp_from(&lab, Some(*c), "10.96.0.12:80");
+            assert_eq!(closed, "Timeout", "{mode}: client {c} to the Service whose list has a typo: dropped");
+        }
+        assert_eq!(denied, 3, "{mode}: {clients:?}");
+        let count = |service, counter, want| counter_reaches(&lab, "allow", service, counter, want);
+        assert_eq!(count("test/guarded:tcp", "denied", denied), Some(denied), "{mode}: each unlisted attempt");
+        assert_eq!(count("test/typo:tcp", "denied_unusable_list", 6), Some(6), "{mode}: each attempt");
+        let why = "test/typo: annotation allow: \"192.168.100.300\" is not an IP address or a CIDR";
+        assert!(kpx.log().contains(why), "{mode}: the typo is logged:\n{}", kpx.log());
+        eprintln!("{mode}: allowlist example: 3 listed clients in, 3 unlisted dropped and counted, the typo closed");
+    }
 }
