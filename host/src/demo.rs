@@ -4,8 +4,11 @@
 //! names the backend that answered and the source address it saw. With
 //! `--scheduler-plugin NAME=FILE --scheduler S`, the demo's web Service is
 //! annotated `kpx.dev/scheduler: S` and eight clients show where the
-//! component sends them. Needs root (network namespaces); never touches
-//! the host's own network.
+//! component sends them. With `--extension NAME=FILE[,KEY=VALUE...]` (and
+//! `--annotation KEY=VALUE` for the web Service, e.g. the extension's
+//! `ext.kpx.dev/NAME.*`), the same eight clients show what the extension
+//! lets through, and its counters follow. Needs root (network
+//! namespaces); never touches the host's own network.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -34,6 +37,14 @@ pub struct Args {
     /// The scheduler the web Service names (its kpx.dev/scheduler annotation).
     #[arg(long)]
     pub scheduler: Option<String>,
+    /// An extension component to load, as kpx's flag of the same name
+    /// (NAME=FILE[,KEY=VALUE...]).
+    #[arg(long = "extension")]
+    pub extensions: Vec<String>,
+    /// An annotation of the web Service (KEY=VALUE), e.g. an extension's
+    /// `ext.kpx.dev/NAME.KEY`.
+    #[arg(long = "annotation")]
+    pub annotations: Vec<String>,
 }
 
 type Result<T> = std::result::Result<T, String>;
@@ -48,15 +59,35 @@ pub fn run(args: &Args, kpx: &Path) -> Result<()> {
     {
         return Err(format!("--scheduler {s:?}: a scheduler's name is a-z, 0-9 and '-'"));
     }
+    let mut annotations: Vec<(String, String)> = Vec::new();
+    if let Some(s) = &args.scheduler {
+        annotations.push(("kpx.dev/scheduler".into(), s.clone()));
+    }
+    for a in &args.annotations {
+        let (k, v) = a.split_once('=').ok_or(format!("--annotation {a:?}: KEY=VALUE"))?;
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"./-_".contains(&b)) {
+            return Err(format!("--annotation {a:?}: a key is letters, digits and . / - _"));
+        }
+        annotations.push((k.to_string(), v.to_string()));
+    }
     let lab = NodeLab::build(3).map_err(|e| format!("the demo needs root and network namespaces: {e}"))?;
     let (dir, manifests) = crate::scratch::fresh_dir("demo")?;
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
     for (file, text) in MANIFESTS {
-        let text = match (&args.scheduler, file) {
-            (Some(s), "web.yaml") => text.replace(
-                "metadata: {name: web, namespace: demo}",
-                &format!("metadata: {{name: web, namespace: demo, annotations: {{kpx.dev/scheduler: {s}}}}}"),
-            ),
+        let text = match file {
+            "web.yaml" if !annotations.is_empty() => {
+                // Keys and values as JSON strings: YAML reads them as they are.
+                let quote = |t: &str| serde_json::to_string(t).expect("a string");
+                let map: Vec<String> = annotations.iter().map(|(k, v)| format!("{}: {}", quote(k), quote(v))).collect();
+                let web = "metadata: {name: web, namespace: demo}";
+                if !text.contains(web) {
+                    return Err("examples/demo/web.yaml no longer has the metadata the demo annotates".into());
+                }
+                text.replace(
+                    web,
+                    &format!("metadata: {{name: web, namespace: demo, annotations: {{{}}}}}", map.join(", ")),
+                )
+            }
             _ => text.to_string(),
         };
         std::fs::write(manifests.join(file), text).map_err(io)?;
@@ -81,6 +112,13 @@ pub fn run(args: &Args, kpx: &Path) -> Result<()> {
         let file = std::path::absolute(file).map_err(|e| format!("{file}: {e}"))?;
         kpx_args.extend(["--scheduler-plugin".into(), format!("{name}={}", file.display())]);
     }
+    for e in &args.extensions {
+        let (name, rest) = e.split_once('=').ok_or(format!("--extension {e:?}: NAME=FILE[,KEY=VALUE...]"))?;
+        let (file, params) = rest.split_once(',').map_or((rest, None), |(f, p)| (f, Some(p)));
+        let file = std::path::absolute(file).map_err(|e| format!("{file}: {e}"))?;
+        let params = params.map(|p| format!(",{p}")).unwrap_or_default();
+        kpx_args.extend(["--extension".into(), format!("{name}={}{params}", file.display())]);
+    }
     println!("== kpx {}", kpx_args.join(" "));
     println!("   node namespace {}, client {}", lab.node.name, lab.client.name);
     let log = dir.join("kpx.log");
@@ -94,8 +132,11 @@ pub fn run(args: &Args, kpx: &Path) -> Result<()> {
     requests(&lab, "TCP", WEB, 6);
     requests(&lab, "UDP", WEB, 6);
     requests(&lab, "TCP", EMPTY, 1);
-    if let Some(s) = &args.scheduler {
-        clients(&lab, s, &proc.log())?;
+    if args.scheduler.is_some() || !args.extensions.is_empty() {
+        clients(&lab, args.scheduler.as_deref(), &proc.log())?;
+    }
+    if !args.extensions.is_empty() {
+        counters(&lab);
     }
 
     println!("\n== the web Service's endpoint 10.244.3.5 (be3) removed from its manifest");
@@ -139,11 +180,16 @@ fn rules(lab: &NodeLab, mode: &str) {
 }
 
 /// Eight more client addresses, three connections each: where the
-/// Service's scheduler sends them.
-fn clients(lab: &NodeLab, scheduler: &str, log: &str) -> Result<()> {
-    println!("\n== the web Service names scheduler {scheduler}: 8 clients, 3 TCP connections each");
-    if log.contains(&format!("no scheduler is named \"{scheduler}\"")) {
-        println!("   (kpx knows no scheduler {scheduler:?}: the Service keeps the default; see kpx's log)");
+/// Service's scheduler sends them, and what its extensions let through.
+fn clients(lab: &NodeLab, scheduler: Option<&str>, log: &str) -> Result<()> {
+    match scheduler {
+        Some(s) => {
+            println!("\n== the web Service names scheduler {s}: 8 clients, 3 TCP connections each");
+            if log.contains(&format!("no scheduler is named \"{s}\"")) {
+                println!("   (kpx knows no scheduler {s:?}: the Service keeps the default; see kpx's log)");
+            }
+        }
+        None => println!("\n== 8 clients, 3 TCP connections each, through the extensions"),
     }
     for i in 0..8 {
         let ip = format!("192.168.100.{}", 100 + i);
@@ -160,6 +206,38 @@ fn clients(lab: &NodeLab, scheduler: &str, log: &str) -> Result<()> {
         println!("   client {ip:<16} -> {}", answers.join(", "));
     }
     Ok(())
+}
+
+/// The extensions' counters, as kpx's /metrics has them once it read them
+/// from the kernel (every 2 s).
+fn counters(lab: &NodeLab) {
+    std::thread::sleep(Duration::from_millis(2500));
+    println!("\n== the extensions' counters (kpx_extension_counter_total on /metrics)");
+    let metrics = lab.node.enter(|| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(
+            &"127.0.0.1:10249".parse().expect("an address"),
+            Duration::from_secs(2),
+        )?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: demo\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok::<String, std::io::Error>(body)
+    });
+    match metrics {
+        Ok(Ok(text)) => {
+            let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("kpx_extension_counter_total{")).collect();
+            if lines.is_empty() {
+                println!("   (none yet)");
+            }
+            for l in lines {
+                println!("   {l}");
+            }
+        }
+        Ok(Err(e)) => println!("   (cannot read kpx's /metrics: {e})"),
+        Err(e) => println!("   (cannot enter the node namespace: {e})"),
+    }
 }
 
 fn requests(lab: &NodeLab, proto: &str, to: &str, n: usize) {

@@ -251,4 +251,31 @@ fn the_out_of_tree_allowlist_example_passes_conformance_and_guards_a_service() {
         assert!(kpx.log().contains(why), "{mode}: the typo is logged:\n{}", kpx.log());
         eprintln!("{mode}: allowlist example: 3 listed clients in, 3 unlisted dropped and counted, the typo closed");
     }
+
+    // The same extension in `kpx demo`: its eight clients (192.168.100.100
+    // to .107) through the web Service, which lists the demo's own client
+    // and .100/31; the others dropped and counted.
+    let list = "ext.kpx.dev/allow.allow=192.168.100.2,192.168.100.100/31";
+    let ext = format!("allow={}", wasm.display());
+    let out = Command::new(KPX)
+        .args(["demo", "--proxy-mode", "nftables", "--extension", &ext, "--annotation", list])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kpx demo --extension failed");
+    let client = |ip: &str| text.lines().find(|l| l.contains(&format!("client {ip} "))).unwrap_or_default().to_string();
+    for ip in ["192.168.100.100", "192.168.100.101"] {
+        assert!(client(ip).contains("-> be"), "listed {ip}: {}", client(ip));
+    }
+    for ip in ["192.168.100.102", "192.168.100.107"] {
+        assert!(client(ip).contains("-> Timeout, Timeout, Timeout"), "unlisted {ip}: {}", client(ip));
+    }
+    let denied = text
+        .lines()
+        .find(|l| {
+            l.contains("kpx_extension_counter_total{") && l.contains("service=\"demo/web:http\",counter=\"denied\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(denied.is_some_and(|n| n >= 18), "6 unlisted clients, 3 TCP attempts each, counted: {denied:?}\n{text}");
 }
