@@ -32,6 +32,10 @@ pub enum Error {
     /// The tool did not finish in time and was killed.
     #[error("{program} did not finish in {seconds} s and was stopped")]
     Timeout { program: String, seconds: u64 },
+    /// The tool exited, but a process it left running held its output
+    /// open; the tool's process group was killed.
+    #[error("{program} exited, but a process it started held its output open; its process group was killed")]
+    OutputHeld { program: String },
     /// The tool refused: its exit status and what it said, read once by
     /// [`exec::classify`].
     #[error("{program} failed ({status}): {stderr}")]
@@ -74,7 +78,10 @@ impl Error {
     /// The tool that failed, when a tool did.
     pub fn program(&self) -> Option<&str> {
         match self {
-            Error::Spawn { program, .. } | Error::Timeout { program, .. } | Error::Failed { program, .. } => {
+            Error::Spawn { program, .. }
+            | Error::Timeout { program, .. }
+            | Error::OutputHeld { program }
+            | Error::Failed { program, .. } => {
                 Some(program)
             }
             _ => None,

@@ -2,8 +2,13 @@
 //! ip): with a deadline, and with their failures read in one place.
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 
 use super::{Cause, Error, Result};
 
@@ -50,77 +55,130 @@ pub fn classify(stderr: &str) -> Cause {
     }
 }
 
+/// How long the outputs may stay open once the tool has exited: what
+/// holds them then is a process the tool left behind, which is killed.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// What the tool's waiter and output readers report.
+enum Event {
+    Exited(std::io::Result<ExitStatus>),
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+}
+
+/// Reads one output to its end on a thread of its own, reporting it on
+/// `events`. Not a scoped thread: a process that escaped the tool's group
+/// may hold the pipe open for ever, and the sync thread must not wait
+/// for it.
+fn drain(pipe: Option<impl Read + Send + 'static>, events: &mpsc::Sender<Event>, wrap: fn(Vec<u8>) -> Event) {
+    let events = events.clone();
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(mut s) = pipe {
+            let _ = s.read_to_end(&mut v);
+        }
+        let _ = events.send(wrap(v));
+    });
+}
+
+/// The tool's status and outputs as they came in.
+#[derive(Default)]
+struct Outcome {
+    status: Option<std::io::Result<ExitStatus>>,
+    stdout: Option<Vec<u8>>,
+    stderr: Option<Vec<u8>>,
+}
+
+impl Outcome {
+    fn complete(&self) -> bool {
+        self.status.is_some() && self.stdout.is_some() && self.stderr.is_some()
+    }
+
+    /// Takes events until everything came in or `until` passed.
+    fn collect(&mut self, events: &mpsc::Receiver<Event>, until: Instant) {
+        while !self.complete() {
+            match events.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(Event::Exited(s)) => self.status = Some(s),
+                Ok(Event::Stdout(v)) => self.stdout = Some(v),
+                Ok(Event::Stderr(v)) => self.stderr = Some(v),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 impl Exec for SystemExec {
     fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<String> {
         let spawn_err = |source| Error::Spawn { program: program.to_string(), source };
+        // A group of its own: a kill reaches whatever the tool started
+        // too, which would otherwise keep its outputs open.
         let mut child = Command::new(program)
             .args(args)
             .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .spawn()
             .map_err(spawn_err)?;
+        let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let kill_group = || {
+            let _ = killpg(group, Signal::SIGKILL);
+        };
         let started = Instant::now();
         let deadline = started + self.timeout;
-        // Stdin is written and the outputs drained from threads, so a
-        // chatty tool cannot deadlock on a full pipe while this one waits.
-        let (status, out, err) = std::thread::scope(|scope| {
+        let (events, reports) = mpsc::channel::<Event>();
+        drain(child.stdout.take(), &events, Event::Stdout);
+        drain(child.stderr.take(), &events, Event::Stderr);
+        let mut outcome = Outcome::default();
+        let mut timed_out = false;
+        let mut held = false;
+        // Stdin is written from a thread, so a chatty tool cannot deadlock
+        // on a full output pipe while this one writes; a tool that exits
+        // early closes the pipe, and its status says why. Everything else
+        // arrives on the channel, which this thread sleeps on rather than
+        // polling (the sync thread's time in an 8,000-rule partial write:
+        // 10 ms polling every 2 ms, 5 ms not; tests/growth).
+        std::thread::scope(|scope| {
             if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-                // A tool that exits early closes the pipe; its status says why.
                 scope.spawn(move || {
                     let _ = pipe.write_all(input);
                 });
             }
-            // Each output's reader says when it reached the end: the tool
-            // closed it, which it does by exiting. Until then this thread
-            // sleeps on the channel rather than polling the tool every 2 ms:
-            // the polls' CPU time grew with the tool's own time (the sync
-            // thread's time in an 8,000-rule partial write: 10 ms polling,
-            // 5 ms not; tests/growth).
-            let (ended, end) = std::sync::mpsc::channel::<()>();
-            let drain = |pipe: Option<Box<dyn Read + Send>>| {
-                let ended = ended.clone();
-                scope.spawn(move || {
-                    let mut v = Vec::new();
-                    if let Some(mut s) = pipe {
-                        let _ = s.read_to_end(&mut v);
-                    }
-                    let _ = ended.send(());
-                    v
-                })
-            };
-            let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-            let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-            for _ in 0..2 {
-                if end.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_err() {
-                    break;
+            let waiter = events.clone();
+            scope.spawn(move || {
+                let _ = waiter.send(Event::Exited(child.wait()));
+            });
+            outcome.collect(&reports, deadline);
+            if outcome.status.is_none() {
+                timed_out = true;
+                kill_group();
+            } else if !outcome.complete() {
+                // Exited, outputs still open: give them a moment to end.
+                outcome.collect(&reports, Instant::now() + LINGER);
+                if !outcome.complete() {
+                    held = true;
+                    kill_group();
                 }
             }
-            // Both closed (the tool exited, or is exiting), or the deadline
-            // passed; a tool that closed its outputs and ran on is polled.
-            let status = loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => break Ok(status),
-                    Ok(None) if Instant::now() >= deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break Err(Error::Timeout { program: program.to_string(), seconds: self.timeout.as_secs() });
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(2)),
-                    Err(e) => break Err(spawn_err(e)),
-                }
-            };
-            (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
+            // After a kill the waiter returns at once; the outputs end
+            // unless a process left the group, which is not waited for.
+            outcome.collect(&reports, Instant::now() + LINGER);
         });
-        tracing::debug!(
-            program,
-            args = args.len(),
-            stdin_bytes = stdin.map_or(0, <[u8]>::len),
-            ok = status.as_ref().is_ok_and(|s| s.success()),
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "ran a tool"
-        );
-        let status = status?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let ok = !timed_out && !held && matches!(&outcome.status, Some(Ok(s)) if s.success());
+        tracing::debug!(program, args = args.len(), stdin_bytes = stdin.map_or(0, <[u8]>::len), ok, ms, "ran a tool");
+        if timed_out {
+            return Err(Error::Timeout { program: program.to_string(), seconds: self.timeout.as_secs() });
+        }
+        if held {
+            return Err(Error::OutputHeld { program: program.to_string() });
+        }
+        let status = match outcome.status {
+            Some(s) => s.map_err(spawn_err)?,
+            None => return Err(Error::Timeout { program: program.to_string(), seconds: self.timeout.as_secs() }),
+        };
+        let out = outcome.stdout.unwrap_or_default();
+        let err = outcome.stderr.unwrap_or_default();
         if !status.success() {
             let stderr = String::from_utf8_lossy(&err).trim().to_string();
             return Err(Error::Failed {
@@ -144,6 +202,27 @@ mod tests {
         let exec = SystemExec { timeout: Duration::from_millis(300) };
         let t = Instant::now();
         let err = exec.run("sleep", &["30"], None).unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_process_the_tool_leaves_holding_its_output_is_killed() {
+        // The tool exits at once; what it started keeps stdout open.
+        let exec = SystemExec::default();
+        let t = Instant::now();
+        let err = exec.run("sh", &["-c", "sleep 600 & echo started"], None).unwrap_err();
+        assert!(matches!(err, Error::OutputHeld { .. }), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+        // The same started with its outputs closed is no problem.
+        assert_eq!(exec.run("sh", &["-c", "sleep 600 >/dev/null 2>&1 & echo started"], None).unwrap(), "started\n");
+    }
+
+    #[test]
+    fn a_hung_tool_is_stopped_with_what_it_started() {
+        let exec = SystemExec { timeout: Duration::from_millis(300) };
+        let t = Instant::now();
+        let err = exec.run("sh", &["-c", "sleep 600 & sleep 600"], None).unwrap_err();
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
     }
