@@ -65,9 +65,13 @@ pub use kpx_rules::plan::{
     HashField, IPVS_SCHEDULERS, KernelPlan, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable,
 };
 
-/// The contract version of the scheduler and extension worlds this SDK
-/// builds plugins against, and of [`export_backend_v0_2!`].
+/// The contract version of [`export_backend_v0_2!`] and of the 0.2.0
+/// scheduler and extension macros, which kpx still runs.
 pub const CONTRACT_VERSION: &str = "0.2.0";
+
+/// The contract version [`export_scheduler!`] and [`export_extension!`]
+/// build schedulers and extensions against.
+pub const PLUGIN_CONTRACT_VERSION: &str = "0.4.0";
 
 /// The contract version [`export_backend!`] builds backends against.
 pub const BACKEND_CONTRACT_VERSION: &str = "0.3.0";
