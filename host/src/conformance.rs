@@ -7,9 +7,10 @@
 //! conformance flows through the packet tracer (and, with `--kernel`, real
 //! packets through the real kernel in network namespaces), and hostile but
 //! valid inputs (every refusal by the host is shown). A scheduler is checked
-//! for its names, its plans in every mode, its per-connection picks, its
-//! distribution, and, for the names IPVS defines, the behaviour the name
-//! promises. An extension is checked for the contract on every case's
+//! for its names, its plans in every mode, its per-connection picks, the
+//! promises each name states (and no other: a 0.2.0 component is checked
+//! as spreading), and, for the names IPVS defines, the behaviour the name
+//! implies. An extension is checked for the contract on every case's
 //! state and the hostile inputs, in both rule modes and families, its
 //! rules through the host's checks and layout. Each check is a row of a pass/fail table; any failure makes
 //! the command exit non-zero.

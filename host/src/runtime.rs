@@ -28,7 +28,7 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 pub use extension::{ExtensionInstance, ExtensionPlugin};
 pub use kind::Kind;
-pub use scheduler::{SchedulerInstance, SchedulerPlugin};
+pub use scheduler::{Promise, SchedulerInstance, SchedulerPlugin};
 
 /// The built-in scheduler component's name (its schedulers are the
 /// defaults a Service that names none gets).
@@ -301,9 +301,23 @@ impl Runtime {
         }
     }
 
-    /// Loads a scheduler component (the `scheduler-plugin` world).
+    /// Loads a scheduler component (the `scheduler-plugin` world of
+    /// 0.4.0, or of 0.2.0), bound by the version it declares.
     pub fn load_scheduler(&self, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin> {
-        let pre = self.link_world(name, bytes, Kind::Scheduler, wit::since_v0_2_0::SchedulerPre::new)?;
+        let (found, linked) = self.link(name, bytes, Kind::Scheduler)?;
+        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
+        if !scheduler::VERSIONS.contains(&found.as_str()) {
+            return Err(load_err(format!(
+                "not a scheduler component: it is built for kpx:proxier {found}, whose only world is the backend's \
+                 (schedulers are built for {})",
+                scheduler::VERSIONS.join(" or ")
+            )));
+        }
+        let pre = scheduler::SchedulerPre::new(&found, linked).map_err(|e| {
+            load_err(format!(
+                "not a scheduler component (the scheduler-plugin world exports kpx:proxier/scheduler@{found}): {e:#}"
+            ))
+        })?;
         Ok(SchedulerPlugin { base: self.base(name), pre })
     }
 

@@ -22,7 +22,10 @@
 //! A scheduler plugin implements [`scheduler::Scheduler`] and exports it
 //! with [`export_scheduler!`]: it returns a [`Plan`] for a service port's
 //! candidate endpoints, which the modes execute (docs/plugins.md, "Plans",
-//! says which mode runs which). Everything a plan is built from is here:
+//! says which mode runs which), and states each name's [`Promise`]s
+//! (spread, weighted, sticky, minimal disruption, least loaded,
+//! priority), which `kpx conformance` checks. Everything a plan is built
+//! from is here:
 //!
 //! ```
 //! use kpx_sdk::{HashField, KernelPlan, Plan, ProxyMode, SlotTable, testing};
@@ -47,7 +50,7 @@
 //!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|
-//! | 0.1.x   | backends 0.3.0 ([`export_backend!`]) or 0.2.0 ([`export_backend_v0_2!`]); schedulers and extensions 0.2.0 | kpx 0.1.x built from the same tree: 0.2.0 and 0.3.0 |
+//! | 0.1.x   | backends 0.3.0 ([`export_backend!`]) or 0.2.0 ([`export_backend_v0_2!`]); schedulers 0.4.0 ([`export_scheduler!`]) or 0.2.0 ([`export_scheduler_v0_2!`]); extensions 0.2.0 | kpx 0.1.x built from the same tree: 0.2.0, 0.3.0 and 0.4.0 |
 
 mod convert;
 mod mem;
@@ -65,9 +68,13 @@ pub use kpx_rules::plan::{
     HashField, IPVS_SCHEDULERS, KernelPlan, MAX_SEQUENCE, MAX_SLOT_DIM, MAX_WEIGHT_SUM, Plan, SlotTable,
 };
 
-/// The contract version of the scheduler and extension worlds this SDK
-/// builds plugins against, and of [`export_backend_v0_2!`].
+/// The contract version of [`export_backend_v0_2!`] and of the 0.2.0
+/// scheduler and extension macros, which kpx still runs.
 pub const CONTRACT_VERSION: &str = "0.2.0";
+
+/// The contract version [`export_scheduler!`] and [`export_extension!`]
+/// build schedulers and extensions against.
+pub const PLUGIN_CONTRACT_VERSION: &str = "0.4.0";
 
 /// The contract version [`export_backend!`] builds backends against.
 pub const BACKEND_CONTRACT_VERSION: &str = "0.3.0";
@@ -147,6 +154,8 @@ pub mod extension;
 pub mod names;
 pub mod scheduler;
 pub mod testing;
+
+pub use scheduler::Promise;
 
 /// Log through the host, which prefixes the plugin's name. Outside a
 /// component (a plugin's native unit tests) the lines go to stderr.

@@ -1,8 +1,12 @@
-//! The scheduler world: [`Scheduler`] and [`export_scheduler!`](crate::export_scheduler).
+//! The scheduler world: [`Scheduler`], [`Promise`],
+//! [`export_scheduler!`](crate::export_scheduler) (kpx:proxier 0.4.0) and
+//! [`export_scheduler_v0_2!`](crate::export_scheduler_v0_2) (0.2.0, which
+//! states no promises).
 
 use kpx_rules::model::{ProxyMode, ServicePort};
 use kpx_rules::plan::Plan;
 
+/// The 0.2.0 scheduler world, whose types the 0.4.0 one reuses.
 #[doc(hidden)]
 pub mod __bindings {
     wit_bindgen::generate!({
@@ -14,6 +18,29 @@ pub mod __bindings {
     });
 }
 
+/// The 0.4.0 scheduler world: its own `scheduler` interface (0.2.0's plus
+/// `promises`); 0.2.0's types, log and request records bound to
+/// [`__bindings`]' types, so that both worlds share one implementation.
+/// The world is included under a name of its own: wit-bindgen names the
+/// crate-level export macro after the world, and 0.2.0's world has this
+/// one's name.
+#[doc(hidden)]
+pub mod __bindings_v0_4 {
+    wit_bindgen::generate!({
+        path: "../wit/since_v0.4.0",
+        inline: "package kpx:sdk; world scheduler-plugin-promises { include kpx:proxier/scheduler-plugin@0.4.0; }",
+        world: "scheduler-plugin-promises",
+        pub_export_macro: true,
+        export_macro_name: "__export_scheduler_plugin_v0_4",
+        default_bindings_module: "::kpx_sdk::scheduler::__bindings_v0_4",
+        with: {
+            "kpx:proxier/types@0.2.0": crate::scheduler::__bindings::kpx::proxier::types,
+            "kpx:proxier/log@0.2.0": crate::scheduler::__bindings::kpx::proxier::log,
+            "kpx:proxier/scheduler@0.2.0": crate::scheduler::__bindings::exports::kpx::proxier::scheduler,
+        },
+    });
+}
+
 mod convert {
     kpx_rules::wit_conversions!(crate::scheduler::__bindings::kpx::proxier::types);
     pub use wit_convert::*;
@@ -21,6 +48,46 @@ mod convert {
 
 use __bindings::exports::kpx::proxier::scheduler as wit;
 use __bindings::kpx::proxier::types as wt;
+use __bindings_v0_4::exports::kpx::proxier0_4_0::scheduler as wit4;
+
+/// A property a scheduler guarantees for one of its names, which `kpx
+/// conformance` checks (and no property a name does not state).
+/// Candidates are in the order the host sends them: endpoints sorted by
+/// address, then port. docs/plugins.md, "Promises", says what the kit
+/// does for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Promise {
+    /// Equal endpoints take about equal shares of new connections (each
+    /// at least half its fair share).
+    Spread,
+    /// Shares follow the endpoints' weights (`kpx.dev/weights`).
+    Weighted,
+    /// One client, one endpoint, while the endpoints stay the same.
+    Sticky,
+    /// When one of N endpoints leaves, at most 1/N of the clients (plus 2
+    /// points) move to another endpoint.
+    MinimalDisruption,
+    /// A new connection goes to a candidate with the fewest open
+    /// connections (per-connection picks).
+    LeastLoaded,
+    /// Every new connection goes to the first candidate that may take it
+    /// (weight above 0, not failed for this connection): failover in
+    /// candidate order.
+    Priority,
+}
+
+impl Promise {
+    fn to_wit(self) -> wit4::Promise {
+        match self {
+            Promise::Spread => wit4::Promise::Spread,
+            Promise::Weighted => wit4::Promise::Weighted,
+            Promise::Sticky => wit4::Promise::Sticky,
+            Promise::MinimalDisruption => wit4::Promise::MinimalDisruption,
+            Promise::LeastLoaded => wit4::Promise::LeastLoaded,
+            Promise::Priority => wit4::Promise::Priority,
+        }
+    }
+}
 
 /// Live load per candidate (same order as the candidates), as the host
 /// measured it: the WIT's `load`, passed through unchanged.
@@ -92,6 +159,17 @@ pub struct PickRequest {
 pub trait Scheduler {
     /// The names it answers to.
     fn names() -> Vec<String>;
+    /// What `name` guarantees: `kpx conformance` checks exactly these (at
+    /// most 16, each once; kpx refuses another list). The default,
+    /// `[Spread]`, is what every scheduler was checked for before
+    /// schedulers stated promises; a scheduler that does not spread (a
+    /// failover, a hash of the destination) says what it does instead,
+    /// and an empty list promises nothing beyond the contract.
+    /// [`export_scheduler_v0_2!`](crate::export_scheduler_v0_2) ignores
+    /// it: a 0.2.0 component states none and is checked as spreading.
+    fn promises(_name: &str) -> Vec<Promise> {
+        vec![Promise::Spread]
+    }
     /// Whether `name` plans from live load.
     fn uses_load(name: &str) -> bool;
     /// A plan over `request.candidates`, or why not (naming the parameter).
@@ -211,9 +289,63 @@ fn setups() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u32, Se
     SETUPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Exports a [`Scheduler`] implementation as the plugin's `kpx:proxier/scheduler`.
+/// The 0.4.0 interface: 0.2.0's calls, and `promises`.
+impl<S: Scheduler> wit4::Guest for SchedulerExport<S> {
+    fn names() -> Vec<String> {
+        S::names()
+    }
+
+    fn promises(name: String) -> Vec<wit4::Promise> {
+        S::promises(&name).into_iter().map(Promise::to_wit).collect()
+    }
+
+    fn uses_load(name: String) -> bool {
+        S::uses_load(&name)
+    }
+
+    fn schedule(request: wit::Request) -> Result<wt::Plan, String> {
+        <Self as wit::Guest>::schedule(request)
+    }
+
+    fn prepare_picks(id: u32, setup: wit::PickSetup) -> Result<(), String> {
+        <Self as wit::Guest>::prepare_picks(id, setup)
+    }
+
+    fn forget_picks(id: u32) {
+        <Self as wit::Guest>::forget_picks(id)
+    }
+
+    fn pick(
+        id: u32,
+        client: wt::IpAddress,
+        active: Vec<u32>,
+        failed: Vec<u32>,
+        random: u32,
+    ) -> Result<Option<u32>, String> {
+        <Self as wit::Guest>::pick(id, client, active, failed, random)
+    }
+}
+
+/// Exports a [`Scheduler`] implementation as the plugin's
+/// `kpx:proxier/scheduler@0.4.0`: its names state their promises.
 #[macro_export]
 macro_rules! export_scheduler {
+    ($scheduler:ty) => {
+        type __KpxSchedulerExport = $crate::scheduler::SchedulerExport<$scheduler>;
+        $crate::scheduler::__bindings_v0_4::__export_scheduler_plugin_v0_4!(
+            __KpxSchedulerExport with_types_in $crate::scheduler::__bindings_v0_4
+        );
+
+        $crate::__kpx_version_section!($crate::PLUGIN_CONTRACT_VERSION);
+    };
+}
+
+/// Exports a [`Scheduler`] implementation as `kpx:proxier/scheduler@0.2.0`,
+/// for hosts older than contract 0.4.0 (kpx still runs these): the
+/// component states no promises ([`Scheduler::promises`] is not called),
+/// and kpx checks it as promising `spread`.
+#[macro_export]
+macro_rules! export_scheduler_v0_2 {
     ($scheduler:ty) => {
         type __KpxSchedulerExport = $crate::scheduler::SchedulerExport<$scheduler>;
         $crate::scheduler::__bindings::__export_scheduler_plugin!(
@@ -222,4 +354,50 @@ macro_rules! export_scheduler {
 
         $crate::__kpx_version_section!($crate::CONTRACT_VERSION);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Plain;
+
+    impl Scheduler for Plain {
+        fn names() -> Vec<String> {
+            vec!["d".into()]
+        }
+        fn uses_load(_: &str) -> bool {
+            false
+        }
+        fn plan(_: Request) -> Result<Plan, String> {
+            Ok(Plan::Weighted(vec![1]))
+        }
+    }
+
+    struct Failover;
+
+    impl Scheduler for Failover {
+        fn names() -> Vec<String> {
+            vec!["f".into()]
+        }
+        fn promises(_: &str) -> Vec<Promise> {
+            vec![Promise::Priority, Promise::MinimalDisruption]
+        }
+        fn uses_load(_: &str) -> bool {
+            false
+        }
+        fn plan(_: Request) -> Result<Plan, String> {
+            Ok(Plan::Sequence(vec![0]))
+        }
+    }
+
+    /// A scheduler that states nothing promises `spread`; one that states
+    /// its promises crosses the 0.4.0 interface with them, in order.
+    #[test]
+    fn promises_default_to_spread_and_cross_in_order() {
+        use wit4::Guest;
+        assert_eq!(<SchedulerExport<Plain> as Guest>::promises("d".into()), [wit4::Promise::Spread]);
+        let stated = <SchedulerExport<Failover> as Guest>::promises("f".into());
+        assert_eq!(stated, [wit4::Promise::Priority, wit4::Promise::MinimalDisruption]);
+    }
 }

@@ -59,36 +59,88 @@ fn the_built_in_ipvs_backend_passes_conformance() {
     assert!(row(&text, "every case's full render passes the host's checks").0 >= 25, "{text}");
 }
 
+/// A promise row that ran checks and failed none.
+fn kept(text: &str, feature: &str) {
+    let (pass, fail, _) = row(text, feature);
+    assert!(pass > 0 && fail == 0, "{feature}: {pass} passed, {fail} failed:\n{text}");
+}
+
+/// Each built-in name states its promises, and the kit checks exactly
+/// those: dh, which sends every client of one Service address to one
+/// endpoint, promises sticky and not spread; lblc promises nothing.
 #[test]
 fn the_built_in_schedulers_pass_conformance() {
     let text = passes("builtin:schedulers");
+    assert!(text.contains("scheduler component (kpx:proxier 0.4.0)"), "{text}");
     for feature in [
+        "rr: promises spread",
+        "wrr: promises spread, weighted",
+        "dh: promises sticky",
+        "lblc: promises nothing",
+        "maglev: promises spread, weighted, sticky, minimal-disruption",
         "rr: rotates exactly",
-        "wrr: shares follow the weights (3:1 within ±5 points over 1,000)",
-        "lc: new connections go to the least loaded endpoint",
-        "sed: new connections go to the least loaded endpoint",
-        "nq: new connections go to the least loaded endpoint",
-        "sh: one client, one endpoint",
-        "dh: one destination, one endpoint",
-        "maglev: one of 4 endpoints gone remaps at most 1/4 + 2 points of clients",
     ] {
         assert_eq!(row(&text, feature), (1, 0, 0), "{feature}:\n{text}");
+    }
+    for feature in [
+        "rr: spread: equal endpoints take at least half their fair share",
+        "wrr: weighted: shares follow the weights (3:1 within ±5 points)",
+        "wlc: weighted: shares follow the weights (3:1 within ±5 points)",
+        "lc: least-loaded: new connections go to the least loaded endpoint",
+        "sed: least-loaded: new connections go to the least loaded endpoint",
+        "nq: least-loaded: new connections go to the least loaded endpoint",
+        "sh: sticky: one client, one endpoint",
+        "dh: sticky: one client, one endpoint",
+        "maglev: minimal-disruption: one of 4 endpoints gone moves at most 1/4 + 2 points of clients",
+    ] {
+        kept(&text, feature);
+    }
+    // A promise not stated is not checked; the names' own checks are not
+    // run again where a promise covers them.
+    let absent = [
+        "dh: spread",
+        "lblc: spread",
+        "rr: sticky",
+        "wrr: shares follow",
+        "lc: new connections",
+        "maglev: one of 4 endpoints gone",
+    ];
+    for absent in absent {
+        assert!(!text.lines().any(|l| l.starts_with(absent)), "a row {absent:?}:\n{text}");
     }
     assert!(text.contains("random: plans in ipvs mode: refuses ipvs mode"), "{text}");
 }
 
-/// A scheduler that sends everything to one endpoint, and whose rotation
-/// ipvs mode cannot run, fails: non-zero exit, the rows and the reasons.
+/// `first` sends everything to the first candidate that may take it: it
+/// promises priority, which passes, and is not checked for spreading; its
+/// rotation, which ipvs mode cannot run, fails its ipvs plans (non-zero
+/// exit), and the priority row skips that mode rather than fail it again.
 #[test]
-fn a_scheduler_that_does_not_spread_fails_conformance() {
+fn a_failover_scheduler_passes_priority_and_fails_plans_ipvs_cannot_run() {
     let first = format!("{}/kpx_plugin_first.wasm", env!("KPX_TEST_PLUGIN_DIR"));
     let (code, text) = conformance(&[&first]);
     eprintln!("{text}");
     assert_eq!(code, 1, "{text}");
-    assert_eq!(row(&text, "first: spreads connections over equal endpoints"), (0, 1, 0), "{text}");
-    assert!(text.contains("went [1024, 0, 0, 0]"), "{text}");
+    assert_eq!(row(&text, "first: promises priority"), (1, 0, 0), "{text}");
+    let (pass, fail, skip) =
+        row(&text, "first: priority: each connection goes to the first candidate that may take it");
+    assert!(pass >= 3 && fail == 0 && skip == 1, "{text}");
+    assert!(!text.lines().any(|l| l.starts_with("first: spread")), "no spread row for first:\n{text}");
     assert_eq!(row(&text, "first: plans in ipvs mode").1, 12, "{text}");
     assert!(text.lines().last().unwrap().starts_with("FAIL: "), "{text}");
+}
+
+/// A 0.2.0 scheduler (the hot-reload test's version 1, round robin)
+/// states no promises: the kit says so, checks it as spreading, and it
+/// passes.
+#[test]
+fn a_0_2_0_scheduler_is_checked_as_spreading() {
+    let hot = format!("{}/kpx_plugin_hot_v1.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let text = passes(&hot);
+    assert!(text.contains("scheduler component (kpx:proxier 0.2.0)"), "{text}");
+    let stated = "hot: promises spread (kpx:proxier 0.2.0 states none: checked as spreading)";
+    assert_eq!(row(&text, stated), (1, 0, 0), "{text}");
+    assert_eq!(row(&text, "hot: spread: equal endpoints take at least half their fair share"), (1, 0, 0), "{text}");
 }
 
 /// A component built against WASI (as wasm32-wasip2 toolchains build

@@ -3,8 +3,8 @@
 //! its unit tests, its component, `kpx conformance`, `kpx demo` with it,
 //! the reference sections' tests of every plan and of an allow-list), and
 //! the out-of-tree examples (examples/maglev-scheduler,
-//! examples/allowlist-extension) built apart, checked and carrying real
-//! traffic.
+//! examples/failover-scheduler, examples/allowlist-extension) built apart,
+//! checked and carrying real traffic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -145,7 +145,9 @@ fn the_out_of_tree_maglev_example_passes_conformance_and_carries_traffic() {
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}");
     assert!(out.status.success(), "the example fails conformance");
-    assert!(text.contains("maglev: one of 4 endpoints gone remaps at most 1/4 + 2 points of clients"), "{text}");
+    assert!(text.contains("maglev: promises spread, weighted, sticky, minimal-disruption"), "{text}");
+    let disruption = "maglev: minimal-disruption: one of 4 endpoints gone moves at most 1/4 + 2 points of clients";
+    assert!(text.lines().any(|l| l.starts_with(disruption) && l.ends_with("pass")), "{text}");
 
     let Some(lab) = lab_or_skip(3, "the_out_of_tree_maglev_example carrying traffic") else {
         return;
@@ -167,6 +169,61 @@ fn the_out_of_tree_maglev_example_passes_conformance_and_carries_traffic() {
     let spread: BTreeSet<&String> = per_client.values().collect();
     eprintln!("maglev example: 12 clients reached {spread:?}");
     assert!(spread.len() >= 2, "{per_client:?}");
+}
+
+/// examples/failover-scheduler: a priority (failover) scheduler built out
+/// of tree with its one command, passing `kpx conformance` (its `priority`
+/// promise checked, and no spread asked of it), and in a running kpx
+/// (nftables mode) sending every connection to the lowest address however
+/// the slice lists them, then, as that endpoint is drained (weight 0) and
+/// the next one removed, to the next.
+#[test]
+fn the_out_of_tree_failover_example_passes_conformance_and_fails_over() {
+    let example = workspace().join("examples/failover-scheduler");
+    let t0 = Instant::now();
+    let status = clean(Command::new("cargo")).args(["test", "--locked"]).current_dir(&example).status().unwrap();
+    assert!(status.success(), "examples/failover-scheduler's unit tests failed");
+    let status = clean(Command::new("cargo")).args(["plugin", "--locked"]).current_dir(&example).status().unwrap();
+    assert!(status.success(), "building examples/failover-scheduler failed");
+    eprintln!("examples/failover-scheduler tested and built in {:.0} s", t0.elapsed().as_secs_f64());
+    let wasm = example.join("target/wasm32-unknown-unknown/release/failover_scheduler.wasm");
+    let out = Command::new(KPX).args(["conformance", wasm.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "the example fails conformance");
+    assert!(text.lines().any(|l| l.starts_with("failover: promises priority") && l.ends_with("pass")), "{text}");
+    let priority = "failover: priority: each connection goes to the first candidate that may take it";
+    assert!(text.lines().any(|l| l.starts_with(priority) && l.ends_with("pass")), "{text}");
+    assert!(!text.lines().any(|l| l.starts_with("failover: spread")), "no spread asked of it:\n{text}");
+
+    let Some(lab) = lab_or_skip(3, "the_out_of_tree_failover_example failing over") else {
+        return;
+    };
+    // be3, be2, be1: the slice's order is not the candidates'.
+    let eps: Vec<&str> = lab.backends.iter().rev().map(|b| b.ip.as_str()).collect();
+    let (dir, manifests) = run_dirs("failover-example");
+    let scheduler = [("kpx.dev/scheduler", "failover")];
+    write_service(&manifests, "db", "10.96.0.10", &scheduler, &eps, &[]);
+    let plugin = format!("ext={}", wasm.display());
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables", "--scheduler-plugin", &plugin]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert!(kpx.log().contains("scheduler component: [\"failover\"] plugin=ext"), "{}", kpx.log());
+    let all_on = |name: &str| BTreeMap::from([(name.to_string(), 12usize)]);
+    let seen = servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 12);
+    assert_eq!(seen, all_on("be1"), "the lowest address takes every connection\n{}", kpx.log());
+
+    // be1 drained, then be2 gone from the slice: the next takes over.
+    let drained = [("kpx.dev/weights", "10.244.1.5=0")];
+    let without_be2: Vec<&str> = eps.iter().copied().filter(|ip| *ip != "10.244.2.5").collect();
+    for (endpoints, want) in [(&eps, "be2"), (&without_be2, "be3")] {
+        let synced = kpx.log().matches("synced rules family=IPv4").count();
+        write_service(&manifests, "db", "10.96.0.10", &scheduler, endpoints, &drained);
+        assert!(kpx.wait_for_log("synced rules family=IPv4", synced + 1, Duration::from_secs(10)), "{}", kpx.log());
+        let seen = servers_seen(&lab, Proto::Tcp, "10.96.0.10:80", 12);
+        assert_eq!(seen, all_on(want), "endpoints {endpoints:?}, be1 drained\n{}", kpx.log());
+    }
+    eprintln!("failover example: be1 took every connection, then be2 (be1 drained), then be3 (be2 gone)");
 }
 
 /// examples/allowlist-extension: an extension built out of tree (its own

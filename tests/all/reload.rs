@@ -46,11 +46,12 @@ fn answered_since(client: &ClientLoop, since: Instant) -> (Vec<String>, usize) {
     (answers, failed)
 }
 
-/// `hot` v1 (round robin) replaced by v2 (maglev) while one client opens
-/// connections back to back: its connections rotate over the endpoints,
-/// then all land on one (maglev keeps a client on its endpoint), with no
-/// failed connection. A file that is no component, and one that no longer
-/// exports `hot`, are refused and v2 keeps serving.
+/// `hot` v1 (round robin, a kpx:proxier 0.2.0 component) replaced by v2
+/// (maglev, 0.4.0) while one client opens connections back to back: its
+/// connections rotate over the endpoints, then all land on one (maglev
+/// keeps a client on its endpoint), with no failed connection. A file that
+/// is no component, and one that no longer exports `hot`, are refused and
+/// v2 keeps serving.
 #[test]
 fn a_replaced_scheduler_takes_over_with_no_failed_connection() {
     scheduler_swap("nftables");

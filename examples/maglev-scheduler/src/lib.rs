@@ -12,12 +12,16 @@
 //! Every mode runs the same table: the plan is a slot table of 32 x 32
 //! slots over the kernel's jhash of the client address, slot `s` taking
 //! entry `s mod M`; userspace mode picks from the same slots.
+//!
+//! It promises what the table gives: spread, weighted (weights up to 64:1
+//! after their gcd), sticky and minimal-disruption; `kpx conformance`
+//! checks each.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kpx_sdk::scheduler::{PickRequest, Request, Scheduler};
-use kpx_sdk::{HashField, Plan, SlotTable};
+use kpx_sdk::{HashField, Plan, Promise, SlotTable};
 
 const NAME: &str = "maglev";
 /// The lookup table's size: a prime, so that every skip visits every entry.
@@ -107,6 +111,10 @@ struct Maglev;
 impl Scheduler for Maglev {
     fn names() -> Vec<String> {
         vec![NAME.to_string()]
+    }
+
+    fn promises(_: &str) -> Vec<Promise> {
+        vec![Promise::Spread, Promise::Weighted, Promise::Sticky, Promise::MinimalDisruption]
     }
 
     fn uses_load(_: &str) -> bool {

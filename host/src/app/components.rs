@@ -120,7 +120,7 @@ pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Resul
     if let Some(problem) = runtime::scheduler::load_problem(&names) {
         return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
     }
-    tracing::info!(plugin = %name, "scheduler component: {names:?}");
+    tracing::info!(plugin = %name, contract = plugin.version(), "scheduler component: {names:?}");
     Ok(plugin)
 }
 

@@ -1,9 +1,14 @@
 //! The kit for scheduler components: the contract (names, plans every
 //! mode can execute, per-connection picks that respect weights and
-//! failures, the same answer from a fresh instance), the spread of
-//! connections, hostile inputs, and, for the names IPVS defines (rr, wrr,
-//! lc, wlc, sed, nq, sh, dh, mh) and maglev, what the name promises: the
-//! distribution checks of kpx's scheduler tests.
+//! failures, the same answer from a fresh instance, the promises each name
+//! states), each promise a name states and no other (`promises`: spread,
+//! weighted, sticky, minimal disruption, least loaded, priority; a 0.2.0
+//! component states none and is checked as spreading), hostile inputs,
+//! and, for the names IPVS defines (rr, wrr, lc, wlc, sed, nq, sh, dh, mh)
+//! and maglev, what the name implies where no stated promise checks it
+//! already: the distribution checks of kpx's scheduler tests.
+
+mod promises;
 
 use std::net::IpAddr;
 
@@ -11,7 +16,7 @@ use kpx_rules::model::{Endpoint, Protocol, ProxyMode, ServicePort};
 use kpx_rules::plan::Plan;
 
 use super::Report;
-use crate::runtime::{self, PickRequest, PickSetup, ScheduleRequest, SchedulerInstance, SchedulerPlugin};
+use crate::runtime::{self, PickRequest, PickSetup, Promise, ScheduleRequest, SchedulerInstance, SchedulerPlugin};
 
 /// What the kit requires of `names()`: what kpx requires to load it, and
 /// names an annotation can carry as they are (a-z, 0-9 and -), each once.
@@ -106,16 +111,22 @@ impl Picks<'_> {
     }
 }
 
-fn port(weights: &[u32], v6: bool) -> ServicePort {
+/// The kit's service port over `eps` with `weights` (one each).
+fn port_over(eps: &[(IpAddr, u16)], weights: &[u32]) -> ServicePort {
+    let v6 = eps.first().is_some_and(|(ip, _)| ip.is_ipv6());
     let mut p = ServicePort::new("conformance", "svc", "p", Protocol::Tcp, 80);
     p.cluster_ip =
         Some(if v6 { "fd00:96::10".parse().expect("an address") } else { "10.96.0.10".parse().expect("an address") });
-    p.endpoints = endpoints(weights.len(), v6)
-        .into_iter()
+    p.endpoints = eps
+        .iter()
         .zip(weights)
-        .map(|((ip, port), &w)| Endpoint { weight: u16::try_from(w).unwrap_or(u16::MAX), ..Endpoint::ready(ip, port) })
+        .map(|(&(ip, port), &w)| Endpoint { weight: u16::try_from(w).unwrap_or(u16::MAX), ..Endpoint::ready(ip, port) })
         .collect();
     p
+}
+
+fn port(weights: &[u32], v6: bool) -> ServicePort {
+    port_over(&endpoints(weights.len(), v6), weights)
 }
 
 /// Why a plan was not had.
@@ -124,6 +135,9 @@ enum Problem {
     /// The scheduler's own refusal, with its reason (the host keeps the
     /// mode's default for the Service).
     Refused(String),
+    /// A plan of a kind the mode cannot execute (the host refuses it; the
+    /// "plans in M mode" row fails it).
+    Unrunnable(String),
     /// A trap, or a plan the host cannot use.
     Broken(String),
 }
@@ -132,7 +146,7 @@ impl Problem {
     fn text(self) -> String {
         match self {
             Problem::Refused(s) => format!("refused: {s}"),
-            Problem::Broken(s) => s,
+            Problem::Unrunnable(s) | Problem::Broken(s) => s,
         }
     }
 }
@@ -153,7 +167,8 @@ impl From<runtime::Error> for Problem {
 }
 
 /// A plan for candidates with `weights` in `mode`, checked as the host
-/// checks it, plus: no share for a weight-0 candidate.
+/// checks it, plus: no share for a weight-0 candidate. A scheduler that
+/// plans from load is sent every candidate idle.
 fn plan(
     instance: &mut SchedulerInstance,
     name: &str,
@@ -162,23 +177,35 @@ fn plan(
     weights: &[u32],
     v6: bool,
 ) -> Result<Plan, Problem> {
-    let port = port(weights, v6);
-    let candidates: Vec<u32> = (0..weights.len() as u32).collect();
     let load = instance.uses_load(name)?.then(|| (vec![0; weights.len()], vec![0; weights.len()]));
-    let request = ScheduleRequest { name, parameters, mode, port: &port, candidates: &candidates, load };
+    plan_over(instance, name, parameters, mode, &port(weights, v6), load)
+}
+
+/// A plan for every endpoint of `port` in `mode` with `load` (active and
+/// inactive connections per candidate), checked as [`plan`] checks it.
+fn plan_over(
+    instance: &mut SchedulerInstance,
+    name: &str,
+    parameters: &[(String, String)],
+    mode: ProxyMode,
+    port: &ServicePort,
+    load: Option<(Vec<u32>, Vec<u32>)>,
+) -> Result<Plan, Problem> {
+    let n = port.endpoints.len();
+    let candidates: Vec<u32> = (0..n as u32).collect();
+    let request = ScheduleRequest { name, parameters, mode, port, candidates: &candidates, load };
     let plan = instance.schedule(&request)?;
-    plan.check(weights.len()).map_err(|e| Problem::Broken(format!("a plan the host refuses: {e}")))?;
+    plan.check(n).map_err(|e| Problem::Broken(format!("a plan the host refuses: {e}")))?;
     if !plan.runs_in(mode) {
         let hint = if mode == ProxyMode::Ipvs {
             "return a Kernel plan (an IPVS scheduler) or a slot table, or refuse the mode"
         } else {
             "return a weighted choice, a rotation or a slot table, or refuse the mode"
         };
-        return Err(Problem::Broken(format!("a plan {mode} mode cannot execute ({hint}): {plan:?}")));
+        return Err(Problem::Unrunnable(format!("a plan {mode} mode cannot execute ({hint}): {plan:?}")));
     }
-    if let Some(k) =
-        shares(&plan, weights.len()).and_then(|s| (0..weights.len()).find(|&k| weights[k] == 0 && s[k] > 0.0))
-    {
+    let zero = |k: usize| port.endpoints[k].weight == 0;
+    if let Some(k) = shares(&plan, n).and_then(|s| (0..n).find(|&k| zero(k) && s[k] > 0.0)) {
         return Err(Problem::Broken(format!("candidate {k} has weight 0, yet the plan gives it connections")));
     }
     Ok(plan)
@@ -273,29 +300,29 @@ fn per_name(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
     } else {
         Err("every mode refused".into())
     });
+    let stated = promises::stated(report, plugin, name);
     // Per-connection picks (userspace mode).
     let picks_row = row("per-connection picks respect weights and failures");
     let first_pick = fresh(plugin).and_then(|mut i| {
         let mut p = Picks::new(&mut i, 1, name, &[], dest(0, false), &[1, 1])?;
         p.pick(client(0, false), &[], 0).map(|_| ()).map_err(String::from)
     });
-    match first_pick {
-        Err(e) if e.contains("has no per-connection pick") => {
-            report.row(&picks_row).skip("no per-connection pick: userspace mode places its connections round robin");
-            spread_of_plan(report, plugin, name);
-            named_plans(report, plugin, name);
-            hostile(report, plugin, name, false);
-            return;
-        }
-        _ => {}
+    let picks = !matches!(&first_pick, Err(e) if e.contains("has no per-connection pick"));
+    if picks {
+        report.row(&picks_row).record(fresh(plugin).and_then(|mut i| valid_picks(&mut i, name)));
+        report.row(&row("same connections, same picks from a fresh instance")).record(same_picks(plugin, name));
+    } else {
+        report.row(&picks_row).skip("no per-connection pick: userspace mode places its connections round robin");
     }
-    report.row(&picks_row).record(fresh(plugin).and_then(|mut i| valid_picks(&mut i, name)));
-    report.row(&row("same connections, same picks from a fresh instance")).record(same_picks(plugin, name));
-    report
-        .row(&row("spreads connections over equal endpoints"))
-        .record(fresh(plugin).and_then(|mut i| spread(&mut i, name)));
-    named(report, plugin, name);
-    hostile(report, plugin, name, true);
+    for &promise in &stated {
+        promises::check(report, plugin, name, promise, picks);
+    }
+    if picks {
+        named(report, plugin, name, &stated);
+    } else {
+        named_plans(report, plugin, name, &stated);
+    }
+    hostile(report, plugin, name, picks);
 }
 
 fn v6_label(v6: bool) -> &'static str {
@@ -373,20 +400,21 @@ fn spread(instance: &mut SchedulerInstance, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn spread_of_plan(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
-    let outcome = fresh(plugin).and_then(|mut i| {
-        let plan = plan(&mut i, name, &[], ProxyMode::Nftables, &[1, 1, 1, 1], false).map_err(Problem::text)?;
-        match shares(&plan, 4) {
-            Some(s) if s.iter().any(|&x| x < 0.125) => Err(format!("shares {s:?} over 4 equal endpoints")),
-            _ => Ok(()),
-        }
-    });
-    report.row(&format!("{name}: spreads connections over equal endpoints")).record(outcome);
+/// A plan over 4 equal endpoints (nftables mode) gives each at least
+/// half its fair share.
+fn spread_of_plan(plugin: &SchedulerPlugin, name: &str) -> Result<(), String> {
+    let mut i = fresh(plugin)?;
+    let plan = plan(&mut i, name, &[], ProxyMode::Nftables, &[1, 1, 1, 1], false).map_err(Problem::text)?;
+    match shares(&plan, 4) {
+        Some(s) if s.iter().any(|&x| x < 0.125) => Err(format!("shares {s:?} over 4 equal endpoints")),
+        _ => Ok(()),
+    }
 }
 
-/// Plan-level promises of the names kpx knows, for components that only plan.
-fn named_plans(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
-    if name == "wrr" {
+/// Plan-level behaviour of the names kpx knows, for components that only
+/// plan, unless a stated promise checks it already (wrr's `weighted`).
+fn named_plans(report: &mut Report, plugin: &SchedulerPlugin, name: &str, promises: &[Promise]) {
+    if name == "wrr" && !promises.contains(&Promise::Weighted) {
         let outcome = fresh(plugin).and_then(|mut i| {
             let plan = plan(&mut i, name, &[], ProxyMode::Nftables, &[3, 1], false).map_err(Problem::text)?;
             let s = shares(&plan, 2).ok_or("no shares")?;
@@ -404,9 +432,12 @@ fn within(got: f64, want: f64, tolerance: f64, what: &str) -> Result<(), String>
     }
 }
 
-/// What the names IPVS defines (and maglev) promise, checked pick by pick.
-fn named(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
+/// What the names IPVS defines (and maglev) imply, checked pick by pick,
+/// unless a stated promise checks it already (the name's own check would
+/// run the same picks twice).
+fn named(report: &mut Report, plugin: &SchedulerPlugin, name: &str, promises: &[Promise]) {
     let check = |f: &dyn Fn(&mut SchedulerInstance) -> Result<(), String>| fresh(plugin).and_then(|mut i| f(&mut i));
+    let stated = |p: Promise| promises.contains(&p);
     match name {
         "rr" => {
             let outcome = check(&|i| {
@@ -420,7 +451,7 @@ fn named(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
             });
             report.row("rr: rotates exactly").record(outcome);
         }
-        "wrr" => {
+        "wrr" if !stated(Promise::Weighted) => {
             let outcome = check(&|i| {
                 let mut p = Picks::new(i, 1, name, &[], dest(0, false), &[3, 1])?;
                 let picks: Vec<u32> = (0..1000)
@@ -430,41 +461,16 @@ fn named(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
             });
             report.row("wrr: shares follow the weights (3:1 within ±5 points over 1,000)").record(outcome);
         }
-        "lc" | "wlc" | "sed" | "nq" => {
-            let outcome = check(&|i| {
-                let mut p = Picks::new(i, 1, name, &[], dest(0, false), &[1, 1, 1, 1])?;
-                p.active = vec![5, 0, 5, 5];
-                match p.pick(client(0, false), &[], 0)? {
-                    Some(1) => {}
-                    other => {
-                        return Err(format!("with 5, 0, 5, 5 connections held, picked {other:?}, want the idle 1"));
-                    }
-                }
-                p.active = vec![3, 1, 2, 4];
-                match p.pick(client(1, false), &[], 1)? {
-                    Some(1) => Ok(()),
-                    other => Err(format!("with 3, 1, 2, 4 connections held, picked {other:?}, want 1")),
-                }
-            });
+        "lc" | "wlc" | "sed" | "nq" if !stated(Promise::LeastLoaded) => {
+            let outcome = check(&|i| least_loaded_picks(i, name));
             report.row(&format!("{name}: new connections go to the least loaded endpoint")).record(outcome);
         }
         "sh" | "mh" | "maglev" | "dh" => {
-            let outcome = check(&|i| {
-                let mut p = Picks::new(i, 1, name, &[], dest(0, false), &[1, 1, 1, 1, 1])?;
-                for c in 0..50 {
-                    let first = p.pick(client(c, false), &[], 0)?;
-                    for k in 1..5 {
-                        let again = p.pick(client(c, false), &[], k * 7919)?;
-                        if again != first {
-                            return Err(format!("client {} went to {first:?}, then {again:?}", client(c, false)));
-                        }
-                    }
-                }
-                Ok(())
-            });
-            let key = if name == "dh" { "destination" } else { "client" };
-            report.row(&format!("{name}: one {key}, one endpoint")).record(outcome);
-            if name == "maglev" {
+            if !stated(Promise::Sticky) {
+                let key = if name == "dh" { "destination" } else { "client" };
+                report.row(&format!("{name}: one {key}, one endpoint")).record(check(&|i| sticky_picks(i, name)));
+            }
+            if name == "maglev" && !stated(Promise::MinimalDisruption) {
                 report
                     .row(&format!("{name}: one of 4 endpoints gone remaps at most 1/4 + 2 points of clients"))
                     .record(check(&|i| remap(i, name)));
@@ -472,6 +478,38 @@ fn named(report: &mut Report, plugin: &SchedulerPlugin, name: &str) {
         }
         _ => {}
     }
+}
+
+/// With 5, 0, 5, 5 connections held the idle candidate takes the next;
+/// with 3, 1, 2, 4 the one holding 1.
+fn least_loaded_picks(instance: &mut SchedulerInstance, name: &str) -> Result<(), String> {
+    let mut p = Picks::new(instance, 1, name, &[], dest(0, false), &[1, 1, 1, 1])?;
+    p.active = vec![5, 0, 5, 5];
+    match p.pick(client(0, false), &[], 0)? {
+        Some(1) => {}
+        other => return Err(format!("with 5, 0, 5, 5 connections held, picked {other:?}, want the idle 1")),
+    }
+    p.active = vec![3, 1, 2, 4];
+    match p.pick(client(1, false), &[], 1)? {
+        Some(1) => Ok(()),
+        other => Err(format!("with 3, 1, 2, 4 connections held, picked {other:?}, want 1")),
+    }
+}
+
+/// 50 clients to one destination over 5 equal candidates, each picked 5
+/// times with other random numbers: the same candidate every time.
+fn sticky_picks(instance: &mut SchedulerInstance, name: &str) -> Result<(), String> {
+    let mut p = Picks::new(instance, 1, name, &[], dest(0, false), &[1, 1, 1, 1, 1])?;
+    for c in 0..50 {
+        let first = p.pick(client(c, false), &[], 0)?;
+        for k in 1..5 {
+            let again = p.pick(client(c, false), &[], k * 7919)?;
+            if again != first {
+                return Err(format!("client {} went to {first:?}, then {again:?}", client(c, false)));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// 20,000 clients over 4 endpoints, then over 3 of them, each endpoint
@@ -580,7 +618,7 @@ fn hostile(report: &mut Report, plugin: &SchedulerPlugin, name: &str, picks: boo
                 row.pass();
                 row.note(format!("refused: {why}"));
             }
-            Err(Problem::Broken(why)) => row.fail(why),
+            Err(p @ (Problem::Broken(_) | Problem::Unrunnable(_))) => row.fail(p.text()),
         }
     }
     let params = [("no-such-parameter".to_string(), "1".to_string())];

@@ -1,12 +1,18 @@
 //! Scheduler components: loaded, sandboxed and called like backends
 //! (same engine, limits, fuel and log budget), one Store per instance.
+//! kpx runs the 0.4.0 world (schedulers that state their promises) and
+//! 0.2.0's (which state none, and are taken to promise `spread`).
 
+use std::fmt;
 use std::sync::atomic::Ordering;
 
 use kpx_rules::plan::Plan;
+use wasmtime::Store;
+use wasmtime::component::InstancePre;
 
 use super::wit::since_v0_2_0::{self as v0_2_0, PickRequest, PickSetup, ScheduleRequest};
-use super::{PluginBase, PluginStats, Result, Sandbox};
+use super::wit::since_v0_4_0::{self as v0_4_0, scheduler as v4};
+use super::{PluginBase, PluginState, PluginStats, Result, Sandbox};
 
 /// Fuel for one `schedule` call, before the share per endpoint.
 const SCHEDULE_FUEL_BASE: u64 = 100_000_000;
@@ -21,6 +27,14 @@ const PICK_FUEL_BASE: u64 = 10_000_000;
 const PICK_FUEL_PER_ENDPOINT: u64 = 200_000;
 /// A pick hands back one number.
 const PICK_MAX_OUTPUT: u64 = 64 << 10;
+/// Fuel for `names`, `uses-load` and `promises`: each a short list.
+const QUESTION_FUEL: u64 = SCHEDULE_FUEL_BASE;
+/// A `promises` answer is a few bytes per promise: 64 KiB is far past
+/// any honest list, and bounds what a hostile one makes the host copy.
+const PROMISES_MAX_OUTPUT: u64 = 64 << 10;
+/// The most promises a name may state (there are six kinds; each at
+/// most once).
+pub const MAX_PROMISES: usize = 16;
 
 /// What kpx requires of `names()` to load a scheduler: 1 to 64 names of
 /// 1 to 64 bytes.
@@ -29,10 +43,176 @@ pub fn load_problem(names: &[String]) -> Option<String> {
         .then(|| format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()))
 }
 
+/// A property a scheduler guarantees for one of its names (kpx:proxier
+/// 0.4.0's `promise`; wit/since_v0.4.0 defines each). `kpx conformance`
+/// checks exactly the promises a name states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Promise {
+    /// Equal endpoints take about equal shares of new connections.
+    Spread,
+    /// Shares follow the endpoints' weights.
+    Weighted,
+    /// One client, one endpoint, while the endpoints stay the same.
+    Sticky,
+    /// One of N endpoints leaving moves at most 1/N of the clients (plus
+    /// 2 points).
+    MinimalDisruption,
+    /// A new connection goes to a candidate with the fewest open ones.
+    LeastLoaded,
+    /// Every new connection goes to the first candidate that may take it.
+    Priority,
+}
+
+impl Promise {
+    /// Every promise, in the WIT's order.
+    pub const ALL: [Promise; 6] = [
+        Promise::Spread,
+        Promise::Weighted,
+        Promise::Sticky,
+        Promise::MinimalDisruption,
+        Promise::LeastLoaded,
+        Promise::Priority,
+    ];
+
+    /// The WIT's name of the promise.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Promise::Spread => "spread",
+            Promise::Weighted => "weighted",
+            Promise::Sticky => "sticky",
+            Promise::MinimalDisruption => "minimal-disruption",
+            Promise::LeastLoaded => "least-loaded",
+            Promise::Priority => "priority",
+        }
+    }
+}
+
+impl fmt::Display for Promise {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What kpx requires of a `promises` answer: at most [`MAX_PROMISES`],
+/// each once (a list that names one twice is a component's mistake worth
+/// saying, not a set to quietly dedupe).
+pub fn promises_problem(promises: &[Promise]) -> Option<String> {
+    if promises.len() > MAX_PROMISES {
+        return Some(format!("promises() gave {} promises (at most {MAX_PROMISES})", promises.len()));
+    }
+    let twice = promises.iter().enumerate().find(|(i, p)| promises[..*i].contains(*p)).map(|(_, p)| *p);
+    twice.map(|p| format!("promises() gave {p} twice"))
+}
+
+/// The contract versions that have a scheduler world, newest first.
+pub const VERSIONS: [&str; 2] = [v0_4_0::VERSION, v0_2_0::VERSION];
+
+/// A linked scheduler component of a known contract version.
+pub(super) enum SchedulerPre {
+    V0_2_0(v0_2_0::SchedulerPre),
+    V0_4_0(v4::SchedulerPre),
+}
+
+impl SchedulerPre {
+    /// The typed pre-instance for a component built for `version`.
+    pub(super) fn new(version: &str, pre: InstancePre<PluginState>) -> wasmtime::Result<SchedulerPre> {
+        match version {
+            v0_2_0::VERSION => Ok(SchedulerPre::V0_2_0(v0_2_0::SchedulerPre::new(pre)?)),
+            v0_4_0::VERSION => Ok(SchedulerPre::V0_4_0(v4::SchedulerPre::new(pre)?)),
+            other => Err(wasmtime::format_err!("kpx:proxier {other} has no scheduler world")),
+        }
+    }
+
+    /// The contract version the component was built for.
+    fn version(&self) -> &'static str {
+        match self {
+            SchedulerPre::V0_2_0(_) => v0_2_0::VERSION,
+            SchedulerPre::V0_4_0(_) => v0_4_0::VERSION,
+        }
+    }
+
+    fn instantiate(&self, store: &mut Store<PluginState>) -> wasmtime::Result<Bindings> {
+        match self {
+            SchedulerPre::V0_2_0(pre) => pre.instantiate(store).map(Bindings::V0_2_0),
+            SchedulerPre::V0_4_0(pre) => pre.instantiate(store).map(Bindings::V0_4_0),
+        }
+    }
+}
+
+/// A live instance's bindings, of its contract version.
+#[derive(Clone)]
+enum Bindings {
+    V0_2_0(v0_2_0::SchedulerInstance),
+    V0_4_0(v4::SchedulerInstance),
+}
+
+impl Bindings {
+    fn names(&self, store: &mut Store<PluginState>) -> wasmtime::Result<Vec<String>> {
+        match self {
+            Bindings::V0_2_0(b) => b.names(store),
+            Bindings::V0_4_0(b) => b.names(store),
+        }
+    }
+
+    /// 0.2.0 states no promises: it is taken to promise `spread`, as
+    /// every scheduler was checked for before promises existed.
+    fn promises(&self, store: &mut Store<PluginState>, name: &str) -> wasmtime::Result<Vec<Promise>> {
+        match self {
+            Bindings::V0_2_0(_) => Ok(vec![Promise::Spread]),
+            Bindings::V0_4_0(b) => b.promises(store, name),
+        }
+    }
+
+    fn uses_load(&self, store: &mut Store<PluginState>, name: &str) -> wasmtime::Result<bool> {
+        match self {
+            Bindings::V0_2_0(b) => b.uses_load(store, name),
+            Bindings::V0_4_0(b) => b.uses_load(store, name),
+        }
+    }
+
+    fn schedule(&self, store: &mut Store<PluginState>, r: &ScheduleRequest) -> wasmtime::Result<Result<Plan, String>> {
+        match self {
+            Bindings::V0_2_0(b) => b.schedule(store, r),
+            Bindings::V0_4_0(b) => b.schedule(store, r),
+        }
+    }
+
+    fn prepare_picks(
+        &self,
+        store: &mut Store<PluginState>,
+        id: u32,
+        s: &PickSetup,
+    ) -> wasmtime::Result<Result<(), String>> {
+        match self {
+            Bindings::V0_2_0(b) => b.prepare_picks(store, id, s),
+            Bindings::V0_4_0(b) => b.prepare_picks(store, id, s),
+        }
+    }
+
+    fn forget_picks(&self, store: &mut Store<PluginState>, id: u32) -> wasmtime::Result<()> {
+        match self {
+            Bindings::V0_2_0(b) => b.forget_picks(store, id),
+            Bindings::V0_4_0(b) => b.forget_picks(store, id),
+        }
+    }
+
+    fn pick(
+        &self,
+        store: &mut Store<PluginState>,
+        id: u32,
+        r: &PickRequest,
+    ) -> wasmtime::Result<Result<Option<u32>, String>> {
+        match self {
+            Bindings::V0_2_0(b) => b.pick(store, id, r),
+            Bindings::V0_4_0(b) => b.pick(store, id, r),
+        }
+    }
+}
+
 /// A loaded scheduler component, ready to instantiate.
 pub struct SchedulerPlugin {
     pub(super) base: PluginBase,
-    pub(super) pre: v0_2_0::SchedulerPre,
+    pub(super) pre: SchedulerPre,
 }
 
 impl SchedulerPlugin {
@@ -44,14 +224,20 @@ impl SchedulerPlugin {
         self.base.stats()
     }
 
+    /// The kpx:proxier version the component was built for ("0.4.0" or
+    /// "0.2.0").
+    pub fn version(&self) -> &'static str {
+        self.pre.version()
+    }
+
     /// A fresh instance, with the names it answers to.
     pub fn instantiate(&self) -> Result<SchedulerInstance> {
         let mut sandbox = self.base.sandbox();
         let made = self.pre.instantiate(&mut sandbox.store);
         let bindings = self.base.instantiated(&mut sandbox, made)?;
-        let mut instance = SchedulerInstance { sandbox, bindings, names: Vec::new() };
+        let mut instance = SchedulerInstance { sandbox, bindings, names: Vec::new(), version: self.version() };
         let max_output = SCHEDULE_MAX_OUTPUT.min(self.base.limits().max_output_bytes);
-        instance.sandbox.refuel_with(SCHEDULE_FUEL_BASE, max_output);
+        instance.sandbox.refuel_with(QUESTION_FUEL, max_output);
         let names = instance.bindings.names(&mut instance.sandbox.store);
         instance.names = instance.sandbox.check("names", names)?;
         Ok(instance)
@@ -61,8 +247,9 @@ impl SchedulerPlugin {
 /// One live scheduler instance.
 pub struct SchedulerInstance {
     sandbox: Sandbox,
-    bindings: v0_2_0::SchedulerInstance,
+    bindings: Bindings,
     names: Vec<String>,
+    version: &'static str,
 }
 
 impl SchedulerInstance {
@@ -75,12 +262,31 @@ impl SchedulerInstance {
         &self.sandbox.plugin
     }
 
+    /// The kpx:proxier version the component was built for.
+    pub fn version(&self) -> &'static str {
+        self.version
+    }
+
     /// Whether `name` plans from live load.
     pub fn uses_load(&mut self, name: &str) -> Result<bool> {
         let s = &mut self.sandbox;
-        s.refuel_with(SCHEDULE_FUEL_BASE, SCHEDULE_MAX_OUTPUT.min(s.limits.max_output_bytes));
+        s.refuel_with(QUESTION_FUEL, SCHEDULE_MAX_OUTPUT.min(s.limits.max_output_bytes));
         let result = self.bindings.uses_load(&mut s.store, name);
         s.check("uses-load", result)
+    }
+
+    /// What `name` promises (`[spread]` for a 0.2.0 component, which
+    /// states none). A list of more than [`MAX_PROMISES`], or naming one
+    /// twice, is refused as the component's failure.
+    pub fn promises(&mut self, name: &str) -> Result<Vec<Promise>> {
+        let s = &mut self.sandbox;
+        s.refuel_with(QUESTION_FUEL, PROMISES_MAX_OUTPUT.min(s.limits.max_output_bytes));
+        let result = self.bindings.promises(&mut s.store, name);
+        let promises = s.check("promises", result)?;
+        match promises_problem(&promises) {
+            Some(problem) => Err(s.failed("promises", &problem)),
+            None => Ok(promises),
+        }
     }
 
     /// Sets up the picks under `id` (a side of a service port, as its
@@ -173,6 +379,38 @@ mod tests {
         i.prepare_picks(id, &setup).unwrap();
         let request = PickRequest { client: "192.0.2.7".parse().unwrap(), active, failed, random: 12345 };
         i.pick(id, &request)
+    }
+
+    /// A 0.4.0 component states each name's promises; a 0.2.0 one (the
+    /// hot-reload test's version 1, exported with `export_scheduler_v0_2!`)
+    /// states none, is taken to promise spread, and picks as before.
+    #[test]
+    fn promises_are_asked_of_0_4_0_and_spread_for_0_2_0() {
+        let mut i = instance();
+        assert_eq!(i.version(), "0.4.0");
+        assert_eq!(i.promises("rr").unwrap(), [Promise::Spread]);
+        let maglev = [Promise::Spread, Promise::Weighted, Promise::Sticky, Promise::MinimalDisruption];
+        assert_eq!(i.promises("maglev").unwrap(), maglev);
+        assert!(i.promises("lblc").unwrap().is_empty(), "lblc states no promise");
+        let bytes = std::fs::read(format!("{}/kpx_plugin_hot_v1.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let plugin = runtime.load_scheduler("hot-v1", &bytes).unwrap();
+        assert_eq!(plugin.version(), "0.2.0");
+        let mut old = plugin.instantiate().unwrap();
+        assert_eq!((old.version(), old.names()), ("0.2.0", &["hot".to_string()][..]));
+        assert_eq!(old.promises("hot").unwrap(), [Promise::Spread]);
+        assert_eq!(ask(&mut old, "hot", &[0, 0], &[]), Some(0));
+    }
+
+    #[test]
+    fn a_promise_list_too_long_or_naming_one_twice_is_refused() {
+        assert_eq!(promises_problem(&Promise::ALL), None);
+        let twice = promises_problem(&[Promise::Spread, Promise::Sticky, Promise::Spread]).unwrap();
+        assert!(twice.contains("spread twice"), "{twice}");
+        let long = promises_problem(&[Promise::Sticky; 17]).unwrap();
+        assert!(long.contains("gave 17 promises (at most 16)"), "{long}");
+        let names: Vec<String> = Promise::ALL.iter().map(Promise::to_string).collect();
+        assert_eq!(names, ["spread", "weighted", "sticky", "minimal-disruption", "least-loaded", "priority"]);
     }
 
     /// What a pick of the WASI probe's scheduler `name` ends in, in a fresh

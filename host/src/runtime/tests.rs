@@ -29,8 +29,8 @@ fn builtin_plugin_carries_a_supported_version() {
         let bytes = builtin::get(mode).unwrap();
         assert_eq!(read_contract_version(bytes).unwrap().as_deref(), Some("0.3.0"), "{mode}");
     }
-    // Schedulers stay on 0.2.0.
-    assert_eq!(read_contract_version(builtin::get("schedulers").unwrap()).unwrap().as_deref(), Some("0.2.0"));
+    // Schedulers state their promises: 0.4.0.
+    assert_eq!(read_contract_version(builtin::get("schedulers").unwrap()).unwrap().as_deref(), Some("0.4.0"));
 }
 
 fn nftables_v0_2_bytes() -> Vec<u8> {

@@ -2,7 +2,8 @@
 //! `kpx:proxier-version` custom section before anything is compiled.
 
 /// Contract versions this host can run.
-pub const SUPPORTED: &[&str] = &[super::wit::since_v0_2_0::VERSION, super::wit::since_v0_3_0::VERSION];
+pub const SUPPORTED: &[&str] =
+    &[super::wit::since_v0_2_0::VERSION, super::wit::since_v0_3_0::VERSION, super::wit::since_v0_4_0::VERSION];
 
 /// Why a version kpx once had is refused ("" for others).
 pub fn why_not(found: &str) -> &'static str {

@@ -3,6 +3,7 @@
 
 pub mod since_v0_2_0;
 pub mod since_v0_3_0;
+pub mod since_v0_4_0;
 
 use kpx_rules::model::{Change, Cluster, Node, ServicePort, Settings};
 use kpx_rules::ops::Ruleset;

@@ -2,10 +2,13 @@
 //! one scheduler, `first`, sends every connection to the first candidate
 //! with a weight (a rotation of one in the iptables and nftables modes,
 //! which ipvs mode cannot run; a pick in userspace mode, which skips a
-//! candidate that failed the connection).
+//! candidate that failed the connection). It promises priority, and not
+//! spread: the conformance kit passes its priority and fails its ipvs
+//! plans.
 #![forbid(unsafe_code)]
 
 use kpx_rules::plan::Plan;
+use kpx_sdk::Promise;
 use kpx_sdk::scheduler::{PickRequest, Request, Scheduler};
 
 struct First;
@@ -13,6 +16,10 @@ struct First;
 impl Scheduler for First {
     fn names() -> Vec<String> {
         vec!["first".into()]
+    }
+
+    fn promises(_: &str) -> Vec<Promise> {
+        vec![Promise::Priority]
     }
 
     fn uses_load(_: &str) -> bool {

@@ -1,12 +1,15 @@
 //! The scheduler `hot`, as one version of a plugin implements it: the
 //! policy of kpx-sched named `POLICY` under the name `hot`. Versions 1
-//! and 2 differ only in `POLICY`; the hot-reload test replaces one file
-//! with the other while traffic flows.
+//! and 2 differ in `POLICY` and in the contract they are exported for
+//! (version 1 for kpx:proxier 0.2.0, which states no promises; version 2
+//! for 0.4.0); the hot-reload test replaces one file with the other while
+//! traffic flows.
 
 use std::sync::Mutex;
 
 use kpx_sched::pick::Picks;
 use kpx_sched::{Connection, Dest, Plan};
+use kpx_sdk::Promise;
 use kpx_sdk::scheduler::{PickRequest, Request, Scheduler};
 
 pub struct Hot;
@@ -17,6 +20,15 @@ static PICKS: Mutex<Option<Picks>> = Mutex::new(None);
 impl Scheduler for Hot {
     fn names() -> Vec<String> {
         vec!["hot".into()]
+    }
+
+    /// What the policy guarantees (as the built-in component states it
+    /// for the same name); a 0.2.0 export never asks.
+    fn promises(_: &str) -> Vec<Promise> {
+        match super::POLICY {
+            "maglev" => vec![Promise::Spread, Promise::Weighted, Promise::Sticky, Promise::MinimalDisruption],
+            _ => vec![Promise::Spread],
+        }
     }
 
     fn uses_load(_: &str) -> bool {
@@ -45,5 +57,3 @@ impl Scheduler for Hot {
         Ok(picked.map(|i| i as u32))
     }
 }
-
-kpx_sdk::export_scheduler!(Hot);

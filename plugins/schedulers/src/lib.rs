@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use kpx_sched::pick::Picks;
 use kpx_sched::{Connection, Dest, Plan};
+use kpx_sdk::Promise;
 use kpx_sdk::scheduler::{PickRequest, Request, Scheduler};
 
 struct BuiltIn;
@@ -17,6 +18,10 @@ static PICKS: Mutex<Option<Picks>> = Mutex::new(None);
 impl Scheduler for BuiltIn {
     fn names() -> Vec<String> {
         kpx_sched::NAMES.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn promises(name: &str) -> Vec<Promise> {
+        promises(name)
     }
 
     fn uses_load(name: &str) -> bool {
@@ -69,6 +74,44 @@ impl Scheduler for BuiltIn {
         {
             picks.retain(|s| s != service);
         }
+    }
+}
+
+/// What each built-in scheduler guarantees, from what kpx-sched does
+/// (`kpx conformance builtin:schedulers` checks each):
+///
+/// - rr rotates over the candidates, weights aside but 0: spread.
+/// - wrr rotates by weight (IPVS's passes): spread, weighted.
+/// - lc sends a connection to the least overhead, weights aside: spread,
+///   least-loaded. wlc divides the overhead by the weight, so shares
+///   converge to the weights (and idle candidates share by weight): also
+///   weighted. sed sends new connections over idle candidates to the
+///   heaviest first, and nq to any idle one first whatever its weight, so
+///   their shares follow the weights only under load: spread,
+///   least-loaded.
+/// - sh gives each candidate as many of its 256 source buckets as its
+///   weight: spread, weighted, sticky. mh and maglev fill their tables by
+///   weight and hash the source: spread, weighted, sticky; maglev's 1,021
+///   entries keep all but about 1/N of the clients when one of N
+///   endpoints goes (minimal-disruption), which mh's 251 do not (about
+///   1/N + 4 points move).
+/// - random draws by weight: spread, weighted.
+/// - dh hashes the destination: every client of one Service address goes
+///   to one endpoint, so it is sticky and does not spread.
+/// - lblc and lblcr keep a destination's endpoint until it is overloaded,
+///   then add or move to wlc's choice: none of these (one Service address
+///   piles onto one endpoint once every one is loaded).
+fn promises(name: &str) -> Vec<Promise> {
+    use Promise::{LeastLoaded, MinimalDisruption, Spread, Sticky, Weighted};
+    match name {
+        "rr" => vec![Spread],
+        "wrr" | "random" => vec![Spread, Weighted],
+        "lc" | "sed" | "nq" => vec![Spread, LeastLoaded],
+        "wlc" => vec![Spread, Weighted, LeastLoaded],
+        "sh" | "mh" => vec![Spread, Weighted, Sticky],
+        "maglev" => vec![Spread, Weighted, Sticky, MinimalDisruption],
+        "dh" => vec![Sticky],
+        _ => Vec::new(),
     }
 }
 

@@ -1,0 +1,1 @@
+//! The 0.4.0 extension world (written next).
