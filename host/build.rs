@@ -26,6 +26,7 @@ const TEST_ONLY: &[&str] = &[
     "kpx-plugin-hot-v1",
     "kpx-plugin-hot-v2",
     "kpx-plugin-ext-probe",
+    "kpx-plugin-ext-v0-2",
     "kpx-example-ratelimit",
     "kpx-example-conncount",
 ];

@@ -30,7 +30,7 @@ use crate::userspace::localhost::LocalhostNodePorts;
 use crate::userspace::{Relays, UserspaceProxier, budget};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
-pub use components::{flag, load_backend, load_extensions, load_schedulers, scheduler_component};
+pub use components::{extension_component, flag, load_backend, load_extensions, load_schedulers, scheduler_component};
 use components::{load_backend_file, load_schedulers_from_files};
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +86,12 @@ pub enum Error {
         expected.with_article()
     )]
     WrongKind { path: PathBuf, found: Kind, expected: Kind },
+    /// An extension refused its `--extension` parameters when it was
+    /// loaded (its `check-parameters`): kpx exits at start, before it
+    /// writes a rule; a replaced file that refuses them is refused, and
+    /// the running component stays.
+    #[error("--extension {name}={}: the component refuses its parameters: {message}", path.display())]
+    ExtensionParameters { name: String, path: PathBuf, message: String },
 }
 
 /// The plugin runtime `config` asks for.
@@ -439,7 +445,8 @@ pub fn run(mut config: Config) -> Result<(), Error> {
         files.push((Role::Scheduler { index, name: name.clone() }, path.clone(), digest));
     }
     for (index, (e, digest)) in config.extensions.iter().zip(extension_digests).enumerate() {
-        files.push((Role::Extension { index, name: e.name.clone() }, e.path.clone(), digest));
+        let role = Role::Extension { index, name: e.name.clone(), parameters: e.parameters.clone() };
+        files.push((role, e.path.clone(), digest));
     }
     // Each configured component's reload series, at 0 until a reload
     // (a rollback is a rules proxier's: not an extension's, nor

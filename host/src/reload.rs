@@ -11,7 +11,9 @@
 //! ends): the running component stays, and the refusal is logged and
 //! counted as any other (so is a component of another kind than the file's
 //! flag takes, named as at start: `--extension FILE is a scheduler
-//! component; ...`). The sync loop then tries the component on the live
+//! component; ...`, and an extension that refuses its flag's parameters:
+//! `--extension NAME=FILE: the component refuses its parameters: ...`).
+//! The sync loop then tries the component on the live
 //! state (instantiate, replay, render, the host's checks, a trace that no
 //! Service loses its endpoints) and switches to it only if every family
 //! accepts it; otherwise the running component keeps serving, and the same
@@ -61,10 +63,12 @@ pub enum Role {
         index: usize,
         name: String,
     },
-    /// The `index`-th `--extension` (its configured name).
+    /// The `index`-th `--extension` (its configured name, and its
+    /// parameters, which a replacement is asked to take).
     Extension {
         index: usize,
         name: String,
+        parameters: Vec<(String, String)>,
     },
 }
 
@@ -453,7 +457,8 @@ pub fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// A replacement's bytes compiled and linked as its role's kind; a
 /// component of another kind is refused naming its flag, its file and
-/// both kinds, as at start.
+/// both kinds, as at start, and so is an extension that refuses the
+/// flag's parameters, with its reason.
 fn load(runtime: &Runtime, role: &Role, path: &Path, bytes: &[u8]) -> Result<Loaded, String> {
     let refused = |e: crate::app::Error| e.of_file(path).to_string();
     match role {
@@ -464,9 +469,10 @@ fn load(runtime: &Runtime, role: &Role, path: &Path, bytes: &[u8]) -> Result<Loa
         Role::Scheduler { name, .. } => crate::app::scheduler_component(runtime, name, bytes)
             .map(|p| Loaded::Scheduler(Arc::new(p)))
             .map_err(refused),
-        Role::Extension { .. } => {
-            let label = path.file_stem().and_then(|s| s.to_str()).unwrap_or("extension");
-            runtime.load_extension(label, bytes).map(|p| Loaded::Extension(Arc::new(p))).map_err(|e| refused(e.into()))
+        Role::Extension { name, parameters, .. } => {
+            crate::app::extension_component(runtime, name, path, parameters, bytes)
+                .map(|p| Loaded::Extension(Arc::new(p)))
+                .map_err(|e| e.to_string())
         }
     }
 }
@@ -534,7 +540,7 @@ mod tests {
             Err(e) => e,
         };
         let (scheduler, backend) = (builtin::get("schedulers").unwrap(), builtin::get("iptables").unwrap());
-        let extension = Role::Extension { index: 0, name: "vendor".into() };
+        let extension = Role::Extension { index: 0, name: "vendor".into(), parameters: vec![] };
         assert_eq!(
             refused(extension, scheduler),
             "--extension /k/vendor.wasm is a scheduler component; --extension takes an extension component"
@@ -548,6 +554,12 @@ mod tests {
             "--backend-plugin /k/vendor.wasm is a scheduler component; --backend-plugin takes a backend component"
         );
         assert!(matches!(load(&runtime, &Role::Backend, path, backend), Ok(Loaded::Backend(_))));
+        // An extension that refuses the flag's parameters, with its reason.
+        let probe = std::fs::read(format!("{}/kpx_plugin_ext_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"))).unwrap();
+        let parameters = vec![("do".to_string(), "nonsense".to_string())];
+        let err = refused(Role::Extension { index: 0, name: "vendor".into(), parameters }, &probe);
+        let said = "--extension vendor=/k/vendor.wasm: the component refuses its parameters: ";
+        assert!(err.starts_with(said) && err.contains("do=nonsense"), "want {said:?} and do=nonsense: {err}");
     }
 
     #[test]

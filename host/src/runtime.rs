@@ -94,6 +94,11 @@ pub enum Error {
     /// The plugin returned an error: keep the instance, render in full next time.
     #[error("plugin {plugin}: {call} failed: {message}")]
     Failed { plugin: String, call: &'static str, message: String },
+    /// An extension refused the operator's parameters when it was loaded
+    /// (`check-parameters`): kpx stops at start with the reason; a
+    /// replaced file that refuses them is refused.
+    #[error("plugin {plugin} refuses its parameters: {message}")]
+    ParametersRefused { plugin: String, message: String },
     /// A scheduler picked what the host refuses (outside the candidates,
     /// or one that failed the connection): a fault, not its own refusal.
     #[error("plugin {plugin}: pick refused: {message}")]
@@ -321,9 +326,12 @@ impl Runtime {
         Ok(SchedulerPlugin { base: self.base(name), pre })
     }
 
-    /// Loads an extension component (the `extension-plugin` world).
+    /// Loads an extension component (the `extension-plugin` world of
+    /// 0.2.0 or 0.4.0, as the component declares).
     pub fn load_extension(&self, name: &str, bytes: &[u8]) -> Result<ExtensionPlugin> {
-        let pre = self.link_world(name, bytes, Kind::Extension, wit::since_v0_2_0::ExtensionPre::new)?;
+        let (found, linked) = self.link(name, bytes, Kind::Extension)?;
+        let pre = extension::ExtensionPre::new(&found, linked)
+            .map_err(|message| Error::Load { plugin: name.to_string(), message })?;
         Ok(ExtensionPlugin { base: self.base(name), pre })
     }
 

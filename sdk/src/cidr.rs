@@ -4,8 +4,10 @@
 //! address of a family outside a set ([`complement`]). [`Cidr`] itself
 //! tells whether it holds an address (`Cidr::contains(&IpAddr)`).
 //!
-//! An allow-list needs the complement: the contract has no accept action,
-//! so "only these sources" is a drop rule for each prefix of everything
+//! Since kpx:proxier 0.4.0 an allow-list is accept rules for the sources
+//! allowed and one drop rule for the rest. An extension built for 0.2.0
+//! (`export_extension_v0_2!`), which has no accept, needs the complement:
+//! "only these sources" is then a drop rule for each prefix of everything
 //! else (docs/plugins.md, "Extension rules"):
 //!
 //! ```

@@ -44,9 +44,11 @@
 //! ```
 //!
 //! An extension implements [`extension::Extension`] and exports it with
-//! [`export_extension!`]: it returns rules for new connections to Service
-//! ports (count, rate-limit, drop, reject) that the host writes in
-//! objects of the extension's own.
+//! [`export_extension!`] (kpx:proxier 0.4.0; [`export_extension_v0_2!`]
+//! builds 0.2.0): it returns rules for new connections to Service ports
+//! (count, rate-limit, drop, reject, accept) that the host writes in
+//! objects of the extension's own, and may refuse its parameters when kpx
+//! loads it.
 //!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kpx_netlab::node::NodeLab;
 
-use crate::schedulers::write_service;
+use crate::schedulers::{client_addresses, tcp_from, write_service};
 use crate::servers::wait_status;
 use crate::support::*;
 
@@ -325,6 +325,128 @@ fn a_replaced_extension_takes_over() {
     drop(kpx);
 }
 
+/// An extension's accept ends its own rules for the connection, and
+/// nothing else, in both modes: a rule accepting one client before a rule
+/// dropping every source lets that client through kube-proxy's rules to
+/// an endpoint (its DNAT still applies), while another client is dropped,
+/// each counted once per attempt. A second extension beside it still sees
+/// the accepted connections (an accept that skipped more than its own
+/// rules would hide them from it whenever it runs after the first).
+#[test]
+fn an_accept_rule_ends_the_extensions_rules_only() {
+    for mode in ["nftables", "iptables"] {
+        let Some(lab) = lab_or_skip(2, &format!("extension accept ({mode})")) else {
+            return;
+        };
+        let eps: Vec<&str> = lab.backends.iter().map(|b| b.ip.as_str()).collect();
+        let (dir, manifests) = run_dirs(&format!("extension-accept-{mode}"));
+        write_service(&manifests, "web", "10.96.0.10", &[], &eps, &[]);
+        let clients = client_addresses(&lab, 2);
+        let (accepted, other) = (clients[0], clients[1]);
+        let gate = format!("{},from={accepted}/32", probe("gate", "accept-from"));
+        let count = probe("count", "count");
+        let args = kpx_args(&manifests, &["--proxy-mode", mode, "--extension", &count, "--extension", &gate]);
+        let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+        assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+        // The accept as written: a return from the port chain (counted: a
+        // goto to the counter chain, whose rule returns), never an accept.
+        let objects = match mode {
+            "nftables" => lab.node.exec(&["nft", "list", "table", "ip", "kpx-gate"]).unwrap(),
+            _ => lab.node.exec(&["iptables-save", "-t", "mangle"]).unwrap(),
+        };
+        // (nft lists a /32 as its address, iptables-save with /32.)
+        let source = accepted.to_string();
+        let lines: Vec<&str> = objects.lines().map(str::trim_end).filter(|l| l.contains(&source)).collect();
+        let written = match mode {
+            "nftables" => lines.iter().any(|l| l.ends_with(" return")),
+            _ => lines.iter().any(|l| l.starts_with("-A KUBE-X-GATE-") && l.contains(" -g KUBE-X-GATE-")),
+        };
+        assert!(written, "{mode}: the accept of {source}:\n{objects}");
+        let verdict = objects.lines().map(str::trim_end).any(|l| l.contains("-j ACCEPT") || l.ends_with(" accept"));
+        assert!(!verdict, "{mode}: never an accept verdict:\n{objects}");
+
+        for _ in 0..3 {
+            let answer = tcp_from(&lab, Some(accepted), "10.96.0.10:80");
+            assert!(answer.starts_with("be"), "{mode}: the accepted client reaches an endpoint: {answer}");
+            let dropped = tcp_from(&lab, Some(other), "10.96.0.10:80");
+            assert_eq!(dropped, "Timeout", "{mode}: another client is dropped");
+        }
+        let counted = |extension, counter, want| counter_reaches(&lab, extension, "test/web:tcp", counter, want);
+        assert_eq!(counted("gate", "accepted", 3), Some(3), "{mode}: each accepted connection once");
+        assert_eq!(counted("gate", "dropped", 3), Some(3), "{mode}: each dropped attempt");
+        // 3 if it runs after the gate (the dropped ones never reach it), 6 before.
+        let seen = counted("count", "seen", 3);
+        assert!(seen.is_some_and(|n| n >= 3), "{mode}: the other extension sees the accepted ones: {seen:?}");
+        drop(kpx);
+    }
+}
+
+/// An extension that refuses its parameters when kpx loads it stops kpx
+/// at start, in both modes, before it writes a rule: kpx exits with an
+/// error naming the flag, the file and the parameter.
+#[test]
+fn refused_extension_parameters_stop_kpx_at_start() {
+    let Some(lab) = lab_or_skip(1, "refused_extension_parameters_stop_kpx_at_start") else {
+        return;
+    };
+    let file = example("kpx_plugin_ext_probe.wasm");
+    for mode in ["nftables", "iptables"] {
+        let (_, manifests) = run_dirs(&format!("extension-parameters-{mode}"));
+        write_service(&manifests, "web", "10.96.0.10", &[], &[lab.backends[0].ip.as_str()], &[]);
+        let ext = probe("probe", "nonsense");
+        let args = kpx_args(&manifests, &["--proxy-mode", mode, "--extension", &ext]);
+        // Bounded: a kpx that went on would otherwise hold the test.
+        let out = lab.node.command("timeout").arg("30").arg(KPX).args(&args).env("NO_COLOR", "1").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stopped = !out.status.success() && out.status.code() != Some(124);
+        assert!(stopped, "{mode}: kpx must stop with an error at start: {:?}\n{stderr}", out.status);
+        let said = format!("--extension probe={file}: the component refuses its parameters: do=nonsense");
+        assert!(stderr.contains(&said), "{mode}: want {said:?} in:\n{stderr}");
+        assert!(!stderr.contains("synced rules"), "{mode}:\n{stderr}");
+        let nft = lab.node.exec(&["nft", "list", "ruleset"]).unwrap_or_default();
+        let written = kernel_rules(&lab).contains("KUBE-") || nft.contains("kube-proxy") || nft.contains("kpx-probe");
+        assert!(!written, "{mode}: rules written:\n{nft}\n{}", kernel_rules(&lab));
+    }
+}
+
+/// A replaced extension file whose component refuses the flag's
+/// parameters is refused: the running one keeps serving, and the refusal
+/// is logged with the component's reason and counted.
+#[test]
+fn a_replaced_extension_that_refuses_its_parameters_is_refused() {
+    let Some(lab) = lab_or_skip(1, "a_replaced_extension_that_refuses_its_parameters_is_refused") else {
+        return;
+    };
+    let ep = lab.backends[0].ip.clone();
+    let (dir, manifests) = run_dirs("extension-reload-parameters");
+    write_service(&manifests, "web", "10.96.0.10", &[], &[ep.as_str()], &[]);
+    let file = dir.join("vendor.wasm");
+    std::fs::write(&file, std::fs::read(example("kpx_plugin_ext_probe.wasm")).unwrap()).unwrap();
+    let vendor = format!("vendor={},do=drop-all", file.display());
+    let args = kpx_args(&manifests, &["--proxy-mode", "nftables", "--extension", &vendor]);
+    let mut kpx = lab.start_kpx(KPX.as_ref(), &args, &dir.join("kpx.log")).expect("start kpx");
+    assert!(kpx.wait_for_log("synced rules family=IPv4", 1, Duration::from_secs(20)), "{}", kpx.log());
+    assert_eq!(attempts(&lab, "10.96.0.10:80", 3).0, 0, "the probe drops the Service's connections");
+
+    // The rate limit takes default= and action= only: not do=drop-all.
+    replace(&file, &std::fs::read(example("kpx_example_ratelimit.wasm")).unwrap());
+    assert!(kpx.wait_for_log("replaced component refused", 1, Duration::from_secs(10)), "{}", kpx.log());
+    let log = kpx.log();
+    let refusal = log.lines().find(|l| l.contains("replaced component refused")).unwrap_or_default();
+    let said = format!(
+        "--extension vendor={}: the component refuses its parameters: unknown parameter do=drop-all",
+        file.display()
+    );
+    assert!(refusal.contains("the running one keeps serving") && refusal.contains(&said), "want {said:?}: {refusal}");
+    assert_eq!(attempts(&lab, "10.96.0.10:80", 3).0, 0, "the probe still drops them");
+    let (_, metrics) = wait_status(&lab.node, "127.0.0.1:10249", "/metrics", 200);
+    for (outcome, n) in [("applied", 0), ("refused", 1)] {
+        let counted = format!("kpx_plugin_reloads_total{{component=\"extension:vendor\",outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.contains(&counted), "want {counted} in:\n{metrics}");
+    }
+    drop(kpx);
+}
+
 /// A component given to the flag of another kind stops kpx before it
 /// writes a rule, in both modes and for every role, the log naming the
 /// flag, the file, the kind found and the kind the flag takes: a
@@ -486,6 +608,7 @@ fn every_extension_object_is_accepted_by_the_kernel() {
         let rules = Ruleset {
             rules: vec![
                 rule(Attachment::Firewall, Action::Continue, "lb"),
+                rule(Attachment::BeforeDispatch, Action::Accept, "accepted"),
                 rule(Attachment::BeforeDispatch, Action::Drop, "dropped"),
                 rule(Attachment::Service, Action::Reject, "rejected"),
             ],
@@ -538,6 +661,8 @@ fn every_extension_object_is_accepted_by_the_kernel() {
                         "reject",
                         "drop",
                         "goto p-",
+                        // The accept.
+                        "\" return",
                         "iifname != \"lo\"",
                         "ct status dnat",
                         "fib daddr type local",
@@ -550,6 +675,8 @@ fn every_extension_object_is_accepted_by_the_kernel() {
                         "-j REJECT",
                         "-j DROP",
                         "-g KUBE-X-OBJS-",
+                        // The accept's (and the continue's) counter chain.
+                        "-j RETURN",
                         "! -i lo",
                         "--ctstate DNAT",
                         "-m addrtype --dst-type LOCAL",

@@ -243,8 +243,8 @@ fn the_out_of_tree_allowlist_example_passes_conformance_and_guards_a_service() {
     assert!(status.success(), "building examples/allowlist-extension failed");
     eprintln!("examples/allowlist-extension tested and built in {:.0} s", t0.elapsed().as_secs_f64());
     let wasm = example.join("target/wasm32-unknown-unknown/release/allowlist_extension.wasm");
-    // A list that fits (its complement: 46 IPv4 and 32 IPv6 rules a port),
-    // and one with a typo (one drop-all rule a port).
+    // A list that fits (two accepts and the drop a port for IPv4, one and
+    // the drop for IPv6), and one with a typo (one drop-all rule a port).
     for list in ["allow=10.1.0.0/16,192.168.7.9,2001:db8::/32", "allow=10.1.0.0/16,10.1.2.300"] {
         let out = Command::new(KPX)
             .args(["conformance", wasm.to_str().unwrap(), "--extension-annotation", list])

@@ -167,7 +167,8 @@ apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v
     let example = |f: &str| format!("{}/{f}", env!("KPX_TEST_PLUGIN_DIR"));
     let ratelimit = format!("ratelimit={}", example("kpx_example_ratelimit.wasm"));
     let conncount = format!("conncount={}", example("kpx_example_conncount.wasm"));
-    // Rejects: a TCP port's with a reset, a UDP port's with ICMP.
+    // Rejects: a TCP port's with a reset, a UDP port's with ICMP; before
+    // them a counted accept (a return from the port chain).
     let rejects = format!("rejects={},do=reject-documentation", example("kpx_plugin_ext_probe.wasm"));
     let args = kpx_args(
         &manifests,
@@ -199,6 +200,8 @@ apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: sticky-v
     ] {
         assert!(listing.contains(kind), "the ruleset has no {kind:?}:\n{listing}");
     }
+    let accept = |l: &str| l.contains("saddr 192.0.2.128/25 counter name \"c-") && l.trim_end().ends_with(" return");
+    assert!(listing.lines().any(accept), "the probe's counted accept, a return:\n{listing}");
     crate::support::nft_relist(&listing).unwrap_or_else(|e| panic!("{e}\n(saved from)\n{listing}"));
 
     // A partial sync that declares maps the table did not hold (a Service

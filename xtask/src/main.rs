@@ -46,6 +46,7 @@ fn test(extra: &[String]) -> Result<()> {
         "kpx-plugin-hot-v1",
         "kpx-plugin-hot-v2",
         "kpx-plugin-ext-probe",
+        "kpx-plugin-ext-v0-2",
     ] {
         args.extend(["--exclude", plugin]);
     }

@@ -14,6 +14,9 @@
 //!   for UDP and SCTP) needs the
 //!   `service` attachment, after kube-proxy's choice: the example then
 //!   limits there.
+//!
+//! Any other parameter, or a wrong value, stops kpx when it loads the
+//! extension (`check_parameters`), naming it.
 #![forbid(unsafe_code)]
 
 use kpx_sdk::extension::{Action, Attachment, Extension, Rate, Rule, State};
@@ -47,21 +50,32 @@ impl RateLimit {
     }
 }
 
-impl Extension for RateLimit {
-    fn new(_: Settings, parameters: Vec<(String, String)>) -> Self {
-        let mut out = RateLimit { default: None, action: Action::Drop, problem: None };
-        for (k, v) in parameters {
-            match (k.as_str(), v.as_str()) {
-                ("default", n) => match number(n, "default") {
-                    Ok(n) => out.default = Some(n),
-                    Err(e) => out.problem = Some(e),
-                },
-                ("action", "drop") => out.action = Action::Drop,
-                ("action", "reject") => out.action = Action::Reject,
-                _ => out.problem = Some(format!("unknown parameter {k}={v} (default=N, action=drop|reject)")),
-            }
+/// The parameters' default limit and action, or the first one that is wrong.
+fn parameters(parameters: &[(String, String)]) -> Result<(Option<u32>, Action), String> {
+    let (mut default, mut action) = (None, Action::Drop);
+    for (k, v) in parameters {
+        match (k.as_str(), v.as_str()) {
+            ("default", n) => default = Some(number(n, "default")?),
+            ("action", "drop") => action = Action::Drop,
+            ("action", "reject") => action = Action::Reject,
+            _ => return Err(format!("unknown parameter {k}={v} (default=N, action=drop|reject)")),
         }
-        out
+    }
+    Ok((default, action))
+}
+
+impl Extension for RateLimit {
+    /// A wrong parameter stops kpx at load, named.
+    fn check_parameters(p: &[(String, String)]) -> Result<(), String> {
+        parameters(p).map(|_| ())
+    }
+
+    fn new(_: Settings, p: Vec<(String, String)>) -> Self {
+        match parameters(&p) {
+            Ok((default, action)) => RateLimit { default, action, problem: None },
+            // Only where kpx did not ask first (a 0.2.0 build).
+            Err(e) => RateLimit { default: None, action: Action::Drop, problem: Some(e) },
+        }
     }
 
     fn rules(&mut self, state: &State) -> Result<Vec<Rule>, String> {
@@ -149,5 +163,9 @@ mod tests {
             vec![("colour".into(), "red".into())],
         );
         assert!(e.rules(&state(vec![])).unwrap_err().contains("colour"));
+        // And kpx refuses them at load, before any instance.
+        assert!(RateLimit::check_parameters(&[("colour".into(), "red".into())]).unwrap_err().contains("colour=red"));
+        assert!(RateLimit::check_parameters(&[("default".into(), "0".into())]).unwrap_err().contains("default"));
+        assert!(RateLimit::check_parameters(&[("action".into(), "reject".into())]).is_ok());
     }
 }

@@ -12,7 +12,7 @@ use kpx_rules::model::ProxyMode;
 
 use super::{Error, plugin_runtime};
 use crate::config::Config;
-use crate::runtime::{self, BackendPlugin, Kind, Runtime, SchedulerPlugin};
+use crate::runtime::{self, BackendPlugin, ExtensionPlugin, Kind, Runtime, SchedulerPlugin};
 
 impl Error {
     /// This error, of the component file at `path`: a component of the
@@ -40,8 +40,9 @@ pub fn flag(kind: Kind) -> &'static str {
 /// with the digests of their files' bytes as loaded. A file that cannot
 /// be read or loaded is logged and left out (kube-proxy's rules do not
 /// wait on a vendor's component); a replacement file is tried as any. A
-/// component of another kind (a scheduler) is a mistake in the flag, not
-/// a file to wait for: an error.
+/// component of another kind (a scheduler), or one that refuses the
+/// flag's parameters, is a mistake in the flag, not a file to wait for:
+/// an error.
 pub fn load_extensions(
     runtime: &Runtime,
     config: &Config,
@@ -51,11 +52,11 @@ pub fn load_extensions(
         if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
             return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
         }
-        let label = e.path.file_stem().and_then(|s| s.to_str()).unwrap_or(&e.name).to_string();
         let loaded = match crate::reload::read_component(&e.path) {
-            Ok(bytes) => match runtime.load_extension(&label, &bytes) {
+            Ok(bytes) => match extension_component(runtime, &e.name, &e.path, &e.parameters, &bytes) {
                 Ok(plugin) => Ok((plugin, bytes)),
-                Err(err @ runtime::Error::WrongKind { .. }) => return Err(Error::from(err).of_file(&e.path)),
+                // Mistakes in the flag, not a file to wait for.
+                Err(err @ (Error::WrongKind { .. } | Error::ExtensionParameters { .. })) => return Err(err),
                 Err(err) => Err(err.to_string()),
             },
             Err(err) => Err(format!("cannot read it: {err}")),
@@ -75,6 +76,30 @@ pub fn load_extensions(
         digests.push(digest);
     }
     Ok((out, digests))
+}
+
+/// The component of `--extension NAME=PATH,PARAMETERS` from its bytes,
+/// at start or for a replaced file: compiled (or from the cache), and the
+/// operator's parameters put to it (`check-parameters`), so that the
+/// component refuses a mistake in the flag at once rather than at every
+/// render. A component of another kind, or one that refuses its
+/// parameters, names the flag and the file.
+pub fn extension_component(
+    runtime: &Runtime,
+    name: &str,
+    path: &Path,
+    parameters: &[(String, String)],
+    bytes: &[u8],
+) -> Result<ExtensionPlugin, Error> {
+    let label = path.file_stem().and_then(|s| s.to_str()).unwrap_or(name);
+    let plugin = runtime.load_extension(label, bytes).map_err(|e| Error::from(e).of_file(path))?;
+    match plugin.check_parameters(parameters) {
+        Ok(()) => Ok(plugin),
+        Err(runtime::Error::ParametersRefused { message, .. }) => {
+            Err(Error::ExtensionParameters { name: name.to_string(), path: path.to_path_buf(), message })
+        }
+        Err(other) => Err(other.into()),
+    }
 }
 
 /// The scheduler components: those of `--scheduler-plugin`, in the order
@@ -215,5 +240,27 @@ mod tests {
             load_extensions(&rt, &config_of(&["--proxy-mode", "nftables", "--extension", &junk])).unwrap();
         assert!(loaded.len() == 1 && loaded[0].plugin.is_none() && digests == [[0; 32]]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An extension that refuses the flag's parameters (its
+    /// `check-parameters`) stops kpx at start, naming the flag, the file
+    /// and the component's reason; the same file with parameters it takes
+    /// loads, and a 0.2.0 component is never asked.
+    #[test]
+    fn an_extension_that_refuses_its_parameters_stops_kpx_at_start() {
+        let dir = env!("KPX_TEST_PLUGIN_DIR");
+        let rt = Runtime::new(runtime::Limits::default(), None).unwrap();
+        let load = |flag: &str| load_extensions(&rt, &config_of(&["--proxy-mode", "nftables", "--extension", flag]));
+        let probe = format!("{dir}/kpx_plugin_ext_probe.wasm");
+        let err = load(&format!("probe={probe},do=nonsense")).err().expect("refused parameters stop kpx");
+        assert!(matches!(err, Error::ExtensionParameters { .. }), "{err}");
+        let text = err.to_string();
+        let said = format!("--extension probe={probe}: the component refuses its parameters: ");
+        assert!(text.starts_with(&said) && text.contains("do=nonsense"), "want {said:?} and do=nonsense: {text}");
+        let (loaded, _) = load(&format!("probe={probe},do=count")).unwrap();
+        assert!(loaded[0].plugin.is_some());
+        let old = format!("old={dir}/kpx_plugin_ext_v0_2.wasm,do=nonsense");
+        let (loaded, _) = load(&old).unwrap();
+        assert!(loaded[0].plugin.as_ref().is_some_and(|p| p.version() == "0.2.0"), "0.2.0 takes any parameter");
     }
 }

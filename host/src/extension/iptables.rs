@@ -9,6 +9,16 @@
 //! packet count survives the rewrites of the chains around it. A rate
 //! limit is a `hashlimit` named by what it holds, so its bucket survives
 //! too.
+//!
+//! Accept is `RETURN`, never `ACCEPT` (which would end the built-in
+//! chain, and with it kube-proxy's own rules there and the other
+//! extensions' jumps). The built-in chain jumps (`-j`) to the entry
+//! chain, which goes (`-g`) to the port chain: the port chain replaces
+//! the entry chain on the call stack, so a `RETURN` in it goes back to
+//! the built-in chain, past the port's later rules and the rest of the
+//! entry chain, and nothing else is skipped. A counted accept goes (`-g`)
+//! to its counter chain (`-j RETURN`) for the same reason: a jump would
+//! return to the port chain, and its next rule.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -75,6 +85,17 @@ fn jump_args(a: Attachment, builtin: &str, name: &str) -> Vec<String> {
         format!("{}{entry}", prefix(name)),
     ]);
     args
+}
+
+/// How a port chain's rule enters its counter chain: a jump, whose
+/// `RETURN` comes back to the port chain's next rule (continue), except
+/// for an accept, which goes to it (`-g`): its `RETURN` then leaves the
+/// extension's chains, as an accept without a counter does.
+fn counter_call(action: Action) -> &'static str {
+    match action {
+        Action::Accept => "-g",
+        Action::Continue | Action::Drop | Action::Reject => "-j",
+    }
 }
 
 /// The payload that takes the kernel from `previous` to `layout`.
@@ -154,7 +175,9 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
                 ));
             }
             let verdict = match r.action {
-                Action::Continue => "RETURN",
+                // A counter chain's only rule for these; an accept's own
+                // rule too (the module's doc says why RETURN accepts).
+                Action::Continue | Action::Accept => "RETURN",
                 Action::Drop => "DROP",
                 // A TCP connection refused with a reset, as kube-proxy's
                 // own rejects of TCP do not: an ICMP error is rate limited
@@ -170,7 +193,7 @@ pub fn payload(name: &str, layout: &Layout, previous: &Written) -> (String, Writ
             match (&r.counter, &r.counter_chain) {
                 (Some(c), Some(id)) => {
                     let counter_chain = format!("{pre}{id}");
-                    line.push_str(&format!(" -j {counter_chain}"));
+                    line.push_str(&format!(" {} {counter_chain}", counter_call(r.action)));
                     let key = (table, counter_chain.clone());
                     // Declared only when the kernel does not hold it: a
                     // declaration flushes the chain, and its count with it.
@@ -415,7 +438,7 @@ mod tests {
     use super::*;
     use crate::extension::layout::build;
     use kpx_rules::model::{Protocol, ProxyMode, ServicePort, Settings};
-    use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
+    use kpx_rules::ops::extension::{Rate, Rule, Ruleset, SourceMatch};
 
     fn ports() -> crate::state::PortMap {
         let mut p = ServicePort::new("ns", "web", "", Protocol::Tcp, 80);
@@ -507,5 +530,48 @@ mod tests {
         assert_ne!(udp_chain, tcp_chain, "a new verdict, a new chain");
         assert!(now_udp.contains(&format!("-A {udp_chain} -j REJECT\n")), "{now_udp}");
         assert!(now_udp.contains(&format!("-X {tcp_chain}\n")), "{now_udp}");
+    }
+
+    /// An accept is RETURN in the port chain, which the entry chain went
+    /// to (`-g`): it leaves the extension's chains, and never is ACCEPT.
+    /// Counted, the port chain goes (`-g`) to a counter chain whose
+    /// RETURN leaves them too, while a counted continue jumps (`-j`) to
+    /// its own and comes back.
+    #[test]
+    fn an_accept_returns_from_the_extensions_chains() {
+        let source = SourceMatch { negate: false, cidr: "192.0.2.0/24".parse().unwrap() };
+        let rule = |counter: Option<&str>, action: Action| Rule {
+            attachment: Attachment::BeforeDispatch,
+            service: "ns/web".into(),
+            source: Some(source),
+            over_rate: None,
+            counter: counter.map(String::from),
+            action,
+        };
+        let rules = vec![
+            rule(None, Action::Accept),
+            rule(Some("accepted"), Action::Accept),
+            rule(Some("seen"), Action::Continue),
+            rule(None, Action::Drop),
+        ];
+        let settings = Settings::new(IpFamily::V4, ProxyMode::Iptables);
+        let layout = build("acc", &settings, &Ruleset { rules }, &ports(), &Default::default());
+        let (text, _) = payload("acc", &layout, &Written::default());
+        assert!(!text.contains("ACCEPT"), "{text}");
+        let port_chain = format!("KUBE-X-ACC-{}", layout.chains.keys().next().unwrap());
+        assert!(text.contains(&format!("-g {port_chain}\n")), "the entry chain goes to the port chain: {text}");
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&format!("-A {port_chain} "))).collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].ends_with(" -s 192.0.2.0/24 -j RETURN"), "{text}");
+        let called = |line: &str, how: &str| {
+            let (before, chain) = line.rsplit_once(' ').unwrap();
+            assert!(before.ends_with(how) && chain.starts_with("KUBE-X-ACC-"), "{how} a counter chain: {line}");
+            assert!(text.contains(&format!("-A {chain} -j RETURN\n")), "{chain} returns: {text}");
+            chain.to_string()
+        };
+        let accepted = called(lines[1], " -g");
+        let seen = called(lines[2], " -j");
+        assert_ne!(accepted, seen, "an accept's counter chain is its own");
+        assert!(lines[3].ends_with(" -j DROP"), "{text}");
     }
 }

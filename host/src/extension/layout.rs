@@ -85,7 +85,8 @@ pub struct ChainRule {
     /// A counter's id.
     pub counter: Option<String>,
     /// With a counter: the id of iptables' chain that counts and acts
-    /// (one per counter, table and action; see extension/iptables.rs).
+    /// (one per counter, table and verdict; an accept's is entered by a
+    /// goto, see extension/iptables.rs).
     pub counter_chain: Option<String>,
     pub action: Action,
 }

@@ -2,6 +2,17 @@
 //! instance's family, which the host declares and hooks, and in it only
 //! what the layout says. Written as one netlink batch per change; counters
 //! and rate limits are named objects kept across batches (see layout.rs).
+//!
+//! Accept is `return` from the port chain: each base chain jumps to its
+//! attachment's chain, which goes (`goto`) to the port chain, so a return
+//! there comes back to the base chain, past the port's later rules, and
+//! the base chain ends (its policy accepts). That is iptables' RETURN
+//! (extension/iptables.rs), the same meaning in both modes. `accept`
+//! would do the same today (a base chain here holds only its jump, and
+//! an accept ends only this table's base chain: the packet still meets
+//! every other base chain of the hook, kube-proxy's and other
+//! extensions' tables included), but return says what is meant and stays
+//! right if a base chain ever holds more than its jump.
 
 use foldhash::HashSet;
 
@@ -193,6 +204,8 @@ pub fn messages(table: &str, family: IpFamily, layout: &Layout, previous: Option
             objects.extend(r.counter.iter().map(|c| (NFT_OBJECT_COUNTER, counter_object(c))));
             let verdict = match r.action {
                 Action::Continue => TableVerdict::Continue,
+                // Out of the extension's chains (the module's doc says why).
+                Action::Accept => TableVerdict::Return,
                 Action::Drop => TableVerdict::Drop,
                 // A reset for TCP: not rate limited as ICMP errors are
                 // (only the port's packets enter its chain).
@@ -294,7 +307,7 @@ mod tests {
     use super::*;
     use crate::extension::layout::build;
     use kpx_rules::model::{ProxyMode, ServicePort, Settings};
-    use kpx_rules::ops::extension::{Rate, Rule, Ruleset};
+    use kpx_rules::ops::extension::{Rate, Rule, Ruleset, SourceMatch};
     use std::collections::BTreeMap;
 
     fn layout(counter: &str) -> Layout {
@@ -348,5 +361,39 @@ mod tests {
             assert!(adopt.iter().any(|w| w == want), "{want}: {adopt:?}");
         }
         assert!(!adopt.iter().any(|w| w == "delete chain dispatch"), "{adopt:?}");
+    }
+
+    /// An accept is a return from the port chain (with its counter when
+    /// counted), never an accept: back in the base chain, which ends
+    /// there, the packet goes on to every later base chain of the hook.
+    #[test]
+    fn an_accept_is_a_return_from_the_port_chain() {
+        let mut p = ServicePort::new("ns", "web", "", kpx_rules::model::Protocol::Tcp, 80);
+        p.cluster_ip = Some("10.96.0.10".parse().unwrap());
+        let ports = BTreeMap::from([(p.key.clone(), Box::new(p))]);
+        let cidr: kpx_rules::model::Cidr = "192.0.2.0/24".parse().unwrap();
+        let rule = |counter: Option<&str>| Rule {
+            attachment: Attachment::BeforeDispatch,
+            service: "ns/web".into(),
+            source: Some(SourceMatch { negate: false, cidr }),
+            over_rate: None,
+            counter: counter.map(String::from),
+            action: Action::Accept,
+        };
+        let settings = Settings::new(IpFamily::V4, ProxyMode::Nftables);
+        let rules = Ruleset { rules: vec![rule(None), rule(Some("accepted"))] };
+        let layout = build("x", &settings, &rules, &ports, &Default::default());
+        let (batch, _) = messages("kpx-x", IpFamily::V4, &layout, None);
+        let chain = port_chain(layout.chains.keys().next().unwrap());
+        let counter = counter_object(layout.counters.keys().next().unwrap());
+        let want = |objects: Vec<(u32, String)>| {
+            let conditions = vec![Condition::Source { negate: false, cidr }];
+            let r =
+                TableRule { chain: chain.clone(), conditions, objects, verdict: TableVerdict::Return, comment: None };
+            encode::add_table_rule("kpx-x", IpFamily::V4, &r).attrs.buf
+        };
+        let written: Vec<&Vec<u8>> =
+            batch.iter().filter(|m| m.what == format!("add rule to chain {chain}")).map(|m| &m.attrs.buf).collect();
+        assert_eq!(written, [&want(vec![]), &want(vec![(NFT_OBJECT_COUNTER, counter)])]);
     }
 }

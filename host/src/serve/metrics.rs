@@ -461,7 +461,7 @@ impl Metrics {
         );
         r.register(
             "kpx_extension_counter",
-            "New connections an extension's rules counted, per service port and counter name (read from the kernel every 2 s; a series goes when no rule names its counter)",
+            "New connection attempts an extension's rules counted, per service port and counter name: a connection the rule lets through or rejects counts once, a dropped one counts each SYN the client retries (read from the kernel every 2 s; a series goes when no rule names its counter)",
             m.extension_counter.clone(),
         );
         r.register(

@@ -163,6 +163,9 @@ mod tests {
     #[test]
     fn each_bound_is_refused_by_name() {
         assert_eq!(refusal(vec![rule(), Rule { action: Action::Reject, ..rule() }]), "accepted");
+        // An accept only ends the extension's own rules: at every attachment.
+        let accepts = Attachment::ALL.map(|attachment| Rule { attachment, action: Action::Accept, ..rule() });
+        assert_eq!(refusal(accepts.to_vec()), "accepted");
         for (bad, why) in [
             (Rule { service: "ns/other".into(), ..rule() }, "not a service port of the state"),
             (Rule { counter: Some("x".repeat(33)), ..rule() }, "a counter's name"),

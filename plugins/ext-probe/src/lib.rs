@@ -16,8 +16,17 @@
 //!   kube-proxy's choice (valid);
 //! - `reject-documentation`: rejects, with a counter, the connections to
 //!   every port from the documentation prefix of its family (192.0.2.0/24,
-//!   2001:db8::/32), which no test client has (valid).
+//!   2001:db8::/32), which no test client has, but for its upper half
+//!   (192.0.2.128/25, 2001:db8:8000::/33), accepted first and counted
+//!   (valid);
+//! - `accept-from`: accepts, counted as `accepted`, the new connections to
+//!   every port from the parameter `from=CIDR` before kube-proxy's choice,
+//!   then drops every other, counted as `dropped` (valid: the accepted
+//!   ones go on through kube-proxy's rules; a `from` of the other family
+//!   accepts no one in this one).
 //!
+//! It refuses, when kpx loads it, a `do=` it does not know and a `from=`
+//! that is not a CIDR (or missing with `do=accept-from`), naming them.
 //! Whatever `do=` says, render fails while the state holds a Service
 //! named `fail-now` (a failure the tests can start and end).
 #![forbid(unsafe_code)]
@@ -25,9 +34,44 @@
 use kpx_sdk::extension::{Action, Attachment, Extension, Rule, SourceMatch, State};
 use kpx_sdk::{Cidr, IpFamily, Settings};
 
+/// Every `do=`.
+const BEHAVIOURS: &[&str] = &[
+    "count",
+    "unknown-service",
+    "reject-at-dispatch",
+    "bad-counter",
+    "wrong-family",
+    "too-many",
+    "error",
+    "panic",
+    "spin",
+    "drop-all",
+    "reject-all",
+    "reject-documentation",
+    "accept-from",
+];
+
 struct Probe {
     what: String,
     family: IpFamily,
+    /// `from=`: the sources `accept-from` accepts.
+    from: Option<Cidr>,
+}
+
+fn parameter<'a>(parameters: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    parameters.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// `from=`, when given: a CIDR.
+fn from(parameters: &[(String, String)]) -> Result<Option<Cidr>, String> {
+    parameter(parameters, "from")
+        .map(|text| text.parse::<Cidr>().map_err(|_| format!("from={text}: not a CIDR")))
+        .transpose()
+}
+
+/// A source match for `cidr`.
+fn only(cidr: Cidr) -> Option<SourceMatch> {
+    Some(SourceMatch { negate: false, cidr })
 }
 
 fn rule(service: &str) -> Rule {
@@ -42,9 +86,22 @@ fn rule(service: &str) -> Rule {
 }
 
 impl Extension for Probe {
+    fn check_parameters(parameters: &[(String, String)]) -> Result<(), String> {
+        let what = parameter(parameters, "do").unwrap_or("count");
+        if !BEHAVIOURS.contains(&what) {
+            return Err(format!("do={what}: not one of {}", BEHAVIOURS.join(", ")));
+        }
+        if from(parameters)?.is_none() && what == "accept-from" {
+            return Err("do=accept-from needs from=CIDR".into());
+        }
+        Ok(())
+    }
+
     fn new(settings: Settings, parameters: Vec<(String, String)>) -> Self {
-        let what = parameters.iter().find(|(k, _)| k == "do").map_or("count", |(_, v)| v.as_str()).to_string();
-        Probe { what, family: settings.family }
+        let what = parameter(&parameters, "do").unwrap_or("count").to_string();
+        // Checked at load: a bad one is not here.
+        let from = from(&parameters).ok().flatten();
+        Probe { what, family: settings.family, from }
     }
 
     fn rules(&mut self, state: &State) -> Result<Vec<Rule>, String> {
@@ -61,18 +118,39 @@ impl Extension for Probe {
                 .map(|k| Rule { action: Action::Reject, attachment: Attachment::Service, counter: None, ..rule(k) })
                 .collect(),
             "reject-documentation" => {
-                let cidr = match self.family {
-                    IpFamily::V4 => Cidr { addr: "192.0.2.0".parse().unwrap(), prefix_len: 24 },
-                    IpFamily::V6 => Cidr { addr: "2001:db8::".parse().unwrap(), prefix_len: 32 },
+                let (upper, all) = match self.family {
+                    IpFamily::V4 => ("192.0.2.128/25", "192.0.2.0/24"),
+                    IpFamily::V6 => ("2001:db8:8000::/33", "2001:db8::/32"),
                 };
-                let source = Some(SourceMatch { negate: false, cidr });
+                let (upper, all): (Cidr, Cidr) = (upper.parse().unwrap(), all.parse().unwrap());
+                let at_service = |k: &str, source, counter: &str, action| Rule {
+                    action,
+                    attachment: Attachment::Service,
+                    source,
+                    counter: Some(counter.into()),
+                    ..rule(k)
+                };
                 keys.iter()
-                    .map(|k| Rule {
-                        action: Action::Reject,
-                        attachment: Attachment::Service,
-                        source,
-                        counter: Some("rejected".into()),
-                        ..rule(k)
+                    .flat_map(|k| {
+                        [
+                            at_service(k, only(upper), "accepted", Action::Accept),
+                            at_service(k, only(all), "rejected", Action::Reject),
+                        ]
+                    })
+                    .collect()
+            }
+            "accept-from" => {
+                let from = self.from.filter(|c| c.family() == self.family);
+                keys.iter()
+                    .flat_map(|k| {
+                        let accept = from.map(|c| Rule {
+                            source: only(c),
+                            counter: Some("accepted".into()),
+                            action: Action::Accept,
+                            ..rule(k)
+                        });
+                        let drop = Rule { counter: Some("dropped".into()), action: Action::Drop, ..rule(k) };
+                        accept.into_iter().chain([drop])
                     })
                     .collect()
             }

@@ -47,11 +47,20 @@ pub struct SourceMatch {
     pub cidr: Cidr,
 }
 
+/// What happens to the connections a rule matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Action {
+    /// Nothing: the next rule is tried (with a counter, the rule counts).
     Continue,
     Drop,
+    /// Refused (a TCP reset, or ICMP port unreachable); `service` only.
     Reject,
+    /// Ends this extension's rules for the connection at this attachment:
+    /// the port's later rules there are skipped, and the connection goes
+    /// on through kube-proxy's rules (and any other extension's) as if
+    /// the extension had none. It never lets a connection past anything
+    /// but the extension's own rules (kpx:proxier 0.4.0).
+    Accept,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

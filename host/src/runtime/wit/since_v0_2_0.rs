@@ -295,6 +295,25 @@ fn extension_port(s: &ServicePort, prefix: &str) -> self::kpx::proxier::types::S
     wit_convert::to_wit_service_port_with(s, own.collect())
 }
 
+/// The ports an extension is sent (0.2.0's and 0.4.0's alike): each with
+/// its annotations under `prefix` only, the prefix removed.
+pub fn extension_ports(services: &[&ServicePort], prefix: &str) -> Vec<self::kpx::proxier::types::ServicePort> {
+    services.iter().map(|s| extension_port(s, prefix)).collect()
+}
+
+/// The changes an extension is sent (0.2.0's and 0.4.0's alike): an
+/// upserted port's annotations as [`extension_ports`] has them.
+pub fn extension_changes(changes: &[Change], prefix: &str) -> Vec<self::kpx::proxier::types::Change> {
+    use self::kpx::proxier::types::Change as Wire;
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Upsert(s) => Wire::Upsert(extension_port(s, prefix)),
+            other => wit_convert::to_wit_change(other),
+        })
+        .collect()
+}
+
 impl ExtensionInstance {
     pub fn reset(
         &self,
@@ -304,20 +323,13 @@ impl ExtensionInstance {
         cluster: &Cluster,
         services: &[&ServicePort],
     ) -> wasmtime::Result<()> {
-        let services: Vec<_> = services.iter().map(|s| extension_port(s, prefix)).collect();
+        let services = extension_ports(services, prefix);
         let (node, cluster) = (wit_convert::to_wit_node(node), wit_convert::to_wit_cluster(cluster));
         self.bindings.kpx_proxier_extension().extender().call_reset(store, self.resource, &node, &cluster, &services)
     }
 
     pub fn apply(&self, store: &mut Store<PluginState>, prefix: &str, changes: &[Change]) -> wasmtime::Result<()> {
-        use self::kpx::proxier::types::Change as Wire;
-        let changes: Vec<_> = changes
-            .iter()
-            .map(|c| match c {
-                Change::Upsert(s) => Wire::Upsert(extension_port(s, prefix)),
-                other => wit_convert::to_wit_change(other),
-            })
-            .collect();
+        let changes = extension_changes(changes, prefix);
         self.bindings.kpx_proxier_extension().extender().call_apply(store, self.resource, &changes)
     }
 
