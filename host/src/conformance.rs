@@ -12,12 +12,16 @@
 //! as spreading), and, for the names IPVS defines, the behaviour the name
 //! implies. An extension is checked for the contract on every case's
 //! state and the hostile inputs, in both rule modes and families, its
-//! rules through the host's checks and layout. Each check is a row of a pass/fail table; any failure makes
-//! the command exit non-zero.
+//! rules through the host's checks and layout (and, with `--kernel`, real
+//! connections through its rules and the mode's built-in backend in
+//! network namespaces, against what its rules say, and its counters).
+//! Each check is a row of a pass/fail table; any failure makes the command
+//! exit non-zero.
 
 pub mod backend;
 pub mod cases;
 pub mod extension;
+pub mod extension_kernel;
 pub mod kernel;
 pub mod scheduler;
 pub mod tracer;
@@ -36,11 +40,14 @@ pub struct Args {
     /// ipvs, schedulers) for one of kpx's own.
     pub component: String,
     /// A backend's proxy mode (iptables, nftables or ipvs); by default the
-    /// kind of rules it returns for the first case.
+    /// kind of rules it returns for the first case. For an extension, with
+    /// --kernel: the mode of its real-traffic flows (iptables or nftables;
+    /// by default both).
     #[arg(long)]
     pub mode: Option<String>,
     /// Also send real packets through the real kernel: each case in its
-    /// own network namespaces, with kpx running the component (root only).
+    /// own network namespaces, with kpx running the component (root only;
+    /// an extension runs beside the mode's built-in backend).
     #[arg(long)]
     pub kernel: bool,
     /// A backend's parameters (`KEY=VALUE`, repeatable), as
@@ -267,7 +274,7 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
                 || !args.backend_params.is_empty()
             {
                 return Err(Error::Other(format!(
-                    "{} is a scheduler component: --kernel and --mode are for backends, --extension-param for extensions",
+                    "{} is a scheduler component: --kernel and --mode are for backends and extensions, --backend-param for backends, --extension-param and --extension-annotation for extensions",
                     args.component
                 )));
             }
@@ -293,7 +300,7 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
                             },
                             other => Error::Plugin(other),
                         })?;
-                    return extension_report(args, &plugin, &version);
+                    return extension_report(args, &plugin, &version, &runtime, kpx);
                 }
                 Err(other) => return Err(Error::Plugin(other)),
             };
@@ -334,14 +341,23 @@ pub fn run(args: &Args, kpx: &std::path::Path) -> Result<Report, Error> {
     }
 }
 
-/// The kit's run on an extension (`--extension-param` its parameters).
-fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &str) -> Result<Report, Error> {
-    if args.kernel || args.mode.is_some() || !args.backend_params.is_empty() {
+/// The kit's run on an extension (`--extension-param` its parameters);
+/// `kpx`: the binary its real-traffic flows run (`--kernel`).
+fn extension_report(
+    args: &Args,
+    plugin: &runtime::ExtensionPlugin,
+    version: &str,
+    runtime: &Runtime,
+    kpx: &std::path::Path,
+) -> Result<Report, Error> {
+    if !args.backend_params.is_empty() {
         return Err(Error::Other(format!(
-            "{} is an extension component: --kernel, --mode and --backend-param are for backends",
+            "{} is an extension component: --backend-param is for backends (an extension takes --extension-param, \
+             --extension-annotation, and --kernel with --mode iptables or nftables)",
             args.component
         )));
     }
+    let modes = extension_modes(args)?;
     // One pair per flag: a value may hold commas (a list of CIDRs).
     let pairs = |flag: &str, values: &[String]| {
         values
@@ -362,7 +378,36 @@ fn extension_report(args: &Args, plugin: &runtime::ExtensionPlugin, version: &st
         rows: Vec::new(),
     };
     extension::check(&mut report, plugin, &parameters, &annotations);
+    if args.kernel {
+        let setup = extension_kernel::Setup {
+            plugin,
+            file: std::path::Path::new(&args.component),
+            parameters: &parameters,
+            run_parameters: None,
+            annotations: &annotations,
+            kpx,
+            cache: args.plugin_cache_dir.as_deref(),
+        };
+        extension_kernel::check(&mut report, runtime, &setup, &modes);
+    }
     Ok(report)
+}
+
+/// The modes of an extension's real-traffic flows: `--mode` (iptables or
+/// nftables, which only `--kernel` takes), else both.
+fn extension_modes(args: &Args) -> Result<Vec<ProxyMode>, Error> {
+    let Some(m) = args.mode.as_deref() else { return Ok(extension_kernel::MODES.to_vec()) };
+    if !args.kernel {
+        return Err(Error::Other(format!(
+            "{} is an extension component: --mode {m:?} picks the mode of --kernel's real-traffic flows (without \
+             --kernel, its rules are checked in both modes)",
+            args.component
+        )));
+    }
+    match m.parse::<ProxyMode>() {
+        Ok(mode @ (ProxyMode::Iptables | ProxyMode::Nftables)) => Ok(vec![mode]),
+        _ => Err(Error::Other(format!("--mode {m:?}: an extension runs in the iptables and nftables modes"))),
+    }
 }
 
 #[cfg(test)]

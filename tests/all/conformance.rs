@@ -207,9 +207,93 @@ fn extensions_are_checked_and_a_hostile_one_fails() {
         assert!(text.contains(why), "{what}: {text}");
         assert!(row(&text, "contract: the host accepts the rules").1 > 0, "{text}");
     }
+    // --mode picks the real-traffic flows' mode: without --kernel it is refused, as --backend-param always is.
     let (code, text) = conformance(&[&probe, "--mode", "nftables"]);
     assert_eq!(code, 2, "{text}");
-    assert!(text.contains("extension component: --kernel, --mode and --backend-param are for backends"), "{text}");
+    assert!(text.contains("--mode \"nftables\" picks the mode of --kernel's real-traffic flows"), "{text}");
+    let (code, text) = conformance(&[&probe, "--backend-param", "x=y"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("extension component: --backend-param is for backends"), "{text}");
+    let (code, text) = conformance(&[&probe, "--kernel", "--mode", "ipvs"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("an extension runs in the iptables and nftables modes"), "{text}");
+}
+
+/// `kpx conformance --kernel` on an extension: real connections through
+/// its rules beside the mode's built-in backend, from clients inside and
+/// outside the prefix it rejects (ext-probe's `do=reject-documentation`:
+/// 192.0.2.0/24 and 2001:db8::/32, after kube-proxy's choice), each
+/// outcome what its rules say, and its `rejected` counters right.
+fn extension_in_the_kernel(mode: &str) {
+    if !crate::conformance_kernel::lab_available(&format!("an extension's real traffic ({mode})")) {
+        return;
+    }
+    let probe = format!("{}/kpx_plugin_ext_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let (code, text) =
+        conformance(&[&probe, "--kernel", "--mode", mode, "--extension-param", "do=reject-documentation"]);
+    eprintln!("{text}");
+    assert_eq!(code, 0, "{text}");
+    let rows = |prefix: &str| -> Vec<(usize, usize, usize)> {
+        text.lines().filter(|l| l.starts_with(prefix)).map(|l| row(l, l.split("  ").next().unwrap())).collect()
+    };
+    for family in ["IPv4", "IPv6"] {
+        let flows = rows(&format!("extension flows (kernel, {mode}, {family}): "));
+        assert!(!flows.is_empty(), "no {family} rows:\n{text}");
+        assert!(flows.iter().all(|(pass, fail, _)| *pass > 0 && *fail == 0), "{family}:\n{text}");
+    }
+    let counters = rows(&format!("extension counters (kernel, {mode}): "));
+    assert!(counters.len() >= 5 && counters.iter().all(|(pass, fail, _)| *pass > 0 && *fail == 0), "{text}");
+}
+
+#[test]
+fn an_extension_carries_real_traffic_as_its_rules_say_in_nftables_mode() {
+    extension_in_the_kernel("nftables");
+}
+
+#[test]
+fn an_extension_carries_real_traffic_as_its_rules_say_in_iptables_mode() {
+    extension_in_the_kernel("iptables");
+}
+
+/// The kit can say no: kpx runs the probe counting only (`do=count`)
+/// while the expectations are its `do=reject-documentation` rules, so the
+/// clients in 192.0.2.0/24 are answered where they should be refused, and
+/// the counters are not the ones the rules name.
+#[test]
+fn a_kernel_that_disagrees_with_the_extensions_rules_fails_the_flows() {
+    use kpx::conformance::{Report, extension_kernel};
+    if !crate::conformance_kernel::lab_available("an extension's real traffic, disagreeing") {
+        return;
+    }
+    let probe = format!("{}/kpx_plugin_ext_probe.wasm", env!("KPX_TEST_PLUGIN_DIR"));
+    let cache = plugin_cache();
+    let runtime = kpx::runtime::Runtime::new(kpx::runtime::Limits::default(), Some(cache.clone().into())).unwrap();
+    let plugin = runtime.load_extension("ext-probe", &std::fs::read(&probe).unwrap()).unwrap();
+    let rules = [("do".to_string(), "reject-documentation".to_string())];
+    let counting = [("do".to_string(), "count".to_string())];
+    let setup = extension_kernel::Setup {
+        plugin: &plugin,
+        file: std::path::Path::new(&probe),
+        parameters: &rules,
+        run_parameters: Some(&counting[..]),
+        annotations: &[],
+        kpx: std::path::Path::new(KPX),
+        cache: Some(std::path::Path::new(&cache)),
+    };
+    let mut report = Report::default();
+    let nftables = kpx_rules::model::ProxyMode::Nftables;
+    extension_kernel::check_cases(&mut report, &runtime, &setup, &[nftables], &["01-clusterip.yaml"]);
+    let failures = report.failure_lines();
+    eprintln!("{}", failures.join("\n"));
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("from 192.0.2.") && f.contains("want refused") && f.contains("saw answered by")),
+        "a client the rules reject was answered, and that fails:\n{}",
+        failures.join("\n")
+    );
+    assert!(failures.iter().any(|f| f.contains("counter rejected of ns1/")), "{}", failures.join("\n"));
+    assert!(failures.iter().any(|f| f.contains("counter seen of ns1/")), "{}", failures.join("\n"));
 }
 
 /// Backends the kit must refuse: the hostile test backend told by its

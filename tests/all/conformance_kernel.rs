@@ -11,7 +11,7 @@ use crate::support::{KPX, plugin_cache};
 use kpx::conformance::cases::Case;
 
 /// Whether namespaces can be built here; as root they must be.
-fn lab_available(what: &str) -> bool {
+pub fn lab_available(what: &str) -> bool {
     match Lab::new() {
         Ok(_) => true,
         Err(kpx_netlab::Error::Unavailable(why)) if nix::unistd::geteuid().is_root() => {

@@ -26,7 +26,10 @@ use super::Report;
 use super::cases::{Case, Flow};
 use super::tracer::flows_row;
 
-const TIMEOUT: Duration = Duration::from_millis(700);
+/// How long a connection waits for an answer (or a refusal) before it
+/// counts as dropped: under a TCP SYN's first retransmission (1 s), so a
+/// dropped connection sends one packet.
+pub const TIMEOUT: Duration = Duration::from_millis(700);
 /// How long a case waits for kpx's first sync: the first case compiles the
 /// component (into the cache the others use), which took over 20 s in the
 /// ipvs tests' 2-vCPU qemu guest.
@@ -34,11 +37,14 @@ const FIRST_SYNC: Duration = Duration::from_secs(90);
 /// For REJECT flows: this kernel's IPv6 TCP acts only on the ICMPv6 error
 /// to the retransmitted SYN (one second later; seen with tcpdump: the node
 /// answers the first SYN at once), so refusals get room for one retry.
-const REJECT_TIMEOUT: Duration = Duration::from_millis(2000);
+pub const REJECT_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The name the node's own listeners answer with.
 pub const NODE_LISTENER: &str = "node";
 /// The name the listeners behind untouched destinations answer with.
 pub const SINK_LISTENER: &str = "sink";
+/// The sink's addresses (IPv4, IPv6), on its link to the node: no client
+/// may have them.
+pub const SINK_ADDRESSES: [&str; 2] = ["192.0.2.254", "2001:db8:ffff:ffff::fe"];
 
 pub struct CaseLab {
     node: Ns,
@@ -50,7 +56,9 @@ pub struct CaseLab {
     _lab: Lab,
 }
 
-fn endpoint_addresses(case: &Case) -> BTreeSet<(IpAddr, u16)> {
+/// Every endpoint (address, port) of the case's state, both families: each
+/// address gets a namespace with echo servers on its ports.
+pub fn endpoint_addresses(case: &Case) -> BTreeSet<(IpAddr, u16)> {
     let Ok(state) = case.state() else { return BTreeSet::new() };
     let mut out = BTreeSet::new();
     for family in [IpFamily::V4, IpFamily::V6] {
@@ -74,7 +82,7 @@ pub fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
     // route on the link alone would need the sink to answer neighbour
     // discovery for the addresses it holds on lo, which IPv6 does not.
     let sink = lab.add("sink")?;
-    let (sink_v4, sink_v6) = ("192.0.2.254", "2001:db8:ffff:ffff::fe");
+    let [sink_v4, sink_v6] = SINK_ADDRESSES;
     attach(&node, "sink", &sink, &[sink_v4.parse().unwrap(), sink_v6.parse().unwrap()])?;
     node.ip(&["route", "add", "default", "via", sink_v4, "dev", "sink"])?;
     node.ip(&["-6", "route", "add", "default", "via", sink_v6, "dev", "sink"])?;
@@ -131,8 +139,13 @@ pub fn build(case: &Case, mode: &str) -> Result<CaseLab, kpx_netlab::Error> {
 }
 
 impl CaseLab {
+    /// The node's namespace, where kpx runs.
+    pub fn node(&self) -> &Ns {
+        &self.node
+    }
+
     /// Where a flow starts, and the source address to bind (node flows).
-    fn origin(&self, case: &Case, flow: &Flow) -> (&Ns, Option<IpAddr>) {
+    pub fn origin(&self, case: &Case, flow: &Flow) -> (&Ns, Option<IpAddr>) {
         if flow.from_node(case) {
             return (&self.node, Some(flow.from));
         }
@@ -280,7 +293,36 @@ fn one_case(
     extra: &[String],
 ) -> Result<(), String> {
     let lab = build(case, mode).map_err(|e| format!("building the namespaces: {e}"))?;
-    let (dir, manifests) = crate::scratch::fresh_dir(&format!("conformance-{mode}-{index}"))?;
+    with_kpx(case, &lab, &format!("conformance-{mode}-{index}"), kpx, mode, extra, |_| {
+        for flow in &case.flows {
+            if let Some(why) = kernel_skip(case, flow) {
+                report.row(row).skip(format!("{}: traced only ({why})", flow.name));
+                continue;
+            }
+            let outcome = check_flow(case, &lab, flow, mode)
+                .map(|_| ())
+                .map_err(|e| format!("{}: {} -> {} {}: {e}", flow.name, flow.from, flow.to, flow.proto));
+            report.row(row).record(outcome);
+        }
+    })
+}
+
+/// Runs `body` while kpx runs `case` in `lab`'s node namespace (in
+/// `mode`, with `extra` arguments), once kpx synced every family of the
+/// case's flows; `body` gets kpx's log file. kpx is stopped and its
+/// scratch directory (named from `scratch`) removed afterwards. The error
+/// says why `body` did not run: kpx did not sync (the end of its log), or
+/// its files could not be written.
+pub fn with_kpx<T>(
+    case: &Case,
+    lab: &CaseLab,
+    scratch: &str,
+    kpx: &Path,
+    mode: &str,
+    extra: &[String],
+    body: impl FnOnce(&Path) -> T,
+) -> Result<T, String> {
+    let (dir, manifests) = crate::scratch::fresh_dir(scratch)?;
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
     std::fs::write(manifests.join("case.yaml"), &case.manifests).map_err(io)?;
     std::fs::write(manifests.join("node.yaml"), case.node_manifest()).map_err(io)?;
@@ -302,34 +344,30 @@ fn one_case(
     let t0 = Instant::now();
     // kpx's own line (a plugin's log lines carry the runtime's target).
     let synced = |log: &str| families.iter().all(|f| log.contains(&format!("kpx::sync: synced rules family={f}")));
-    while !synced(&std::fs::read_to_string(&log).unwrap_or_default()) && t0.elapsed() < FIRST_SYNC {
+    // A kpx that exited (a component it refused) will not sync: no wait.
+    while !synced(&std::fs::read_to_string(&log).unwrap_or_default())
+        && t0.elapsed() < FIRST_SYNC
+        && matches!(child.try_wait(), Ok(None))
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     // Flows sent before the first sync would only time out (a slow first
     // compile of the component, in a small VM): the case fails as unsynced.
     let ready = synced(&std::fs::read_to_string(&log).unwrap_or_default());
-    for flow in case.flows.iter().filter(|_| ready) {
-        if let Some(why) = kernel_skip(case, flow) {
-            report.row(row).skip(format!("{}: traced only ({why})", flow.name));
-            continue;
-        }
-        let outcome = check_flow(case, &lab, flow, mode)
-            .map(|_| ())
-            .map_err(|e| format!("{}: {} -> {} {}: {e}", flow.name, flow.from, flow.to, flow.proto));
-        report.row(row).record(outcome);
-    }
+    let exited = !matches!(child.try_wait(), Ok(None));
+    let out = ready.then(|| body(log.as_path()));
     let _ = child.kill();
     let _ = child.wait();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
-    if !ready {
+    out.ok_or_else(|| {
         let tail: Vec<&str> = text.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return Err(format!(
-            "kpx did not sync within {} s; the end of its log:\n      {}",
-            FIRST_SYNC.as_secs(),
-            tail.join("\n      ")
-        ));
-    }
-    Ok(())
+        let why = if exited {
+            "kpx exited before it synced".to_string()
+        } else {
+            format!("kpx did not sync within {} s", FIRST_SYNC.as_secs())
+        };
+        format!("{why}; the end of its log:\n      {}", tail.join("\n      "))
+    })
 }

@@ -167,9 +167,11 @@ impl Host {
 }
 
 /// Traces one packet through what a case's rules became.
-type Walk = Box<dyn Fn(&Packet) -> Result<trace::Trace, String>>;
+pub type Walk = Box<dyn Fn(&Packet) -> Result<trace::Trace, String>>;
 
-fn walker(rendered: &Rendered, case: &Case) -> Result<Option<Walk>, String> {
+/// The tracer over a case's rendered rules; None for ipvs rules, which
+/// are not traced.
+pub fn walker(rendered: &Rendered, case: &Case) -> Result<Option<Walk>, String> {
     let node = trace::Node { local_addresses: case.node.addresses.clone() };
     Ok(match &rendered.ruleset {
         Ruleset::Iptables(rs) => {
