@@ -117,7 +117,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(("raw", _)) => {
             println!(
-                "kpx {}\nplugin contract: kpx:proxier 0.3.0 (backends) and 0.2.0 (every world)\nplatform: {}/{}",
+                "kpx {}\nplugin contract: kpx:proxier 0.3.0 (backends), 0.4.0 (schedulers, extensions) and 0.2.0 (every world)\nplatform: {}/{}",
                 kpx::VERSION_TEXT,
                 std::env::consts::OS,
                 std::env::consts::ARCH

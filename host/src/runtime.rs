@@ -270,31 +270,6 @@ impl Runtime {
         Ok((found, pre))
     }
 
-    /// Links a component of a world only 0.2.0 defines (`kind`: scheduler
-    /// or extension), with `pre` its typed pre-instance.
-    fn link_world<P>(
-        &self,
-        name: &str,
-        bytes: &[u8],
-        kind: Kind,
-        pre: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
-    ) -> Result<P> {
-        let (found, linked) = self.link(name, bytes, kind)?;
-        let load_err = |message: String| Error::Load { plugin: name.to_string(), message };
-        let article = kind.with_article();
-        if found != wit::since_v0_2_0::VERSION {
-            return Err(load_err(format!(
-                "not {article} component: it is built for kpx:proxier {found}, whose only world is the \
-                 backend's ({kind}s are built for 0.2.0)"
-            )));
-        }
-        pre(linked).map_err(|e| {
-            load_err(format!(
-                "not {article} component (the {kind}-plugin world exports kpx:proxier/{kind}@{found}): {e:#}"
-            ))
-        })
-    }
-
     /// What a component loaded as `name` keeps besides its pre-instance.
     fn base(&self, name: &str) -> PluginBase {
         PluginBase {

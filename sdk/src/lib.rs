@@ -52,7 +52,7 @@
 //!
 //! | kpx-sdk | kpx:proxier | kpx host accepts |
 //! |---------|-------------|------------------|
-//! | 0.1.x   | backends 0.3.0 ([`export_backend!`]) or 0.2.0 ([`export_backend_v0_2!`]); schedulers 0.4.0 ([`export_scheduler!`]) or 0.2.0 ([`export_scheduler_v0_2!`]); extensions 0.2.0 | kpx 0.1.x built from the same tree: 0.2.0, 0.3.0 and 0.4.0 |
+//! | 0.1.x   | backends 0.3.0 ([`export_backend!`]) or 0.2.0 ([`export_backend_v0_2!`]); schedulers 0.4.0 ([`export_scheduler!`]) or 0.2.0 ([`export_scheduler_v0_2!`]); extensions 0.4.0 ([`export_extension!`]) or 0.2.0 ([`export_extension_v0_2!`]) | kpx 0.1.x built from the same tree: 0.2.0, 0.3.0 and 0.4.0 |
 
 mod convert;
 mod mem;

@@ -36,6 +36,14 @@ pub fn check(
     parameters: &[(String, String)],
     annotations: &[(String, String)],
 ) {
+    // What kpx asks first, at load: a refusal stops kpx, so the rest would
+    // never run with these parameters.
+    let checked = plugin.check_parameters(parameters).map_err(|e| e.to_string());
+    let refused = checked.is_err();
+    report.row("contract: accepts its parameters at load (check-parameters)").record(checked);
+    if refused {
+        return;
+    }
     let prefix = crate::runtime::extension::annotation_prefix(NAME);
     // Another extension's annotation rides along: the host keeps it from this one.
     let mut annotations: Vec<(String, String)> =

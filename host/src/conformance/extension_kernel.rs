@@ -259,9 +259,10 @@ fn pass(
             Action::Continue => {}
             Action::Drop => return Ok(Some((Outcome::Dropped, i))),
             Action::Reject => return Ok(Some((Outcome::Refused, i))),
-            // Accept: `Action::Accept => return Ok(None),` — it ends this
-            // extension's rules at this attachment, and the connection goes
-            // on (to the next attachment, and kube-proxy's rules).
+            // It ends this extension's rules at this attachment, and the
+            // connection goes on (to the next attachment, and kube-proxy's
+            // rules).
+            Action::Accept => return Ok(None),
         }
     }
     Ok(None)
