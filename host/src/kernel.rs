@@ -81,9 +81,7 @@ impl Error {
             Error::Spawn { program, .. }
             | Error::Timeout { program, .. }
             | Error::OutputHeld { program }
-            | Error::Failed { program, .. } => {
-                Some(program)
-            }
+            | Error::Failed { program, .. } => Some(program),
             _ => None,
         }
     }

@@ -23,5 +23,7 @@ pub mod userspace;
 pub mod validate;
 
 /// What `kpx --version` prints.
-pub const VERSION_TEXT: &str =
-    concat!(env!("CARGO_PKG_VERSION"), " (plugin contract kpx:proxier 0.3.0 for backends, 0.4.0 for schedulers and extensions, and 0.2.0)");
+pub const VERSION_TEXT: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (plugin contract kpx:proxier 0.3.0 for backends, 0.4.0 for schedulers and extensions, and 0.2.0)"
+);

@@ -81,7 +81,6 @@ pub mod __bindings_v0_4 {
         with: {
             "kpx:proxier/types@0.2.0": crate::extension::__bindings::kpx::proxier::types,
             "kpx:proxier/log@0.2.0": crate::extension::__bindings::kpx::proxier::log,
-            "kpx:proxier/extension@0.2.0": crate::extension::__bindings::exports::kpx::proxier::extension,
         },
     });
 }
@@ -263,13 +262,18 @@ fn to_wit_rule(r: Rule) -> Result<wit::Rule, String> {
     })
 }
 
-/// A rule as 0.4.0 says it (its attachment, source and rate are 0.2.0's).
+/// A rule as 0.4.0 says it (its attachment, source and rate restate
+/// 0.2.0's).
 fn to_wit4_rule(r: Rule) -> wit4::Rule {
     wit4::Rule {
-        attachment: to_wit_attachment(r.attachment),
+        attachment: match r.attachment {
+            Attachment::BeforeDispatch => wit4::Attachment::BeforeDispatch,
+            Attachment::Service => wit4::Attachment::Service,
+            Attachment::Firewall => wit4::Attachment::Firewall,
+        },
         service: r.service,
-        source: r.source.map(to_wit_source),
-        over_rate: r.over_rate.map(to_wit_rate),
+        source: r.source.map(|s| wit4::SourceMatch { negate: s.negate, cidr: convert::to_wit_cidr(&s.cidr) }),
+        over_rate: r.over_rate.map(|r| wit4::Rate { per_second: r.per_second, burst: r.burst }),
         counter: r.counter,
         action: match r.action {
             Action::Continue => wit4::Action::Continue,
@@ -352,12 +356,12 @@ mod tests {
     fn an_accept_crosses_in_0_4_0_only() {
         let accept = to_wit4_rule(rule(Action::Accept));
         assert!(matches!(accept.action, wit4::Action::Accept));
-        assert!(matches!(accept.attachment, wit::Attachment::Service));
+        assert!(matches!(accept.attachment, wit4::Attachment::Service));
         assert_eq!((accept.source.map(|s| s.negate), accept.over_rate.map(|r| r.burst)), (Some(true), Some(10)));
         for action in [Action::Continue, Action::Drop, Action::Reject] {
             assert!(to_wit_rule(rule(action)).is_ok(), "{action:?}");
         }
-        let err = to_wit_rule(rule(Action::Accept)).err().expect("0.2.0 has no accept");
+        let err = to_wit_rule(rule(Action::Accept)).expect_err("0.2.0 has no accept");
         assert!(err.contains("ns/web") && err.contains("export_extension!"), "{err}");
     }
 }

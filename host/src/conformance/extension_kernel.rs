@@ -235,7 +235,7 @@ fn pass(
 ) -> Result<Option<(Outcome, usize)>, Unforeseeable> {
     let rules = ruleset.rules.iter().enumerate().filter(|(_, r)| r.attachment == attachment && r.service == service);
     for (i, rule) in rules {
-        if !rule.source.is_none_or(|s| s.cidr.contains(&source) != s.negate) {
+        if rule.source.is_some_and(|s| s.cidr.contains(&source) == s.negate) {
             continue;
         }
         if let Some(rate) = rule.over_rate {

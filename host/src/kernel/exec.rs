@@ -94,9 +94,10 @@ impl Outcome {
         self.status.is_some() && self.stdout.is_some() && self.stderr.is_some()
     }
 
-    /// Takes events until everything came in or `until` passed.
-    fn collect(&mut self, events: &mpsc::Receiver<Event>, until: Instant) {
-        while !self.complete() {
+    /// Takes events until `done` holds (or everything came in) or `until`
+    /// passed.
+    fn collect(&mut self, events: &mpsc::Receiver<Event>, until: Instant, done: fn(&Outcome) -> bool) {
+        while !self.complete() && !done(self) {
             match events.recv_timeout(until.saturating_duration_since(Instant::now())) {
                 Ok(Event::Exited(s)) => self.status = Some(s),
                 Ok(Event::Stdout(v)) => self.stdout = Some(v),
@@ -148,13 +149,14 @@ impl Exec for SystemExec {
             scope.spawn(move || {
                 let _ = waiter.send(Event::Exited(child.wait()));
             });
-            outcome.collect(&reports, deadline);
+            let everything: fn(&Outcome) -> bool = Outcome::complete;
+            outcome.collect(&reports, deadline, |o| o.status.is_some());
             if outcome.status.is_none() {
                 timed_out = true;
                 kill_group();
             } else if !outcome.complete() {
                 // Exited, outputs still open: give them a moment to end.
-                outcome.collect(&reports, Instant::now() + LINGER);
+                outcome.collect(&reports, Instant::now() + LINGER, everything);
                 if !outcome.complete() {
                     held = true;
                     kill_group();
@@ -162,7 +164,7 @@ impl Exec for SystemExec {
             }
             // After a kill the waiter returns at once; the outputs end
             // unless a process left the group, which is not waited for.
-            outcome.collect(&reports, Instant::now() + LINGER);
+            outcome.collect(&reports, Instant::now() + LINGER, everything);
         });
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let ok = !timed_out && !held && matches!(&outcome.status, Some(Ok(s)) if s.success());

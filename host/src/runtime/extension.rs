@@ -261,7 +261,7 @@ mod tests {
         assert!(old.check_parameters(&params(&[("do", "nonsense")])).is_ok());
         let counted = render(&old, &[]).unwrap();
         assert_eq!(counted.rules.iter().map(|r| r.action).collect::<Vec<_>>(), [Action::Continue]);
-        let err = render(&old, &params(&[("do", "accept")])).err().expect("0.2.0 cannot say accept");
+        let err = render(&old, &params(&[("do", "accept")])).expect_err("0.2.0 cannot say accept");
         assert!(matches!(err, Error::Failed { .. }) && err.to_string().contains("accepts"), "{err}");
     }
 }

@@ -248,7 +248,10 @@ fn disruption_of_plans(plugin: &SchedulerPlugin, name: &str, mode: ProxyMode) ->
 }
 
 /// Every candidate idle, for a scheduler that plans from load.
-fn idle(i: &mut SchedulerInstance, name: &str, n: usize) -> Result<Option<(Vec<u32>, Vec<u32>)>, Problem> {
+/// Active and inactive connections per candidate.
+type Load = (Vec<u32>, Vec<u32>);
+
+fn idle(i: &mut SchedulerInstance, name: &str, n: usize) -> Result<Option<Load>, Problem> {
     Ok(i.uses_load(name)?.then(|| (vec![0; n], vec![0; n])))
 }
 

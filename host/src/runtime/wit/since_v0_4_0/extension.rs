@@ -2,14 +2,8 @@
 //! and `check-parameters`. Its types (settings, ports, changes, CIDRs)
 //! and its log import are 0.2.0's, bound to 0.2.0's Rust types, so the
 //! state crosses as it does for a 0.2.0 extension.
-//!
-//! `kpx:proxier/extension@0.2.0` (attachment, rate, source-match) is
-//! generated here rather than bound with `with:`: wasmtime binds an
-//! interface only to a module of *import* bindings (its `Host` trait and
-//! `add_to_linker`), and 0.2.0's extension interface exists on the host
-//! only as an export (since_v0_2_0::ext). Its three small types are
-//! converted below; nothing of it is linked (a component uses its types
-//! only, which need no definition in the linker).
+//! 0.4.0 restates 0.2.0's attachment, rate and source-match, converted
+//! below.
 
 use std::sync::Arc;
 
@@ -31,7 +25,6 @@ wasmtime::component::bindgen!({
 });
 
 use self::exports::kpx::proxier0_4_0::extension as we;
-use self::kpx::proxier0_2_0::extension as w2;
 
 /// A linked 0.4.0 extension component.
 pub struct Pre(ExtensionPluginPre<PluginState>);
@@ -129,11 +122,11 @@ fn rule(r: we::Rule) -> x::Rule {
     }
 }
 
-fn attachment(a: w2::Attachment) -> x::Attachment {
+fn attachment(a: we::Attachment) -> x::Attachment {
     match a {
-        w2::Attachment::BeforeDispatch => x::Attachment::BeforeDispatch,
-        w2::Attachment::Service => x::Attachment::Service,
-        w2::Attachment::Firewall => x::Attachment::Firewall,
+        we::Attachment::BeforeDispatch => x::Attachment::BeforeDispatch,
+        we::Attachment::Service => x::Attachment::Service,
+        we::Attachment::Firewall => x::Attachment::Firewall,
     }
 }
 
