@@ -98,7 +98,14 @@ pub fn extension_component(
         Err(runtime::Error::ParametersRefused { message, .. }) => {
             Err(Error::ExtensionParameters { name: name.to_string(), path: path.to_path_buf(), message })
         }
-        Err(other) => Err(other.into()),
+        // A trap (a `parse().unwrap()` on a bad value) or exhausted fuel
+        // is no answer either: were it a file to wait for, an allow-list
+        // would start open.
+        Err(other) => Err(Error::ExtensionParameters {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            message: format!("check-parameters failed: {other}"),
+        }),
     }
 }
 
@@ -257,6 +264,11 @@ mod tests {
         let text = err.to_string();
         let said = format!("--extension probe={probe}: the component refuses its parameters: ");
         assert!(text.starts_with(&said) && text.contains("do=nonsense"), "want {said:?} and do=nonsense: {text}");
+        // A trap in the check is no answer: kpx stops too (an allow-list
+        // must not start open).
+        let err = load(&format!("probe={probe},do=trap-in-check")).err().expect("a trap in the check stops kpx");
+        assert!(matches!(err, Error::ExtensionParameters { .. }), "{err}");
+        assert!(err.to_string().contains("check-parameters failed"), "{err}");
         let (loaded, _) = load(&format!("probe={probe},do=count")).unwrap();
         assert!(loaded[0].plugin.is_some());
         let old = format!("old={dir}/kpx_plugin_ext_v0_2.wasm,do=nonsense");

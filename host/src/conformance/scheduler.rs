@@ -400,17 +400,6 @@ fn spread(instance: &mut SchedulerInstance, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A plan over 4 equal endpoints (nftables mode) gives each at least
-/// half its fair share.
-fn spread_of_plan(plugin: &SchedulerPlugin, name: &str) -> Result<(), String> {
-    let mut i = fresh(plugin)?;
-    let plan = plan(&mut i, name, &[], ProxyMode::Nftables, &[1, 1, 1, 1], false).map_err(Problem::text)?;
-    match shares(&plan, 4) {
-        Some(s) if s.iter().any(|&x| x < 0.125) => Err(format!("shares {s:?} over 4 equal endpoints")),
-        _ => Ok(()),
-    }
-}
-
 /// Plan-level behaviour of the names kpx knows, for components that only
 /// plan, unless a stated promise checks it already (wrr's `weighted`).
 fn named_plans(report: &mut Report, plugin: &SchedulerPlugin, name: &str, promises: &[Promise]) {

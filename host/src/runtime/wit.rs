@@ -29,7 +29,11 @@ impl BackendPre {
         match version {
             since_v0_2_0::VERSION => Ok(BackendPre::V0_2_0(since_v0_2_0::Pre::new(pre)?)),
             since_v0_3_0::VERSION => Ok(BackendPre::V0_3_0(since_v0_3_0::Pre::new(pre)?)),
-            other => Err(wasmtime::format_err!("no bindings for kpx:proxier {other}")),
+            other => Err(wasmtime::format_err!(
+                "kpx:proxier {other} has no backend world (backends are built for {} or {})",
+                since_v0_3_0::VERSION,
+                since_v0_2_0::VERSION
+            )),
         }
     }
 

@@ -88,6 +88,8 @@ fn rule(service: &str) -> Rule {
 impl Extension for Probe {
     fn check_parameters(parameters: &[(String, String)]) -> Result<(), String> {
         let what = parameter(parameters, "do").unwrap_or("count");
+        // A check that traps, as `parse().unwrap()` on a bad value would.
+        assert!(what != "trap-in-check", "do=trap-in-check: trapping as asked");
         if !BEHAVIOURS.contains(&what) {
             return Err(format!("do={what}: not one of {}", BEHAVIOURS.join(", ")));
         }

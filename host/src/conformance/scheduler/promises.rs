@@ -18,7 +18,7 @@ use kpx_rules::plan::{Plan, SlotTable};
 
 use super::{
     Picks, Problem, client, dest, endpoints, fresh, least_loaded_picks, plan, plan_over, port_over, remap, shares,
-    spread, spread_of_plan, sticky_picks, within,
+    spread, sticky_picks, within,
 };
 use crate::conformance::{Report, Row};
 use crate::runtime::{self, Promise, SchedulerInstance, SchedulerPlugin};
@@ -135,14 +135,23 @@ fn kind(plan: &Plan) -> String {
     }
 }
 
-/// `spread`: 1,024 held connections over 4 equal candidates, each taking
-/// at least 128 (picks); a plan-only component's nftables plan over 4
-/// equal candidates giving each at least 12.5 %.
+/// `spread`: in each mode, the plan over 4 equal candidates gives each at
+/// least 12.5 % (an IPVS scheduler's plan spreads as the kernel does: not
+/// checked); and 1,024 held connections over 4 equal candidates, each
+/// taking at least 128 (picks).
 fn spread_kept(row: &mut Row, plugin: &SchedulerPlugin, name: &str, picks: bool) {
+    in_modes(row, &PLAN_MODES, |mode| {
+        let plan = plan(&mut fresh_instance(plugin)?, name, &[], mode, &[1; 4], false)?;
+        match shares(&plan, 4) {
+            None => Ok(Some(format!("{} places the connections (the kernel's own)", kind(&plan)))),
+            Some(s) if s.iter().any(|&x| x < 0.125) => {
+                Err(Problem::Broken(format!("shares {s:?} over 4 equal endpoints")))
+            }
+            Some(_) => Ok(None),
+        }
+    });
     if picks {
         picked(row, plugin, |i| spread(i, name));
-    } else {
-        row.record(spread_of_plan(plugin, name));
     }
 }
 
@@ -294,7 +303,16 @@ fn least_loaded(row: &mut Row, plugin: &SchedulerPlugin, name: &str, picks: bool
         Ok(false) if !picks => {
             row.fail("uses_load is false and there are no per-connection picks: the scheduler never learns the load")
         }
-        Ok(false) => {}
+        // Picks see the load; a plan in a rule mode, without it, cannot
+        // follow it: such a plan breaks the promise there (a mode the
+        // scheduler refuses is skipped).
+        Ok(false) => in_modes(row, &[ProxyMode::Iptables, ProxyMode::Nftables], |mode| {
+            let plan = plan(&mut fresh_instance(plugin)?, name, &[], mode, &[1; 4], false)?;
+            Err(Problem::Broken(format!(
+                "uses_load is false, so {} is planned without the load",
+                kind(&plan)
+            )))
+        }),
     }
     if picks {
         picked(row, plugin, |i| least_loaded_picks(i, name));
