@@ -126,7 +126,10 @@ fn incompatible_or_unmarked_plugins_are_refused_before_compiling() {
     // 0.4.0 has schedulers and extensions only.
     let later = patch(bytes, b"kpx:proxier-version0.3.0", b"kpx:proxier-version0.4.0");
     let err = rt.load_backend("later", &later).err().unwrap();
-    assert!(err.to_string().contains("kpx:proxier 0.4.0 has no backend world (backends are built for 0.3.0 or 0.2.0)"), "{err}");
+    assert!(
+        err.to_string().contains("kpx:proxier 0.4.0 has no backend world (backends are built for 0.3.0 or 0.2.0)"),
+        "{err}"
+    );
     // 0.1.0 returned kernel text: refused, and the message says why.
     let old = patch(bytes, b"kpx:proxier-version0.3.0", b"kpx:proxier-version0.1.0");
     let err = rt.load_backend("old", &old).err().unwrap();

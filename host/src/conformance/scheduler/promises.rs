@@ -308,10 +308,7 @@ fn least_loaded(row: &mut Row, plugin: &SchedulerPlugin, name: &str, picks: bool
         // scheduler refuses is skipped).
         Ok(false) => in_modes(row, &[ProxyMode::Iptables, ProxyMode::Nftables], |mode| {
             let plan = plan(&mut fresh_instance(plugin)?, name, &[], mode, &[1; 4], false)?;
-            Err(Problem::Broken(format!(
-                "uses_load is false, so {} is planned without the load",
-                kind(&plan)
-            )))
+            Err(Problem::Broken(format!("uses_load is false, so {} is planned without the load", kind(&plan))))
         }),
     }
     if picks {
