@@ -20,8 +20,8 @@ use kpx_listwatch::{ENDPOINT_SLICES, ListWatch, NODES, Resource, SERVICES};
 use serde_json::{Value, json};
 
 use crate::Args;
-use crate::cluster;
-use crate::measure::{NODE, Netns};
+use crate::cluster::{self, NODE};
+use crate::netns::Netns;
 
 /// The min sync period the daemon runs with: a change made after this
 /// long without one is synced at once (an idle proxy).

@@ -5,6 +5,7 @@
 mod cluster;
 mod daemon;
 mod measure;
+mod netns;
 mod quiet;
 mod relay;
 mod upstream;
