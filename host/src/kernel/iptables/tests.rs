@@ -2,10 +2,9 @@
 //! frame, rendered; checked against lines from upstream kube-proxy's own
 //! tests (pkg/proxy/iptables/proxier_test.go, TestTracePacket).
 
+use kpx_rules::backend::Backend;
 use kpx_rules::iptables::IptablesProxier;
-use kpx_rules::model::{
-    Backend, Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings,
-};
+use kpx_rules::model::{Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings};
 use kpx_rules::ops::Ruleset as AnyRuleset;
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table};
 
