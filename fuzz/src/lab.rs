@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::OnceLock;
 
 use kpx::kernel::iptables::dialect;
-use kpx::kernel::iptables::render::Dialect;
+use kpx::syntax::iptables::Dialect;
 use kpx::validate::Scope;
 use kpx_rules::backend::Backend;
 use kpx_rules::iptables::IptablesProxier;

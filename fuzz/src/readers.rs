@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use kpx::config::Flags;
 use kpx::kernel::iptables::parse::{Line, normalize, parse_dump};
-use kpx::kernel::iptables::render::Dialect;
 use kpx::kernel::nftables::{decode, netlink};
 use kpx::kernel::{conntrack, interfaces, ipvs};
 use kpx::source::api::wire::{WireService, WireSlice};
 use kpx::source::slice::Placements;
 use kpx::source::{Event, Object};
 use kpx::state::State;
+use kpx::syntax::iptables::Dialect;
 use kpx_rules::model::{IpFamily, Protocol};
 use kpx_rules::ops::iptables::Match;
 use kpx_rules::trace::{Node as TraceNode, Packet};

@@ -17,6 +17,7 @@ pub mod settings;
 pub mod source;
 pub mod state;
 pub mod sync;
+pub mod syntax;
 pub mod template;
 pub mod trace;
 pub mod userspace;

@@ -13,8 +13,8 @@ use kpx_rules::trace::{self, Ending, Packet};
 use crate::config::TraceArgs;
 use crate::kernel::interfaces;
 use crate::kernel::iptables::parse::{Dump, Line};
-use crate::kernel::iptables::render::{Dialect, rule_lines};
 use crate::kernel::nftables::NftablesKernel;
+use crate::syntax::iptables::{Dialect, rule_lines};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -139,7 +139,7 @@ pub fn read_nftables(kernel: &mut NftablesKernel, mark: u32) -> Result<trace::nf
     let family = kernel.family();
     let mut model = trace::nftables::Model::new(family, mark);
     let Some(objects) = kernel.objects()? else { return Ok(model) };
-    let frame_base: Vec<nft::BaseChain> = crate::kernel::nftables::frame::BASE_CHAINS.to_vec();
+    let frame_base: Vec<nft::BaseChain> = crate::syntax::nftables::BASE_CHAINS.to_vec();
     for c in &objects.chains {
         let base = match &c.base {
             None => None,

@@ -14,40 +14,7 @@ use kpx_rules::ops::iptables::{
     is_host_chain,
 };
 
-use super::render::Dialect;
-
-/// The words of an iptables-restore line: whitespace separates, double
-/// quotes group (a backslash inside them escapes the next character), as
-/// iptables-restore reads them.
-pub fn split_words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let (mut quoted, mut has) = (false, false);
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                has = true;
-            }
-            '\\' if quoted => current.extend(chars.next()),
-            c if c.is_whitespace() && !quoted => {
-                if has {
-                    out.push(std::mem::take(&mut current));
-                    has = false;
-                }
-            }
-            c => {
-                current.push(c);
-                has = true;
-            }
-        }
-    }
-    if has {
-        out.push(current);
-    }
-    out
-}
+use crate::syntax::iptables::{Dialect, split_words};
 
 /// One rule line as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -580,15 +547,6 @@ mod tests {
             d4(),
         );
         assert!(matches!(ok.tables[&Table::Nat].rules["KUBE-Y"][..], [Line::Rule(_)]));
-    }
-
-    #[test]
-    fn splits_like_iptables_restore() {
-        assert_eq!(
-            split_words(r#"-A X -m comment --comment "a b" -j Y"#),
-            ["-A", "X", "-m", "comment", "--comment", "a b", "-j", "Y"]
-        );
-        assert_eq!(split_words(r#"--comment "a\"b""#), ["--comment", "a\"b"]);
     }
 
     #[test]

@@ -399,7 +399,7 @@ fn an_over_long_rule_is_never_checked_through_iptables_restore() {
         long = long.with(Match::Destination(AddressMatch { negate: false, cidr }));
     }
     let long = long.target(Target::Return);
-    assert!(render::rule_lines(&long, d)[0].len() > MAX_LINE);
+    assert!(rule_lines(&long, d)[0].len() > MAX_LINE);
     assert_eq!(kernel.lost_rules(&[&short], d).unwrap(), None);
     assert_eq!(*runs.lock().unwrap(), ["iptables-restore"], "a short rule: one restore");
     runs.lock().unwrap().clear();
