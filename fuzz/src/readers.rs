@@ -145,7 +145,7 @@ pub fn iptables_save(data: &[u8]) {
                 }
             }
         }
-        let Ok(tables) = kpx::trace::iptables_tables(&dump, d) else { continue };
+        let Ok(tables) = dump.tracer_tables(d) else { continue };
         let node = TraceNode { local_addresses: destinations.iter().take(1).copied().collect() };
         for dst in destinations {
             let outside = if dst.is_ipv4() {

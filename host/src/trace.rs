@@ -12,7 +12,7 @@ use kpx_rules::trace::{self, Ending, Packet};
 
 use crate::config::TraceArgs;
 use crate::kernel::interfaces;
-use crate::kernel::iptables::parse::{Dump, Line};
+use crate::kernel::iptables::parse::{Dump, Untraceable};
 use crate::kernel::nftables::NftablesKernel;
 use crate::syntax::iptables::{Dialect, rule_lines};
 
@@ -27,6 +27,9 @@ pub enum Error {
     /// The rules hold something the tracer cannot follow.
     #[error("cannot trace these rules: {0}")]
     Untraceable(String),
+    /// A rule kpx did not write, in one of kube-proxy's chains.
+    #[error(transparent)]
+    Foreign(#[from] Untraceable),
 }
 
 /// Parses `IP:PORT/PROTO`.
@@ -91,35 +94,9 @@ pub fn run(args: &TraceArgs) -> Result<String, Error> {
     }
 }
 
-/// The tracer's tables from a dump; a rule kpx did not write in one of
-/// kube-proxy's chains makes the dump untraceable, elsewhere it is left out.
-pub fn iptables_tables(dump: &Dump, d: Dialect) -> Result<trace::iptables::Tables, Error> {
-    let mut tables = trace::iptables::Tables::new(d.masquerade_mark);
-    for (table, t) in &dump.tables {
-        for (chain, policy) in &t.chains {
-            tables.declare(*table, chain);
-            if policy.as_deref() == Some("DROP") {
-                tables.dropping.push((*table, chain.clone()));
-            }
-        }
-        for (chain, lines) in &t.rules {
-            for line in lines {
-                match line {
-                    Line::Rule(r) => tables.push(r.clone()),
-                    Line::Foreign { text, reason } if chain.starts_with("KUBE-") => {
-                        return Err(Error::Untraceable(format!("{text}: {reason}")));
-                    }
-                    Line::Foreign { .. } => {}
-                }
-            }
-        }
-    }
-    Ok(tables)
-}
-
 /// The explanation of one packet through an iptables dump.
 pub fn explain_iptables(dump: &Dump, d: Dialect, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
-    let tables = iptables_tables(dump, d)?;
+    let tables = dump.tracer_tables(d)?;
     let traced =
         trace::iptables::trace_iptables(&tables, node, packet).map_err(|e| Error::Untraceable(e.to_string()))?;
     let text = |step: &trace::Step| {

@@ -42,8 +42,6 @@ const ALLOWED: &[&str] = &[
     // The families' error type.
     "extension/proxier.rs -> sync",
     "userspace/proxier.rs -> sync",
-    // The tracer's tables from a dump.
-    "kernel/iptables.rs -> trace",
     // Component loading.
     "reload.rs -> app",
     // Label and annotation keys.

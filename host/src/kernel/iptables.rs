@@ -310,7 +310,7 @@ pub fn trace_tables(
     let d = dialect(settings);
     let frame = frame::frame(settings);
     let dump = parse_dump(&payload(&frame, ruleset, &[], d, None).0, d);
-    let mut tables = crate::trace::iptables_tables(&dump, d).map_err(|e| e.to_string())?;
+    let mut tables = dump.tracer_tables(d).map_err(|e| e.to_string())?;
     for jump in &frame.jumps {
         tables.insert_first(jump.clone());
     }
