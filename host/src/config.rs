@@ -1255,7 +1255,7 @@ impl Flags {
         let backend_params = self
             .backend_param
             .iter()
-            .map(|v| crate::state::annotations::pair(v).ok_or_else(|| invalid("backend-param", v, "KEY=VALUE")))
+            .map(|v| crate::wellknown::pair(v).ok_or_else(|| invalid("backend-param", v, "KEY=VALUE")))
             .collect::<Result<Vec<_>, _>>()?;
         for (i, e) in extensions.iter().enumerate() {
             if extensions[..i].iter().any(|o| o.name == e.name) {
@@ -1379,7 +1379,7 @@ fn extension_spec(value: &str) -> Result<ExtensionSpec, Error> {
         return Err(invalid("extension", value, problem));
     }
     let parameters =
-        crate::state::annotations::pairs(rest).map_err(|e| invalid("extension", value, format!("a parameter: {e}")))?;
+        crate::wellknown::pairs(rest).map_err(|e| invalid("extension", value, format!("a parameter: {e}")))?;
     Ok(ExtensionSpec { name: name.to_string(), path: PathBuf::from(file), parameters })
 }
 

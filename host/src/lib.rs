@@ -22,6 +22,7 @@ pub mod template;
 pub mod trace;
 pub mod userspace;
 pub mod validate;
+pub mod wellknown;
 
 /// What `kpx --version` prints.
 pub const VERSION_TEXT: &str = concat!(

@@ -253,7 +253,7 @@ fn trigger_time(event: &Event) -> Option<(IpFamily, std::time::SystemTime)> {
         "IPv6" => IpFamily::V6,
         _ => return None,
     };
-    let text = slice.meta.annotations.as_ref()?.get(crate::source::api::TRIGGER_TIME)?;
+    let text = slice.meta.annotations.as_ref()?.get(crate::wellknown::TRIGGER_TIME)?;
     let time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time =
         serde_json::from_value(serde_json::Value::String(text.clone())).ok()?;
     Some((family, time.0.into()))

@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["reload"],
     &["runtime"],
-    &["syntax", "cpu_time", "scratch"],
+    &["syntax", "wellknown", "cpu_time", "scratch"],
 ];
 
 /// The imports that still run up, as `file -> module` (the file under
@@ -37,18 +37,11 @@ const ALLOWED: &[&str] = &[
     "config.rs -> conformance",
     "config.rs -> demo",
     "config.rs -> template",
-    // The key=value parsers of the annotations.
-    "config.rs -> state",
     // The families' error type.
     "extension/proxier.rs -> sync",
     "userspace/proxier.rs -> sync",
     // Component loading.
     "reload.rs -> app",
-    // Label and annotation keys.
-    "runtime/extension.rs -> state",
-    "source/api/wire.rs -> state",
-    "source/service.rs -> state",
-    "source/slice.rs -> state",
 ];
 
 fn manifest_dir() -> &'static Path {
