@@ -8,6 +8,7 @@ pub mod conformance;
 pub mod cpu_time;
 pub mod demo;
 pub mod extension;
+pub mod family;
 pub mod kernel;
 pub mod reload;
 pub mod runtime;

@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["app", "conformance", "demo", "template", "trace"],
     &["sync"],
     &["extension", "userspace"],
+    &["family"],
     &["kernel"],
     &["validate", "serve"],
     &["state"],
@@ -37,9 +38,6 @@ const ALLOWED: &[&str] = &[
     "config.rs -> conformance",
     "config.rs -> demo",
     "config.rs -> template",
-    // The families' error type.
-    "extension/proxier.rs -> sync",
-    "userspace/proxier.rs -> sync",
     // Component loading.
     "reload.rs -> app",
 ];
