@@ -12,6 +12,7 @@
 mod cache;
 pub mod extension;
 mod kind;
+pub mod load;
 pub mod scheduler;
 mod version;
 pub mod wasi;

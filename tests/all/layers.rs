@@ -38,8 +38,6 @@ const ALLOWED: &[&str] = &[
     "config.rs -> conformance",
     "config.rs -> demo",
     "config.rs -> template",
-    // Component loading.
-    "reload.rs -> app",
 ];
 
 fn manifest_dir() -> &'static Path {
