@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod cpu_time;

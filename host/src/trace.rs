@@ -10,11 +10,33 @@ use kpx_rules::ops::iptables::{Rule as IptRule, Table};
 use kpx_rules::ops::nftables::{self as nft, KeyExpr, Match, Statement, Verdict};
 use kpx_rules::trace::{self, Ending, Packet};
 
-use crate::config::TraceArgs;
 use crate::kernel::interfaces;
 use crate::kernel::iptables::parse::{Dump, Untraceable};
 use crate::kernel::nftables::NftablesKernel;
 use crate::syntax::iptables::{Dialect, rule_lines};
+
+/// `kpx trace --from IP --to IP:PORT/PROTO [--mode M]`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The packet's source address (one of the node's own means the node sends it).
+    #[arg(long)]
+    pub from: std::net::IpAddr,
+    /// Destination as IP:PORT/PROTO, e.g. 10.96.0.10:80/tcp or [fd00::10]:53/udp.
+    #[arg(long)]
+    pub to: String,
+    /// The interface the packet arrives on (for interface-based local detection).
+    #[arg(long = "in-interface")]
+    pub in_interface: Option<String>,
+    /// Which mode's rules to read: iptables or nftables.
+    #[arg(long, default_value = "iptables")]
+    pub mode: String,
+    /// The masquerade mark bit kpx runs with (--iptables-masquerade-bit).
+    #[arg(long = "iptables-masquerade-bit", default_value_t = 14)]
+    pub masquerade_bit: u8,
+    /// The iptables kpx runs with (--iptables-backend): auto, nft, legacy or system.
+    #[arg(long = "iptables-backend", default_value = "auto", value_parser = ["auto", "nft", "legacy", "system"])]
+    pub iptables_backend: String,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,7 +69,7 @@ pub fn parse_destination(text: &str) -> Result<(SocketAddr, Protocol), Error> {
 }
 
 /// Traces against the live kernel; the explanation as text.
-pub fn run(args: &TraceArgs) -> Result<String, Error> {
+pub fn run(args: &Args) -> Result<String, Error> {
     let (to, protocol) = parse_destination(&args.to)?;
     if to.is_ipv4() != args.from.is_ipv4() {
         return Err(Error::Argument {

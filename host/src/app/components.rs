@@ -129,7 +129,7 @@ mod tests {
     fn config_of(flags: &[&str]) -> Config {
         let base = ["kpx", "--manifests", "/x", "--hostname-override", "n"];
         let args = base.iter().chain(flags).map(|a| std::ffi::OsString::from(*a));
-        crate::config::Cli::from_args(args).unwrap().flags.validate().unwrap()
+        crate::cli::Cli::from_args(args).unwrap().flags.validate().unwrap()
     }
 
     /// A component given to the flag of another kind stops kpx at start
