@@ -31,7 +31,7 @@ use kpx_rules::ops::Ruleset;
 use kpx_rules::ops::nftables::{SetDecl, SetRef};
 use serde_json::json;
 
-use crate::Args;
+use crate::args::Args;
 use crate::cluster::{self, NODE};
 use crate::daemon::{self, DaemonRun};
 use crate::netns::{Netns, NetnsExec};
