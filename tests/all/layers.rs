@@ -1,6 +1,7 @@
-//! The layers of the host crate, held: each top-level module of host/src
+//! The layers of the workspace, held: each top-level module of host/src
 //! imports only from the rows below its own in [`LAYERS`] (see
-//! docs/ARCHITECTURE.md, "Layers").
+//! docs/ARCHITECTURE.md, "Layers"), and no two files of the native crates
+//! ([`CRATES`]) import each other, directly or in a longer circle.
 //!
 //! The scan reads the source as text, with std alone: comments, strings
 //! and character literals are blanked; `#[cfg(test)]` modules and
@@ -82,6 +83,45 @@ fn host_modules_import_only_from_the_layers_below() {
     assert!(gone.is_empty(), "ALLOWED names imports that are gone; take them off: {gone:#?}");
 }
 
+/// The native crates whose files may not import each other in a circle.
+const CRATES: &[&str] = &["host", "rules", "bench", "sched", "sdk", "netlab", "heap"];
+
+#[test]
+fn no_files_import_each_other_in_a_circle() {
+    let workspace = manifest_dir().join("..");
+    let mut found = Vec::new();
+    for name in CRATES {
+        let arrows = circles(Crate::read(&workspace.join(name).join("src")).arrows());
+        if !arrows.is_empty() {
+            let lines: Vec<String> = arrows.iter().map(|(from, to)| format!("  {from} -> {to}")).collect();
+            found.push(format!("{name}/src:\n{}", lines.join("\n")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files that import each other in a circle (a module's imports of its own parents do not count), and \
+         the imports among them:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The arrows among the files on a circle (and between two circles):
+/// what is left once the files that import none of the rest, or that none
+/// of the rest imports, are taken away, again and again.
+fn circles(mut arrows: BTreeSet<(String, String)>) -> BTreeSet<(String, String)> {
+    loop {
+        let kept: BTreeSet<(String, String)> = {
+            let from: BTreeSet<&String> = arrows.iter().map(|(a, _)| a).collect();
+            let to: BTreeSet<&String> = arrows.iter().map(|(_, b)| b).collect();
+            arrows.iter().filter(|(a, b)| to.contains(a) && from.contains(b)).cloned().collect()
+        };
+        if kept.len() == arrows.len() {
+            return arrows;
+        }
+        arrows = kept;
+    }
+}
+
 /// The Rust files of one crate, read for their paths.
 struct Crate {
     /// Each file's tokens, tests left out, by its path under src/.
@@ -107,7 +147,7 @@ impl Crate {
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let (toks, test_modules) = without_tests(tokens(&code(&text)));
             let me = module_path(&file);
-            tests.extend(test_modules.into_iter().map(|m| me.iter().cloned().chain([m]).collect()));
+            tests.extend(test_modules.into_iter().map(|m| me.iter().cloned().chain([m]).collect::<Vec<String>>()));
             files.insert(file, toks);
         }
         files.retain(|file, _| !tests.iter().any(|t| module_path(file).starts_with(t)));
@@ -119,6 +159,34 @@ impl Crate {
             .map(|w| w[1].clone())
             .collect();
         Crate { files, modules }
+    }
+}
+
+impl Crate {
+    /// The file that holds the module of `path`, or the nearest module
+    /// above it that has a file (an item's path names its module's file).
+    fn file_of(&self, path: &[String]) -> Option<String> {
+        (1..=path.len()).rev().find_map(|k| {
+            let base = path[..k].join("/");
+            [format!("{base}.rs"), format!("{base}/mod.rs")].into_iter().find(|f| self.files.contains_key(f))
+        })
+    }
+
+    /// Which file imports which, as (importer, imported). A file's imports
+    /// of its own parents (`super::x`) are no arrows: a module is part of
+    /// its parent.
+    fn arrows(&self) -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for (file, toks) in &self.files {
+            let me = module_path(file);
+            for path in paths(toks, &me) {
+                let Some(target) = self.file_of(&path) else { continue };
+                if !me.starts_with(&module_path(&target)) {
+                    out.insert((file.clone(), target));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -161,7 +229,7 @@ fn paths(toks: &[String], me: &[String]) -> Vec<Vec<String>> {
         .collect();
     // The inline modules (`mod x { … }`) the scan is in, with the brace depth of each.
     let mut inline: Vec<(String, usize)> = Vec::new();
-    let mut depth = 0;
+    let mut depth: usize = 0;
     let mut out = Vec::new();
     let mut i = 0;
     while i < toks.len() {
