@@ -5,6 +5,9 @@
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
+/// The node the synthetic cluster's Services are proxied on.
+pub(crate) const NODE: &str = "bench-node";
+
 /// Service i's cluster IP: 10.96.0.0/12 upwards (skipping .0 and .255).
 pub fn cluster_ip(i: usize) -> Ipv4Addr {
     let n = 0x0A60_0000u32 + 1 + (i as u32 / 254) * 256 + (i as u32 % 254);

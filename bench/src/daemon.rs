@@ -19,9 +19,9 @@ use anyhow::{Context as _, Result, bail};
 use kpx_listwatch::{ENDPOINT_SLICES, ListWatch, NODES, Resource, SERVICES};
 use serde_json::{Value, json};
 
-use crate::Args;
-use crate::cluster;
-use crate::measure::{NODE, Netns};
+use crate::args::{Args, Source};
+use crate::cluster::{self, NODE};
+use crate::netns::Netns;
 
 /// The min sync period the daemon runs with: a change made after this
 /// long without one is synced at once (an idle proxy).
@@ -32,32 +32,6 @@ const IDLE: Duration = Duration::from_millis(150);
 /// its work after the write (30k Services: about 250 ms) done, so that
 /// the first change, too, meets an idle proxy.
 const SETTLE: Duration = Duration::from_secs(2);
-
-/// Where kpx reads the cluster from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// One manifest file; changes are files renamed into its directory.
-    Manifests,
-    /// The list/watch server; changes are objects stored in it.
-    ListWatch,
-}
-
-impl Source {
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Manifests => "manifests",
-            Source::ListWatch => "list/watch",
-        }
-    }
-
-    pub fn parse(name: &str) -> Result<Source> {
-        match name {
-            "manifests" => Ok(Source::Manifests),
-            "listwatch" | "list/watch" => Ok(Source::ListWatch),
-            other => bail!("unknown source {other:?} (manifests, listwatch)"),
-        }
-    }
-}
 
 /// One "synced rules family=IPv4" line of the daemon's log.
 #[derive(Debug, Clone, Default)]

@@ -2,9 +2,11 @@
 //! Run it with `cargo xtask bench` (release build, root for the kernel
 //! parts). See README.md, "Benchmarks".
 
+mod args;
 mod cluster;
 mod daemon;
 mod measure;
+mod netns;
 mod quiet;
 mod relay;
 mod upstream;
@@ -12,25 +14,7 @@ mod upstream;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
-
-#[derive(Debug, Clone)]
-pub struct Args {
-    pub kpx: PathBuf,
-    pub modes: Vec<String>,
-    /// (services, endpoints per service), by mode.
-    pub sizes: Vec<(String, usize, usize)>,
-    /// (mode, services) for the first-packet latency runs.
-    pub latency: Vec<(String, usize)>,
-    pub json: PathBuf,
-    /// userspace mode: only the in-process pick path (no namespaces).
-    pub picks_only: bool,
-    /// Only the WASM render against the native generator (no kernel).
-    pub plugin_only: bool,
-    /// One-endpoint changes made through each daemon run.
-    pub changes: usize,
-    /// The sources each daemon run reads the cluster from.
-    pub sources: Vec<daemon::Source>,
-}
+use args::{Args, Source};
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
@@ -58,7 +42,7 @@ fn parse_args() -> Result<Args> {
         picks_only: false,
         plugin_only: false,
         changes: 100,
-        sources: vec![daemon::Source::Manifests, daemon::Source::ListWatch],
+        sources: vec![Source::Manifests, Source::ListWatch],
     };
     let mut sizes: Option<Vec<(usize, usize)>> = None;
     let mut latency: Option<Vec<usize>> = None;
@@ -92,7 +76,7 @@ fn parse_args() -> Result<Args> {
             "--picks-only" => args.picks_only = true,
             "--changes" => args.changes = value()?.parse()?,
             "--sources" => {
-                args.sources = value()?.split(',').map(daemon::Source::parse).collect::<Result<_>>()?;
+                args.sources = value()?.split(',').map(Source::parse).collect::<Result<_>>()?;
             }
             "--plugin-only" => args.plugin_only = true,
             "--quick" => {

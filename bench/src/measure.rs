@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -18,24 +18,24 @@ use kpx::kernel::iptables::{IptablesKernel, dialect, frame::frame as ipt_frame, 
 use kpx::kernel::nftables::{
     NftablesKernel, encode::add_table, frame::frame as nft_frame, messages, netlink::Batch, sizing,
 };
-use kpx::kernel::{Exec, SystemExec};
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
 use kpx::source::manifests::parse_documents;
 use kpx::state::{ServiceName, State};
 use kpx::validate::Scope;
+use kpx_rules::backend::Backend;
 use kpx_rules::iptables::IptablesProxier;
-use kpx_rules::model::{Backend, Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
+use kpx_rules::model::{Change, Cluster, IpFamily, Node, ProxyMode, ServicePort, Settings};
 use kpx_rules::nftables::NftablesProxier;
 use kpx_rules::ops::Ruleset;
 use kpx_rules::ops::nftables::{SetDecl, SetRef};
 use serde_json::json;
 
-use crate::Args;
-use crate::cluster;
+use crate::args::Args;
+use crate::cluster::{self, NODE};
 use crate::daemon::{self, DaemonRun};
+use crate::netns::{Netns, NetnsExec};
 
-pub(crate) const NODE: &str = "bench-node";
 /// The largest size upstream's nftables shape is loaded for as the
 /// reference (about 1 s at 1k x 10 and 18-22 s at 3k here, at e9f2b6b;
 /// the time grows faster than the chain count).
@@ -153,42 +153,6 @@ fn output(program: &str, args: &[&str]) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
-}
-
-/// A network namespace removed on drop.
-pub(crate) struct Netns(pub(crate) String);
-
-impl Netns {
-    pub(crate) fn new(tag: &str) -> Result<Netns> {
-        let name = format!("kpxbench-{}-{tag}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
-        let ok = Command::new("ip").args(["netns", "add", &name]).status()?.success();
-        if !ok {
-            bail!("cannot create network namespace {name} (root needed)");
-        }
-        Ok(Netns(name))
-    }
-
-    pub(crate) fn ns(&self) -> kpx_netlab::Ns {
-        kpx_netlab::Ns { name: self.0.clone() }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// kpx's own executor, run inside a namespace: the daemon's iptables path.
-struct NetnsExec(String);
-
-impl Exec for NetnsExec {
-    fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> kpx::kernel::Result<String> {
-        let mut all = vec!["netns", "exec", self.0.as_str(), program];
-        all.extend_from_slice(args);
-        SystemExec::default().run("ip", &all, stdin)
-    }
 }
 
 fn config(mode: &str) -> Result<kpx::config::Config> {

@@ -23,7 +23,7 @@ use kpx_netlab::node::{NODE_IP, NodeLab};
 use kpx_rules::model::{Endpoint, Protocol, SchedulerChoice, ServicePort};
 use serde_json::json;
 
-use crate::Args;
+use crate::args::Args;
 
 const SERVICE: &str = "10.96.0.10";
 /// The same endpoint, its slice naming no node.

@@ -19,7 +19,7 @@ use anyhow::{Result, bail};
 use sha2::{Digest, Sha256};
 
 use crate::cluster;
-use crate::measure::Netns;
+use crate::netns::Netns;
 
 /// upstream's `hashAndTruncate`: base32(sha256(name))[:8] + "-" + name.
 fn hashed(prefix: &str, name: &str) -> String {

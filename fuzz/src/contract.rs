@@ -119,7 +119,7 @@ fn writes_apply(u: &mut Unstructured, lab: &Lab, full: &IptRuleset, partial: &Ip
         }
         for (table, chain) in &rs.chains {
             let of_chain = rs.rules.iter().filter(|r| r.table == *table && r.chain == *chain);
-            let want: Vec<String> = of_chain.flat_map(|r| kpx::kernel::iptables::render::rule_lines(r, d)).collect();
+            let want: Vec<String> = of_chain.flat_map(|r| kpx::syntax::iptables::rule_lines(r, d)).collect();
             assert_eq!(
                 kernel.chain(table.name(), chain),
                 Some(&want),
@@ -575,7 +575,7 @@ fn encodes_as_checked(lab: &Lab, tx: &Transaction) {
                 *cidr = Cidr { addr: cidr.network(), prefix_len: cidr.prefix_len };
             }
         }
-        want.comment = want.comment.map(|c| kpx_rules::ops::sanitize_comment(&c, encode::MAX_COMMENT));
+        want.comment = want.comment.map(|c| kpx_rules::ops::sanitize_comment(&c, kpx::syntax::nftables::MAX_COMMENT));
         assert_eq!(back.unwrap_or_else(|e| panic!("accepted {rule:?}: {e}")), want);
     }
 }

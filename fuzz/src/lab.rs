@@ -10,12 +10,12 @@ use std::net::IpAddr;
 use std::sync::OnceLock;
 
 use kpx::kernel::iptables::dialect;
-use kpx::kernel::iptables::render::Dialect;
+use kpx::syntax::iptables::Dialect;
 use kpx::validate::Scope;
+use kpx_rules::backend::Backend;
 use kpx_rules::iptables::IptablesProxier;
 use kpx_rules::model::{
-    Backend, Cidr, Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings,
-    TrafficPolicy,
+    Cidr, Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings, TrafficPolicy,
 };
 use kpx_rules::nftables::NftablesProxier;
 use kpx_rules::ops::Ruleset;

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use kpx::config::Flags;
 use kpx::kernel::iptables::parse::{Line, normalize, parse_dump};
-use kpx::kernel::iptables::render::Dialect;
 use kpx::kernel::nftables::{decode, netlink};
 use kpx::kernel::{conntrack, interfaces, ipvs};
 use kpx::source::api::wire::{WireService, WireSlice};
 use kpx::source::slice::Placements;
 use kpx::source::{Event, Object};
 use kpx::state::State;
+use kpx::syntax::iptables::Dialect;
 use kpx_rules::model::{IpFamily, Protocol};
 use kpx_rules::ops::iptables::Match;
 use kpx_rules::trace::{Node as TraceNode, Packet};
@@ -145,7 +145,7 @@ pub fn iptables_save(data: &[u8]) {
                 }
             }
         }
-        let Ok(tables) = kpx::trace::iptables_tables(&dump, d) else { continue };
+        let Ok(tables) = dump.tracer_tables(d) else { continue };
         let node = TraceNode { local_addresses: destinations.iter().take(1).copied().collect() };
         for dst in destinations {
             let outside = if dst.is_ipv4() {

@@ -4,7 +4,7 @@
 mod components;
 
 use crate::reload::{Role, Watcher};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use kpx_rules::model::{IpFamily, ProxyMode};
@@ -16,7 +16,8 @@ use crate::kernel::ipvs::dataplane::{IpvsDataplane, Timeouts};
 use crate::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use crate::kernel::sysctl::Sysctl;
 use crate::kernel::{Dataplane, SystemExec};
-use crate::runtime::{self, Kind, Runtime};
+use crate::runtime::Runtime;
+use crate::runtime::load::LoadError;
 use crate::serve::health::ProxyHealth;
 use crate::serve::metrics::ReasonLabel;
 use crate::serve::service_health::Bind;
@@ -30,20 +31,14 @@ use crate::userspace::localhost::LocalhostNodePorts;
 use crate::userspace::{Relays, UserspaceProxier, budget};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
-pub use components::{extension_component, flag, load_backend, load_extensions, load_schedulers, scheduler_component};
+pub use components::{load_backend, load_extensions, load_schedulers};
 use components::{load_backend_file, load_schedulers_from_files};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The backend plugin cannot be loaded; kpx exits.
+    /// A component cannot be loaded at start; kpx exits.
     #[error(transparent)]
-    Plugin(#[from] runtime::Error),
-    /// The plugin file cannot be read; kpx exits.
-    #[error("cannot read plugin {path}: {source}")]
-    PluginFile { path: String, source: std::io::Error },
-    /// No built-in plugin for the mode; kpx exits.
-    #[error("no built-in backend for mode {0}")]
-    NoBuiltIn(ProxyMode),
+    Load(#[from] LoadError),
     /// The manifests cannot be read at start; kpx exits.
     #[error(transparent)]
     Source(#[from] crate::source::manifests::Error),
@@ -71,32 +66,11 @@ pub enum Error {
     /// last rules written.
     #[error("the object source stopped: {0}")]
     SourceStopped(String),
-    /// `--extension` in a mode that has no rules of its own for it.
-    #[error("--extension {name}: extensions attach to the iptables and nftables modes, not {mode}")]
-    ExtensionMode { name: String, mode: ProxyMode },
-    /// A component file given to the flag of another kind (a scheduler
-    /// given to `--extension`): kpx exits at start; a replacement file of
-    /// the wrong kind is refused, and the running component stays.
-    #[error(
-        "{} {} is {} component; {} takes {} component",
-        flag(*expected),
-        path.display(),
-        found.with_article(),
-        flag(*expected),
-        expected.with_article()
-    )]
-    WrongKind { path: PathBuf, found: Kind, expected: Kind },
-    /// An extension refused its `--extension` parameters when it was
-    /// loaded (its `check-parameters`): kpx exits at start, before it
-    /// writes a rule; a replaced file that refuses them is refused, and
-    /// the running component stays.
-    #[error("--extension {name}={}: the component refuses its parameters: {message}", path.display())]
-    ExtensionParameters { name: String, path: PathBuf, message: String },
 }
 
 /// The plugin runtime `config` asks for.
 pub fn plugin_runtime(config: &Config) -> Result<Runtime, Error> {
-    Ok(Runtime::new(config.plugin_limits, Some(config.plugin_cache_dir.clone()))?)
+    Ok(Runtime::new(config.plugin_limits, Some(config.plugin_cache_dir.clone())).map_err(LoadError::from)?)
 }
 
 /// The families this node can proxy: IPv4, and IPv6 where the kernel has it.

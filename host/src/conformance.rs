@@ -362,9 +362,7 @@ fn extension_report(
     let pairs = |flag: &str, values: &[String]| {
         values
             .iter()
-            .map(|p| {
-                crate::state::annotations::pair(p).ok_or_else(|| Error::Other(format!("{flag} {p:?}: want key=value")))
-            })
+            .map(|p| crate::wellknown::pair(p).ok_or_else(|| Error::Other(format!("{flag} {p:?}: want key=value"))))
             .collect::<Result<Vec<_>, _>>()
     };
     let parameters = pairs("--extension-param", &args.extension_params)?;

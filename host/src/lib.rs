@@ -3,11 +3,13 @@
 #![deny(unsafe_code)]
 
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod cpu_time;
 pub mod demo;
 pub mod extension;
+pub mod family;
 pub mod kernel;
 pub mod reload;
 pub mod runtime;
@@ -17,10 +19,12 @@ pub mod settings;
 pub mod source;
 pub mod state;
 pub mod sync;
+pub mod syntax;
 pub mod template;
 pub mod trace;
 pub mod userspace;
 pub mod validate;
+pub mod wellknown;
 
 /// What `kpx --version` prints.
 pub const VERSION_TEXT: &str = concat!(

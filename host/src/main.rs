@@ -1,4 +1,5 @@
-use kpx::config::{Cli, CliError, Command, Flags};
+use kpx::cli::{Cli, CliError, Command};
+use kpx::config::Flags;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 

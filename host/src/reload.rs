@@ -5,7 +5,7 @@
 //! half-way) is read and, if its bytes differ from the running ones,
 //! compiled and linked, on a thread of its own: the sync loop never reads a
 //! file. The read opens without blocking (a FIFO with no writer), takes
-//! only a regular file of at most [`MAX_FILE`] as the open descriptor says
+//! only a regular file of at most [`crate::runtime::load::MAX_FILE`] as the open descriptor says
 //! (after any symlink), and refuses one that grows past the size it had, or
 //! that has not been read in [`READ_LIMIT`] (a file of /proc that never
 //! ends): the running component stays, and the refusal is logged and
@@ -25,27 +25,21 @@
 //! place are all seen the same way, and no thread or channel outlives the
 //! loop.
 
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
-use sha2::{Digest, Sha256};
-
+use crate::runtime::load::{LoadError, digest, extension_component, read_component, scheduler_component};
 use crate::runtime::{BackendPlugin, Runtime, SchedulerPlugin};
 
 /// How often the files are looked at.
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// The largest component file kpx reads (a replacement larger than this is
-/// refused unread).
-pub const MAX_FILE: u64 = 64 << 20;
-
 /// How long reading a replaced file may take before it is refused (a
-/// local file of [`MAX_FILE`] reads in well under a second).
+/// local file of [`crate::runtime::load::MAX_FILE`] reads in well under a second).
 pub const READ_LIMIT: Duration = Duration::from_secs(5);
 
 /// Reads under way, those abandoned past [`READ_LIMIT`] whose threads are
@@ -183,11 +177,6 @@ pub struct Watcher {
 /// How long a poll waits for the files' metadata before it lets the sync
 /// loop go on (the answer is taken at a later poll).
 pub const STAT_WAIT: Duration = Duration::from_millis(100);
-
-/// A component file's SHA-256: what tells a replacement from the running bytes.
-pub fn digest(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
 
 impl Watcher {
     /// Watches `files`: each with its role and the digest of the bytes
@@ -400,80 +389,23 @@ impl Watcher {
     }
 }
 
-/// A component file's bytes, as kpx reads them at start and on reload:
-/// looked at first (only a regular file is opened), opened without
-/// blocking (a FIFO swapped in does not hold the open), checked again on
-/// the open descriptor (after any symlink: a regular file of at most
-/// [`MAX_FILE`] bytes), and read to the size it had (a
-/// file that yields more, as /proc's files do, is refused: it may never end).
-pub fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::{Error, ErrorKind};
-    // Looked at before it is opened (opening a device runs its driver),
-    // and again on the descriptor (it may have been swapped in between).
-    let before = std::fs::metadata(path)?;
-    let file = if before.is_file() {
-        Some(std::fs::File::options().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path)?)
-    } else {
-        None
-    };
-    let meta = match &file {
-        Some(f) => f.metadata()?,
-        None => before,
-    };
-    let kind = meta.file_type();
-    if !kind.is_file() {
-        use std::os::unix::fs::FileTypeExt;
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() || kind.is_block_device() {
-            "a device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else if kind.is_dir() {
-            "a directory"
-        } else {
-            "something else"
-        };
-        return Err(Error::new(ErrorKind::InvalidInput, format!("not a regular file but {what}")));
-    }
-    let len = meta.len();
-    if len > MAX_FILE {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("{len} bytes, more than the {MAX_FILE} a component may have"),
-        ));
-    }
-    let file = file.ok_or_else(|| Error::other("not a regular file"))?;
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(len + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > len {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("it grew past the {len} bytes it had when opened (a file that never ends?)"),
-        ));
-    }
-    Ok(bytes)
-}
-
 /// A replacement's bytes compiled and linked as its role's kind; a
 /// component of another kind is refused naming its flag, its file and
 /// both kinds, as at start, and so is an extension that refuses the
 /// flag's parameters, with its reason.
 fn load(runtime: &Runtime, role: &Role, path: &Path, bytes: &[u8]) -> Result<Loaded, String> {
-    let refused = |e: crate::app::Error| e.of_file(path).to_string();
+    let refused = |e: LoadError| e.of_file(path).to_string();
     match role {
         Role::Backend => {
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
             runtime.load_backend(name, bytes).map(|p| Loaded::Backend(Arc::new(p))).map_err(|e| refused(e.into()))
         }
-        Role::Scheduler { name, .. } => crate::app::scheduler_component(runtime, name, bytes)
-            .map(|p| Loaded::Scheduler(Arc::new(p)))
-            .map_err(refused),
-        Role::Extension { name, parameters, .. } => {
-            crate::app::extension_component(runtime, name, path, parameters, bytes)
-                .map(|p| Loaded::Extension(Arc::new(p)))
-                .map_err(|e| e.to_string())
+        Role::Scheduler { name, .. } => {
+            scheduler_component(runtime, name, bytes).map(|p| Loaded::Scheduler(Arc::new(p))).map_err(refused)
         }
+        Role::Extension { name, parameters, .. } => extension_component(runtime, name, path, parameters, bytes)
+            .map(|p| Loaded::Extension(Arc::new(p)))
+            .map_err(|e| e.to_string()),
     }
 }
 
@@ -560,38 +492,6 @@ mod tests {
         let err = refused(Role::Extension { index: 0, name: "vendor".into(), parameters }, &probe);
         let said = "--extension vendor=/k/vendor.wasm: the component refuses its parameters: ";
         assert!(err.starts_with(said) && err.contains("do=nonsense"), "want {said:?} and do=nonsense: {err}");
-    }
-
-    #[test]
-    fn files_that_would_block_or_never_end_are_refused_without_blocking() {
-        let dir = std::env::temp_dir().join(format!("kpx-reload-block-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        // A FIFO nobody writes, directly and behind a symlink: opening it
-        // for reading would block; it is refused at once.
-        let fifo = dir.join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        let link = dir.join("link.wasm");
-        std::os::unix::fs::symlink(&fifo, &link).unwrap();
-        for path in [&fifo, &link] {
-            let t0 = Instant::now();
-            let err = read_component(path).unwrap_err().to_string();
-            assert!(err.contains("not a regular file but a FIFO"), "{err}");
-            assert!(t0.elapsed() < Duration::from_secs(1));
-        }
-        // /proc's files say 0 bytes and yield more: they may never end.
-        let err = read_component(Path::new("/proc/self/status")).unwrap_err().to_string();
-        assert!(err.contains("grew past the 0 bytes"), "{err}");
-        // /proc/kmsg (root only) blocks a reader until the kernel logs:
-        // opened without blocking, it ends at once either way.
-        if std::fs::File::open("/proc/kmsg").is_ok() {
-            let t0 = Instant::now();
-            assert!(read_component(Path::new("/proc/kmsg")).is_err());
-            assert!(t0.elapsed() < Duration::from_secs(1));
-        }
-        let dev = read_component(Path::new("/dev/zero")).unwrap_err().to_string();
-        assert!(dev.contains("a device"), "{dev}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A read that does not return (as one in the kernel's syslog_print

@@ -12,6 +12,8 @@
 mod cache;
 pub mod extension;
 mod kind;
+pub mod load;
+mod promise;
 pub mod scheduler;
 mod version;
 pub mod wasi;
@@ -28,7 +30,8 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 pub use extension::{ExtensionInstance, ExtensionPlugin};
 pub use kind::Kind;
-pub use scheduler::{Promise, SchedulerInstance, SchedulerPlugin};
+pub use promise::Promise;
+pub use scheduler::{SchedulerInstance, SchedulerPlugin};
 
 /// The built-in scheduler component's name (its schedulers are the
 /// defaults a Service that names none gets).

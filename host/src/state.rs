@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::Node;
 use kpx_rules::model::{self, IpFamily, Protocol};
 
 use crate::source::{Event, Kind, Object, ObjectRef};
+use crate::wellknown::ZONE_LABEL;
 pub use endpoints::StoredSlice;
 use services::StoredService;
 use smallvec::SmallVec;
@@ -39,10 +40,6 @@ impl std::fmt::Display for ServiceName {
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
-
-pub use crate::source::slice::{HEADLESS_LABEL, SERVICE_NAME_LABEL};
-pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Service ports by key, as a family's proxier sent them to its plugin.
 /// Boxed: a port is about 416 bytes, and a B-tree filled in key order leaves

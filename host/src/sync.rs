@@ -10,6 +10,7 @@ pub mod planner;
 
 pub use family::FamilyProxier;
 
+use crate::family::{Error, Report};
 use crate::userspace::UserspaceProxier;
 use crate::userspace::localhost::LocalhostNodePorts;
 
@@ -55,7 +56,7 @@ impl Proxier {
         }
     }
 
-    fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<family::Report, family::Error> {
+    fn sync(&mut self, state: &State, changes: &Changes, full: bool) -> Result<Report, Error> {
         match self {
             Proxier::Rules(p, localhost) => {
                 let report = p.sync(state, changes, full)?;
@@ -253,7 +254,7 @@ fn trigger_time(event: &Event) -> Option<(IpFamily, std::time::SystemTime)> {
         "IPv6" => IpFamily::V6,
         _ => return None,
     };
-    let text = slice.meta.annotations.as_ref()?.get(crate::source::api::TRIGGER_TIME)?;
+    let text = slice.meta.annotations.as_ref()?.get(crate::wellknown::TRIGGER_TIME)?;
     let time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time =
         serde_json::from_value(serde_json::Value::String(text.clone())).ok()?;
     Some((family, time.0.into()))
@@ -453,7 +454,7 @@ fn is_short_of_descriptors(e: &(dyn std::error::Error + 'static)) -> bool {
 
 /// A failed sync, counted as upstream (and kpx) count them; `partial`:
 /// the sync tried was a partial one.
-fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error, partial: bool) {
+fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &Error, partial: bool) {
     let m = &telemetry.metrics;
     let plugin = PluginLabel { plugin: proxier.plugin_name().to_string() };
     let family = FamilyLabel::of(proxier.family());
@@ -463,8 +464,8 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error, pa
     }
     match e {
         // Traps are counted from the plugin's own counter (PluginCounts).
-        family::Error::Plugin(_) => {}
-        family::Error::Sync { source: SyncError::Kernel(k), .. } => match proxier.mode() {
+        Error::Plugin(_) => {}
+        Error::Sync { source: SyncError::Kernel(k), .. } => match proxier.mode() {
             ProxyMode::Iptables | ProxyMode::Userspace => {
                 m.iptables_restore_failures.get_or_create(&family).inc();
             }
@@ -480,11 +481,11 @@ fn count_failure(telemetry: &Telemetry, proxier: &Proxier, e: &family::Error, pa
                 m.ipvs_sync_failures.inc();
             }
         },
-        family::Error::Sync { source: SyncError::Rejected(_) | SyncError::WrongMode { .. }, .. } => {
+        Error::Sync { source: SyncError::Rejected(_) | SyncError::WrongMode { .. }, .. } => {
             m.plugin_refusals.get_or_create(&plugin).inc();
         }
         // Written as a full sync by the proxier; not a failure.
-        family::Error::Sync { source: SyncError::Overfull(_), .. } => {}
+        Error::Sync { source: SyncError::Overfull(_), .. } => {}
     };
 }
 

@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn the_help_names_every_kind_new_plugin_makes() {
         use clap::CommandFactory;
-        let cli = crate::config::Cli::command();
+        let cli = crate::cli::Cli::command();
         let sub = cli.find_subcommand("new-plugin").expect("the new-plugin subcommand");
         let about = sub.get_about().map(ToString::to_string).unwrap_or_default();
         let kind = sub.get_arguments().find(|a| a.get_id() == "kind").expect("--kind");

@@ -10,11 +10,33 @@ use kpx_rules::ops::iptables::{Rule as IptRule, Table};
 use kpx_rules::ops::nftables::{self as nft, KeyExpr, Match, Statement, Verdict};
 use kpx_rules::trace::{self, Ending, Packet};
 
-use crate::config::TraceArgs;
 use crate::kernel::interfaces;
-use crate::kernel::iptables::parse::{Dump, Line};
-use crate::kernel::iptables::render::{Dialect, rule_lines};
+use crate::kernel::iptables::parse::{Dump, Untraceable};
 use crate::kernel::nftables::NftablesKernel;
+use crate::syntax::iptables::{Dialect, rule_lines};
+
+/// `kpx trace --from IP --to IP:PORT/PROTO [--mode M]`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The packet's source address (one of the node's own means the node sends it).
+    #[arg(long)]
+    pub from: std::net::IpAddr,
+    /// Destination as IP:PORT/PROTO, e.g. 10.96.0.10:80/tcp or [fd00::10]:53/udp.
+    #[arg(long)]
+    pub to: String,
+    /// The interface the packet arrives on (for interface-based local detection).
+    #[arg(long = "in-interface")]
+    pub in_interface: Option<String>,
+    /// Which mode's rules to read: iptables or nftables.
+    #[arg(long, default_value = "iptables")]
+    pub mode: String,
+    /// The masquerade mark bit kpx runs with (--iptables-masquerade-bit).
+    #[arg(long = "iptables-masquerade-bit", default_value_t = 14)]
+    pub masquerade_bit: u8,
+    /// The iptables kpx runs with (--iptables-backend): auto, nft, legacy or system.
+    #[arg(long = "iptables-backend", default_value = "auto", value_parser = ["auto", "nft", "legacy", "system"])]
+    pub iptables_backend: String,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -27,6 +49,9 @@ pub enum Error {
     /// The rules hold something the tracer cannot follow.
     #[error("cannot trace these rules: {0}")]
     Untraceable(String),
+    /// A rule kpx did not write, in one of kube-proxy's chains.
+    #[error(transparent)]
+    Foreign(#[from] Untraceable),
 }
 
 /// Parses `IP:PORT/PROTO`.
@@ -44,7 +69,7 @@ pub fn parse_destination(text: &str) -> Result<(SocketAddr, Protocol), Error> {
 }
 
 /// Traces against the live kernel; the explanation as text.
-pub fn run(args: &TraceArgs) -> Result<String, Error> {
+pub fn run(args: &Args) -> Result<String, Error> {
     let (to, protocol) = parse_destination(&args.to)?;
     if to.is_ipv4() != args.from.is_ipv4() {
         return Err(Error::Argument {
@@ -91,35 +116,9 @@ pub fn run(args: &TraceArgs) -> Result<String, Error> {
     }
 }
 
-/// The tracer's tables from a dump; a rule kpx did not write in one of
-/// kube-proxy's chains makes the dump untraceable, elsewhere it is left out.
-pub fn iptables_tables(dump: &Dump, d: Dialect) -> Result<trace::iptables::Tables, Error> {
-    let mut tables = trace::iptables::Tables::new(d.masquerade_mark);
-    for (table, t) in &dump.tables {
-        for (chain, policy) in &t.chains {
-            tables.declare(*table, chain);
-            if policy.as_deref() == Some("DROP") {
-                tables.dropping.push((*table, chain.clone()));
-            }
-        }
-        for (chain, lines) in &t.rules {
-            for line in lines {
-                match line {
-                    Line::Rule(r) => tables.push(r.clone()),
-                    Line::Foreign { text, reason } if chain.starts_with("KUBE-") => {
-                        return Err(Error::Untraceable(format!("{text}: {reason}")));
-                    }
-                    Line::Foreign { .. } => {}
-                }
-            }
-        }
-    }
-    Ok(tables)
-}
-
 /// The explanation of one packet through an iptables dump.
 pub fn explain_iptables(dump: &Dump, d: Dialect, node: &trace::Node, packet: &Packet) -> Result<String, Error> {
-    let tables = iptables_tables(dump, d)?;
+    let tables = dump.tracer_tables(d)?;
     let traced =
         trace::iptables::trace_iptables(&tables, node, packet).map_err(|e| Error::Untraceable(e.to_string()))?;
     let text = |step: &trace::Step| {
@@ -139,7 +138,7 @@ pub fn read_nftables(kernel: &mut NftablesKernel, mark: u32) -> Result<trace::nf
     let family = kernel.family();
     let mut model = trace::nftables::Model::new(family, mark);
     let Some(objects) = kernel.objects()? else { return Ok(model) };
-    let frame_base: Vec<nft::BaseChain> = crate::kernel::nftables::frame::BASE_CHAINS.to_vec();
+    let frame_base: Vec<nft::BaseChain> = crate::syntax::nftables::BASE_CHAINS.to_vec();
     for c in &objects.chains {
         let base = match &c.base {
             None => None,

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use crate::model::{Backend, Change, Cluster, Node, Protocol, ServicePort, Settings};
+use crate::backend::Backend;
+use crate::model::{Change, Cluster, Node, Protocol, ServicePort, Settings};
 use crate::ops::Ruleset as AnyRuleset;
 use crate::ops::iptables::{Hook, Rule, Ruleset, Table};
 use crate::service_set::ServiceSet;

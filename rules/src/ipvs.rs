@@ -17,8 +17,9 @@
 
 use std::net::IpAddr;
 
+use crate::backend::Backend;
 use crate::model::{
-    Backend, Change, Cluster, Endpoint, HashField, Node, NodePortAddresses, Plan, ProxyMode, ServicePort, Settings,
+    Change, Cluster, Endpoint, HashField, Node, NodePortAddresses, Plan, ProxyMode, ServicePort, Settings,
 };
 use crate::ops::Ruleset as AnyRuleset;
 use crate::ops::ipvs::{RealServer, Ruleset, VirtualServer};

@@ -7,9 +7,11 @@
 //! given and what they return; plugins link it to generate.
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod hash;
 pub mod iptables;
 pub mod ipvs;
+pub mod mode;
 pub mod model;
 pub mod nftables;
 pub mod ops;

@@ -5,6 +5,9 @@
 use std::fmt;
 use std::net::IpAddr;
 
+// The settings name the mode, and a service port its plans: the model
+// names them too, so that what every backend is given reads from one path.
+pub use crate::mode::ProxyMode;
 pub use crate::plan::{HashField, KernelPlan, Plan, SlotTable};
 
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
@@ -545,47 +548,6 @@ pub enum NodePortAddresses {
     Only(Vec<Cidr>),
 }
 
-/// The proxy modes kpx runs (`--proxy-mode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ProxyMode {
-    Iptables,
-    Nftables,
-    Ipvs,
-    /// The host relays each connection itself (a listener per service
-    /// port); no backend is instantiated, schedulers pick per connection.
-    Userspace,
-}
-
-impl ProxyMode {
-    pub const ALL: [ProxyMode; 4] = [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs, ProxyMode::Userspace];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProxyMode::Iptables => "iptables",
-            ProxyMode::Nftables => "nftables",
-            ProxyMode::Ipvs => "ipvs",
-            ProxyMode::Userspace => "userspace",
-        }
-    }
-}
-
-impl fmt::Display for ProxyMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for ProxyMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ProxyMode::ALL
-            .into_iter()
-            .find(|m| m.as_str() == s)
-            .ok_or_else(|| format!("unknown proxy mode {s:?}: want one of iptables, nftables, ipvs"))
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub family: IpFamily,
@@ -652,17 +614,6 @@ pub enum Change {
     Remove(String),
     Node(Node),
     Cluster(Cluster),
-}
-
-/// What a backend does: the Rust shape of the WIT `proxier` resource.
-/// Plugins implement it (through kpx-sdk); the benchmark runs it natively.
-pub trait Backend {
-    fn new(settings: Settings) -> Self
-    where
-        Self: Sized;
-    fn reset(&mut self, node: Node, cluster: Cluster, services: Vec<ServicePort>);
-    fn apply(&mut self, changes: Vec<Change>);
-    fn render(&mut self, full: bool) -> Result<crate::ops::Ruleset, String>;
 }
 
 #[cfg(test)]

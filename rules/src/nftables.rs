@@ -25,7 +25,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
-use crate::model::{Backend, Change, Cluster, IpFamily, Node, ServicePort, Settings};
+use crate::backend::Backend;
+use crate::model::{Change, Cluster, IpFamily, Node, ServicePort, Settings};
 use crate::ops::Ruleset as AnyRuleset;
 use crate::ops::nftables::{ElementWriter, Op, Transaction};
 use crate::service_set::ServiceSet;

@@ -170,8 +170,8 @@ impl Plan {
     }
 
     /// Whether `mode` executes this kind of plan.
-    pub fn runs_in(&self, mode: crate::model::ProxyMode) -> bool {
-        use crate::model::ProxyMode;
+    pub fn runs_in(&self, mode: crate::mode::ProxyMode) -> bool {
+        use crate::mode::ProxyMode;
         match self {
             Plan::Kernel(_) => mode == ProxyMode::Ipvs,
             // ipvs mode: the host marks each connection with its slot's

@@ -1,6 +1,6 @@
 //! kpx-sdk: what a kpx plugin author depends on.
 //!
-//! Implement [`Backend`] (re-exported from kpx-rules' model) and export it:
+//! Implement [`Backend`] (re-exported from kpx-rules) and export it:
 //!
 //! ```text
 //! struct MyBackend { /* ... */ }
@@ -59,9 +59,10 @@ mod mem;
 
 use std::cell::RefCell;
 
+pub use kpx_rules::backend::Backend;
 pub use kpx_rules::model::{
-    Backend, Change, Cidr, Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode,
-    ServicePort, Settings, TrafficPolicy,
+    Change, Cidr, Cluster, Conditions, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort,
+    Settings, TrafficPolicy,
 };
 pub use kpx_rules::ops;
 // Every plan variant and the bounds the host checks plans against

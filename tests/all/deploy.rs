@@ -10,7 +10,8 @@ use std::path::Path;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kpx::config::{Cli, Source};
+use kpx::cli::Cli;
+use kpx::config::Source;
 
 fn deploy_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy"))

@@ -11,7 +11,8 @@ use std::time::Duration;
 use kpx::kernel::nftables::{NftablesDataplane, NftablesKernel};
 use kpx::validate::Scope;
 use kpx_netlab::Lab;
-use kpx_rules::model::{Backend, Cluster, Endpoint, IpFamily, Node, Protocol, ProxyMode, ServicePort, Settings};
+use kpx_rules::backend::Backend;
+use kpx_rules::model::{Cluster, Endpoint, IpFamily, Node, Protocol, ProxyMode, ServicePort, Settings};
 use kpx_rules::nftables::NftablesProxier;
 
 /// The source address a listener on `listen` sees for a connection to `to`

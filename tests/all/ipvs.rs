@@ -554,7 +554,7 @@ fn helper_rules_checks(lab: &NodeLab) {
     eprintln!("ipvs: the node to the firewalled LB {from_node:?}");
     assert_eq!(from_node, Reply::Timeout, "the node must not pass the LB's source ranges");
     // What kpx wrote reads back: every line of its chains is a rule kpx writes.
-    let d = kpx::kernel::iptables::render::Dialect { family: kpx_rules::model::IpFamily::V4, masquerade_mark: 0x4000 };
+    let d = kpx::syntax::iptables::Dialect { family: kpx_rules::model::IpFamily::V4, masquerade_mark: 0x4000 };
     let dump = kpx::kernel::iptables::parse::parse_dump(&rules, d);
     for table in dump.tables.values() {
         for (chain, lines) in &table.rules {
@@ -678,9 +678,10 @@ fn ipvs_sets_and_rules_round_trip_in_the_kernel() {
 
     use kpx::kernel::iptables::IptablesKernel;
     use kpx::kernel::iptables::parse::{Line, parse_dump};
-    use kpx::kernel::iptables::render::{Dialect, payload};
+    use kpx::kernel::iptables::render::payload;
     use kpx::kernel::ipvs::sets::{Kind, NodeFacts, Sets, destroy_script};
     use kpx::kernel::{Exec, SystemExec};
+    use kpx::syntax::iptables::Dialect;
     use kpx_rules::model::{Endpoint, IpFamily, LocalTraffic, Protocol, ProxyMode, ServicePort, Settings};
     use kpx_rules::ops::iptables::{Rule, Table};
 

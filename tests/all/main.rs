@@ -17,6 +17,7 @@ mod hairpin;
 mod ipvs;
 mod kernel_iptables;
 mod kernel_nftables;
+mod layers;
 mod refused;
 mod reload;
 mod restart;

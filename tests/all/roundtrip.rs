@@ -9,11 +9,12 @@ use std::net::IpAddr;
 
 use kpx::kernel::iptables::frame::frame as ipt_frame;
 use kpx::kernel::iptables::parse::{Line, normalize};
-use kpx::kernel::iptables::render::{Dialect, payload};
+use kpx::kernel::iptables::render::payload;
 use kpx::kernel::iptables::{IptablesKernel, dialect};
 use kpx::kernel::nftables::frame::frame as nft_frame;
 use kpx::kernel::nftables::{NftablesKernel, decode, encode, messages, netlink::Batch};
 use kpx::kernel::{Exec, SystemExec};
+use kpx::syntax::iptables::Dialect;
 use kpx_netlab::{Lab, Ns};
 use kpx_rules::model::{Cidr, Cluster, IpFamily, Protocol, ProxyMode, Settings};
 use kpx_rules::ops::CtStates;
@@ -298,7 +299,7 @@ fn the_hosts_rule_checks_are_one_process_and_exact() {
         let gone = &frame.jumps[frame.jumps.len() / 2];
         let delete = |rule: &R| {
             let mut args: Vec<String> = vec!["-t".into(), rule.table.name().into(), "-D".into(), rule.chain.clone()];
-            args.extend(kpx::kernel::iptables::render::rule_args(rule, d));
+            args.extend(kpx::syntax::iptables::rule_args(rule, d));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             NsExec(ns.name.clone())
                 .run(&kpx::kernel::iptables::backend::Backend::System.tool(family, "iptables"), &args, None)
@@ -325,7 +326,7 @@ fn the_hosts_rule_checks_are_one_process_and_exact() {
         delete(gone);
         let lost =
             kernel.lost_rules(&rules, d).unwrap().unwrap_or_else(|| panic!("{family}: a deleted rule not noticed"));
-        let spec = kpx::kernel::iptables::render::rule_args(gone, d).join(" ");
+        let spec = kpx::syntax::iptables::rule_args(gone, d).join(" ");
         assert!(
             lost.contains(&gone.chain) && lost.contains(&spec),
             "{family}: {lost}\n want the rule {} {spec}",
@@ -336,8 +337,8 @@ fn the_hosts_rule_checks_are_one_process_and_exact() {
         kernel.ensure_jumps(&frame.jumps, d).unwrap();
         assert_eq!(kernel.lost_rules(&rules, d).unwrap(), None, "{family}: all written again");
         let hash = rs.rules.iter().find(|r| matches!(r.target, T::HashMark(_))).expect("a hash-mark rule");
-        let second = kpx::kernel::iptables::render::rule_lines(hash, d).remove(1);
-        let words = kpx::kernel::iptables::parse::split_words(&second);
+        let second = kpx::syntax::iptables::rule_lines(hash, d).remove(1);
+        let words = kpx::syntax::iptables::split_words(&second);
         let mut args: Vec<&str> = vec!["-t", hash.table.name(), "-D"];
         args.extend(words.iter().skip(1).map(String::as_str));
         NsExec(ns.name.clone())
@@ -590,7 +591,7 @@ fn nft_normal(r: &nft::Rule) -> nft::Rule {
             *cidr = Cidr { addr: cidr.network(), prefix_len: cidr.prefix_len };
         }
     }
-    r.comment = r.comment.map(|c| kpx_rules::ops::sanitize_comment(&c, encode::MAX_COMMENT));
+    r.comment = r.comment.map(|c| kpx_rules::ops::sanitize_comment(&c, kpx::syntax::nftables::MAX_COMMENT));
     r
 }
 

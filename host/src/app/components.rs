@@ -3,38 +3,16 @@
 //! components (`--scheduler-plugin`, then the built-in ones) and the
 //! extensions (`--extension`). A component of another kind than its flag
 //! takes stops kpx, naming the flag, the file and both kinds
-//! ([`Error::of_file`]); hot reload words its refusals the same way.
+//! ([`LoadError::of_file`]); hot reload words its refusals the same way.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use kpx_rules::model::ProxyMode;
 
 use super::{Error, plugin_runtime};
 use crate::config::Config;
-use crate::runtime::{self, BackendPlugin, ExtensionPlugin, Kind, Runtime, SchedulerPlugin};
-
-impl Error {
-    /// This error, of the component file at `path`: a component of the
-    /// wrong kind is said as such, naming the flag, the file and both kinds.
-    pub fn of_file(self, path: &Path) -> Error {
-        match self {
-            Error::Plugin(runtime::Error::WrongKind { found, expected, .. }) => {
-                Error::WrongKind { path: path.to_path_buf(), found, expected }
-            }
-            other => other,
-        }
-    }
-}
-
-/// The flag that gives kpx components of `kind`.
-pub fn flag(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Backend => "--backend-plugin",
-        Kind::Scheduler => "--scheduler-plugin",
-        Kind::Extension => "--extension",
-    }
-}
+use crate::runtime::load::{Digest, LoadError, digest, extension_component, read_component, scheduler_component};
+use crate::runtime::{self, BackendPlugin, Runtime, SchedulerPlugin};
 
 /// The `--extension` components, loaded (compiled or from the cache),
 /// with the digests of their files' bytes as loaded. A file that cannot
@@ -46,17 +24,17 @@ pub fn flag(kind: Kind) -> &'static str {
 pub fn load_extensions(
     runtime: &Runtime,
     config: &Config,
-) -> Result<(Vec<crate::extension::Configured>, Vec<Digest>), Error> {
+) -> Result<(Vec<crate::extension::Configured>, Vec<Digest>), LoadError> {
     let (mut out, mut digests) = (Vec::new(), Vec::new());
     for e in &config.extensions {
         if !matches!(config.mode, ProxyMode::Iptables | ProxyMode::Nftables) {
-            return Err(Error::ExtensionMode { name: e.name.clone(), mode: config.mode });
+            return Err(LoadError::ExtensionMode { name: e.name.clone(), mode: config.mode });
         }
-        let loaded = match crate::reload::read_component(&e.path) {
+        let loaded = match read_component(&e.path) {
             Ok(bytes) => match extension_component(runtime, &e.name, &e.path, &e.parameters, &bytes) {
                 Ok(plugin) => Ok((plugin, bytes)),
                 // Mistakes in the flag, not a file to wait for.
-                Err(err @ (Error::WrongKind { .. } | Error::ExtensionParameters { .. })) => return Err(err),
+                Err(err @ (LoadError::WrongKind { .. } | LoadError::ExtensionParameters { .. })) => return Err(err),
                 Err(err) => Err(err.to_string()),
             },
             Err(err) => Err(format!("cannot read it: {err}")),
@@ -64,7 +42,7 @@ pub fn load_extensions(
         let (plugin, digest) = match loaded {
             Ok((p, bytes)) => {
                 tracing::info!(extension = %e.name, file = %e.path.display(), "extension component loaded");
-                (Some(Arc::new(p)), crate::reload::digest(&bytes))
+                (Some(Arc::new(p)), digest(&bytes))
             }
             Err(err) => {
                 tracing::error!(extension = %e.name, file = %e.path.display(), "extension not loaded, kpx runs without it until its file is replaced: {err}");
@@ -78,37 +56,6 @@ pub fn load_extensions(
     Ok((out, digests))
 }
 
-/// The component of `--extension NAME=PATH,PARAMETERS` from its bytes,
-/// at start or for a replaced file: compiled (or from the cache), and the
-/// operator's parameters put to it (`check-parameters`), so that the
-/// component refuses a mistake in the flag at once rather than at every
-/// render. A component of another kind, or one that refuses its
-/// parameters, names the flag and the file.
-pub fn extension_component(
-    runtime: &Runtime,
-    name: &str,
-    path: &Path,
-    parameters: &[(String, String)],
-    bytes: &[u8],
-) -> Result<ExtensionPlugin, Error> {
-    let label = path.file_stem().and_then(|s| s.to_str()).unwrap_or(name);
-    let plugin = runtime.load_extension(label, bytes).map_err(|e| Error::from(e).of_file(path))?;
-    match plugin.check_parameters(parameters) {
-        Ok(()) => Ok(plugin),
-        Err(runtime::Error::ParametersRefused { message, .. }) => {
-            Err(Error::ExtensionParameters { name: name.to_string(), path: path.to_path_buf(), message })
-        }
-        // A trap (a `parse().unwrap()` on a bad value) or exhausted fuel
-        // is no answer either: were it a file to wait for, an allow-list
-        // would start open.
-        Err(other) => Err(Error::ExtensionParameters {
-            name: name.to_string(),
-            path: path.to_path_buf(),
-            message: format!("check-parameters failed: {other}"),
-        }),
-    }
-}
-
 /// The scheduler components: those of `--scheduler-plugin`, in the order
 /// given (a name they share with a later one is theirs), then the
 /// built-in ones. Each is instantiated once here, so that a component
@@ -116,26 +63,23 @@ pub fn extension_component(
 pub fn load_schedulers(
     runtime: &Runtime,
     external: &[(String, std::path::PathBuf)],
-) -> Result<Vec<Arc<SchedulerPlugin>>, Error> {
+) -> Result<Vec<Arc<SchedulerPlugin>>, LoadError> {
     Ok(load_schedulers_from_files(runtime, external)?.0)
 }
-
-/// A component file's SHA-256.
-type Digest = [u8; 32];
 
 /// [`load_schedulers`], with the digests of the external files' bytes as
 /// loaded (what hot reload compares replacements with).
 pub(super) fn load_schedulers_from_files(
     runtime: &Runtime,
     external: &[(String, std::path::PathBuf)],
-) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<Digest>), Error> {
+) -> Result<(Vec<Arc<SchedulerPlugin>>, Vec<Digest>), LoadError> {
     let (mut out, mut digests) = (Vec::new(), Vec::new());
     for (name, path) in external {
-        let bytes = crate::reload::read_component(path)
-            .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+        let bytes = read_component(path)
+            .map_err(|source| LoadError::PluginFile { path: path.display().to_string(), source })?;
         let plugin = scheduler_component(runtime, name, &bytes).map_err(|e| e.of_file(path))?;
         out.push(Arc::new(plugin));
-        digests.push(crate::reload::digest(&bytes));
+        digests.push(digest(&bytes));
         tracing::info!(plugin = %name, file = %path.display(), "scheduler component loaded");
     }
     let name = runtime::BUILT_IN_SCHEDULERS;
@@ -144,24 +88,12 @@ pub(super) fn load_schedulers_from_files(
     Ok((out, digests))
 }
 
-/// A scheduler component from its bytes: compiled (or from the cache),
-/// instantiated once, and its names checked.
-pub fn scheduler_component(runtime: &Runtime, name: &str, bytes: &[u8]) -> Result<SchedulerPlugin, Error> {
-    let plugin = runtime.load_scheduler(name, bytes)?;
-    let names = plugin.instantiate()?.names().to_vec();
-    if let Some(problem) = runtime::scheduler::load_problem(&names) {
-        return Err(Error::Plugin(runtime::Error::Load { plugin: name.to_string(), message: problem }));
-    }
-    tracing::info!(plugin = %name, contract = plugin.version(), "scheduler component: {names:?}");
-    Ok(plugin)
-}
-
 /// Loads the mode's backend: `--backend-plugin` if given, else the built-in one.
 pub fn load_backend(config: &Config) -> Result<BackendPlugin, Error> {
-    load_backend_with(config, &plugin_runtime(config)?)
+    Ok(load_backend_with(config, &plugin_runtime(config)?)?)
 }
 
-fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin, Error> {
+fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin, LoadError> {
     Ok(load_backend_file(config, runtime)?.0)
 }
 
@@ -170,18 +102,18 @@ fn load_backend_with(config: &Config, runtime: &Runtime) -> Result<BackendPlugin
 pub(super) fn load_backend_file(
     config: &Config,
     runtime: &Runtime,
-) -> Result<(BackendPlugin, Option<[u8; 32]>), Error> {
+) -> Result<(BackendPlugin, Option<[u8; 32]>), LoadError> {
     match &config.backend_plugin {
         Some(path) => {
-            let bytes = crate::reload::read_component(path)
-                .map_err(|source| Error::PluginFile { path: path.display().to_string(), source })?;
+            let bytes = read_component(path)
+                .map_err(|source| LoadError::PluginFile { path: path.display().to_string(), source })?;
             let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin");
-            let plugin = runtime.load_backend(name, &bytes).map_err(|e| Error::from(e).of_file(path))?;
-            Ok((plugin, Some(crate::reload::digest(&bytes))))
+            let plugin = runtime.load_backend(name, &bytes).map_err(|e| LoadError::from(e).of_file(path))?;
+            Ok((plugin, Some(digest(&bytes))))
         }
         None => {
             let name = config.mode.as_str();
-            let bytes = runtime::builtin::get(name).ok_or(Error::NoBuiltIn(config.mode))?;
+            let bytes = runtime::builtin::get(name).ok_or(LoadError::NoBuiltIn(config.mode))?;
             Ok((runtime.load_backend(name, bytes)?, None))
         }
     }
@@ -190,12 +122,14 @@ pub(super) fn load_backend_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::Kind;
+    use crate::runtime::load::LoadError as Error;
 
     /// The configuration of these flags (besides a manifest source and a node name).
     fn config_of(flags: &[&str]) -> Config {
         let base = ["kpx", "--manifests", "/x", "--hostname-override", "n"];
         let args = base.iter().chain(flags).map(|a| std::ffi::OsString::from(*a));
-        crate::config::Cli::from_args(args).unwrap().flags.validate().unwrap()
+        crate::cli::Cli::from_args(args).unwrap().flags.validate().unwrap()
     }
 
     /// A component given to the flag of another kind stops kpx at start

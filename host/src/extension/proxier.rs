@@ -11,10 +11,10 @@ use kpx_rules::ops::extension::Ruleset;
 use super::iptables::IptablesWriter;
 use super::layout::{self, Counter, Layout};
 use super::nftables::NftablesWriter;
+use crate::family::Error;
 use crate::kernel::iptables::backend::Backend;
 use crate::kernel::{SyncError, SystemExec};
 use crate::runtime::{self, ExtensionInstance, ExtensionPlugin};
-use crate::sync::family::Error;
 
 /// `--extension NAME=FILE[,key=value...]`, loaded.
 #[derive(Clone)]

@@ -18,10 +18,11 @@ use kpx_rules::model::{IpFamily, Settings};
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table, USERSPACE_HOST_CHAINS, is_host_chain, own_chain_name_problem};
 
 use super::{Cause, Exec, Result, SyncError, Written};
+use crate::syntax::iptables::{Dialect, line_args, rule_args, rule_lines};
 use crate::validate::iptables::{Checked, Context, HookRules, Model, check_with_kept, hook_rules, kept_hooks};
 use crate::validate::{Rejected, Scope};
 use parse::{Dump, parse_dump};
-use render::{Dialect, HostChains, Part, payload, payload_keeping, rule_args};
+use render::{HostChains, Part, payload, payload_keeping};
 
 /// upstream's wait flag: wait 5 s for the xtables lock (the wait
 /// interval, `-W`, went in v1.34: kubernetes/kubernetes#131961).
@@ -309,7 +310,7 @@ pub fn trace_tables(
     let d = dialect(settings);
     let frame = frame::frame(settings);
     let dump = parse_dump(&payload(&frame, ruleset, &[], d, None).0, d);
-    let mut tables = crate::trace::iptables_tables(&dump, d).map_err(|e| e.to_string())?;
+    let mut tables = dump.tracer_tables(d).map_err(|e| e.to_string())?;
     for jump in &frame.jumps {
         tables.insert_first(jump.clone());
     }
@@ -431,8 +432,8 @@ impl IptablesKernel {
         // Which one: `iptables -C` each line (a hash mark is two), in order.
         let iptables = self.tool("iptables");
         for rule in rules {
-            for line in render::rule_lines(rule, d) {
-                let spec = render::line_args(&line);
+            for line in rule_lines(rule, d) {
+                let spec = line_args(&line);
                 let mut args: Vec<&str> = vec![WAIT[0], WAIT[1], "-t", rule.table.name(), "-C", &rule.chain];
                 args.extend(spec.iter().map(String::as_str));
                 if let Err(e) = self.exec.run(&iptables, &args, None) {
@@ -624,7 +625,7 @@ fn restore_script<'r>(
     let mut by_table: BTreeMap<&'static str, String> = BTreeMap::new();
     for rule in rules {
         let text = by_table.entry(rule.table.name()).or_default();
-        for line in render::rule_lines(rule, d) {
+        for line in rule_lines(rule, d) {
             text.push_str(command);
             text.push_str(line.strip_prefix("-A").unwrap_or(&line));
             text.push('\n');

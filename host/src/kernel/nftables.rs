@@ -25,6 +25,7 @@ use kpx_rules::ops::nftables::{BaseChain, Element, Op, Rule, SetDecl, SetRef, TA
 
 use super::{Error, Result, SyncError, Written};
 use crate::kernel::nla::{self, Writer};
+use crate::syntax::nftables::{LOCALHOST_REJECT_CHAINS, localhost_reject_chain};
 use crate::validate::nftables::{Checked, Context, Model, check};
 use crate::validate::{Rejected, Scope};
 use decode::{ChainInfo, SetInfo, SetShape};
@@ -515,7 +516,7 @@ impl NftablesDataplane {
         }
         let mut batch = Batch::from_iter([encode::add_table()]);
         for p in &settings.localhost_nodeport_rejects {
-            batch.push(encode::add_object(TABLE, frame::localhost_reject_chain(*p), encode::Object::Counter));
+            batch.push(encode::add_object(TABLE, localhost_reject_chain(*p), encode::Object::Counter));
         }
         kernel.apply(&mut batch)
     }
@@ -524,7 +525,7 @@ impl NftablesDataplane {
     /// longer declares (their chains are gone with it) are deleted.
     fn remove_stale_reject_counters(&mut self, settings: &Settings) -> Result<()> {
         let Some(contents) = self.kernel.table_contents(TABLE)? else { return Ok(()) };
-        let stale: Vec<&str> = frame::LOCALHOST_REJECT_CHAINS
+        let stale: Vec<&str> = LOCALHOST_REJECT_CHAINS
             .iter()
             .filter(|(p, name)| {
                 !settings.localhost_nodeport_rejects.contains(p)
@@ -548,7 +549,7 @@ impl NftablesDataplane {
             Err(e) if e.cause() == super::Cause::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        Ok(frame::LOCALHOST_REJECT_CHAINS
+        Ok(LOCALHOST_REJECT_CHAINS
             .iter()
             .filter_map(|(p, name)| counters.iter().find(|(n, _)| n == name).map(|(_, packets)| (*p, *packets)))
             .collect())

@@ -21,7 +21,7 @@ pub const MAX_NAME: usize = 10;
 
 /// Where an extension's annotations live: `ext.kpx.dev/<name>.<key>`.
 pub fn annotation_prefix(name: &str) -> String {
-    format!("{}{name}.", crate::state::annotations::EXTENSION_PREFIX)
+    format!("{}{name}.", crate::wellknown::EXTENSION_PREFIX)
 }
 
 /// Why `name` cannot name an extension: it must be [a-z][a-z0-9]*, at

@@ -43,6 +43,15 @@ impl Kind {
         }
     }
 
+    /// The flag that gives kpx components of this kind.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Kind::Backend => "--backend-plugin",
+            Kind::Scheduler => "--scheduler-plugin",
+            Kind::Extension => "--extension",
+        }
+    }
+
     /// "a scheduler", "a backend", "an extension".
     pub fn with_article(self) -> &'static str {
         match self {

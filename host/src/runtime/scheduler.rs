@@ -3,13 +3,13 @@
 //! kpx runs the 0.4.0 world (schedulers that state their promises) and
 //! 0.2.0's (which state none, and are taken to promise `spread`).
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 
 use kpx_rules::plan::Plan;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
+use super::promise::{Promise, promises_problem};
 use super::wit::since_v0_2_0::{self as v0_2_0, PickRequest, PickSetup, ScheduleRequest};
 use super::wit::since_v0_4_0::{self as v0_4_0, scheduler as v4};
 use super::{PluginBase, PluginState, PluginStats, Result, Sandbox};
@@ -32,76 +32,11 @@ const QUESTION_FUEL: u64 = SCHEDULE_FUEL_BASE;
 /// A `promises` answer is a few bytes per promise: 64 KiB is far past
 /// any honest list, and bounds what a hostile one makes the host copy.
 const PROMISES_MAX_OUTPUT: u64 = 64 << 10;
-/// The most promises a name may state (there are six kinds; each at
-/// most once).
-pub const MAX_PROMISES: usize = 16;
-
 /// What kpx requires of `names()` to load a scheduler: 1 to 64 names of
 /// 1 to 64 bytes.
 pub fn load_problem(names: &[String]) -> Option<String> {
     (names.is_empty() || names.len() > 64 || names.iter().any(|n| n.is_empty() || n.len() > 64))
         .then(|| format!("names() must give 1 to 64 names of 1 to 64 bytes (gave {})", names.len()))
-}
-
-/// A property a scheduler guarantees for one of its names (kpx:proxier
-/// 0.4.0's `promise`; wit/since_v0.4.0 defines each). `kpx conformance`
-/// checks exactly the promises a name states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Promise {
-    /// Equal endpoints take about equal shares of new connections.
-    Spread,
-    /// Shares follow the endpoints' weights.
-    Weighted,
-    /// One client, one endpoint, while the endpoints stay the same.
-    Sticky,
-    /// One of N endpoints leaving moves at most 1/N of the clients (plus
-    /// 2 points).
-    MinimalDisruption,
-    /// A new connection goes to a candidate with the fewest open ones.
-    LeastLoaded,
-    /// Every new connection goes to the first candidate that may take it.
-    Priority,
-}
-
-impl Promise {
-    /// Every promise, in the WIT's order.
-    pub const ALL: [Promise; 6] = [
-        Promise::Spread,
-        Promise::Weighted,
-        Promise::Sticky,
-        Promise::MinimalDisruption,
-        Promise::LeastLoaded,
-        Promise::Priority,
-    ];
-
-    /// The WIT's name of the promise.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Promise::Spread => "spread",
-            Promise::Weighted => "weighted",
-            Promise::Sticky => "sticky",
-            Promise::MinimalDisruption => "minimal-disruption",
-            Promise::LeastLoaded => "least-loaded",
-            Promise::Priority => "priority",
-        }
-    }
-}
-
-impl fmt::Display for Promise {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What kpx requires of a `promises` answer: at most [`MAX_PROMISES`],
-/// each once (a list that names one twice is a component's mistake worth
-/// saying, not a set to quietly dedupe).
-pub fn promises_problem(promises: &[Promise]) -> Option<String> {
-    if promises.len() > MAX_PROMISES {
-        return Some(format!("promises() gave {} promises (at most {MAX_PROMISES})", promises.len()));
-    }
-    let twice = promises.iter().enumerate().find(|(i, p)| promises[..*i].contains(*p)).map(|(_, p)| *p);
-    twice.map(|p| format!("promises() gave {p} twice"))
 }
 
 /// The contract versions that have a scheduler world, newest first.
@@ -276,8 +211,8 @@ impl SchedulerInstance {
     }
 
     /// What `name` promises (`[spread]` for a 0.2.0 component, which
-    /// states none). A list of more than [`MAX_PROMISES`], or naming one
-    /// twice, is refused as the component's failure.
+    /// states none). A list of more than `MAX_PROMISES` (promise.rs), or
+    /// naming one twice, is refused as the component's failure.
     pub fn promises(&mut self, name: &str) -> Result<Vec<Promise>> {
         let s = &mut self.sandbox;
         s.refuel_with(QUESTION_FUEL, PROMISES_MAX_OUTPUT.min(s.limits.max_output_bytes));
@@ -400,17 +335,6 @@ mod tests {
         assert_eq!((old.version(), old.names()), ("0.2.0", &["hot".to_string()][..]));
         assert_eq!(old.promises("hot").unwrap(), [Promise::Spread]);
         assert_eq!(ask(&mut old, "hot", &[0, 0], &[]), Some(0));
-    }
-
-    #[test]
-    fn a_promise_list_too_long_or_naming_one_twice_is_refused() {
-        assert_eq!(promises_problem(&Promise::ALL), None);
-        let twice = promises_problem(&[Promise::Spread, Promise::Sticky, Promise::Spread]).unwrap();
-        assert!(twice.contains("spread twice"), "{twice}");
-        let long = promises_problem(&[Promise::Sticky; 17]).unwrap();
-        assert!(long.contains("gave 17 promises (at most 16)"), "{long}");
-        let names: Vec<String> = Promise::ALL.iter().map(Promise::to_string).collect();
-        assert_eq!(names, ["spread", "weighted", "sticky", "minimal-disruption", "least-loaded", "priority"]);
     }
 
     /// What a pick of the WASI probe's scheduler `name` ends in, in a fresh

@@ -38,7 +38,6 @@ use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Api, Client};
 
 pub use mirror::Mirror;
-pub use strip::TRIGGER_TIME;
 
 use super::slice::Placements;
 use super::{Event, Kind, Object, ObjectRef, Refusals};

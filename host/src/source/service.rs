@@ -13,7 +13,7 @@ use kpx_rules::model::TrafficPolicy;
 use serde::Deserialize;
 
 use super::{exact, null_as_default};
-use crate::state::SERVICE_PROXY_NAME_LABEL;
+use crate::wellknown::SERVICE_PROXY_NAME_LABEL;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Service {

@@ -15,10 +15,7 @@ use std::sync::Arc;
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// The label naming the Service a slice belongs to.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// The label upstream skips a headless Service's slices by.
-pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+use crate::wellknown::{ANNOTATION_PREFIX, EXTENSION_PREFIX, HEADLESS_LABEL, SERVICE_NAME_LABEL, TRIGGER_TIME};
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Slice {
@@ -123,19 +120,12 @@ pub fn kept_annotations(annotations: Option<BTreeMap<String, String>>) -> Option
         .map(|a| {
             a.into_iter()
                 .filter(|(k, _)| {
-                    k.starts_with(ANNOTATION_PREFIX)
-                        || k.starts_with(crate::state::annotations::EXTENSION_PREFIX)
-                        || k == TRIGGER_TIME
+                    k.starts_with(ANNOTATION_PREFIX) || k.starts_with(EXTENSION_PREFIX) || k == TRIGGER_TIME
                 })
                 .collect::<BTreeMap<_, _>>()
         })
         .filter(|a| !a.is_empty())
 }
-
-/// The prefix of kpx's own annotations.
-pub const ANNOTATION_PREFIX: &str = "kpx.dev/";
-/// The endpoint controller's change time on a slice.
-pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 impl From<EndpointSlice> for Slice {
     fn from(s: EndpointSlice) -> Slice {

@@ -32,13 +32,11 @@ use std::sync::Arc;
 use kpx_rules::model::SchedulerChoice;
 
 use crate::source::Kind;
+use crate::wellknown::{EXTENSION_PREFIX, entries, non_empty};
 
 pub const SCHEDULER: &str = "kpx.dev/scheduler";
 pub const SCHEDULER_PARAMS: &str = "kpx.dev/scheduler-params";
 pub const WEIGHTS: &str = "kpx.dev/weights";
-/// Extensions' annotations: `ext.kpx.dev/<extension>.<key>`; each
-/// extension sees its own only.
-pub const EXTENSION_PREFIX: &str = "ext.kpx.dev/";
 
 /// The most entries `kpx.dev/weights` may have (an EndpointSlice holds at
 /// most 1,000 endpoints).
@@ -176,37 +174,6 @@ pub fn extensions(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String
         .filter(|(k, _)| k.starts_with(EXTENSION_PREFIX))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
-}
-
-/// `key=value,...` pairs (annotations, `--extension` parameters); the
-/// error names the malformed entry.
-pub fn pairs(text: &str) -> Result<Vec<(String, String)>, String> {
-    entries(text)
-        .map(|entries| entries.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
-        .map_err(|entry| format!("{entry:?} is not key=value"))
-}
-
-/// One `key=value` (trimmed; the key not empty, the value may hold `=` and
-/// commas): a flag that takes one pair per use.
-pub fn pair(entry: &str) -> Option<(String, String)> {
-    split_pair(entry).map(|(k, v)| (k.to_string(), v.to_string()))
-}
-
-fn split_pair(entry: &str) -> Option<(&str, &str)> {
-    match entry.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Some((k.trim(), v.trim())),
-        _ => None,
-    }
-}
-
-/// The `key=value` entries of `text` (trimmed, empty ones skipped),
-/// borrowed from it; the error is the first entry that is not one.
-fn entries(text: &str) -> Result<Vec<(&str, &str)>, &str> {
-    non_empty(text).map(|entry| split_pair(entry).ok_or(entry)).collect()
-}
-
-fn non_empty(text: &str) -> impl Iterator<Item = &str> {
-    text.split(',').map(str::trim).filter(|e| !e.is_empty())
 }
 
 /// At most [`QUOTED`] bytes of `text` (cut at a character), for a problem

@@ -19,12 +19,13 @@ use super::balancer::{Balancer, Picker, Side, SideChooser};
 use super::listeners::{self, Listener};
 use super::rules::{self, Portal};
 use crate::config::Config;
+use crate::family::{Error, Report};
 use crate::kernel::iptables::IptablesKernel;
-use crate::kernel::iptables::render::{Dialect, payload};
+use crate::kernel::iptables::render::payload;
 use crate::kernel::{SyncError, interfaces};
 use crate::settings;
 use crate::state::{Changes, ServiceName, State};
-use crate::sync::family::{Error, Report};
+use crate::syntax::iptables::Dialect;
 
 struct Served {
     port: ServicePort,

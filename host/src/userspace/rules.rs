@@ -255,7 +255,8 @@ mod tests {
     use kpx_rules::model::{Endpoint, LocalTraffic, ProxyMode};
 
     use super::*;
-    use crate::kernel::iptables::render::{Dialect, payload};
+    use crate::kernel::iptables::render::payload;
+    use crate::syntax::iptables::Dialect;
 
     fn d4() -> Dialect {
         Dialect { family: IpFamily::V4, masquerade_mark: 0x4000 }

@@ -28,7 +28,7 @@ use kpx_rules::ops::iptables::{
 };
 
 use super::{EndpointAddr, Rejected, Scope, shorten};
-use crate::kernel::iptables::render::{Dialect, rule_lines};
+use crate::syntax::iptables::{Dialect, rule_lines};
 
 /// Most matches in one rule (with one comment, a rule's line stays far
 /// below iptables-restore's 10,240-byte line buffer).
@@ -535,7 +535,7 @@ fn check_matches(ctx: &Context, rule: &Rule) -> Result<(), String> {
                 ));
             }
             Match::Comment(text) => {
-                if let Some(why) = kpx_rules::ops::comment_problem(text, crate::kernel::iptables::render::MAX_COMMENT) {
+                if let Some(why) = kpx_rules::ops::comment_problem(text, crate::syntax::iptables::MAX_COMMENT) {
                     return Err(why);
                 }
             }

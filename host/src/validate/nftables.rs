@@ -34,8 +34,7 @@ use kpx_rules::ops::nftables::{
 use super::dense::DenseMap;
 use super::scope::Fact;
 use super::{Destination, EndpointAddr, Rejected, Scope, shorten, shorten_debug};
-use crate::kernel::nftables::encode::key_registers;
-use crate::kernel::nftables::frame::is_host_name;
+use crate::syntax::nftables::{MAX_COMMENT, MAX_KEY_REGISTERS, MAX_TYPEOF_FIELDS, is_host_name, key_registers};
 
 /// Most matches and statements in one rule.
 pub const MAX_MATCHES: usize = 16;
@@ -500,15 +499,15 @@ fn check_declaration(family: IpFamily, d: &SetDecl) -> Result<(), String> {
         return Err("a set key has 1 to 8 fields".into());
     }
     let regs: usize = d.key.iter().map(|k| k.words(family)).sum();
-    if regs > 16 {
+    if regs > MAX_KEY_REGISTERS as usize {
         return Err("a set key fits 16 registers of 32 bits".into());
     }
-    if d.key.contains(&KeyType::Integer) && d.key.len() > crate::kernel::nftables::typeof_udata::MAX_TYPEOF_FIELDS {
+    if d.key.contains(&KeyType::Integer) && d.key.len() > MAX_TYPEOF_FIELDS {
         // Its `typeof` would be cut: the node's saved ruleset (`nft list
         // ruleset > f; nft -f f`) would no longer load.
         return Err(format!(
             "a set whose key has an integer field has at most {} fields (nft cannot read a longer one back)",
-            crate::kernel::nftables::typeof_udata::MAX_TYPEOF_FIELDS
+            MAX_TYPEOF_FIELDS
         ));
     }
     let cidrs = d.key.iter().filter(|k| **k == KeyType::Cidr).count();
@@ -531,7 +530,7 @@ fn check_declaration(family: IpFamily, d: &SetDecl) -> Result<(), String> {
 
 /// Lookup keys must fill the set's key types in order.
 fn check_keys(family: IpFamily, keys: &[KeyExpr], decl: &SetDecl) -> Result<(), String> {
-    if key_registers(family, keys) > 16 {
+    if key_registers(family, keys) > MAX_KEY_REGISTERS {
         return Err("a key fits 16 registers of 32 bits".into());
     }
     let fits = keys.len() == decl.key.len()
@@ -554,10 +553,7 @@ fn check_keys(family: IpFamily, keys: &[KeyExpr], decl: &SetDecl) -> Result<(), 
 }
 
 fn check_comment(comment: &Option<String>) -> Result<(), String> {
-    match comment
-        .as_deref()
-        .and_then(|c| kpx_rules::ops::comment_problem(c, crate::kernel::nftables::encode::MAX_COMMENT))
-    {
+    match comment.as_deref().and_then(|c| kpx_rules::ops::comment_problem(c, MAX_COMMENT)) {
         Some(why) => Err(why),
         None => Ok(()),
     }

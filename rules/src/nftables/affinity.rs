@@ -14,7 +14,6 @@
 
 use sha2::{Digest, Sha256};
 
-use super::elements::source_key;
 use crate::model::{Endpoint, HashField, IpFamily, Plan, ProxyMode, ServicePort};
 use crate::ops::nftables::AddressField;
 use crate::ops::nftables::{
@@ -187,4 +186,9 @@ pub fn chains(
         o.rules.push(Rule::new(chain).verdict(Verdict::Vmap { keys, map: SetRef::Own(slots) }));
     }
     Chains { cluster, local, objects: o }
+}
+
+/// The source-address key of affinity lookups.
+fn source_key() -> Vec<KeyExpr> {
+    vec![KeyExpr::Address(AddressField::Source)]
 }

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use super::affinity;
 use crate::model::{IpFamily, Node, Plan, Protocol, ServicePort, Settings, TrafficPolicy};
 use crate::ops::nftables::{
-    AddressField, DataType, HostSet, KeyExpr, KeyType, Match, Rule, SetDecl, SetRef, Verdict, VerdictKind,
-    protocol_number,
+    DataType, HostSet, KeyExpr, KeyType, Match, Rule, SetDecl, SetRef, Verdict, VerdictKind, protocol_number,
 };
 
 /// Text that is cloned often (set and chain names): a reference count.
@@ -428,9 +427,4 @@ pub fn contribution(ctx: &Context, svc: &ServicePort, names: &super::Names) -> C
         c.objects = chains.objects;
     }
     c
-}
-
-/// The source-address key of affinity lookups.
-pub fn source_key() -> Vec<KeyExpr> {
-    vec![KeyExpr::Address(AddressField::Source)]
 }

@@ -13,41 +13,9 @@ use kpx_rules::ops::iptables::{
     AddressMatch, HashMark, HashTuple, InterfaceMatch, MARK_MASQ_CHAIN, Match, Rule, SetDir, Table, Target,
     is_host_chain,
 };
+use kpx_rules::trace::iptables as trace;
 
-use super::render::Dialect;
-
-/// The words of an iptables-restore line: whitespace separates, double
-/// quotes group (a backslash inside them escapes the next character), as
-/// iptables-restore reads them.
-pub fn split_words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let (mut quoted, mut has) = (false, false);
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                has = true;
-            }
-            '\\' if quoted => current.extend(chars.next()),
-            c if c.is_whitespace() && !quoted => {
-                if has {
-                    out.push(std::mem::take(&mut current));
-                    has = false;
-                }
-            }
-            c => {
-                current.push(c);
-                has = true;
-            }
-        }
-    }
-    if has {
-        out.push(current);
-    }
-    out
-}
+use crate::syntax::iptables::{Dialect, split_words};
 
 /// One rule line as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +56,41 @@ impl Dump {
     pub fn chains(&self, table: Table) -> impl Iterator<Item = &String> {
         self.tables.get(&table).into_iter().flat_map(|t| t.chains.keys())
     }
+
+    /// The tracer's tables from a dump; a rule kpx did not write in one of
+    /// kube-proxy's chains makes the dump untraceable, elsewhere it is left out.
+    pub fn tracer_tables(&self, d: Dialect) -> Result<trace::Tables, Untraceable> {
+        let mut tables = trace::Tables::new(d.masquerade_mark);
+        for (table, t) in &self.tables {
+            for (chain, policy) in &t.chains {
+                tables.declare(*table, chain);
+                if policy.as_deref() == Some("DROP") {
+                    tables.dropping.push((*table, chain.clone()));
+                }
+            }
+            for (chain, lines) in &t.rules {
+                for line in lines {
+                    match line {
+                        Line::Rule(r) => tables.push(r.clone()),
+                        Line::Foreign { text, reason } if chain.starts_with("KUBE-") => {
+                            return Err(Untraceable { text: text.clone(), reason: reason.clone() });
+                        }
+                        Line::Foreign { .. } => {}
+                    }
+                }
+            }
+        }
+        Ok(tables)
+    }
+}
+
+/// A rule kpx did not write, in one of kube-proxy's chains: the tracer
+/// cannot follow a dump that holds one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot trace these rules: {text}: {reason}")]
+pub struct Untraceable {
+    pub text: String,
+    pub reason: String,
 }
 
 /// Parses `iptables-save` output (tables other than nat and filter are
@@ -580,15 +583,6 @@ mod tests {
             d4(),
         );
         assert!(matches!(ok.tables[&Table::Nat].rules["KUBE-Y"][..], [Line::Rule(_)]));
-    }
-
-    #[test]
-    fn splits_like_iptables_restore() {
-        assert_eq!(
-            split_words(r#"-A X -m comment --comment "a b" -j Y"#),
-            ["-A", "X", "-m", "comment", "--comment", "a b", "-j", "Y"]
-        );
-        assert_eq!(split_words(r#"--comment "a\"b""#), ["--comment", "a\"b"]);
     }
 
     #[test]

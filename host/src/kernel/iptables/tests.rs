@@ -2,10 +2,9 @@
 //! frame, rendered; checked against lines from upstream kube-proxy's own
 //! tests (pkg/proxy/iptables/proxier_test.go, TestTracePacket).
 
+use kpx_rules::backend::Backend;
 use kpx_rules::iptables::IptablesProxier;
-use kpx_rules::model::{
-    Backend, Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings,
-};
+use kpx_rules::model::{Cluster, Endpoint, IpFamily, LocalTraffic, Node, Protocol, ProxyMode, ServicePort, Settings};
 use kpx_rules::ops::Ruleset as AnyRuleset;
 use kpx_rules::ops::iptables::{Rule, Ruleset, Table};
 
@@ -400,7 +399,7 @@ fn an_over_long_rule_is_never_checked_through_iptables_restore() {
         long = long.with(Match::Destination(AddressMatch { negate: false, cidr }));
     }
     let long = long.target(Target::Return);
-    assert!(render::rule_lines(&long, d)[0].len() > MAX_LINE);
+    assert!(rule_lines(&long, d)[0].len() > MAX_LINE);
     assert_eq!(kernel.lost_rules(&[&short], d).unwrap(), None);
     assert_eq!(*runs.lock().unwrap(), ["iptables-restore"], "a short rule: one restore");
     runs.lock().unwrap().clear();

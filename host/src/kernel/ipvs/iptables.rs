@@ -253,7 +253,8 @@ mod tests {
     use super::super::sets::NodeFacts;
     use super::*;
     use crate::kernel::iptables::parse::{Line, parse_dump};
-    use crate::kernel::iptables::render::{Dialect, payload};
+    use crate::kernel::iptables::render::payload;
+    use crate::syntax::iptables::Dialect;
 
     fn settings() -> Settings {
         let mut s = Settings::new(IpFamily::V4, ProxyMode::Ipvs);

@@ -12,9 +12,9 @@ use kpx_rules::ops::nftables::{
     Verdict, VerdictKind, protocol_from_number,
 };
 
-use super::encode::REJECT_CHAIN;
 use super::sys::*;
 use crate::kernel::nla::{Attr, attrs, find, need};
+use crate::syntax::nftables::REJECT_CHAIN;
 
 type Result<T, E = String> = std::result::Result<T, E>;
 

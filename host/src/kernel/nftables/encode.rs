@@ -17,11 +17,8 @@ use super::netlink::Message;
 use super::sys::*;
 use super::typeof_udata::Typeof;
 use crate::kernel::nla::Writer;
+use crate::syntax::nftables::{MAX_COMMENT, REJECT_CHAIN};
 
-/// nft's longest comment.
-pub const MAX_COMMENT: usize = 128;
-/// The host's chain behind every `reject` verdict in a map.
-pub const REJECT_CHAIN: &str = "reject-chain";
 /// Largest element list in one message: a nested attribute's length is 16 bits.
 const MAX_ELEMENTS_BYTES: usize = 60_000;
 
@@ -737,42 +734,6 @@ pub fn add_rule(family: IpFamily, masquerade_mark: u32, rule: &Rule) -> Result<M
         w.bytes(NFTA_RULE_USERDATA, &udata(NFTNL_UDATA_RULE_COMMENT, &sanitize_comment(c, MAX_COMMENT)));
     }
     Ok(message(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, format!("add rule to chain {}", rule.chain), w))
-}
-
-/// Registers a lookup key takes (the validator keeps keys within 16).
-pub fn key_registers(family: IpFamily, keys: &[KeyExpr]) -> u32 {
-    let address = if family == IpFamily::V4 { 1 } else { 4 };
-    let (mut at, mut peak) = (0, 0);
-    for k in keys {
-        let (width, used) = match k {
-            KeyExpr::Address(_) => (address, address),
-            // The hashed address is loaded at the hash's place first.
-            KeyExpr::Jhash { .. } => (1, address),
-            _ => (1, 1),
-        };
-        peak = peak.max(at + used);
-        at += width;
-    }
-    peak
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_jhash_counts_the_registers_its_input_takes() {
-        use AddressField::{Destination as D, Source as S};
-        let jhash = KeyExpr::Jhash { field: S, modulus: 4, seed: 1 };
-        let a = KeyExpr::Address;
-        // The red team's key: its protocol sat in register 12, where the
-        // hashed address used to be loaded. Now the hash's input needs 13..17.
-        let clobbering = [a(D), a(S), a(D), KeyExpr::Protocol, jhash];
-        assert_eq!(key_registers(IpFamily::V6, &clobbering), 17, "over 16: the validator refuses it");
-        assert_eq!(key_registers(IpFamily::V6, &[a(D), a(S), jhash]), 12);
-        assert_eq!(key_registers(IpFamily::V6, &[jhash, KeyExpr::Protocol]), 4);
-        assert_eq!(key_registers(IpFamily::V4, &[a(D), KeyExpr::Protocol, KeyExpr::DestinationPort, jhash]), 4);
-    }
 }
 
 /// A condition of a rule the host writes in an extension's table.

@@ -7,61 +7,10 @@
 use kpx_rules::model::{Cidr, Cluster, IpFamily, NodePortAddresses, Protocol, Settings};
 use kpx_rules::ops::CtStates;
 use kpx_rules::ops::nftables::{
-    AddressField, BaseChain, ChainKind, Element, HostSet, KeyExpr, Match, NfHook, Op, Rule, SetRef, Statement, Value,
-    Verdict, VerdictKind,
+    AddressField, Element, HostSet, KeyExpr, Match, Op, Rule, SetRef, Statement, Value, Verdict, VerdictKind,
 };
 
-pub use super::encode::REJECT_CHAIN;
-
-/// Base chains: nft accepts `dstnat` / `srcnat` only on some hooks, so
-/// priorities are numeric (dstnat = -100, filter = 0, srcnat = 100).
-pub const BASE_CHAINS: [BaseChain; 8] = [
-    base("filter-prerouting-pre-dnat", ChainKind::Filter, NfHook::Prerouting, -110),
-    base("filter-output-pre-dnat", ChainKind::Filter, NfHook::Output, -110),
-    base("filter-input", ChainKind::Filter, NfHook::Input, 0),
-    base("filter-forward", ChainKind::Filter, NfHook::Forward, 0),
-    base("filter-output", ChainKind::Filter, NfHook::Output, 0),
-    base("nat-prerouting", ChainKind::Nat, NfHook::Prerouting, -100),
-    base("nat-output", ChainKind::Nat, NfHook::Output, -100),
-    base("nat-postrouting", ChainKind::Nat, NfHook::Postrouting, 100),
-];
-
-const fn base(name: &'static str, kind: ChainKind, hook: NfHook, priority: i32) -> BaseChain {
-    BaseChain { name, kind, hook, priority }
-}
-
-/// The host's regular chains.
-pub const CHAINS: [&str; 8] = [
-    "services",
-    "service-endpoints-check",
-    "nodeport-endpoints-check",
-    REJECT_CHAIN,
-    "firewall-check",
-    "cluster-ips-check",
-    "mark-for-masquerade",
-    "masquerading",
-];
-
-/// The chains that refuse node ports on loopback, by protocol (KEP-6032);
-/// each counts in the counter object of its own name.
-pub const LOCALHOST_REJECT_CHAINS: [(Protocol, &str); 3] = [
-    (Protocol::Tcp, "localhost-nodeport-reject-tcp"),
-    (Protocol::Udp, "localhost-nodeport-reject-udp"),
-    (Protocol::Sctp, "localhost-nodeport-reject-sctp"),
-];
-
-/// The reject chain (and counter) of a protocol.
-pub fn localhost_reject_chain(p: Protocol) -> &'static str {
-    LOCALHOST_REJECT_CHAINS.iter().find(|(q, _)| *q == p).map(|(_, c)| *c).expect("every protocol has one")
-}
-
-/// Whether a chain or set name is the host's.
-pub fn is_host_name(name: &str) -> bool {
-    BASE_CHAINS.iter().any(|b| b.name == name)
-        || CHAINS.contains(&name)
-        || LOCALHOST_REJECT_CHAINS.iter().any(|(_, c)| *c == name)
-        || HostSet::from_name(name).is_some()
-}
+use crate::syntax::nftables::{BASE_CHAINS, CHAINS, REJECT_CHAIN, localhost_reject_chain};
 
 /// The reject map's elements for these node ports (those of the
 /// protocols `settings` refuses on loopback), added or deleted; None

@@ -23,9 +23,8 @@ use std::collections::HashMap;
 use kpx_rules::model::{IpFamily, Protocol};
 use kpx_rules::ops::nftables::{AddressField, DataType, KeyExpr, KeyType, Match, Op, SetDecl, SetRef, Verdict};
 
-/// The most fields nft reads back from a concatenated `typeof`
-/// (`NFTNL_UDATA_SET_KEY_CONCAT_NEST_MAX`, in every release so far).
-pub const MAX_TYPEOF_FIELDS: usize = 4;
+use crate::syntax::nftables::MAX_TYPEOF_FIELDS;
+
 /// The kernel's limit on a set's user data (`NFT_USERDATA_MAXLEN`).
 pub const MAX_USERDATA: usize = 256;
 

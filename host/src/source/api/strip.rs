@@ -9,10 +9,6 @@ use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// The EndpointSlice controller's change time (network programming
-/// latency); the annotations kept are [`crate::source::slice::kept_annotations`].
-pub use crate::source::slice::TRIGGER_TIME;
-
 fn meta(m: ObjectMeta, keep_labels: bool) -> ObjectMeta {
     let annotations = crate::source::slice::kept_annotations(m.annotations);
     ObjectMeta {

@@ -143,9 +143,9 @@ fn read_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
         labels: m.labels.map(|l| {
             l.into_iter()
                 .filter(|(k, _)| {
-                    k == crate::source::slice::SERVICE_NAME_LABEL
-                        || k == crate::source::slice::HEADLESS_LABEL
-                        || k == crate::state::SERVICE_PROXY_NAME_LABEL
+                    k == crate::wellknown::SERVICE_NAME_LABEL
+                        || k == crate::wellknown::HEADLESS_LABEL
+                        || k == crate::wellknown::SERVICE_PROXY_NAME_LABEL
                 })
                 .collect()
         }),

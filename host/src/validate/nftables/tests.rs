@@ -380,7 +380,8 @@ fn own_sets_are_bounded_by_the_state() {
 
 /// The built-in nftables backend's full render of `ports`, and their scope.
 fn builtin_render(ports: Vec<ServicePort>) -> (Transaction, Scope) {
-    use kpx_rules::model::{Backend, Cluster, Node, ProxyMode, Settings};
+    use kpx_rules::backend::Backend;
+    use kpx_rules::model::{Cluster, Node, ProxyMode, Settings};
     let mut scope = Scope::default();
     for p in &ports {
         scope.count(IpFamily::V4, p, true);
