@@ -8,9 +8,9 @@ pub mod exec;
 pub mod interfaces;
 pub mod iptables;
 pub mod ipvs;
+pub mod netlink;
 pub mod nfacct;
 pub mod nftables;
-pub mod nla;
 pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};

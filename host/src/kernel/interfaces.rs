@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer};
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 
-use super::nla;
+use super::netlink::nla;
 use super::{Error, Result};
 
 const RTM_NEWADDR: u16 = 20;

@@ -27,7 +27,7 @@ impl Ipvs {
 
     /// Every virtual service, firewall-mark ones included.
     pub fn services(&mut self) -> Result<Vec<Service>, Error> {
-        let mut nest = crate::kernel::nla::Writer::new();
+        let mut nest = crate::kernel::netlink::nla::Writer::new();
         nest.nested(1, |_| {});
         let replies = self.genl.dump(msg::CMD_GET_SERVICE, &nest, "listing IPVS services")?;
         replies.iter().map(|r| msg::parse_service(r).map_err(Error::Protocol)).collect()
@@ -76,7 +76,7 @@ impl Ipvs {
 
     /// Removes every virtual service.
     pub fn flush(&mut self) -> Result<(), Error> {
-        self.genl.request(msg::CMD_FLUSH, &crate::kernel::nla::Writer::new(), "flushing IPVS")
+        self.genl.request(msg::CMD_FLUSH, &crate::kernel::netlink::nla::Writer::new(), "flushing IPVS")
     }
 }
 

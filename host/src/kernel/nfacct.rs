@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::kernel::nftables::netlink::{Error, Netlink};
-use crate::kernel::nla::{Writer, attrs, find};
+use crate::kernel::netlink::nla::{Writer, attrs, find};
 
 /// upstream's `CTStateInvalidDroppedNFAcctCounter`.
 pub const CT_STATE_INVALID_DROPPED: &str = "ct_state_invalid_dropped_pkts";

@@ -24,7 +24,7 @@ use kpx_rules::model::{Cluster, IpFamily, Protocol, Settings};
 use kpx_rules::ops::nftables::{BaseChain, Element, Op, Rule, SetDecl, SetRef, TABLE, Transaction, each_element};
 
 use super::{Error, Result, SyncError, Written};
-use crate::kernel::nla::{self, Writer};
+use crate::kernel::netlink::nla::{self, Writer};
 use crate::validate::nftables::{Checked, Context, Model, check};
 use crate::validate::{Rejected, Scope};
 use decode::{ChainInfo, SetInfo, SetShape};

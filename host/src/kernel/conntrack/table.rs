@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use kpx_rules::model::{IpFamily, ServicePort};
 
 use crate::kernel::nftables::netlink::{Error, Netlink};
-use crate::kernel::nla::{Attr, Writer, attrs, find};
+use crate::kernel::netlink::nla::{Attr, Writer, attrs, find};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;

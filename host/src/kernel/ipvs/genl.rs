@@ -4,7 +4,7 @@
 use netlink_sys::protocols::NETLINK_GENERIC;
 
 use super::netlink::{Channel, Error, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use crate::kernel::nla::{Writer, attrs, find};
+use crate::kernel::netlink::nla::{Writer, attrs, find};
 
 const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_CMD_GETFAMILY: u8 = 3;

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use netlink_sys::protocols::NETLINK_ROUTE;
 
 use super::netlink::{Channel, Error, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
-use crate::kernel::nla::{Writer, attrs, find};
+use crate::kernel::netlink::nla::{Writer, attrs, find};
 
 /// upstream's dummy interface.
 pub const KUBE_IPVS0: &str = "kube-ipvs0";

@@ -14,7 +14,7 @@ use kpx_rules::ops::nftables::{
 
 use super::encode::REJECT_CHAIN;
 use super::sys::*;
-use crate::kernel::nla::{Attr, attrs, find, need};
+use crate::kernel::netlink::nla::{Attr, attrs, find, need};
 
 type Result<T, E = String> = std::result::Result<T, E>;
 

@@ -16,7 +16,7 @@ use kpx_rules::ops::{CtStates, sanitize_comment};
 use super::netlink::Message;
 use super::sys::*;
 use super::typeof_udata::Typeof;
-use crate::kernel::nla::Writer;
+use crate::kernel::netlink::nla::Writer;
 
 /// nft's longest comment.
 pub const MAX_COMMENT: usize = 128;

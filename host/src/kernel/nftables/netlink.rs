@@ -9,7 +9,7 @@ use netlink_packet_core::{ErrorBuffer, NetlinkBuffer};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use super::sys::*;
-use crate::kernel::nla::Writer;
+use crate::kernel::netlink::nla::Writer;
 
 /// Why netlink failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -455,9 +455,9 @@ pub fn parse_error(payload: &[u8], flags: u16) -> Result<(i32, Option<String>), 
     let code = err.code().map_or(0, |c| c.get());
     let inner = err.payload();
     let message = (flags & NLM_F_ACK_TLVS != 0 && inner.len() > HEADER)
-        .then(|| crate::kernel::nla::attrs(&inner[HEADER..]).ok())
+        .then(|| crate::kernel::netlink::nla::attrs(&inner[HEADER..]).ok())
         .flatten()
-        .and_then(|attrs| crate::kernel::nla::find(&attrs, NLMSGERR_ATTR_MSG))
+        .and_then(|attrs| crate::kernel::netlink::nla::find(&attrs, NLMSGERR_ATTR_MSG))
         .and_then(|a| a.string().ok())
         .filter(|s| !s.is_empty());
     Ok((code, message))
@@ -487,8 +487,8 @@ mod tests {
             dumped
                 .iter()
                 .filter_map(|t| {
-                    let attrs = crate::kernel::nla::attrs(t).ok()?;
-                    crate::kernel::nla::find(&attrs, NFTA_TABLE_NAME)?.string().ok()
+                    let attrs = crate::kernel::netlink::nla::attrs(t).ok()?;
+                    crate::kernel::netlink::nla::find(&attrs, NFTA_TABLE_NAME)?.string().ok()
                 })
                 .collect()
         };

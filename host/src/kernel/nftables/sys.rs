@@ -38,7 +38,7 @@ pub const NLM_F_APPEND: u16 = 0x800;
 pub const NLMSG_ERROR: u16 = 2;
 pub const NLMSG_DONE: u16 = 3;
 
-pub use crate::kernel::nla::{NLA_F_NESTED, NLA_TYPE_MASK};
+pub use crate::kernel::netlink::nla::{NLA_F_NESTED, NLA_TYPE_MASK};
 
 // Tables, chains, rules, sets
 pub const NFTA_TABLE_NAME: u16 = 1;

@@ -1,0 +1,3 @@
+//! Netlink: the one home of kpx's netlink plumbing.
+
+pub mod nla;
