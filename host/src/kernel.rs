@@ -48,9 +48,9 @@ pub enum Error {
         /// table has printed the others).
         stdout: String,
     },
-    /// nf_tables refused over netlink (the kernel's own errno).
+    /// nf_tables, ctnetlink or nfacct over netlink (the kernel's own errno).
     #[error(transparent)]
-    Netlink(#[from] nftables::netlink::Error),
+    Netlink(#[from] netlink::Error),
     /// IPVS or kube-ipvs0 over netlink (the kernel's own errno).
     #[error(transparent)]
     Ipvs(#[from] ipvs::Error),
@@ -89,11 +89,8 @@ impl Error {
     pub fn cause(&self) -> Cause {
         match self {
             Error::Failed { cause, .. } => *cause,
-            Error::Netlink(e) => match e.errno() {
-                Some(nftables::netlink::EEXIST) => Cause::Exists,
-                Some(nftables::netlink::ENOENT) => Cause::NotFound,
-                _ => Cause::Other,
-            },
+            Error::Netlink(e) if e.is_exists() => Cause::Exists,
+            Error::Netlink(e) if e.is_not_found() => Cause::NotFound,
             _ => Cause::Other,
         }
     }
@@ -119,8 +116,8 @@ pub enum SyncError {
     Overfull(#[from] nftables::sizing::Overfull),
 }
 
-impl From<nftables::netlink::Error> for SyncError {
-    fn from(e: nftables::netlink::Error) -> Self {
+impl From<netlink::Error> for SyncError {
+    fn from(e: netlink::Error) -> Self {
         SyncError::Kernel(e.into())
     }
 }

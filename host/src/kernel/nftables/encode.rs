@@ -13,10 +13,11 @@ use kpx_rules::ops::nftables::{
 };
 use kpx_rules::ops::{CtStates, sanitize_comment};
 
-use super::netlink::Message;
 use super::sys::*;
 use super::typeof_udata::Typeof;
+use crate::kernel::netlink::nfnl::Message;
 use crate::kernel::netlink::nla::Writer;
+use crate::kernel::netlink::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
 /// nft's longest comment.
 pub const MAX_COMMENT: usize = 128;
