@@ -48,12 +48,10 @@ pub enum Error {
         /// table has printed the others).
         stdout: String,
     },
-    /// nf_tables, ctnetlink or nfacct over netlink (the kernel's own errno).
+    /// Netlink (nf_tables, ctnetlink, nfacct, IPVS, kube-ipvs0): the
+    /// kernel's own errno.
     #[error(transparent)]
     Netlink(#[from] netlink::Error),
-    /// IPVS or kube-ipvs0 over netlink (the kernel's own errno).
-    #[error(transparent)]
-    Ipvs(#[from] ipvs::Error),
     /// IPVS refused some of a sync's writes; the others were made.
     #[error("IPVS refused {count} of the sync's writes; the first: {first}")]
     IpvsRefused { count: usize, first: String },

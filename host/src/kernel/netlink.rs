@@ -5,7 +5,8 @@
 //! kernel's errno, one [`HEADER`].
 //!
 //! Over it: [`nfnl`] (nfnetlink: nf_tables batches and dumps, ctnetlink,
-//! nfacct) and [`nla`] (attributes, written and read back).
+//! nfacct), [`genl`] (generic netlink: IPVS), rtnetlink (kube-ipvs0 in
+//! `ipvs/link.rs`), and [`nla`] (attributes, written and read back).
 //!
 //! Why one hand-written loop over netlink-sys (the socket) and
 //! netlink-packet-core (its buffers and constants), and no other crate:
@@ -24,6 +25,7 @@
 //!   one kpx builds with, and IPVS and nf_tables messages have no
 //!   maintained crate at all.
 
+pub mod genl;
 pub mod nfnl;
 pub mod nla;
 
