@@ -5,8 +5,9 @@
 //! kernel's errno, one [`HEADER`].
 //!
 //! Over it: [`nfnl`] (nfnetlink: nf_tables batches and dumps, ctnetlink,
-//! nfacct), [`genl`] (generic netlink: IPVS), rtnetlink (kube-ipvs0 in
-//! `ipvs/link.rs`), and [`nla`] (attributes, written and read back).
+//! nfacct), [`genl`] (generic netlink: IPVS), [`route`] (rtnetlink:
+//! kube-ipvs0 in `ipvs/link.rs`, the node's addresses in
+//! `interfaces.rs`), and [`nla`] (attributes, written and read back).
 //!
 //! Why one hand-written loop over netlink-sys (the socket) and
 //! netlink-packet-core (its buffers and constants), and no other crate:
@@ -28,6 +29,7 @@
 pub mod genl;
 pub mod nfnl;
 pub mod nla;
+pub mod route;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;

@@ -6,24 +6,16 @@ use std::net::IpAddr;
 use netlink_sys::protocols::NETLINK_ROUTE;
 
 use crate::kernel::netlink::nla::{Writer, attrs, find};
+use crate::kernel::netlink::route::{
+    IFA_ADDRESS, IFA_LOCAL, IFADDRMSG, IFINFOMSG, IFLA_IFNAME, IFLA_INFO_KIND, IFLA_LINKINFO, RTM_DELADDR, RTM_DELLINK,
+    RTM_GETADDR, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK,
+};
 use crate::kernel::netlink::{
     Error, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, REPLY_TIMEOUT, Socket, check_end,
 };
 
 /// upstream's dummy interface.
 pub const KUBE_IPVS0: &str = "kube-ipvs0";
-
-const RTM_NEWLINK: u16 = 16;
-const RTM_DELLINK: u16 = 17;
-const RTM_GETLINK: u16 = 18;
-const RTM_NEWADDR: u16 = 20;
-const RTM_DELADDR: u16 = 21;
-const RTM_GETADDR: u16 = 22;
-const IFLA_IFNAME: u16 = 3;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_INFO_KIND: u16 = 1;
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
 
 fn family(ip: &IpAddr) -> u8 {
     if ip.is_ipv4() { 2 } else { 10 }
@@ -64,14 +56,14 @@ pub fn index_of_kube_ipvs0() -> Option<u32> {
 }
 
 /// `struct ifinfomsg`, all zero but the index.
-fn ifinfomsg(index: u32) -> [u8; 16] {
-    let mut m = [0u8; 16];
+fn ifinfomsg(index: u32) -> [u8; IFINFOMSG] {
+    let mut m = [0u8; IFINFOMSG];
     m[4..8].copy_from_slice(&index.to_ne_bytes());
     m
 }
 
 /// `struct ifaddrmsg` for a host address on `index`.
-fn ifaddrmsg(ip: &IpAddr, index: u32) -> [u8; 8] {
+fn ifaddrmsg(ip: &IpAddr, index: u32) -> [u8; IFADDRMSG] {
     let prefix = if ip.is_ipv4() { 32 } else { 128 };
     let mut m = [family(ip), prefix, 0, 0, 0, 0, 0, 0];
     m[4..8].copy_from_slice(&index.to_ne_bytes());
@@ -89,9 +81,9 @@ impl Rtnl {
             Err(Error::Refused { errno: nix::libc::ENODEV, .. }) => return Ok(None),
             other => other?,
         };
-        let Some(r) = replies.first().filter(|r| r.len() >= 16) else { return Ok(None) };
+        let Some(r) = replies.first().filter(|r| r.len() >= IFINFOMSG) else { return Ok(None) };
         let index = u32::from_ne_bytes([r[4], r[5], r[6], r[7]]);
-        let top = attrs(&r[16..]).map_err(Error::protocol)?;
+        let top = attrs(&r[IFINFOMSG..]).map_err(Error::protocol)?;
         let dummy = find(&top, IFLA_LINKINFO)
             .and_then(|i| i.nested().ok())
             .and_then(|i| find(&i, IFLA_INFO_KIND))
@@ -139,13 +131,13 @@ impl Rtnl {
     /// asked again while interrupted).
     pub fn addresses(&mut self, index: u32) -> Result<Vec<IpAddr>, Error> {
         let op = "listing addresses";
-        let body: [&[u8]; 1] = [&[0u8; 8]];
+        let body: [&[u8]; 1] = [&[0u8; IFADDRMSG]];
         let (out, errno) =
             self.socket.dump(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &body, op, |out: &mut Vec<IpAddr>, _, r| {
-                if r.len() < 8 || u32::from_ne_bytes([r[4], r[5], r[6], r[7]]) != index {
+                if r.len() < IFADDRMSG || u32::from_ne_bytes([r[4], r[5], r[6], r[7]]) != index {
                     return Ok(());
                 }
-                let a = attrs(&r[8..])?;
+                let a = attrs(&r[IFADDRMSG..])?;
                 if let Some(addr) = find(&a, IFA_LOCAL).or_else(|| find(&a, IFA_ADDRESS)) {
                     match addr.value.len() {
                         4 => out.push(IpAddr::from(<[u8; 4]>::try_from(addr.value).expect("4 bytes"))),
