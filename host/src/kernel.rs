@@ -1,7 +1,8 @@
 //! Every write to the kernel goes through here. Each mode's writer lives
 //! with its rendering and read-back: iptables (iptables-restore through an
-//! [`Exec`], which tests replace to see exactly what is sent) and nftables
-//! (nf_tables netlink).
+//! [`Exec`], which tests replace to see exactly what is sent), nftables
+//! (nf_tables netlink) and ipvs (generic netlink, ipset, iptables). Every
+//! netlink socket is [`netlink`]'s.
 
 pub mod conntrack;
 pub mod exec;
