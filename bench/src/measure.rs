@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::Parser as _;
 use kpx::kernel::iptables::{IptablesKernel, dialect, frame::frame as ipt_frame, render::payload};
-use kpx::kernel::nftables::{
-    NftablesKernel, encode::add_table, frame::frame as nft_frame, messages, netlink::Batch, sizing,
-};
+use kpx::kernel::netlink::nfnl::Batch;
+use kpx::kernel::nftables::{NftablesKernel, encode::add_table, frame::frame as nft_frame, messages, sizing};
 use kpx::runtime::{Limits, Runtime, builtin};
 use kpx::source::Event;
 use kpx::source::manifests::parse_documents;
@@ -193,7 +192,7 @@ impl Native {
 /// What the host writes for a ruleset, and the write itself.
 enum Written {
     Iptables(String),
-    Nftables(kpx::kernel::nftables::netlink::Batch),
+    Nftables(Batch),
 }
 
 impl Written {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use kpx::config::Flags;
 use kpx::kernel::iptables::parse::{Line, normalize, parse_dump};
-use kpx::kernel::nftables::{decode, netlink};
-use kpx::kernel::{conntrack, interfaces, ipvs};
+use kpx::kernel::nftables::decode;
+use kpx::kernel::{conntrack, interfaces, ipvs, netlink};
 use kpx::source::api::wire::{WireService, WireSlice};
 use kpx::source::slice::Placements;
 use kpx::source::{Event, Object};

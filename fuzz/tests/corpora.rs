@@ -144,7 +144,8 @@ fn the_labs_generator_rules_are_accepted() {
 /// same message).
 #[test]
 fn the_netlink_seeds_reach_the_element_decoder() {
-    use kpx::kernel::nftables::{decode, netlink};
+    use kpx::kernel::netlink;
+    use kpx::kernel::nftables::decode;
     use kpx_rules::model::IpFamily;
     for (family, name) in [(IpFamily::V4, "seed-generator-v4"), (IpFamily::V6, "seed-generator-v6")] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/netlink").join(name);

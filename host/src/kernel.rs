@@ -1,16 +1,17 @@
 //! Every write to the kernel goes through here. Each mode's writer lives
 //! with its rendering and read-back: iptables (iptables-restore through an
-//! [`Exec`], which tests replace to see exactly what is sent) and nftables
-//! (nf_tables netlink).
+//! [`Exec`], which tests replace to see exactly what is sent), nftables
+//! (nf_tables netlink) and ipvs (generic netlink, ipset, iptables). Every
+//! netlink socket is [`netlink`]'s.
 
 pub mod conntrack;
 pub mod exec;
 pub mod interfaces;
 pub mod iptables;
 pub mod ipvs;
+pub mod netlink;
 pub mod nfacct;
 pub mod nftables;
-pub mod nla;
 pub mod sysctl;
 
 pub use exec::{Exec, SystemExec};
@@ -48,12 +49,10 @@ pub enum Error {
         /// table has printed the others).
         stdout: String,
     },
-    /// nf_tables refused over netlink (the kernel's own errno).
+    /// Netlink (nf_tables, ctnetlink, nfacct, IPVS, kube-ipvs0): the
+    /// kernel's own errno.
     #[error(transparent)]
-    Netlink(#[from] nftables::netlink::Error),
-    /// IPVS or kube-ipvs0 over netlink (the kernel's own errno).
-    #[error(transparent)]
-    Ipvs(#[from] ipvs::Error),
+    Netlink(#[from] netlink::Error),
     /// IPVS refused some of a sync's writes; the others were made.
     #[error("IPVS refused {count} of the sync's writes; the first: {first}")]
     IpvsRefused { count: usize, first: String },
@@ -89,11 +88,8 @@ impl Error {
     pub fn cause(&self) -> Cause {
         match self {
             Error::Failed { cause, .. } => *cause,
-            Error::Netlink(e) => match e.errno() {
-                Some(nftables::netlink::EEXIST) => Cause::Exists,
-                Some(nftables::netlink::ENOENT) => Cause::NotFound,
-                _ => Cause::Other,
-            },
+            Error::Netlink(e) if e.is_exists() => Cause::Exists,
+            Error::Netlink(e) if e.is_not_found() => Cause::NotFound,
             _ => Cause::Other,
         }
     }
@@ -119,8 +115,8 @@ pub enum SyncError {
     Overfull(#[from] nftables::sizing::Overfull),
 }
 
-impl From<nftables::netlink::Error> for SyncError {
-    fn from(e: nftables::netlink::Error) -> Self {
+impl From<netlink::Error> for SyncError {
+    fn from(e: netlink::Error) -> Self {
         SyncError::Kernel(e.into())
     }
 }

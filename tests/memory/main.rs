@@ -12,8 +12,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use kpx::kernel::netlink::nfnl::Batch;
 use kpx::kernel::nftables::messages;
-use kpx::kernel::nftables::netlink::Batch;
 use kpx::runtime::{Error, Limits, Runtime};
 use kpx::validate::Scope;
 use kpx::validate::nftables::{Context, Model, check};

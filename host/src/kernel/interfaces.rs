@@ -1,28 +1,33 @@
 //! The node's own interface addresses (for --nodeport-addresses, the
 //! health-check node ports and `kpx trace`), read over rtnetlink: one
-//! RTM_GETADDR dump, on the same netlink stack as nf_tables
-//! (netlink-sys, netlink-packet-core), no `ip` process.
+//! RTM_GETADDR dump through kpx's netlink socket
+//! ([`crate::kernel::netlink`]), no `ip` process.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
-use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer};
-use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
+use netlink_sys::protocols::NETLINK_ROUTE;
 
-use super::nla;
+use super::netlink::route::{IFA_ADDRESS, IFA_LOCAL, IFADDRMSG, RTM_GETADDR, RTM_NEWADDR};
+use super::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST, Socket, nla};
 use super::{Error, Result};
 
-const RTM_NEWADDR: u16 = 20;
-const RTM_GETADDR: u16 = 22;
-/// `struct ifaddrmsg`: family, prefix length, flags, scope, interface index.
-const IFADDRMSG: usize = 8;
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
-const HEADER: usize = 16;
+/// How long the kernel may take to answer the dump's next part.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn unreadable(reason: impl std::fmt::Display) -> Error {
     Error::Unreadable { what: "the node's addresses (rtnetlink)".into(), reason: reason.to_string() }
+}
+
+/// Why netlink could not read the addresses, as the reason.
+fn unreadable_netlink(e: netlink::Error) -> Error {
+    match e {
+        netlink::Error::Refused { errno, .. } => unreadable(format!("errno {errno}")),
+        netlink::Error::Socket { reason, .. } | netlink::Error::Protocol { reason, .. } => unreadable(reason),
+        other => unreadable(other),
+    }
 }
 
 /// A link-local address (169.254/16, fe80::/10): never a node address
@@ -41,55 +46,21 @@ pub fn local_addresses() -> Result<Vec<IpAddr>> {
 
 /// (interface index, address) for every address on this node's interfaces.
 pub fn local_addresses_by_interface() -> Result<Vec<(u32, IpAddr)>> {
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(unreadable)?;
-    socket.bind_auto().map_err(unreadable)?;
-    let timeout = nix::sys::time::TimeVal::new(5, 0);
-    nix::sys::socket::setsockopt(
-        &std::os::fd::AsFd::as_fd(&socket),
-        nix::sys::socket::sockopt::ReceiveTimeout,
-        &timeout,
-    )
-    .map_err(unreadable)?;
-    let seq = std::process::id();
-    let mut request = Vec::with_capacity(HEADER + IFADDRMSG);
-    request.extend_from_slice(&((HEADER + IFADDRMSG) as u32).to_ne_bytes());
-    request.extend_from_slice(&RTM_GETADDR.to_ne_bytes());
-    request.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    request.extend_from_slice(&seq.to_ne_bytes());
-    request.extend_from_slice(&0u32.to_ne_bytes());
-    request.extend_from_slice(&[0u8; IFADDRMSG]); // AF_UNSPEC: both families
-    socket.send(&request, 0).map_err(unreadable)?;
-    let mut out = Vec::new();
-    loop {
-        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
-        let n = socket.recv(&mut buf, 0).map_err(unreadable)?;
-        let mut at = 0;
-        while at + HEADER <= n.min(buf.len()) {
-            let msg = NetlinkBuffer::new_checked(&buf[at..]).map_err(unreadable)?;
-            let len = msg.length() as usize;
-            if len < HEADER {
-                return Err(unreadable("a message shorter than its header"));
+    let mut socket = Socket::open(NETLINK_ROUTE, REPLY_TIMEOUT).map_err(unreadable_netlink)?;
+    // AF_UNSPEC: both families.
+    let body: [&[u8]; 1] = [&[0u8; IFADDRMSG]];
+    let op = "listing the node's addresses";
+    // The errno the dump's end may carry is not read.
+    let (out, _) = socket
+        .dump(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &body, op, |out: &mut Vec<(u32, IpAddr)>, msg_type, p| {
+            if msg_type == RTM_NEWADDR {
+                let index = p.get(4..8).map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                out.extend(address(p)?.map(|ip| (index, ip)));
             }
-            if msg.sequence_number() == seq {
-                match msg.message_type() {
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let code = msg.payload().get(..4).map(|b| i32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
-                        if code.is_some_and(|c| c != 0) {
-                            return Err(unreadable(format!("errno {}", -code.unwrap_or(0))));
-                        }
-                    }
-                    RTM_NEWADDR => {
-                        let p = msg.payload();
-                        let index = p.get(4..8).map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        out.extend(address(p).map_err(unreadable)?.map(|ip| (index, ip)));
-                    }
-                    _ => {}
-                }
-            }
-            at += (len + 3) & !3;
-        }
-    }
+            Ok(())
+        })
+        .map_err(unreadable_netlink)?;
+    Ok(out)
 }
 
 /// One RTM_NEWADDR's address: IFA_LOCAL where the kernel gives one (the

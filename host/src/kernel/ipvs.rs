@@ -1,36 +1,38 @@
 //! IPVS through generic netlink: virtual services and their real
 //! servers, written and read back with the kernel's own messages
-//! (`msg`: encoding, golden byte tests; `genl`: the socket).
+//! (`msg`: encoding, golden byte tests; the socket is
+//! [`crate::kernel::netlink::genl`]).
 
 pub mod dataplane;
-pub mod genl;
 pub mod iptables;
 pub mod link;
 pub mod msg;
-pub mod netlink;
 pub mod sets;
 pub mod slots;
 
+pub use crate::kernel::netlink::Error;
 pub use msg::{Destination, Service, ServiceKey};
-pub use netlink::Error;
+
+use crate::kernel::netlink::genl::Genl;
+use crate::kernel::netlink::nla::Writer;
 
 /// The kernel's IPVS table.
 pub struct Ipvs {
-    genl: genl::Genl,
+    genl: Genl,
 }
 
 impl Ipvs {
     /// Opens the IPVS family; `Error::NoFamily` when the kernel has no ip_vs.
     pub fn open() -> Result<Ipvs, Error> {
-        Ok(Ipvs { genl: genl::Genl::open(msg::IPVS_GENL_NAME, msg::IPVS_GENL_VERSION)? })
+        Ok(Ipvs { genl: Genl::open(msg::IPVS_GENL_NAME, msg::IPVS_GENL_VERSION)? })
     }
 
     /// Every virtual service, firewall-mark ones included.
     pub fn services(&mut self) -> Result<Vec<Service>, Error> {
-        let mut nest = crate::kernel::nla::Writer::new();
+        let mut nest = Writer::new();
         nest.nested(1, |_| {});
         let replies = self.genl.dump(msg::CMD_GET_SERVICE, &nest, "listing IPVS services")?;
-        replies.iter().map(|r| msg::parse_service(r).map_err(Error::Protocol)).collect()
+        replies.iter().map(|r| msg::parse_service(r).map_err(Error::protocol)).collect()
     }
 
     /// The real servers of a service, with their connection counts.
@@ -38,7 +40,7 @@ impl Ipvs {
         let op = format!("listing the destinations of {}", describe(key));
         let replies = self.genl.dump(msg::CMD_GET_DEST, &msg::service_key(key), &op)?;
         let family = msg::family_of(key);
-        replies.iter().map(|r| msg::parse_destination(r, family).map_err(Error::Protocol)).collect()
+        replies.iter().map(|r| msg::parse_destination(r, family).map_err(Error::protocol)).collect()
     }
 
     pub fn add_service(&mut self, s: &Service) -> Result<(), Error> {
@@ -76,7 +78,7 @@ impl Ipvs {
 
     /// Removes every virtual service.
     pub fn flush(&mut self) -> Result<(), Error> {
-        self.genl.request(msg::CMD_FLUSH, &crate::kernel::nla::Writer::new(), "flushing IPVS")
+        self.genl.request(msg::CMD_FLUSH, &Writer::new(), "flushing IPVS")
     }
 }
 

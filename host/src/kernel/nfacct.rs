@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernel::nftables::netlink::{Error, Netlink};
-use crate::kernel::nla::{Writer, attrs, find};
+use crate::kernel::netlink::Error;
+use crate::kernel::netlink::nfnl::Nfnl;
+use crate::kernel::netlink::nla::{Writer, attrs, find};
 
 /// upstream's `CTStateInvalidDroppedNFAcctCounter`.
 pub const CT_STATE_INVALID_DROPPED: &str = "ct_state_invalid_dropped_pkts";
@@ -27,7 +28,7 @@ const FAMILY: u8 = 0;
 /// Makes the objects that do not exist yet (an existing one keeps its
 /// count: the kernel answers EBUSY to a second NEW of one name).
 pub fn ensure(names: &[&str]) -> Result<(), Error> {
-    let mut nl = Netlink::open()?;
+    let mut nl = Nfnl::open()?;
     let requests: Vec<Writer> = names
         .iter()
         .map(|name| {
@@ -42,7 +43,7 @@ pub fn ensure(names: &[&str]) -> Result<(), Error> {
 
 /// Every object's packets, by name.
 pub fn packets() -> Result<BTreeMap<String, u64>, Error> {
-    let mut nl = Netlink::open()?;
+    let mut nl = Nfnl::open()?;
     let mut out = BTreeMap::new();
     for reply in nl.dump_from(NFNL_SUBSYS_ACCT, NFNL_MSG_ACCT_GET, FAMILY, &Writer::new())? {
         let Ok(a) = attrs(&reply) else { continue };

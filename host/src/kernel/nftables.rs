@@ -10,11 +10,14 @@
 pub mod decode;
 pub mod encode;
 pub mod frame;
-pub mod netlink;
 pub mod sizing;
 pub mod steps;
 pub mod sys;
 pub mod typeof_udata;
+
+/// i42: the nf_tables socket moved to `kernel::netlink::nfnl`; kept for
+/// `extension/nftables.rs` and removed in Z3.
+pub use crate::kernel::netlink::nfnl as netlink;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -24,17 +27,17 @@ use kpx_rules::model::{Cluster, IpFamily, Protocol, Settings};
 use kpx_rules::ops::nftables::{BaseChain, Element, Op, Rule, SetDecl, SetRef, TABLE, Transaction, each_element};
 
 use super::{Error, Result, SyncError, Written};
-use crate::kernel::nla::{self, Writer};
+use crate::kernel::netlink::nfnl::{Batch, Message, Nfnl};
+use crate::kernel::netlink::nla::{self, Writer};
 use crate::syntax::nftables::{LOCALHOST_REJECT_CHAINS, localhost_reject_chain};
 use crate::validate::nftables::{Checked, Context, Model, check};
 use crate::validate::{Rejected, Scope};
 use decode::{ChainInfo, SetInfo, SetShape};
-use netlink::{Batch, Message, Netlink};
 
 /// The kube-proxy table of one family over netlink.
 pub struct NftablesKernel {
     family: IpFamily,
-    netlink: Option<Netlink>,
+    netlink: Option<Nfnl>,
 }
 
 /// An extension's table as the kernel holds it: chain names, and objects
@@ -61,9 +64,9 @@ impl NftablesKernel {
         self.family
     }
 
-    fn socket(&mut self) -> Result<&mut Netlink> {
+    fn socket(&mut self) -> Result<&mut Nfnl> {
         if self.netlink.is_none() {
-            self.netlink = Some(Netlink::open()?);
+            self.netlink = Some(Nfnl::open()?);
         }
         Ok(self.netlink.as_mut().expect("opened"))
     }
@@ -76,7 +79,7 @@ impl NftablesKernel {
     pub fn apply(&mut self, batch: &mut Batch) -> Result<()> {
         let family = self.proto();
         let result = self.socket()?.transact(family, batch);
-        if let Err(netlink::Error::Socket(_)) = &result {
+        if let Err(crate::kernel::netlink::Error::Socket { .. }) = &result {
             // A broken socket is opened again at the next sync.
             self.netlink = None;
         }
@@ -86,7 +89,7 @@ impl NftablesKernel {
     fn dump(&mut self, msg_type: u16, attrs: Writer) -> Result<Vec<Vec<u8>>> {
         let family = self.proto();
         let result = self.socket()?.dump(msg_type, family, &attrs);
-        if let Err(netlink::Error::Socket(_)) = &result {
+        if let Err(crate::kernel::netlink::Error::Socket { .. }) = &result {
             self.netlink = None;
         }
         Ok(result?)

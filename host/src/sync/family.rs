@@ -540,10 +540,7 @@ impl FamilyProxier {
     /// (kernel/conntrack/stale.rs): run after each one in which a UDP or
     /// SCTP destination or the endpoints it sends to changed, and after a
     /// full one. None when there was nothing to look at.
-    pub fn reconcile_conntrack(
-        &mut self,
-        full: bool,
-    ) -> Option<Result<Reconciled, crate::kernel::nftables::netlink::Error>> {
+    pub fn reconcile_conntrack(&mut self, full: bool) -> Option<Result<Reconciled, crate::kernel::netlink::Error>> {
         let now = Destinations::of(self.sent.values(), self.family);
         // Unchanged, and not a full sync with something to look at.
         let look = now != self.conntrack || (full && !now.is_empty());

@@ -33,7 +33,7 @@ use std::net::IpAddr;
 use kpx_rules::model::{IpFamily, Protocol, ServicePort};
 
 use super::table::{Tuple, dump_protocols, protocol_number};
-use crate::kernel::nftables::netlink::Error;
+use crate::kernel::netlink::Error;
 
 /// A Service destination: protocol number, address (None: any address,
 /// a node port), port.

@@ -9,8 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kpx_rules::model::{IpFamily, ServicePort};
 
-use crate::kernel::nftables::netlink::{Error, Netlink};
-use crate::kernel::nla::{Attr, Writer, attrs, find};
+use crate::kernel::netlink::Error;
+use crate::kernel::netlink::nfnl::Nfnl;
+use crate::kernel::netlink::nla::{Attr, Writer, attrs, find};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
@@ -50,7 +51,7 @@ fn family_code(family: IpFamily) -> u8 {
 /// (original tuple, reply tuple, an established TCP connection). Entries
 /// it cannot read are skipped.
 pub fn dump_entries(family: IpFamily) -> Result<Vec<(Tuple, Tuple, bool)>, Error> {
-    let mut nl = Netlink::open()?;
+    let mut nl = Nfnl::open()?;
     let replies = nl.dump_from(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, family_code(family), &Writer::new())?;
     Ok(replies.iter().filter_map(|r| parse_entry(r).ok()).collect())
 }
@@ -74,7 +75,7 @@ pub fn dump_protocols(family: IpFamily, protocols: &[u8]) -> Result<(Vec<(Tuple,
     let parse = |replies: Vec<Vec<u8>>| -> Vec<(Tuple, Tuple, bool)> {
         replies.iter().filter_map(|r| parse_entry(r).ok()).collect()
     };
-    let mut nl = Netlink::open()?;
+    let mut nl = Nfnl::open()?;
     let mut out = Vec::new();
     for &protocol in protocols {
         let mut w = Writer::new();
@@ -112,7 +113,7 @@ pub fn delete(family: IpFamily, tuples: &[Tuple]) -> Result<usize, Error> {
     if tuples.is_empty() {
         return Ok(0);
     }
-    let mut nl = Netlink::open()?;
+    let mut nl = Nfnl::open()?;
     let requests: Vec<Writer> = tuples
         .iter()
         .map(|t| {

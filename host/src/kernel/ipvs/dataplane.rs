@@ -92,7 +92,7 @@ impl Held {
 }
 
 fn kernel_error(e: super::Error) -> SyncError {
-    SyncError::Kernel(Error::Ipvs(e))
+    SyncError::Kernel(Error::Netlink(e))
 }
 
 fn protocol_number(p: Protocol) -> u16 {

@@ -5,26 +5,17 @@ use std::net::IpAddr;
 
 use netlink_sys::protocols::NETLINK_ROUTE;
 
-use super::netlink::{Channel, Error, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
-use crate::kernel::nla::{Writer, attrs, find};
+use crate::kernel::netlink::nla::{Writer, attrs, find};
+use crate::kernel::netlink::route::{
+    IFA_ADDRESS, IFA_LOCAL, IFADDRMSG, IFINFOMSG, IFLA_IFNAME, IFLA_INFO_KIND, IFLA_LINKINFO, RTM_DELADDR, RTM_DELLINK,
+    RTM_GETADDR, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK,
+};
+use crate::kernel::netlink::{
+    Error, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, REPLY_TIMEOUT, Socket, check_end,
+};
 
 /// upstream's dummy interface.
 pub const KUBE_IPVS0: &str = "kube-ipvs0";
-
-const RTM_NEWLINK: u16 = 16;
-const RTM_DELLINK: u16 = 17;
-const RTM_GETLINK: u16 = 18;
-const RTM_NEWADDR: u16 = 20;
-const RTM_DELADDR: u16 = 21;
-const RTM_GETADDR: u16 = 22;
-const IFLA_IFNAME: u16 = 3;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_INFO_KIND: u16 = 1;
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-const EEXIST: i32 = 17;
-const EADDRNOTAVAIL: i32 = 99;
-const ENODEV: i32 = 19;
 
 fn family(ip: &IpAddr) -> u8 {
     if ip.is_ipv4() { 2 } else { 10 }
@@ -39,12 +30,12 @@ fn octets(ip: &IpAddr) -> Vec<u8> {
 
 /// One rtnetlink socket, for every call of a sync.
 pub struct Rtnl {
-    channel: Channel,
+    socket: Socket,
 }
 
 impl Rtnl {
     pub fn open() -> Result<Rtnl, Error> {
-        Ok(Rtnl { channel: Channel::open(NETLINK_ROUTE)? })
+        Ok(Rtnl { socket: Socket::open(NETLINK_ROUTE, REPLY_TIMEOUT)? })
     }
 
     fn exchange(
@@ -55,7 +46,7 @@ impl Rtnl {
         attrs: &[u8],
         op: &str,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        self.channel.exchange(msg_type, flags, &[fixed, attrs], op)
+        self.socket.exchange(msg_type, flags, &[fixed, attrs], op)
     }
 }
 
@@ -65,14 +56,14 @@ pub fn index_of_kube_ipvs0() -> Option<u32> {
 }
 
 /// `struct ifinfomsg`, all zero but the index.
-fn ifinfomsg(index: u32) -> [u8; 16] {
-    let mut m = [0u8; 16];
+fn ifinfomsg(index: u32) -> [u8; IFINFOMSG] {
+    let mut m = [0u8; IFINFOMSG];
     m[4..8].copy_from_slice(&index.to_ne_bytes());
     m
 }
 
 /// `struct ifaddrmsg` for a host address on `index`.
-fn ifaddrmsg(ip: &IpAddr, index: u32) -> [u8; 8] {
+fn ifaddrmsg(ip: &IpAddr, index: u32) -> [u8; IFADDRMSG] {
     let prefix = if ip.is_ipv4() { 32 } else { 128 };
     let mut m = [family(ip), prefix, 0, 0, 0, 0, 0, 0];
     m[4..8].copy_from_slice(&index.to_ne_bytes());
@@ -87,12 +78,12 @@ impl Rtnl {
         w.str(IFLA_IFNAME, name);
         let op = format!("looking up {name}");
         let replies = match self.exchange(RTM_GETLINK, NLM_F_REQUEST, &ifinfomsg(0), &w.buf, &op) {
-            Err(Error::Refused { errno: ENODEV, .. }) => return Ok(None),
+            Err(Error::Refused { errno: nix::libc::ENODEV, .. }) => return Ok(None),
             other => other?,
         };
-        let Some(r) = replies.first().filter(|r| r.len() >= 16) else { return Ok(None) };
+        let Some(r) = replies.first().filter(|r| r.len() >= IFINFOMSG) else { return Ok(None) };
         let index = u32::from_ne_bytes([r[4], r[5], r[6], r[7]]);
-        let top = attrs(&r[16..]).map_err(Error::Protocol)?;
+        let top = attrs(&r[IFINFOMSG..]).map_err(Error::protocol)?;
         let dummy = find(&top, IFLA_LINKINFO)
             .and_then(|i| i.nested().ok())
             .and_then(|i| find(&i, IFLA_INFO_KIND))
@@ -109,7 +100,7 @@ impl Rtnl {
             return if dummy {
                 Ok((index, false))
             } else {
-                Err(Error::Protocol(format!("{KUBE_IPVS0} exists and is not a dummy interface")))
+                Err(Error::protocol(format!("{KUBE_IPVS0} exists and is not a dummy interface")))
             };
         }
         let mut w = Writer::new();
@@ -118,12 +109,12 @@ impl Rtnl {
         });
         let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
         match self.exchange(RTM_NEWLINK, flags, &ifinfomsg(0), &w.buf, "creating kube-ipvs0") {
-            Ok(_) | Err(Error::Refused { errno: EEXIST, .. }) => {}
+            Ok(_) | Err(Error::Refused { errno: nix::libc::EEXIST, .. }) => {}
             Err(e) => return Err(e),
         }
         match self.link(KUBE_IPVS0)? {
             Some((index, true)) => Ok((index, true)),
-            _ => Err(Error::Protocol("kube-ipvs0 was created but cannot be found".into())),
+            _ => Err(Error::protocol("kube-ipvs0 was created but cannot be found".into())),
         }
     }
 
@@ -131,28 +122,32 @@ impl Rtnl {
     pub fn delete(&mut self) -> Result<(), Error> {
         let Some((index, true)) = self.link(KUBE_IPVS0)? else { return Ok(()) };
         match self.exchange(RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, &ifinfomsg(index), &[], "deleting kube-ipvs0") {
-            Ok(_) | Err(Error::Refused { errno: ENODEV, .. }) => Ok(()),
+            Ok(_) | Err(Error::Refused { errno: nix::libc::ENODEV, .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
-    /// The addresses on interface `index`.
+    /// The addresses on interface `index` (one dump of every address,
+    /// asked again while interrupted).
     pub fn addresses(&mut self, index: u32) -> Result<Vec<IpAddr>, Error> {
-        let replies = self.exchange(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &[0u8; 8], &[], "listing addresses")?;
-        let mut out = Vec::new();
-        for r in replies {
-            if r.len() < 8 || u32::from_ne_bytes([r[4], r[5], r[6], r[7]]) != index {
-                continue;
-            }
-            let a = attrs(&r[8..]).map_err(Error::Protocol)?;
-            if let Some(addr) = find(&a, IFA_LOCAL).or_else(|| find(&a, IFA_ADDRESS)) {
-                match addr.value.len() {
-                    4 => out.push(IpAddr::from(<[u8; 4]>::try_from(addr.value).expect("4 bytes"))),
-                    16 => out.push(IpAddr::from(<[u8; 16]>::try_from(addr.value).expect("16 bytes"))),
-                    _ => {}
+        let op = "listing addresses";
+        let body: [&[u8]; 1] = [&[0u8; IFADDRMSG]];
+        let (out, errno) =
+            self.socket.dump(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &body, op, |out: &mut Vec<IpAddr>, _, r| {
+                if r.len() < IFADDRMSG || u32::from_ne_bytes([r[4], r[5], r[6], r[7]]) != index {
+                    return Ok(());
                 }
-            }
-        }
+                let a = attrs(&r[IFADDRMSG..])?;
+                if let Some(addr) = find(&a, IFA_LOCAL).or_else(|| find(&a, IFA_ADDRESS)) {
+                    match addr.value.len() {
+                        4 => out.push(IpAddr::from(<[u8; 4]>::try_from(addr.value).expect("4 bytes"))),
+                        16 => out.push(IpAddr::from(<[u8; 16]>::try_from(addr.value).expect("16 bytes"))),
+                        _ => {}
+                    }
+                }
+                Ok(())
+            })?;
+        check_end(errno, op)?;
         Ok(out)
     }
 
@@ -163,7 +158,7 @@ impl Rtnl {
         let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
         let op = format!("binding {ip} to kube-ipvs0");
         match self.exchange(RTM_NEWADDR, flags, &ifaddrmsg(&ip, index), &w.buf, &op) {
-            Ok(_) | Err(Error::Refused { errno: EEXIST, .. }) => Ok(()),
+            Ok(_) | Err(Error::Refused { errno: nix::libc::EEXIST, .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -174,7 +169,7 @@ impl Rtnl {
         w.bytes(IFA_LOCAL, &octets(&ip)).bytes(IFA_ADDRESS, &octets(&ip));
         let op = format!("unbinding {ip} from kube-ipvs0");
         match self.exchange(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, &ifaddrmsg(&ip, index), &w.buf, &op) {
-            Ok(_) | Err(Error::Refused { errno: EADDRNOTAVAIL, .. }) => Ok(()),
+            Ok(_) | Err(Error::Refused { errno: nix::libc::EADDRNOTAVAIL, .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }

@@ -12,7 +12,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::kernel::nla::{Attr, Writer, attrs, find, need};
+use crate::kernel::netlink::nla::{Attr, Writer, attrs, find, need};
 
 pub const IPVS_GENL_NAME: &str = "IPVS";
 pub const IPVS_GENL_VERSION: u8 = 1;

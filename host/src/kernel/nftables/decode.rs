@@ -13,7 +13,7 @@ use kpx_rules::ops::nftables::{
 };
 
 use super::sys::*;
-use crate::kernel::nla::{Attr, attrs, find, need};
+use crate::kernel::netlink::nla::{Attr, attrs, find, need};
 use crate::syntax::nftables::REJECT_CHAIN;
 
 type Result<T, E = String> = std::result::Result<T, E>;

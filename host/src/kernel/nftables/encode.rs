@@ -13,10 +13,11 @@ use kpx_rules::ops::nftables::{
 };
 use kpx_rules::ops::{CtStates, sanitize_comment};
 
-use super::netlink::Message;
 use super::sys::*;
 use super::typeof_udata::Typeof;
-use crate::kernel::nla::Writer;
+use crate::kernel::netlink::nfnl::Message;
+use crate::kernel::netlink::nla::Writer;
+use crate::kernel::netlink::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 use crate::syntax::nftables::{MAX_COMMENT, REJECT_CHAIN};
 
 /// Largest element list in one message: a nested attribute's length is 16 bits.

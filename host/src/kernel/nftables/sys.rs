@@ -1,10 +1,6 @@
 //! nf_tables netlink constants (linux/netfilter/nf_tables.h,
-//! linux/netfilter/nfnetlink.h, linux/netfilter.h). Only what kpx writes
-//! and reads.
-
-pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
-pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-pub const NFNL_MSG_BATCH_END: u16 = 0x11;
+//! linux/netfilter.h). Only what kpx writes and reads; netlink's own and
+//! nfnetlink's are in [`crate::kernel::netlink`].
 
 pub const NFPROTO_IPV4: u8 = 2;
 pub const NFPROTO_IPV6: u8 = 10;
@@ -26,19 +22,7 @@ pub const NFT_MSG_NEWSETELEM: u16 = 12;
 pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
 
-pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
-pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_DUMP_INTR: u16 = 0x10;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLM_F_EXCL: u16 = 0x200;
-pub const NLM_F_CREATE: u16 = 0x400;
-pub const NLM_F_APPEND: u16 = 0x800;
-
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
-
-pub use crate::kernel::nla::{NLA_F_NESTED, NLA_TYPE_MASK};
+pub use crate::kernel::netlink::nla::{NLA_F_NESTED, NLA_TYPE_MASK};
 
 // Tables, chains, rules, sets
 pub const NFTA_TABLE_NAME: u16 = 1;
