@@ -1,4 +1,5 @@
 use super::*;
+use clap::Parser;
 use crate::cli::{Cli, CliError};
 use kpx_rules::model::IpFamily;
 
