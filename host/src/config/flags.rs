@@ -334,6 +334,17 @@ pub fn go_bool(text: &str) -> std::result::Result<bool, String> {
 }
 
 impl Flags {
+    /// The node's name: --hostname-override, else the host name the kernel
+    /// reports (upstream's defaulting step, and the one read from the host
+    /// that validation needs).
+    pub fn node_name(&self) -> super::Result<String> {
+        Ok(if self.hostname_override.trim().is_empty() {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(super::Error::NodeName)?.trim().to_lowercase()
+        } else {
+            self.hostname_override.trim().to_lowercase()
+        })
+    }
+
     /// Every flag at its default.
     pub fn defaults() -> Flags {
         Flags::parse_from(["kpx"])

@@ -1,6 +1,6 @@
 use super::*;
-use clap::Parser;
 use crate::cli::{Cli, CliError};
+use clap::Parser;
 use kpx_rules::model::IpFamily;
 
 fn cli(args: &[&str]) -> std::result::Result<Cli, CliError> {
