@@ -288,8 +288,9 @@ fn config(flags: Flags, mode: ProxyMode, node_name: String) -> Result<Config> {
         plugin_limits: crate::runtime::Limits {
             memory_bytes: flags.plugin_memory_limit_mib << 20,
             fuel_base: flags.plugin_fuel,
-            fuel_per_object: 200_000,
             max_output_bytes: flags.plugin_max_output_mib << 20,
+            // No flag sets it: runtime's default is the one constant.
+            ..crate::runtime::Limits::default()
         },
         verbosity: flags.verbosity,
         backend_plugin: flags.backend_plugin,
