@@ -2,7 +2,7 @@
 //!
 //! A scheduler component returns a [`Plan`]; the host checks it
 //! ([`Plan::check`]) and hands it to the backend beside the service port;
-//! each mode executes it in its own vocabulary (docs/ARCHITECTURE.md,
+//! each mode executes it in its own vocabulary (docs/CONTRACT.md,
 //! "Schedulers"). Plans index *candidates*: positions in the service
 //! port's `cluster_endpoints` or `local_endpoints` list.
 

@@ -1,4 +1,4 @@
-//! kpx's integration tests, one binary (see docs/ARCHITECTURE.md, "Tests").
+//! kpx's integration tests, one binary (see docs/DESIGN.md, "Tests").
 //! Real-kernel tests need root and network namespaces; where the machine
 //! lacks them they print `SKIPPED: <reason>` and return.
 

@@ -55,7 +55,7 @@ pub trait Chooser: Send + Sync {
 /// module. A hop between namespaces of one host has no network queue to
 /// probe or pace for; a pacing control (BBR, a common node default)
 /// would pace it anyway, a kernel timer per burst on a path whose only
-/// limit is the CPU (docs/ARCHITECTURE.md, "userspace mode", has the
+/// limit is the CPU (docs/BENCHMARKS.md, "userspace mode", has the
 /// bench's figures with and without). Only bytes toward the endpoint are
 /// sent on that connection: the replies' hop back to the client is the
 /// accepted connection, which keeps the node's default (whether the
