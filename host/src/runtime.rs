@@ -13,7 +13,6 @@ mod cache;
 pub mod extension;
 mod kind;
 pub mod load;
-mod promise;
 pub mod scheduler;
 mod version;
 pub mod wasi;
@@ -30,7 +29,7 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 pub use extension::{ExtensionInstance, ExtensionPlugin};
 pub use kind::Kind;
-pub use promise::Promise;
+pub use kpx_rules::promise::Promise;
 pub use scheduler::{SchedulerInstance, SchedulerPlugin};
 
 /// The built-in scheduler component's name (its schedulers are the

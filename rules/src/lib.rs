@@ -16,6 +16,7 @@ pub mod model;
 pub mod nftables;
 pub mod ops;
 pub mod plan;
+pub mod promise;
 pub mod service_set;
 pub mod table;
 pub mod trace;

@@ -50,42 +50,17 @@ use __bindings::exports::kpx::proxier::scheduler as wit;
 use __bindings::kpx::proxier::types as wt;
 use __bindings_v0_4::exports::kpx::proxier0_4_0::scheduler as wit4;
 
-/// A property a scheduler guarantees for one of its names, which `kpx
-/// conformance` checks (and no property a name does not state).
-/// Candidates are in the order the host sends them: endpoints sorted by
-/// address, then port. docs/plugins.md, "Promises", says what the kit
-/// does for each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Promise {
-    /// Equal endpoints take about equal shares of new connections (each
-    /// at least half its fair share).
-    Spread,
-    /// Shares follow the endpoints' weights (`kpx.dev/weights`).
-    Weighted,
-    /// One client, one endpoint, while the endpoints stay the same.
-    Sticky,
-    /// When one of N endpoints leaves, at most 1/N of the clients (plus 2
-    /// points) move to another endpoint.
-    MinimalDisruption,
-    /// A new connection goes to a candidate with the fewest open
-    /// connections (per-connection picks).
-    LeastLoaded,
-    /// Every new connection goes to the first candidate that may take it
-    /// (weight above 0, not failed for this connection): failover in
-    /// candidate order.
-    Priority,
-}
+pub use kpx_rules::promise::Promise;
 
-impl Promise {
-    fn to_wit(self) -> wit4::Promise {
-        match self {
-            Promise::Spread => wit4::Promise::Spread,
-            Promise::Weighted => wit4::Promise::Weighted,
-            Promise::Sticky => wit4::Promise::Sticky,
-            Promise::MinimalDisruption => wit4::Promise::MinimalDisruption,
-            Promise::LeastLoaded => wit4::Promise::LeastLoaded,
-            Promise::Priority => wit4::Promise::Priority,
-        }
+/// The WIT's promise.
+fn to_wit(p: Promise) -> wit4::Promise {
+    match p {
+        Promise::Spread => wit4::Promise::Spread,
+        Promise::Weighted => wit4::Promise::Weighted,
+        Promise::Sticky => wit4::Promise::Sticky,
+        Promise::MinimalDisruption => wit4::Promise::MinimalDisruption,
+        Promise::LeastLoaded => wit4::Promise::LeastLoaded,
+        Promise::Priority => wit4::Promise::Priority,
     }
 }
 
@@ -296,7 +271,7 @@ impl<S: Scheduler> wit4::Guest for SchedulerExport<S> {
     }
 
     fn promises(name: String) -> Vec<wit4::Promise> {
-        S::promises(&name).into_iter().map(Promise::to_wit).collect()
+        S::promises(&name).into_iter().map(to_wit).collect()
     }
 
     fn uses_load(name: String) -> bool {

@@ -9,10 +9,10 @@ use kpx_rules::plan::Plan;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
-use super::promise::{Promise, promises_problem};
 use super::wit::since_v0_2_0::{self as v0_2_0, PickRequest, PickSetup, ScheduleRequest};
 use super::wit::since_v0_4_0::{self as v0_4_0, scheduler as v4};
 use super::{PluginBase, PluginState, PluginStats, Result, Sandbox};
+use kpx_rules::promise::{Promise, promises_problem};
 
 /// Fuel for one `schedule` call, before the share per endpoint.
 const SCHEDULE_FUEL_BASE: u64 = 100_000_000;

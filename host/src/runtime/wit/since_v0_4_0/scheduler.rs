@@ -16,7 +16,7 @@ use super::super::since_v0_2_0::kpx::proxier::types as wt;
 use super::super::since_v0_2_0::wit_convert;
 use super::super::since_v0_2_0::{PickRequest, PickSetup, ScheduleRequest};
 use crate::runtime::PluginState;
-use crate::runtime::promise::Promise;
+use kpx_rules::promise::Promise;
 
 // `with` paths are relative to this module (the generated code prefixes
 // them with its own way back here).

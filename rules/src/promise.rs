@@ -1,6 +1,6 @@
 //! The promises a scheduler states for its names (kpx:proxier 0.4.0's
-//! `promise`), and what kpx requires of a list of them. Below the
-//! scheduler components and the bindings that read the list.
+//! `promise`), and what kpx requires of a list of them: one type for the
+//! host, which checks them, and the SDK, which states them.
 
 use std::fmt;
 
@@ -9,22 +9,29 @@ use std::fmt;
 pub const MAX_PROMISES: usize = 16;
 
 /// A property a scheduler guarantees for one of its names (kpx:proxier
-/// 0.4.0's `promise`; wit/since_v0.4.0 defines each). `kpx conformance`
-/// checks exactly the promises a name states.
+/// 0.4.0's `promise`; wit/since_v0.4.0 defines each), which `kpx
+/// conformance` checks (and no property a name does not state).
+/// Candidates are in the order the host sends them: endpoints sorted by
+/// address, then port. docs/plugins.md, "Promises", says what the kit
+/// does for each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Promise {
-    /// Equal endpoints take about equal shares of new connections.
+    /// Equal endpoints take about equal shares of new connections (each
+    /// at least half its fair share).
     Spread,
-    /// Shares follow the endpoints' weights.
+    /// Shares follow the endpoints' weights (`kpx.dev/weights`).
     Weighted,
     /// One client, one endpoint, while the endpoints stay the same.
     Sticky,
-    /// One of N endpoints leaving moves at most 1/N of the clients (plus
-    /// 2 points).
+    /// When one of N endpoints leaves, at most 1/N of the clients (plus 2
+    /// points) move to another endpoint.
     MinimalDisruption,
-    /// A new connection goes to a candidate with the fewest open ones.
+    /// A new connection goes to a candidate with the fewest open
+    /// connections (per-connection picks).
     LeastLoaded,
-    /// Every new connection goes to the first candidate that may take it.
+    /// Every new connection goes to the first candidate that may take it
+    /// (weight above 0, not failed for this connection): failover in
+    /// candidate order.
     Priority,
 }
 
