@@ -217,7 +217,13 @@ impl Socket {
         let mut socket = netlink_sys::Socket::new(protocol).map_err(|e| err("socket", e))?;
         socket.bind_auto().map_err(|e| err("bind", e))?;
         // A reply that never comes must not stall the sync thread.
-        let timeval = nix::sys::time::TimeVal::new(timeout.as_secs() as nix::libc::time_t, 0);
+        // Microseconds kept, and never zero: a zero timeout would mean
+        // waiting for ever.
+        let timeout_us = timeout.as_micros().max(1);
+        let timeval = nix::sys::time::TimeVal::new(
+            (timeout_us / 1_000_000) as nix::libc::time_t,
+            (timeout_us % 1_000_000) as nix::libc::suseconds_t,
+        );
         nix::sys::socket::setsockopt(&socket.as_fd(), nix::sys::socket::sockopt::ReceiveTimeout, &timeval)
             .map_err(|e| err("receive timeout", e.into()))?;
         Ok(Socket { socket, seq: std::process::id().wrapping_mul(1000), sndbuf: 0, timeout, stack })
